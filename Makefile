@@ -1,0 +1,42 @@
+# parallel_lab: the two README commands are `make app` and `make test`; both build .venv when it is missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# On this machine torch's CPU build lies on disk and `pip install torch==2.13.0` takes it in seconds.
+# GPU users: `make test TORCH_SPEC="torch>=2.4"` (or pre-install torch into .venv) keeps their CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PORT ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test app lab bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -e ".[dev]"
+	@$(BIN)/python -c "import matplotlib.pyplot"   # build the font cache once, not on the first page view
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check parallel_lab tests bench exercises
+	$(BIN)/python -m pytest
+
+app: $(STAMP)
+	@echo "parallel_lab app: http://127.0.0.1:$(PORT)/   (Ctrl-C stops it)"
+	$(BIN)/voila notebooks/app.ipynb --no-browser --port=$(PORT) --Voila.ip=127.0.0.1 \
+	  --Voila.port_retries=0 --preheat_kernel=True \
+	  --MappingKernelManager.cull_idle_timeout=120 --MappingKernelManager.cull_interval=30
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks --no-browser --ServerApp.ip=127.0.0.1 --port=$(PORT)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check parallel_lab tests bench exercises
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,571 @@
+"""Specifications: what is trained (ModelSpec), on what (ClusterSpec), and how it is split (Plan).
+
+Pure Python, no torch. Every other module takes these three dataclasses; nothing else describes a model,
+a machine or a parallel plan. Each is validated when it is built, and every violated constraint raises
+:class:`ParallelLabError` with a message that names the bad value and says how to fix it.
+
+Parameter layout. :meth:`ModelSpec.parameter_shapes` lists every parameter of the decoder, by name and
+shape, in the order the runnable reference model (``parallel_lab.dist.model``) registers them. The
+parameter count, the sharded state memory of ZeRO and the DDP bucket plan are all computed from this one
+list, and a test checks that the torch model has exactly these names and shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal
+
+Flavour = Literal["gpt", "llama"]
+Recompute = Literal["none", "selective", "full"]
+
+GB = 10**9
+GiB = 2**30
+
+
+class ParallelLabError(ValueError):
+    """The one error type of parallel_lab: an invalid model, cluster or plan, named with its fix."""
+
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of ``n`` in increasing order (used to suggest valid degrees)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _fmt_set(values: list[int]) -> str:
+    return "{" + ", ".join(str(v) for v in values) + "}"
+
+
+def _positive_int(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ParallelLabError(f"{owner}.{name}={value!r} must be a positive integer; e.g. {name}=1")
+
+
+def _choice(owner: str, name: str, value: Any, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ParallelLabError(f"{owner}.{name}={value!r} is not known; pick one of {', '.join(options)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, independent of sequence length.
+
+    Two block flavours:
+
+    * ``gpt``: LayerNorm (weight and bias), GeLU MLP ``ffn = 4 h`` by default, biases on every linear,
+      learned position embeddings (``max_positions`` rows), dropout.
+    * ``llama``: RMSNorm (weight only), SwiGLU MLP (gate, up, down), rotary positions (no parameters),
+      grouped-query attention (``kv_heads`` < ``heads``), no biases, no dropout.
+
+    ``n_params_override`` describes a model known only by its parameter count (``ModelSpec.from_params``):
+    enough for model-state memory and data-parallel bytes, not for activations or tensor parallelism.
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int | None = None
+    ffn: int | None = None
+    vocab: int = 32000
+    flavour: Flavour = "gpt"
+    tied_embeddings: bool = False
+    bias: bool | None = None
+    max_positions: int = 2048
+    dropout: float | None = None
+    name: str = "custom"
+    n_params_override: int | None = None
+
+    def __post_init__(self) -> None:
+        o = "ModelSpec"
+        _choice(o, "flavour", self.flavour, ("gpt", "llama"))
+        for f in ("layers", "hidden", "heads", "vocab", "max_positions"):
+            _positive_int(o, f, getattr(self, f))
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        _positive_int(o, "kv_heads", self.kv_heads)
+        if self.ffn is None:
+            object.__setattr__(self, "ffn", 4 * self.hidden if self.flavour == "gpt" else _llama_ffn(self.hidden))
+        _positive_int(o, "ffn", self.ffn)
+        if self.bias is None:
+            object.__setattr__(self, "bias", self.flavour == "gpt")
+        if self.dropout is None:
+            object.__setattr__(self, "dropout", 0.1 if self.flavour == "gpt" else 0.0)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ParallelLabError(f"ModelSpec.dropout={self.dropout} must be in [0, 1); e.g. dropout=0.1")
+        if self.hidden % self.heads:
+            ok = [d for d in divisors(self.hidden) if d <= 4 * self.hidden][:12]
+            raise ParallelLabError(
+                f"heads={self.heads} does not divide hidden={self.hidden}; pick heads in {_fmt_set(ok)}"
+            )
+        if self.heads % self.kv_heads:
+            raise ParallelLabError(
+                f"kv_heads={self.kv_heads} does not divide heads={self.heads}; "
+                f"pick kv_heads in {_fmt_set(divisors(self.heads))}"
+            )
+        if self.flavour == "llama" and (self.hidden // self.heads) % 2:
+            raise ParallelLabError(
+                f"head_dim={self.hidden // self.heads} is odd; rotary embeddings need an even head_dim "
+                f"(change hidden={self.hidden} or heads={self.heads})"
+            )
+        if self.n_params_override is not None:
+            _positive_int(o, "n_params_override", self.n_params_override)
+
+    # ---- constructors -----------------------------------------------------------------------------
+    @classmethod
+    def from_params(cls, n_params: float | int, name: str | None = None) -> ModelSpec:
+        """A model known only by its parameter count (e.g. ``7e9``): state memory and DP bytes only."""
+        n = int(round(float(n_params)))
+        if n < 1:
+            raise ParallelLabError(f"params={n_params!r} must be a positive count; e.g. --params 7e9")
+        return cls(layers=1, hidden=64, heads=1, vocab=1, name=name or f"{n:.3g} params",
+                   n_params_override=n)
+
+    @classmethod
+    def preset(cls, name: str) -> ModelSpec:
+        """A named model from :data:`MODEL_PRESETS` (e.g. ``"llama3-405b"``, ``"tiny-llama"``)."""
+        key = name.lower()
+        if key not in MODEL_PRESETS:
+            raise ParallelLabError(f"model preset {name!r} is not known; pick one of {', '.join(MODEL_PRESETS)}")
+        return MODEL_PRESETS[key]
+
+    def with_(self, **changes: Any) -> ModelSpec:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    # ---- derived shape ----------------------------------------------------------------------------
+    @property
+    def shape_known(self) -> bool:
+        """False for a model given only as a parameter count."""
+        return self.n_params_override is None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (or value) projection: ``kv_heads * head_dim``."""
+        return self.kv_heads * self.head_dim
+
+    def require_shape(self, what: str) -> None:
+        if not self.shape_known:
+            raise ParallelLabError(
+                f"{what} needs the model's shape, but {self.name!r} was given only as a parameter count; "
+                f"give --model PRESET or --layers/--hidden/--heads instead of --params"
+            )
+
+    def parameter_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Every parameter as ``(name, shape)``, in the registration order of ``dist.model.Transformer``.
+
+        Linear weights are ``(out_features, in_features)`` as in ``torch.nn.Linear``.
+        """
+        self.require_shape("parameter_shapes")
+        h, f, v = self.hidden, self.ffn, self.vocab
+        q, kv = self.heads * self.head_dim, self.kv_dim
+        out: list[tuple[str, tuple[int, ...]]] = [("tok_emb.weight", (v, h))]
+        if self.flavour == "gpt":
+            out.append(("pos_emb.weight", (self.max_positions, h)))
+
+        def norm(prefix: str) -> None:
+            out.append((f"{prefix}.weight", (h,)))
+            if self.flavour == "gpt":
+                out.append((f"{prefix}.bias", (h,)))
+
+        def linear(prefix: str, fan_out: int, fan_in: int) -> None:
+            out.append((f"{prefix}.weight", (fan_out, fan_in)))
+            if self.bias:
+                out.append((f"{prefix}.bias", (fan_out,)))
+
+        for i in range(self.layers):
+            b = f"blocks.{i}"
+            norm(f"{b}.attn_norm")
+            linear(f"{b}.attn.wq", q, h)
+            linear(f"{b}.attn.wk", kv, h)
+            linear(f"{b}.attn.wv", kv, h)
+            linear(f"{b}.attn.wo", h, q)
+            norm(f"{b}.mlp_norm")
+            if self.flavour == "gpt":
+                linear(f"{b}.mlp.fc", f, h)
+                linear(f"{b}.mlp.proj", h, f)
+            else:
+                linear(f"{b}.mlp.gate", f, h)
+                linear(f"{b}.mlp.up", f, h)
+                linear(f"{b}.mlp.down", h, f)
+        norm("final_norm")
+        if not self.tied_embeddings:
+            out.append(("lm_head.weight", (v, h)))
+        return out
+
+    @property
+    def n_params(self) -> int:
+        """Exact parameter count (tied embeddings counted once)."""
+        if self.n_params_override is not None:
+            return self.n_params_override
+        return sum(math.prod(s) for _, s in self.parameter_shapes())
+
+    @property
+    def params_per_layer(self) -> int:
+        """Parameters of one transformer block."""
+        self.require_shape("params_per_layer")
+        return sum(math.prod(s) for n, s in self.parameter_shapes() if n.startswith("blocks.0."))
+
+    def summary(self) -> str:
+        if not self.shape_known:
+            return f"{self.name}: {self.n_params:,} parameters (shape not given)"
+        return (f"{self.name}: {self.flavour}, L={self.layers}, h={self.hidden}, heads={self.heads}, "
+                f"kv_heads={self.kv_heads}, ffn={self.ffn}, vocab={self.vocab}, {self.n_params:,} parameters")
+
+
+def _llama_ffn(hidden: int, multiple_of: int = 256) -> int:
+    """Llama's SwiGLU width: 2/3 of 4h, rounded up to a multiple of 256 (Touvron et al. 2023)."""
+    f = int(2 * 4 * hidden / 3)
+    return multiple_of * ((f + multiple_of - 1) // multiple_of)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> ModelSpec:
+    return ModelSpec(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab,
+                     flavour="llama", name=name)
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int, positions: int = 2048) -> ModelSpec:
+    return ModelSpec(layers=layers, hidden=hidden, heads=heads, ffn=4 * hidden, vocab=vocab, flavour="gpt",
+                     max_positions=positions, name=name)
+
+
+#: Named models. Published parameter counts are checked in tests/test_specs.py.
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    # Touvron et al. 2023 (Llama 2): 6.74B, 13.0B, 69.0B.
+    "llama2-7b": _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
+    "llama2-13b": _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
+    "llama2-70b": _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
+    # Llama 3 herd (Dubey et al. 2024): 8.03B, 70.6B, 405.9B.
+    "llama3-8b": _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
+    "llama3-70b": _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
+    "llama3-405b": _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256),
+    # Brown et al. 2020: 175B with a 50257-token vocabulary and 2048 learned positions.
+    "gpt3-175b": _gpt("gpt3-175b", 96, 12288, 96, 50257),
+    # Korthikanti et al. 2022, Table 3 (vocabulary padded to 51200, sequence 2048).
+    "megatron-22b": _gpt("megatron-22b", 48, 6144, 64, 51200),
+    "megatron-175b": _gpt("megatron-175b", 96, 12288, 96, 51200),
+    "megatron-530b": _gpt("megatron-530b", 105, 20480, 128, 51200),
+    "megatron-1t": _gpt("megatron-1t", 128, 25600, 160, 51200),
+    # The tiny models the runnable code trains on CPU ranks (tests, notebooks, `parallel-lab run`).
+    "tiny-llama": ModelSpec(layers=4, hidden=128, heads=4, kv_heads=2, ffn=344, vocab=512, flavour="llama",
+                            name="tiny-llama"),
+    "tiny-gpt": ModelSpec(layers=4, hidden=128, heads=4, ffn=512, vocab=512, flavour="gpt", max_positions=1024,
+                          dropout=0.0, name="tiny-gpt"),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Cluster
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LinkTier:
+    """One tier of the interconnect, for the alpha-beta model ``t = latency + bytes / bandwidth``.
+
+    ``bandwidth`` is bytes per second per GPU per direction (what one GPU can send while it receives).
+    """
+
+    name: str
+    bandwidth: float
+    latency: float
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth > 0:
+            raise ParallelLabError(f"LinkTier {self.name!r}: bandwidth={self.bandwidth} must be > 0 bytes/s")
+        if self.latency < 0:
+            raise ParallelLabError(f"LinkTier {self.name!r}: latency={self.latency} must be >= 0 seconds")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A homogeneous GPU cluster: nodes of ``gpus_per_node`` GPUs, two link tiers (intra/inter node)."""
+
+    name: str
+    gpus_per_node: int
+    hbm_bytes: float
+    peak_flops: float          # dense bf16 FLOP/s per GPU
+    intra: LinkTier            # within a node (NVLink / NVSwitch; loopback for cpu-gloo)
+    inter: LinkTier            # between nodes (InfiniBand / RoCE), per GPU
+    mfu_achievable: float = 0.5  # fraction of peak a well-tuned dense step reaches (planner's compute time)
+
+    def __post_init__(self) -> None:
+        _positive_int("ClusterSpec", "gpus_per_node", self.gpus_per_node)
+        for f in ("hbm_bytes", "peak_flops"):
+            if not getattr(self, f) > 0:
+                raise ParallelLabError(f"ClusterSpec.{f}={getattr(self, f)} must be > 0")
+        if not 0 < self.mfu_achievable <= 1:
+            raise ParallelLabError(f"ClusterSpec.mfu_achievable={self.mfu_achievable} must be in (0, 1]")
+
+    @classmethod
+    def preset(cls, name: str) -> ClusterSpec:
+        key = name.lower()
+        if key not in CLUSTER_PRESETS:
+            raise ParallelLabError(f"cluster preset {name!r} is not known; pick one of {', '.join(CLUSTER_PRESETS)}")
+        return CLUSTER_PRESETS[key]
+
+    def tier(self, group_span: int) -> LinkTier:
+        """The link a group uses when its members lie ``group_span`` consecutive ranks apart at most.
+
+        A group whose ranks fit in one node (span <= gpus_per_node) talks over ``intra``; otherwise ``inter``.
+        """
+        return self.intra if group_span <= self.gpus_per_node else self.inter
+
+
+#: Hardware presets. Bandwidths are per GPU per direction.
+CLUSTER_PRESETS: dict[str, ClusterSpec] = {
+    # H100 SXM5: 80 GB HBM3, 989 TFLOP/s dense bf16, NVLink 4 900 GB/s bidirectional (450 per direction),
+    # one 400 Gb/s (50 GB/s) NIC per GPU.
+    "h100-sxm": ClusterSpec("h100-sxm", 8, 80e9, 989e12, LinkTier("nvlink4", 450e9, 3e-6),
+                            LinkTier("ib-400g", 50e9, 10e-6)),
+    # A100 SXM4 80 GB: 312 TFLOP/s bf16, NVLink 3 600 GB/s bidirectional, 200 Gb/s HDR per GPU.
+    "a100-80gb": ClusterSpec("a100-80gb", 8, 80e9, 312e12, LinkTier("nvlink3", 300e9, 3e-6),
+                             LinkTier("ib-200g", 25e9, 10e-6)),
+    # H200 SXM: the H100 compute die with 141 GB HBM3e.
+    "h200": ClusterSpec("h200", 8, 141e9, 989e12, LinkTier("nvlink4", 450e9, 3e-6),
+                        LinkTier("ib-400g", 50e9, 10e-6)),
+    # This laptop-class machine: 2 cores, gloo over loopback (see shared/reference/torch_cpu_notes.md:
+    # all_reduce ~1.4 GB/s at 64 MB, 0.1-1.9 ms for 1 KB). "HBM" is the RAM one rank may use.
+    "cpu-gloo": ClusterSpec("cpu-gloo", 2, 12 * GiB, 20e9, LinkTier("loopback", 1.4e9, 0.5e-3),
+                            LinkTier("loopback-remote", 1.0e9, 1.0e-3), mfu_achievable=0.5),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Optimizers: bytes per parameter for parameters, gradients and optimizer states
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """Bytes of model state per parameter, split as the ledger reports them.
+
+    ``param_bytes``: the copy used for compute; ``grad_bytes``: gradient buffers;
+    ``optim_bytes``: everything the optimizer keeps (fp32 master copy, moments, ...).
+    """
+
+    name: str
+    param_bytes: int
+    grad_bytes: int
+    optim_bytes: float
+    doc: str
+
+    @property
+    def total(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optim_bytes
+
+
+OPTIMIZERS: dict[str, OptimizerSpec] = {
+    o.name: o
+    for o in (
+        OptimizerSpec("adam-mixed", 2, 2, 12,
+                      "ZeRO paper (Rajbhandari et al. 2020): bf16 params 2 + bf16 grads 2 + fp32 master, "
+                      "momentum, variance 4+4+4 = 16 B/param"),
+        OptimizerSpec("adam-mixed-fp32-grad", 2, 6, 12,
+                      "as adam-mixed plus an fp32 gradient-accumulation buffer (bf16 grad 2 + fp32 4): 20 B/param"),
+        OptimizerSpec("adam-fp32", 4, 4, 8, "plain fp32 Adam: params 4 + grads 4 + momentum and variance 8 = 16 B"),
+        OptimizerSpec("sgd-momentum", 4, 4, 4, "fp32 SGD with momentum: 4 + 4 + 4 = 12 B/param"),
+        OptimizerSpec("adam-8bit", 2, 2, 6,
+                      "bf16 params and grads, fp32 master 4, 8-bit momentum and variance 1+1 "
+                      "(Dettmers et al. 2022; block-wise quantisation constants ignored): 10 B/param"),
+        OptimizerSpec("adafactor", 2, 2, 4,
+                      "bf16 params and grads, fp32 master 4, no momentum, factored second moment "
+                      "(rows + columns per matrix, negligible per parameter): 8 B/param"),
+        OptimizerSpec("fsdp2-mixed", 4, 4, 8,
+                      "FSDP2 MixedPrecisionPolicy: fp32 sharded params 4 + fp32 grads 4 + Adam 8 = 16 B; "
+                      "bf16 copies are all-gathered per unit for compute (a communication buffer)"),
+    )
+}
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1")
+CP_KINDS: tuple[str, ...] = ("ring", "allgather", "ulysses")
+DP_KINDS: tuple[str, ...] = ("bucketed", "naive")
+ZERO_UNITS: tuple[str, ...] = ("block", "root")
+
+
+# --------------------------------------------------------------------------------------------------
+# Plan
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """How one training step is split over ``dp * tp * pp * cp`` GPUs.
+
+    The global batch is ``micro_batch * grad_accum * dp`` sequences of ``seq`` tokens. With pipeline
+    parallelism, ``grad_accum`` is the number of micro-batches ``m`` that flow through the pipeline.
+    Ranks are laid out as ``arange(world).view(dp, pp, cp, tp)``: TP innermost (fastest links), then CP,
+    PP, and DP outermost.
+
+    Runnable-only knobs: ``dp_kind`` (DDP all-reducing every gradient after backward, or bucketed with
+    overlap), ``bucket_mb`` (DDP bucket cap in MB of gradient), ``zero_unit`` (ZeRO-3 gathers one block at
+    a time, or the whole model at once), ``cp_kind`` (ring, all-gather or Ulysses context parallelism).
+    ``dtype`` is the compute dtype of activations and of the TP/CP/PP messages.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    zero: int = 0
+    sp: bool = False
+    micro_batch: int = 1
+    grad_accum: int = 1
+    seq: int = 2048
+    recompute: Recompute = "none"
+    optimizer: str = "adam-mixed"
+    dtype: str = "bf16"
+    schedule: str = "1f1b"
+    interleave: int = 1
+    cp_kind: str = "ring"
+    dp_kind: str = "bucketed"
+    bucket_mb: float = 25.0
+    zero_unit: str = "block"
+
+    def __post_init__(self) -> None:
+        o = "Plan"
+        for f in ("dp", "tp", "pp", "cp", "micro_batch", "grad_accum", "seq", "interleave"):
+            _positive_int(o, f, getattr(self, f))
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise ParallelLabError(f"Plan.zero={self.zero!r} is not a ZeRO stage; pick zero in {{0, 1, 2, 3}}")
+        _choice(o, "recompute", self.recompute, ("none", "selective", "full"))
+        _choice(o, "optimizer", self.optimizer, tuple(OPTIMIZERS))
+        _choice(o, "dtype", self.dtype, tuple(DTYPE_BYTES))
+        _choice(o, "schedule", self.schedule, SCHEDULES)
+        _choice(o, "cp_kind", self.cp_kind, CP_KINDS)
+        _choice(o, "dp_kind", self.dp_kind, DP_KINDS)
+        _choice(o, "zero_unit", self.zero_unit, ZERO_UNITS)
+        if not isinstance(self.sp, bool):
+            raise ParallelLabError(f"Plan.sp={self.sp!r} must be True or False")
+        if not self.bucket_mb > 0:
+            raise ParallelLabError(f"Plan.bucket_mb={self.bucket_mb} must be > 0; e.g. bucket_mb=25")
+        if self.sp and self.tp == 1:
+            raise ParallelLabError("sequence parallelism (sp=True) needs tp > 1; set tp=2 or more, or sp=False")
+        if self.zero and self.dp == 1:
+            raise ParallelLabError(f"zero={self.zero} shards over data-parallel ranks but dp=1; "
+                                   "set dp >= 2 or zero=0")
+        if self.interleave > 1 and self.schedule != "interleaved":
+            raise ParallelLabError(f"interleave={self.interleave} needs schedule='interleaved' "
+                                   f"(got {self.schedule!r}); or set interleave=1")
+        if self.schedule == "interleaved" and self.pp > 1 and self.grad_accum % self.pp:
+            ok = [k * self.pp for k in range(1, 5)]
+            raise ParallelLabError(
+                f"interleaved 1F1B runs micro-batches in groups of pp={self.pp}; grad_accum={self.grad_accum} "
+                f"is not a multiple of it; pick grad_accum in {_fmt_set(ok)}"
+            )
+
+    # ---- derived ----------------------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        """Number of GPUs (ranks): ``dp * pp * cp * tp``."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step: ``micro_batch * grad_accum * dp``."""
+        return self.micro_batch * self.grad_accum * self.dp
+
+    @property
+    def global_batch_tokens(self) -> int:
+        return self.global_batch * self.seq
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per step per pipeline: the same number as ``grad_accum``."""
+        return self.grad_accum
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def optim(self) -> OptimizerSpec:
+        return OPTIMIZERS[self.optimizer]
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """The process-grid shape ``(dp, pp, cp, tp)``, outermost first."""
+        return (self.dp, self.pp, self.cp, self.tp)
+
+    def with_(self, **changes: Any) -> Plan:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ParallelLabError(f"unknown plan field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**d)
+
+    # ---- validation against a model and a machine ------------------------------------------------
+    def validate(self, model: ModelSpec, gpus: int | None = None, cluster: ClusterSpec | None = None) -> Plan:
+        """Check that this plan can split ``model`` (and fill ``gpus`` GPUs of ``cluster``); return self."""
+        if gpus is not None and self.world != gpus:
+            raise ParallelLabError(
+                f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = {self.world} but gpus={gpus}; "
+                f"the four degrees must multiply to the number of GPUs"
+            )
+        if self.tp > 1 or self.cp > 1 or self.pp > 1:
+            model.require_shape("tensor, pipeline or context parallelism")
+        if model.shape_known:
+            if model.heads % self.tp:
+                raise ParallelLabError(
+                    f"tp={self.tp} does not divide heads={model.heads}; pick tp in {_fmt_set(divisors(model.heads))}"
+                )
+            if model.ffn % self.tp:
+                raise ParallelLabError(
+                    f"tp={self.tp} does not divide ffn={model.ffn}; pick tp in {_fmt_set(divisors(model.ffn))}"
+                )
+            if self.tp > model.kv_heads and self.tp % model.kv_heads:
+                raise ParallelLabError(
+                    f"tp={self.tp} exceeds kv_heads={model.kv_heads} and is not a multiple of it, so key/value "
+                    f"heads cannot be replicated evenly; pick tp in "
+                    f"{_fmt_set([d for d in divisors(model.heads) if d % model.kv_heads == 0 or model.kv_heads % d == 0])}"
+                )
+            chunks = self.pp * self.interleave
+            if chunks > model.layers:
+                raise ParallelLabError(
+                    f"pp*interleave = {self.pp}*{self.interleave} = {chunks} model chunks but only "
+                    f"layers={model.layers}; pick pp*interleave <= {model.layers}"
+                )
+            if self.schedule == "interleaved" and model.layers % chunks:
+                raise ParallelLabError(
+                    f"interleaved schedule needs layers={model.layers} divisible by pp*interleave={chunks}; "
+                    f"pick interleave in {_fmt_set([v for v in divisors(model.layers // self.pp) if model.layers % (self.pp * v) == 0]) if model.layers % self.pp == 0 else '{1}'}"
+                )
+            if self.seq % (2 * self.cp) and self.cp > 1:
+                raise ParallelLabError(
+                    f"seq={self.seq} is not divisible by 2*cp={2 * self.cp} (load-balanced context parallelism "
+                    f"cuts the sequence into 2*cp chunks); pick seq a multiple of {2 * self.cp}"
+                )
+            if self.sp and self.seq % self.tp:
+                raise ParallelLabError(
+                    f"sequence parallelism splits seq={self.seq} over tp={self.tp}; pick seq a multiple of {self.tp}"
+                )
+            if self.cp > 1 and self.cp_kind == "ulysses" and model.heads % self.cp:
+                raise ParallelLabError(
+                    f"Ulysses all-to-all puts heads={model.heads} on cp={self.cp} ranks; cp must divide heads; "
+                    f"pick cp in {_fmt_set(divisors(model.heads))} or cp_kind='ring'"
+                )
+            if model.flavour == "gpt" and self.seq > model.max_positions:
+                raise ParallelLabError(
+                    f"seq={self.seq} exceeds max_positions={model.max_positions} of the learned position "
+                    f"embedding; pick seq <= {model.max_positions}"
+                )
+        if cluster is not None and self.tp > cluster.gpus_per_node:
+            raise ParallelLabError(
+                f"tp={self.tp} spans more than one node of {cluster.gpus_per_node} GPUs; tensor parallelism "
+                f"all-reduces every layer, keep tp <= {cluster.gpus_per_node}"
+            )
+        return self
