@@ -24,10 +24,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 app: $(STAMP)
-	@echo "parallel_lab app: http://127.0.0.1:$(PORT)/   (Ctrl-C stops it)"
-	$(BIN)/voila notebooks/app.ipynb --no-browser --port=$(PORT) --Voila.ip=127.0.0.1 \
-	  --Voila.port_retries=0 --preheat_kernel=True \
-	  --MappingKernelManager.cull_idle_timeout=120 --MappingKernelManager.cull_interval=30
+	@# Voila on 127.0.0.1, code hidden, offline template, idle kernels culled: see parallel_lab/viz/serve.py
+	$(BIN)/python -m parallel_lab.viz.serve --port=$(PORT)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks --no-browser --ServerApp.ip=127.0.0.1 --port=$(PORT)

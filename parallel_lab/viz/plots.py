@@ -1,0 +1,569 @@
+"""Pictures of the lab's numbers: pure functions from plain data to a matplotlib ``Figure``.
+
+Every function here takes data (a memory ledger, a communication report, a timeline, a planner result),
+either as the library's objects or as the dictionaries that ``parallel-lab ... --json`` prints, and returns
+a :class:`matplotlib.figure.Figure`. Nothing here touches widgets or pyplot's global state, so the same
+pictures serve notebooks, the Voila app and the tests (which read the bars' heights back).
+
+Each ``*_figure`` function has a ``draw_*`` twin that draws into a given ``Axes``: the explorers keep one
+figure and redraw its axes in place, which is three times faster than building a new figure.
+
+Units: GB means 10**9 bytes (as in ``docs/conventions.md``), times are seconds or milliseconds as labelled.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+GB = 1e9
+
+#: The ledger's categories in stacking order (``docs/conventions.md``), with a label and a colour each.
+CATEGORIES: tuple[str, ...] = (
+    "parameters", "gradients", "optimizer_states", "activations", "logits_and_loss", "comm_buffers",
+)
+CATEGORY_LABELS: dict[str, str] = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer_states": "optimizer states",
+    "activations": "activations",
+    "logits_and_loss": "logits + loss",
+    "comm_buffers": "comm buffers",
+}
+CATEGORY_COLORS: dict[str, str] = {
+    "parameters": "#4c72b0",
+    "gradients": "#55a868",
+    "optimizer_states": "#8172b2",
+    "activations": "#dd8452",
+    "logits_and_loss": "#c44e52",
+    "comm_buffers": "#937860",
+}
+#: Pipeline action colours: forward, backward (or backward-for-input), backward-for-weights.
+KIND_COLORS: dict[str, str] = {"F": "#4c72b0", "B": "#55a868", "W": "#8172b2", "other": "#999999"}
+KIND_LABELS: dict[str, str] = {"F": "forward", "B": "backward", "W": "weight grad", "other": "other"}
+DIM_COLORS: dict[str, str] = {
+    "dp": "#4c72b0", "tp": "#dd8452", "tp_vocab": "#e8b07f", "pp": "#55a868", "cp": "#8172b2",
+}
+COLLECTIVE_COLORS: dict[str, str] = {
+    "all_reduce": "#4c72b0", "all_gather": "#55a868", "reduce_scatter": "#dd8452",
+    "all_to_all": "#8172b2", "send": "#c44e52", "recv": "#da8bc3", "broadcast": "#937860",
+}
+TIER_COLORS: tuple[str, ...] = ("#4c72b0", "#c44e52", "#55a868", "#8172b2")
+
+FIGSIZE = (9.6, 3.9)
+DPI = 100
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+
+def field(obj: Any, name: str, default: Any = None) -> Any:
+    """``obj[name]`` for a mapping (the CLI's JSON), ``obj.name`` for an object; ``default`` if absent."""
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def new_figure(figsize: tuple[float, float] = FIGSIZE, dpi: int = DPI) -> Figure:
+    """A figure with an Agg canvas attached, outside pyplot (no global state, no leak)."""
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def to_png(fig: Figure) -> bytes:
+    """Render ``fig`` to PNG bytes (what the explorers put into an ``ipywidgets.Image``)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi)
+    return buf.getvalue()
+
+
+def fmt_bytes(n: float) -> str:
+    """``7.52 GB``, ``312 MB``, ``4.1 kB``: decimal units as everywhere in the lab."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_seconds(t: float) -> str:
+    """``8.35 ms``, ``1.2 s``, ``40 us``."""
+    if t >= 1:
+        return f"{t:.3g} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3g} ms"
+    return f"{t * 1e6:.3g} us"
+
+
+def _lighten(color: str, amount: float) -> tuple[float, float, float]:
+    r, g, b = to_rgb(color)
+    return (r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount)
+
+
+def per_gpu_gb(ledger: Any) -> dict[str, float]:
+    """The ledger's categories in GB, in :data:`CATEGORIES` order (unknown categories appended)."""
+    per = dict(field(ledger, "per_gpu_bytes") or {})
+    keys = [c for c in CATEGORIES if c in per] + [c for c in per if c not in CATEGORIES]
+    return {k: float(per[k]) / GB for k in keys}
+
+
+# --------------------------------------------------------------------------------------------------
+# memory ledger
+# --------------------------------------------------------------------------------------------------
+
+def _stack(ax: Axes, xs: Sequence[float], ledgers: Sequence[Any], width: float) -> list[float]:
+    """Stacked bars of the ledgers' categories at ``xs``; returns the totals in GB.
+
+    Each bar segment gets ``gid = "<category>"`` so that tests can read heights back by category.
+    """
+    totals = [0.0] * len(ledgers)
+    cats: list[str] = []
+    for led in ledgers:
+        cats += [c for c in per_gpu_gb(led) if c not in cats]
+    for cat in cats:
+        heights = [per_gpu_gb(led).get(cat, 0.0) for led in ledgers]
+        bars = ax.bar(xs, heights, width, bottom=totals, color=CATEGORY_COLORS.get(cat, "#bbbbbb"),
+                      label=CATEGORY_LABELS.get(cat, cat), edgecolor="white", linewidth=0.5)
+        for b in bars:
+            b.set_gid(cat)
+        totals = [t + h for t, h in zip(totals, heights, strict=True)]
+    return totals
+
+
+def _hbm_lines(ax: Axes, hbm_gb: float, margin: float, label_x: float) -> None:
+    ax.axhline(hbm_gb, color="black", linewidth=1.4, gid="hbm")
+    ax.text(label_x, hbm_gb, f" HBM {hbm_gb:.4g} GB", va="bottom", ha="left", fontsize=8.5)
+    if margin > 0:
+        usable = hbm_gb * (1 - margin)
+        ax.axhline(usable, color="black", linewidth=1.0, linestyle="--", gid="usable")
+        ax.text(label_x, usable, f" usable {usable:.4g} GB ({margin:.0%} margin)", va="top", ha="left",
+                fontsize=8.5)
+
+
+def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, title: str | None = None,
+                legend: bool = False) -> list[float]:
+    """Stacked bars (GB per GPU, one bar per ledger) of the ledger's categories against the HBM line.
+
+    ``ledgers`` is one ledger or a list (e.g. one per pipeline stage). The solid line is the GPU's HBM, the
+    dashed one what is usable after the ledger's safety ``margin``. Returns the bars' totals in GB.
+    """
+    if not isinstance(ledgers, Sequence) or isinstance(ledgers, Mapping):
+        ledgers = [ledgers]
+    labels = list(labels) if labels is not None else ["per GPU"] * len(ledgers)
+    xs = list(range(len(ledgers)))
+    totals = _stack(ax, xs, ledgers, 0.6)
+    hbm = float(field(ledgers[0], "hbm_bytes", 0.0)) / GB
+    margin = float(field(ledgers[0], "margin", 0.0) or 0.0)
+    top = max([*totals, hbm]) * 1.18 or 1.0
+    ax.set_ylim(0, top)
+    ax.set_xlim(-0.6, len(ledgers) - 0.4 + (1.6 if hbm else 0))
+    if hbm:
+        _hbm_lines(ax, hbm, margin, len(ledgers) - 0.4)
+    for x, t in zip(xs, totals, strict=True):
+        ax.text(x, t + top * 0.01, f"{t:.4g} GB", ha="center", va="bottom", fontsize=9, fontweight="bold")
+    ax.set_xticks(xs, labels)
+    ax.set_ylabel("memory per GPU (GB)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    if legend:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    return totals
+
+
+def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], knob: str, *,
+                      title: str | None = None, value_fmt: str = "{}", highlight: Any = None) -> list[float]:
+    """How each category scales while one knob sweeps: stacked bars at each knob value, HBM line across.
+
+    ``values[i]`` labels ``ledgers[i]``; ``highlight`` (one of ``values``) marks the current setting.
+    """
+    xs = list(range(len(values)))
+    totals = _stack(ax, xs, ledgers, 0.7)
+    hbm = float(field(ledgers[0], "hbm_bytes", 0.0)) / GB if ledgers else 0.0
+    margin = float(field(ledgers[0], "margin", 0.0) or 0.0) if ledgers else 0.0
+    top = max([*totals, hbm, 1e-9]) * 1.15
+    ax.set_ylim(0, top)
+    if hbm:
+        ax.axhline(hbm, color="black", linewidth=1.4, gid="hbm")
+        if margin > 0:
+            ax.axhline(hbm * (1 - margin), color="black", linewidth=1.0, linestyle="--", gid="usable")
+    for x, t in zip(xs, totals, strict=True):
+        ax.text(x, t + top * 0.01, f"{t:.3g}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(xs, [value_fmt.format(v) for v in values])
+    if highlight is not None and highlight in list(values):
+        i = list(values).index(highlight)
+        ax.get_xticklabels()[i].set_fontweight("bold")
+        ax.axvspan(i - 0.45, i + 0.45, color="#ffe9a8", alpha=0.5, zorder=0, gid="current")
+    ax.set_xlabel(knob)
+    ax.set_ylabel("GB per GPU")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    return totals
+
+
+def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[float],
+                          quadratic_bytes: Sequence[float], *, hbm_bytes: float = 0.0,
+                          title: str | None = None, highlight: int | None = None) -> None:
+    """Activations over sequence length, split into the term linear in s and the attention-score term.
+
+    Korthikanti et al. 2022: per layer ``s b h (34 + 5 a s / h)`` bytes; ``34 s b h`` grows linearly,
+    ``5 a s^2 b`` quadratically. The explorer obtains the two parts from the ledger itself (selective
+    recomputation drops exactly the quadratic term), so the picture shows what the ledger computes.
+    """
+    xs = list(range(len(seqs)))
+    lin = [v / GB for v in linear_bytes]
+    quad = [v / GB for v in quadratic_bytes]
+    b1 = ax.bar(xs, lin, 0.7, color=CATEGORY_COLORS["activations"], label="34·sbh (linear in s)")
+    b2 = ax.bar(xs, quad, 0.7, bottom=lin, color=_lighten(CATEGORY_COLORS["activations"], 0.55),
+                edgecolor=CATEGORY_COLORS["activations"], hatch="//", label="5·as²b (attention scores)")
+    for b in b1:
+        b.set_gid("linear")
+    for b in b2:
+        b.set_gid("quadratic")
+    totals = [a + b for a, b in zip(lin, quad, strict=True)]
+    top = max([*totals, hbm_bytes / GB, 1e-9]) * 1.15
+    ax.set_ylim(0, top)
+    if hbm_bytes:
+        ax.axhline(hbm_bytes / GB, color="black", linewidth=1.4, gid="hbm")
+    for x, t in zip(xs, totals, strict=True):
+        ax.text(x, t + top * 0.01, f"{t:.3g}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(xs, [f"{s // 1024}K" if s % 1024 == 0 else str(s) for s in seqs])
+    if highlight is not None and highlight in list(seqs):
+        i = list(seqs).index(highlight)
+        ax.get_xticklabels()[i].set_fontweight("bold")
+        ax.axvspan(i - 0.45, i + 0.45, color="#ffe9a8", alpha=0.5, zorder=0, gid="current")
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("activations per GPU (GB)")
+    ax.legend(loc="upper left", fontsize=8, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def memory_axes(fig: Figure) -> tuple[Axes, Axes]:
+    """The memory explorer's layout: a narrow bar (left), a sweep (middle), room for one legend (right)."""
+    gs = fig.add_gridspec(1, 2, width_ratios=(1.0, 1.45), wspace=0.3, left=0.07, right=0.84,
+                          bottom=0.14, top=0.9)
+    return fig.add_subplot(gs[0]), fig.add_subplot(gs[1])
+
+
+def category_legend(fig: Figure, categories: Sequence[str] = CATEGORIES) -> None:
+    """One legend of the ledger's categories at the figure's right edge."""
+    handles = [Patch(color=CATEGORY_COLORS[c], label=CATEGORY_LABELS[c]) for c in reversed(categories)]
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.85, 0.9), fontsize=8, frameon=False)
+
+
+def memory_figure(ledger: Any, *, title: str | None = None) -> Figure:
+    """One ledger: stacked bar per GPU against HBM, with the verdict in the title."""
+    fig = new_figure((6.6, 4.2))
+    ax = fig.add_subplot()
+    fig.subplots_adjust(left=0.11, right=0.72, bottom=0.1, top=0.9)
+    fits = field(ledger, "fits")
+    verdict = "" if fits is None else ("fits" if fits else "does NOT fit")
+    draw_memory(ax, ledger, title=title or f"memory per GPU: {verdict}", legend=True)
+    return fig
+
+
+def memory_sweep_figure(values: Sequence[Any], ledgers: Sequence[Any], knob: str, *,
+                        title: str | None = None, value_fmt: str = "{}") -> Figure:
+    """Stacked categories while one knob sweeps (e.g. ZeRO stage 0-3), with the HBM line and a legend."""
+    fig = new_figure((6.4, 4.0))
+    ax = fig.add_subplot()
+    fig.subplots_adjust(left=0.11, right=0.7, bottom=0.14, top=0.9)
+    draw_memory_sweep(ax, values, ledgers, knob, title=title, value_fmt=value_fmt)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# communication
+# --------------------------------------------------------------------------------------------------
+
+def _collective_rows(report: Any) -> list[dict[str, Any]]:
+    rows = []
+    for c in field(report, "collectives") or []:
+        rows.append({k: field(c, k) for k in ("dim", "kind", "message_bytes", "group_size", "count",
+                                                "wire_bytes", "tier")})
+    return rows
+
+
+def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[str, float]:
+    """Bytes one GPU sends per step (GB), one stacked bar per dimension, split by collective kind.
+
+    Per dimension the bar's height is the report's ``per_step_bytes[dim]``. When the report lists its
+    collectives with ``wire_bytes`` (and ``count``), the bar is split by kind; otherwise it is one colour.
+    Returns ``{dim: GB}``.
+    """
+    per_dim = {d: float(v) / GB for d, v in (field(report, "per_step_bytes") or {}).items()}
+    dims = [d for d in per_dim]
+    xs = list(range(len(dims)))
+    by_kind: dict[str, dict[str, float]] = {}
+    for r in _collective_rows(report):
+        if r["dim"] in per_dim and r["wire_bytes"] is not None:
+            n = r["count"] if r["count"] is not None else 1
+            by_kind.setdefault(r["kind"], {}).setdefault(r["dim"], 0.0)
+            by_kind[r["kind"]][r["dim"]] += float(r["wire_bytes"]) * n / GB
+    bottoms = [0.0] * len(dims)
+    split_ok = by_kind and all(
+        abs(sum(k.get(d, 0.0) for k in by_kind.values()) - per_dim[d]) <= 1e-6 * max(per_dim[d], 1e-12)
+        for d in dims)
+    if split_ok:
+        for kind, vals in by_kind.items():
+            h = [vals.get(d, 0.0) for d in dims]
+            bars = ax.bar(xs, h, 0.6, bottom=bottoms, color=COLLECTIVE_COLORS.get(kind, "#bbbbbb"),
+                          label=kind.replace("_", "-"), edgecolor="white", linewidth=0.5)
+            for b, d in zip(bars, dims, strict=True):
+                b.set_gid(f"{d}:{kind}")
+            bottoms = [a + b for a, b in zip(bottoms, h, strict=True)]
+        ax.legend(loc="upper right", fontsize=8, frameon=False, title="collective", title_fontsize=8)
+    else:
+        bars = ax.bar(xs, [per_dim[d] for d in dims], 0.6, color=[DIM_COLORS.get(d, "#bbbbbb") for d in dims])
+        for b, d in zip(bars, dims, strict=True):
+            b.set_gid(d)
+        bottoms = [per_dim[d] for d in dims]
+    top = max([*bottoms, 1e-12]) * 1.18
+    ax.set_ylim(0, top)
+    for x, d in zip(xs, dims, strict=True):
+        ax.text(x, per_dim[d] + top * 0.01, fmt_bytes(per_dim[d] * GB), ha="center", va="bottom",
+                fontsize=8.5)
+    ax.set_xticks(xs, dims)
+    ax.set_xlabel("parallel dimension")
+    ax.set_ylabel("GB sent per GPU per step")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    return per_dim
+
+
+def draw_comm_time(ax: Axes, report: Any, tiers: Mapping[str, str] | None = None, *,
+                   title: str | None = None) -> dict[str, float]:
+    """Time per step per dimension (ms, alpha-beta model), coloured by the link tier it lands on.
+
+    ``tiers`` maps a dimension to its tier's label (e.g. ``{"tp": "nvlink4 450 GB/s"}``); without it the
+    report's ``tiers`` field is used when present. Returns ``{dim: seconds}``.
+    """
+    times = {d: float(v) for d, v in (field(report, "time_s") or {}).items()}
+    tiers = dict(tiers or field(report, "tiers") or {})
+    dims = list(times)
+    tier_names = list(dict.fromkeys(str(tiers.get(d, "?")) for d in dims))
+    color = {t: TIER_COLORS[i % len(TIER_COLORS)] for i, t in enumerate(tier_names)}
+    ys = list(range(len(dims)))
+    bars = ax.barh(ys, [times[d] * 1e3 for d in dims], 0.6,
+                   color=[color[str(tiers.get(d, "?"))] for d in dims])
+    for b, d in zip(bars, dims, strict=True):
+        b.set_gid(d)
+    right = max([times[d] * 1e3 for d in dims] + [1e-9])
+    ax.set_xlim(0, right * 1.45)
+    for y, d in zip(ys, dims, strict=True):
+        ax.text(times[d] * 1e3 + right * 0.02, y, fmt_seconds(times[d]), va="center", fontsize=8.5)
+    ax.set_yticks(ys, dims)
+    ax.invert_yaxis()
+    ax.set_xlabel("time per step (ms)")
+    if tiers:
+        ax.legend(handles=[Patch(color=color[t], label=t) for t in tier_names], loc="lower right",
+                  fontsize=8, frameon=False, title="link tier", title_fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    return times
+
+
+def comm_axes(fig: Figure) -> tuple[Axes, Axes]:
+    gs = fig.add_gridspec(1, 2, width_ratios=(1.2, 1.0), wspace=0.3, left=0.08, right=0.98, bottom=0.14,
+                          top=0.9)
+    return fig.add_subplot(gs[0]), fig.add_subplot(gs[1])
+
+
+def comm_figure(report: Any, tiers: Mapping[str, str] | None = None, *, title: str | None = None) -> Figure:
+    """Bytes per step per dimension (split by collective) and time per dimension on its link tier."""
+    fig = new_figure()
+    a1, a2 = comm_axes(fig)
+    draw_comm_bytes(a1, report, title="bytes per GPU per step")
+    draw_comm_time(a2, report, tiers, title="time per step (alpha-beta)")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# pipeline timelines
+# --------------------------------------------------------------------------------------------------
+
+def kind_key(kind: Any) -> str:
+    """Map an action kind to ``F``, ``B`` or ``W`` (forward, backward / backward-for-input, weights)."""
+    k = str(kind).lower()
+    if k in ("w", "bw", "backward_weight", "backward-weight", "weight") or "weight" in k:
+        return "W"
+    if k in ("b", "bi", "backward", "backward_input", "backward-input") or k.startswith("b"):
+        return "B"
+    if k in ("f", "forward") or k.startswith("f"):
+        return "F"
+    return "other"
+
+
+def timeline_rows(timeline: Any) -> list[tuple[int, float, float, str, int, int]]:
+    """Normalise a timeline to ``[(rank, start, end, kind, microbatch, chunk)]``.
+
+    Accepts ``parallel-lab bubble --json``'s ``timeline`` list, the dictionary holding it, or objects with
+    those attributes.
+    """
+    if isinstance(timeline, Mapping):
+        timeline = timeline.get("timeline", [])
+    elif hasattr(timeline, "timeline"):
+        timeline = timeline.timeline
+    rows = []
+    for r in timeline or []:
+        if isinstance(r, Sequence) and not isinstance(r, str):
+            rank, start, end, kind, mb, chunk = (list(r) + [0, 0])[:6]
+        else:
+            rank, start, end = field(r, "rank"), field(r, "start"), field(r, "end")
+            kind, mb, chunk = field(r, "kind"), field(r, "microbatch", 0), field(r, "chunk", 0)
+        rows.append((int(rank), float(start), float(end), str(kind), int(mb or 0), int(chunk or 0)))
+    return rows
+
+
+def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_unit: str = "time",
+                  time_scale: float = 1.0, label_microbatches: bool | None = None) -> dict[str, Any]:
+    """One row per rank: forward / backward / weight-gradient actions as coloured boxes on a hatched grey
+    band, so that idle gaps (the bubble) stay visible. Later chunks (interleaving) are drawn lighter.
+
+    ``time_scale`` multiplies the times (e.g. 1e3 for seconds -> ms) and ``time_unit`` labels the x axis.
+    Returns ``{"ranks", "makespan", "busy": {rank: busy time}}`` in the scaled unit.
+    """
+    rows = timeline_rows(timeline)
+    ranks = sorted({r[0] for r in rows})
+    t0 = min((r[1] for r in rows), default=0.0)
+    makespan = (max((r[2] for r in rows), default=0.0) - t0) * time_scale
+    height = 0.72
+    for rank in ranks:
+        ax.broken_barh([(0.0, makespan)], (rank - height / 2, height), facecolor="#f2f2f2",
+                       edgecolor="#c8c8c8", hatch="////", linewidth=0.0, gid=f"idle:{rank}")
+    busy: dict[int, float] = dict.fromkeys(ranks, 0.0)
+    groups: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
+    for rank, start, end, kind, _mb, chunk in rows:
+        key = kind_key(kind)
+        if key == "other" and end <= start:
+            continue
+        span = ((start - t0) * time_scale, (end - start) * time_scale, rank)
+        groups.setdefault((key, chunk), []).append(span)
+        busy[rank] += (end - start) * time_scale
+    max_chunk = max((c for _, c in groups), default=0)
+    for (key, chunk), spans in sorted(groups.items()):
+        color = _lighten(KIND_COLORS[key], 0.45 * chunk / max(max_chunk, 1))
+        for rank in ranks:
+            mine = [(s, w) for s, w, r in spans if r == rank]
+            if mine:
+                ax.broken_barh(mine, (rank - height / 2, height), facecolor=color, edgecolor="white",
+                               linewidth=0.6, gid=f"{key}:{chunk}:{rank}")
+    if label_microbatches is None:
+        label_microbatches = 0 < len(rows) <= 160
+    if label_microbatches and makespan > 0:
+        min_w = makespan / 70
+        for rank, start, end, kind, mb, _chunk in rows:
+            w = (end - start) * time_scale
+            if w >= min_w and kind_key(kind) != "other":
+                ax.text((start - t0) * time_scale + w / 2, rank, str(mb), ha="center", va="center",
+                        fontsize=7, color="white")
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_ylim(max(ranks, default=0) + 0.6, min(ranks, default=0) - 0.6)
+    ax.set_xlim(0, makespan * 1.01 or 1.0)
+    ax.set_xlabel(time_unit)
+    present = [k for k in ("F", "B", "W") if any(g[0] == k for g in groups)]
+    handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in present]
+    handles.append(Patch(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", label="idle"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return {"ranks": ranks, "makespan": makespan, "busy": busy}
+
+
+def timeline_figure(timeline: Any, *, title: str | None = None, time_unit: str = "time (cost units)",
+                    time_scale: float = 1.0) -> Figure:
+    """A simulated (or measured) pipeline timeline, one row per rank."""
+    rows = timeline_rows(timeline)
+    n = len({r[0] for r in rows}) or 1
+    fig = new_figure((9.6, 1.2 + 0.42 * n))
+    ax = fig.add_subplot()
+    fig.subplots_adjust(left=0.08, right=0.86, bottom=0.6 / (1.2 + 0.42 * n) + 0.1, top=0.86)
+    draw_timeline(ax, rows, title=title, time_unit=time_unit, time_scale=time_scale)
+    return fig
+
+
+def timelines_figure(simulated: Any, measured: Any = None, *, sim_title: str = "simulated",
+                     measured_title: str = "measured", measured_unit: str = "time (ms)",
+                     measured_scale: float = 1e3) -> Figure:
+    """Simulated timeline above, measured timeline (seconds, drawn in ms) below when given."""
+    n = len({r[0] for r in timeline_rows(simulated)}) or 1
+    panels = 2 if measured is not None else 1
+    h = 0.9 + panels * (0.55 + 0.36 * n)
+    fig = new_figure((9.6, h))
+    axes = fig.subplots(panels, 1, squeeze=False)[:, 0]
+    fig.subplots_adjust(left=0.08, right=0.86, bottom=0.55 / h, top=1 - 0.35 / h, hspace=0.75)
+    draw_timeline(axes[0], simulated, title=sim_title, time_unit="time (cost units)")
+    if measured is not None:
+        draw_timeline(axes[1], measured, title=measured_title, time_unit=measured_unit,
+                      time_scale=measured_scale)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# planner
+# --------------------------------------------------------------------------------------------------
+
+def plan_label(plan: Any) -> str:
+    """``tp8 cp1 pp16 dp128 z1`` from a plan (object or the planner JSON's dictionary)."""
+    src = field(plan, "plan", None) or plan
+    parts = [f"{k}{field(src, k)}" for k in ("tp", "cp", "pp", "dp") if field(src, k) is not None]
+    zero = field(src, "zero")
+    if zero is not None:
+        parts.append(f"z{zero}")
+    rec = field(src, "recompute")
+    if rec and rec != "none":
+        parts.append(f"rc-{rec[:3]}")
+    sched = field(src, "schedule")
+    pp = field(src, "pp")
+    if sched and pp and pp > 1:
+        v = field(src, "interleave") or 1
+        parts.append(sched + (f"x{v}" if v > 1 else ""))
+    return " ".join(parts)
+
+
+def draw_plans(ax: Axes, plans: Sequence[Any], *, top: int = 10, title: str | None = None,
+               chosen: int | None = 0) -> list[float]:
+    """The ranked plans' estimated step time (s), best at the top, MFU written beside each bar."""
+    plans = list(plans)[:top]
+    times = [float(field(p, "step_time_s", 0.0)) for p in plans]
+    ys = list(range(len(plans)))
+    colors = ["#dd8452" if i == chosen else "#4c72b0" for i in ys]
+    bars = ax.barh(ys, times, 0.65, color=colors)
+    for i, b in enumerate(bars):
+        b.set_gid(f"plan:{i}")
+    right = max(times + [1e-9])
+    ax.set_xlim(0, right * 1.3)
+    for y, p, t in zip(ys, plans, times, strict=True):
+        mfu = field(p, "mfu")
+        ax.text(t + right * 0.01, y, f"{t:.3g} s" + (f"  MFU {float(mfu):.0%}" if mfu is not None else ""),
+                va="center", fontsize=8)
+    ax.set_yticks(ys, [f"#{i + 1} {plan_label(p)}" for i, p in enumerate(plans)], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("estimated step time (s)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    return times
