@@ -1,2 +1,403 @@
-def main(argv=None):
+"""``parallel-lab``: the command line of the lab.
+
+    parallel-lab memory  --model llama3-8b --seq 8192 --tp 4 --dp 2
+    parallel-lab comm    --layers 32 --hidden 4096 --heads 32 --seq 4096 --tp 8 --json
+    parallel-lab flops   --model llama3-405b --seq 8192 --dp 128 --tp 8 --pp 16 --grad-accum 16
+
+Every subcommand prints a readable table, or with ``--json`` one JSON object whose keys are documented in
+the README (numbers unrounded: bytes, FLOPs, seconds). An invalid model, plan or flag combination prints
+one line ``parallel-lab: error: ...`` on stderr and exits with status 2, never a traceback.
+
+Adding a subcommand is one self-contained edit: write ``_add_<name>(sub)``, which calls
+:func:`subcommand` (it adds ``--json``) and the shared flag helpers, and a handler ``args -> Output``;
+then append ``_add_<name>`` to :data:`SUBCOMMANDS`. Handlers that need heavy imports (torch) import them
+inside the handler, so that the other subcommands stay fast.
+
+Shared flags (stable; documented in the README):
+
+* model: ``--model PRESET`` | ``--layers --hidden --heads [--kv-heads --ffn --vocab --flavour
+  --tied-embeddings]`` | ``--params N`` (see :func:`add_model_args`, :func:`model_from_args`);
+* plan and machine: ``--seq --micro-batch --grad-accum --dp --tp --pp --cp --zero --sp --recompute
+  --optimizer --schedule --interleave --dtype --cp-kind --dp-kind --bucket-mb --zero-unit --gpus
+  --cluster --activation-model`` (see :func:`add_plan_args`, :func:`plan_from_args`,
+  :func:`cluster_from_args`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .specs import (
+    CLUSTER_PRESETS,
+    CP_KINDS,
+    DP_KINDS,
+    DTYPE_BYTES,
+    GB,
+    MODEL_PRESETS,
+    OPTIMIZERS,
+    SCHEDULES,
+    ZERO_UNITS,
+    ClusterSpec,
+    GiB,
+    ModelSpec,
+    ParallelLabError,
+    Plan,
+)
+
+PROG = "parallel-lab"
+
+#: Shape flags: given together instead of --model or --params.
+SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour", "tied_embeddings")
+#: Plan flags that map one-to-one onto :class:`Plan` fields (None = not given, Plan's default applies).
+PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "seq", "recompute",
+               "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb", "zero_unit")
+DEFAULT_CLUSTER = "h100-sxm"
+
+
+@dataclass
+class Output:
+    """What a handler returns: ``data`` is printed for ``--json``, ``text`` otherwise."""
+
+    data: dict[str, Any]
+    text: str
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared flags
+# --------------------------------------------------------------------------------------------------
+
+def _count(text: str) -> int:
+    """A positive count that may be written in float notation (``7e9``, ``6.74e9``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; e.g. 7e9") from None
+    if not math.isfinite(value) or value < 1 or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number; e.g. 7e9")
+    return int(value)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The model flags: a preset, an explicit shape, or a bare parameter count (exactly one)."""
+    g = parser.add_argument_group("model (one of --model, the shape flags, or --params)")
+    g.add_argument("--model", metavar="PRESET", help=f"a preset: {', '.join(MODEL_PRESETS)}")
+    g.add_argument("--layers", type=int, help="transformer blocks L")
+    g.add_argument("--hidden", type=int, help="hidden size h")
+    g.add_argument("--heads", type=int, help="attention heads a")
+    g.add_argument("--kv-heads", type=int, help="key/value heads (GQA); default: heads")
+    g.add_argument("--ffn", type=int, help="MLP width; default 4h (gpt) or Llama's 8h/3 rounded to 256")
+    g.add_argument("--vocab", type=int, help="vocabulary size; default 32000")
+    g.add_argument("--flavour", choices=("gpt", "llama"), help="block flavour; default gpt")
+    g.add_argument("--tied-embeddings", action="store_true", default=None,
+                   help="share the input embedding with the output head")
+    g.add_argument("--params", type=_count, metavar="N",
+                   help="a model known only by its parameter count (e.g. 7e9): "
+                        "state memory and DP bytes only")
+
+
+def add_plan_args(parser: argparse.ArgumentParser) -> None:
+    """The plan flags (one per :class:`Plan` field), ``--gpus``, ``--cluster`` and ``--activation-model``.
+
+    Every flag defaults to None, meaning "not given": the :class:`Plan` default applies
+    (dp=tp=pp=cp=1, zero 0, seq 2048, micro-batch 1, bf16, adam-mixed, 1f1b, ...).
+    """
+    g = parser.add_argument_group("plan")
+    g.add_argument("--seq", type=int, help="sequence length in tokens (default 2048)")
+    g.add_argument("--micro-batch", type=int, help="sequences per micro-batch per model replica (default 1)")
+    g.add_argument("--grad-accum", type=int,
+                   help="micro-batches per optimizer step (= pipeline micro-batches m; default 1)")
+    g.add_argument("--dp", type=int, help="data-parallel degree (inferred from --gpus when omitted)")
+    g.add_argument("--tp", type=int, help="tensor-parallel degree")
+    g.add_argument("--pp", type=int, help="pipeline-parallel degree (stages)")
+    g.add_argument("--cp", type=int, help="context-parallel degree")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default 0 = plain DDP)")
+    g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism (needs --tp >= 2)")
+    g.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
+    g.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
+                   help="optimizer state layout (default adam-mixed)")
+    g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), help="compute dtype of activations and messages")
+    g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
+    g.add_argument("--interleave", type=int, help="model chunks per stage v (needs --schedule interleaved)")
+    g.add_argument("--cp-kind", choices=CP_KINDS, help="context parallelism: ring, allgather or ulysses")
+    g.add_argument("--dp-kind", choices=DP_KINDS, help="DDP gradient sync: bucketed or naive")
+    g.add_argument("--bucket-mb", type=_positive_float, help="DDP bucket cap in MB (10^6 bytes; default 25)")
+    g.add_argument("--zero-unit", choices=ZERO_UNITS, help="ZeRO/FSDP units: per block or one root unit")
+    g.add_argument("--gpus", type=int, help="total GPUs; must equal dp*tp*pp*cp (dp is inferred if omitted)")
+    g.add_argument("--cluster", metavar="PRESET", help=f"machine: {', '.join(CLUSTER_PRESETS)} "
+                   f"(default {DEFAULT_CLUSTER})")
+    g.add_argument("--activation-model", choices=("korthikanti", "per-op"),
+                   help="activation memory: Korthikanti et al. 2022 formulas (default) or the per-op model")
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    """The :class:`ModelSpec` the flags describe; contradictory or incomplete flags raise ParallelLabError."""
+    preset = getattr(args, "model", None)
+    params = getattr(args, "params", None)
+    shape = {f: getattr(args, f, None) for f in SHAPE_FLAGS}
+    given_shape = sorted("--" + f.replace("_", "-") for f, v in shape.items() if v is not None)
+    if preset is not None and (given_shape or params is not None):
+        extra = given_shape + (["--params"] if params is not None else [])
+        raise ParallelLabError(f"--model {preset} already fixes the shape; drop {' '.join(extra)} "
+                               f"(or drop --model and give the shape flags)")
+    if preset is not None:
+        return ModelSpec.preset(preset)
+    if params is not None:
+        if given_shape:
+            raise ParallelLabError(f"--params {params:g} describes a model without a shape; drop "
+                                   f"{' '.join(given_shape)} or drop --params")
+        return ModelSpec.from_params(params)
+    missing = [f"--{f}" for f in ("layers", "hidden", "heads") if shape[f] is None]
+    if missing:
+        if len(missing) == 3 and not given_shape:
+            raise ParallelLabError("no model given; use --model PRESET (e.g. --model llama2-7b), "
+                                   "or --layers/--hidden/--heads, or --params N (e.g. --params 7e9)")
+        raise ParallelLabError("an explicit shape needs --layers, --hidden and --heads; "
+                               f"missing {' '.join(missing)}")
+    kw: dict[str, Any] = {f: v for f, v in shape.items() if v is not None}
+    kw.setdefault("flavour", "gpt")
+    # A custom gpt shape gets a learned position table long enough for the requested sequence.
+    seq = getattr(args, "seq", None)
+    if kw["flavour"] == "gpt":
+        kw["max_positions"] = max(2048, seq or 0)
+    return ModelSpec(**kw)
+
+
+def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
+    """The :class:`ClusterSpec` preset named by ``--cluster`` (default h100-sxm)."""
+    return ClusterSpec.preset(getattr(args, "cluster", None) or DEFAULT_CLUSTER)
+
+
+def plan_from_args(args: argparse.Namespace, model: ModelSpec | None = None) -> Plan:
+    """The :class:`Plan` the flags describe, validated against the model (and ``--gpus``).
+
+    When ``--gpus`` is given and ``--dp`` is not, ``dp = gpus / (tp * pp * cp)`` if that divides.
+    """
+    if model is None:
+        model = model_from_args(args)
+    kw: dict[str, Any] = {f: getattr(args, f) for f in PLAN_FIELDS if getattr(args, f, None) is not None}
+    gpus = getattr(args, "gpus", None)
+    if gpus is not None:
+        if gpus < 1:
+            raise ParallelLabError(f"--gpus {gpus} must be a positive integer")
+        if "dp" not in kw:
+            rest = kw.get("tp", 1) * kw.get("pp", 1) * kw.get("cp", 1)
+            if gpus % rest:
+                raise ParallelLabError(
+                    f"--gpus {gpus} is not divisible by tp*pp*cp = {rest}, so dp cannot be inferred; "
+                    f"pick --gpus a multiple of {rest} or give --dp")
+            kw["dp"] = gpus // rest
+    plan = Plan(**kw)
+    return plan.validate(model, gpus=gpus)
+
+
+def add_json_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def subcommand(sub: Any, name: str, handler: Callable[[argparse.Namespace], Output], help: str,
+               description: str | None = None) -> argparse.ArgumentParser:
+    """Create subcommand ``name`` running ``handler``; it always has ``--json``."""
+    p = sub.add_parser(name, help=help, description=description or help)
+    add_json_arg(p)
+    p.set_defaults(handler=handler)
+    return p
+
+
+# --------------------------------------------------------------------------------------------------
+# Formatting
+# --------------------------------------------------------------------------------------------------
+
+def fmt_bytes(n: float) -> str:
+    """``12.35 GB (11.50 GiB)``: GB = 10^9 bytes, GiB = 2^30 bytes."""
+    return f"{n / GB:,.2f} GB ({n / GiB:,.2f} GiB)"
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
+    """A plain aligned text table (first column left-aligned, the others right-aligned)."""
+    all_rows = [list(map(str, r)) for r in ([header] if header else []) + list(rows)]
+    if not all_rows:
+        return ""
+    widths = [max(len(r[i]) for r in all_rows if i < len(r)) for i in range(max(map(len, all_rows)))]
+    lines = []
+    for k, r in enumerate(all_rows):
+        cells = [c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)]
+        lines.append("  ".join(cells).rstrip())
+        if header and k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def describe(model: ModelSpec, plan: Plan) -> str:
+    p = plan
+    return (f"{model.summary()}\nplan: dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} zero={p.zero} sp={p.sp} "
+            f"seq={p.seq} micro_batch={p.micro_batch} grad_accum={p.grad_accum} recompute={p.recompute} "
+            f"optimizer={p.optimizer} dtype={p.dtype} schedule={p.schedule}"
+            + (f" interleave={p.interleave}" if p.interleave > 1 else "") + f" ({p.world} GPUs)")
+
+
+# --------------------------------------------------------------------------------------------------
+# memory
+# --------------------------------------------------------------------------------------------------
+
+def _add_memory(sub: Any) -> None:
+    p = subcommand(sub, "memory", _memory, "memory ledger per GPU by category, and whether it fits")
+    add_model_args(p)
+    add_plan_args(p)
+    p.add_argument("--stage", type=int, help="pipeline stage to report (default: the fullest one)")
+    p.add_argument("--margin", type=float, default=0.1, help="HBM safety margin, fraction (default 0.1)")
+
+
+def _memory(args: argparse.Namespace) -> Output:
+    from .ledger import memory
+
+    model = model_from_args(args)
+    plan = plan_from_args(args, model)
+    cluster = cluster_from_args(args)
+    led = memory(model, plan, cluster, activation_model=args.activation_model or "korthikanti",
+                 stage=args.stage, margin=args.margin)
+    rows = [(k, fmt_bytes(v)) for k, v in led.per_gpu_bytes.items()]
+    rows.append(("total", fmt_bytes(led.total_bytes)))
+    budget = led.hbm_bytes * (1 - led.margin)
+    verdict = "fits" if led.fits else "does NOT fit"
+    text = "\n".join([
+        describe(model, plan),
+        f"memory per GPU (pipeline stage {led.stage} of {plan.pp}):",
+        table(rows, ("category", "bytes")),
+        f"{verdict}: {fmt_bytes(led.total_bytes)} vs {fmt_bytes(budget)} usable "
+        f"({cluster.name} HBM {fmt_bytes(led.hbm_bytes)} minus a {led.margin:.0%} margin)",
+        *[f"note: {n}" for n in led.notes],
+    ])
+    return Output(led.to_json(), text)
+
+
+# --------------------------------------------------------------------------------------------------
+# comm
+# --------------------------------------------------------------------------------------------------
+
+def _add_comm(sub: Any) -> None:
+    p = subcommand(sub, "comm", _comm,
+                   "communication per GPU per optimizer step, by dimension and collective")
+    add_model_args(p)
+    add_plan_args(p)
+    p.add_argument("--stage", type=int, help="pipeline stage to report (default: the busiest one)")
+
+
+def _comm(args: argparse.Namespace) -> Output:
+    from .comm import report
+
+    model = model_from_args(args)
+    plan = plan_from_args(args, model)
+    cluster = cluster_from_args(args)
+    rep = report(model, plan, cluster, stage=args.stage)
+    rows = [(c.dim, c.kind, c.phase, f"{c.message_bytes:,}", c.group_size, c.count, fmt_bytes(c.wire_bytes),
+             c.note) for c in rep.collectives]
+    dims = [(d, fmt_bytes(b), f"{rep.time_s.get(d, 0.0) * 1e3:,.3f} ms", rep.tiers.get(d, ""))
+            for d, b in rep.per_step_bytes.items()]
+    text = "\n".join([
+        describe(model, plan),
+        f"collectives of one GPU (pipeline stage {rep.stage}) for one optimizer step on {cluster.name}:",
+        table(rows, ("dim", "kind", "phase", "message B", "group", "count", "sent (wire)", "what")),
+        "",
+        table(dims, ("dim", "sent per step", "alpha-beta time", "link")),
+    ])
+    return Output(rep.to_json(), text)
+
+
+# --------------------------------------------------------------------------------------------------
+# flops
+# --------------------------------------------------------------------------------------------------
+
+def _add_flops(sub: Any) -> None:
+    p = subcommand(sub, "flops", _flops, "model and hardware FLOPs per optimizer step (whole global batch)")
+    add_model_args(p)
+    add_plan_args(p)
+    p.add_argument("--step-time", type=_positive_float, metavar="SECONDS",
+                   help="measured step time; adds MFU and HFU against the cluster's peak")
+
+
+def _flops(args: argparse.Namespace) -> Output:
+    from .flops import mfu, step_flops
+
+    model = model_from_args(args)
+    model.require_shape("FLOPs")
+    plan = plan_from_args(args, model)
+    cluster = cluster_from_args(args)
+    rep = step_flops(model, plan)
+    data = rep.to_json()
+    rows = [("model FLOPs per step", f"{rep.model_flops_per_step:.4e}"),
+            ("hardware FLOPs per step", f"{rep.hardware_flops_per_step:.4e}"),
+            ("tokens per step", f"{rep.tokens_per_step:,}"),
+            ("model FLOPs per token", f"{rep.model_flops_per_step / rep.tokens_per_step:.4e}")]
+    if args.step_time is not None:
+        data["step_time_s"] = args.step_time
+        data["mfu"] = mfu(model, plan, args.step_time, cluster)
+        data["hfu"] = rep.hardware_flops_per_step / (args.step_time * plan.world * cluster.peak_flops)
+        rows += [("MFU", f"{data['mfu']:.2%}"), ("HFU", f"{data['hfu']:.2%}"),
+                 ("model TFLOP/s per GPU",
+                  f"{rep.model_flops_per_step / args.step_time / plan.world / 1e12:,.1f}")]
+    text = "\n".join([describe(model, plan), table(rows), f"formula: {rep.formula}"])
+    return Output(data, text)
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------------
+
+#: One registrar per subcommand, in the order ``--help`` lists them. To add a subcommand, append yours.
+#: (``bubble`` and ``plan``: schedules/planner; ``run``: the runnable core, importing torch in its handler.)
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="parallel_lab: memory, communication and FLOPs of multi-GPU LLM training plans.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for register in SUBCOMMANDS:
+        register(sub)
+    return parser
+
+
+def _jsonable(x: Any) -> Any:
+    """JSON without NaN/inf surprises: floats that are whole stay floats; tuples become lists."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 invalid input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        out = args.handler(args)
+    except ParallelLabError as e:
+        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(_jsonable(out.data), indent=2))
+    else:
+        print(out.text)
     return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

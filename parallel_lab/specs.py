@@ -13,7 +13,7 @@ list, and a test checks that the torch model has exactly these names and shapes.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 Flavour = Literal["gpt", "llama"]
@@ -88,7 +88,8 @@ class ModelSpec:
             object.__setattr__(self, "kv_heads", self.heads)
         _positive_int(o, "kv_heads", self.kv_heads)
         if self.ffn is None:
-            object.__setattr__(self, "ffn", 4 * self.hidden if self.flavour == "gpt" else _llama_ffn(self.hidden))
+            ffn = 4 * self.hidden if self.flavour == "gpt" else _llama_ffn(self.hidden)
+            object.__setattr__(self, "ffn", ffn)
         _positive_int(o, "ffn", self.ffn)
         if self.bias is None:
             object.__setattr__(self, "bias", self.flavour == "gpt")
@@ -129,7 +130,8 @@ class ModelSpec:
         """A named model from :data:`MODEL_PRESETS` (e.g. ``"llama3-405b"``, ``"tiny-llama"``)."""
         key = name.lower()
         if key not in MODEL_PRESETS:
-            raise ParallelLabError(f"model preset {name!r} is not known; pick one of {', '.join(MODEL_PRESETS)}")
+            raise ParallelLabError(f"model preset {name!r} is not known; "
+                                   f"pick one of {', '.join(MODEL_PRESETS)}")
         return MODEL_PRESETS[key]
 
     def with_(self, **changes: Any) -> ModelSpec:
@@ -256,8 +258,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # The tiny models the runnable code trains on CPU ranks (tests, notebooks, `parallel-lab run`).
     "tiny-llama": ModelSpec(layers=4, hidden=128, heads=4, kv_heads=2, ffn=344, vocab=512, flavour="llama",
                             name="tiny-llama"),
-    "tiny-gpt": ModelSpec(layers=4, hidden=128, heads=4, ffn=512, vocab=512, flavour="gpt", max_positions=1024,
-                          dropout=0.0, name="tiny-gpt"),
+    "tiny-gpt": ModelSpec(layers=4, hidden=128, heads=4, ffn=512, vocab=512, flavour="gpt",
+                          max_positions=1024, dropout=0.0, name="tiny-gpt"),
 }
 
 
@@ -307,7 +309,8 @@ class ClusterSpec:
     def preset(cls, name: str) -> ClusterSpec:
         key = name.lower()
         if key not in CLUSTER_PRESETS:
-            raise ParallelLabError(f"cluster preset {name!r} is not known; pick one of {', '.join(CLUSTER_PRESETS)}")
+            raise ParallelLabError(f"cluster preset {name!r} is not known; "
+                                   f"pick one of {', '.join(CLUSTER_PRESETS)}")
         return CLUSTER_PRESETS[key]
 
     def tier(self, group_span: int) -> LinkTier:
@@ -367,8 +370,10 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
                       "ZeRO paper (Rajbhandari et al. 2020): bf16 params 2 + bf16 grads 2 + fp32 master, "
                       "momentum, variance 4+4+4 = 16 B/param"),
         OptimizerSpec("adam-mixed-fp32-grad", 2, 6, 12,
-                      "as adam-mixed plus an fp32 gradient-accumulation buffer (bf16 grad 2 + fp32 4): 20 B/param"),
-        OptimizerSpec("adam-fp32", 4, 4, 8, "plain fp32 Adam: params 4 + grads 4 + momentum and variance 8 = 16 B"),
+                      "as adam-mixed plus an fp32 gradient-accumulation buffer "
+                      "(bf16 grad 2 + fp32 4): 20 B/param"),
+        OptimizerSpec("adam-fp32", 4, 4, 8,
+                      "plain fp32 Adam: params 4 + grads 4 + momentum and variance 8 = 16 B"),
         OptimizerSpec("sgd-momentum", 4, 4, 4, "fp32 SGD with momentum: 4 + 4 + 4 = 12 B/param"),
         OptimizerSpec("adam-8bit", 2, 2, 6,
                       "bf16 params and grads, fp32 master 4, 8-bit momentum and variance 1+1 "
@@ -433,7 +438,8 @@ class Plan:
         for f in ("dp", "tp", "pp", "cp", "micro_batch", "grad_accum", "seq", "interleave"):
             _positive_int(o, f, getattr(self, f))
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
-            raise ParallelLabError(f"Plan.zero={self.zero!r} is not a ZeRO stage; pick zero in {{0, 1, 2, 3}}")
+            raise ParallelLabError(f"Plan.zero={self.zero!r} is not a ZeRO stage; "
+                                   "pick zero in {0, 1, 2, 3}")
         _choice(o, "recompute", self.recompute, ("none", "selective", "full"))
         _choice(o, "optimizer", self.optimizer, tuple(OPTIMIZERS))
         _choice(o, "dtype", self.dtype, tuple(DTYPE_BYTES))
@@ -446,7 +452,8 @@ class Plan:
         if not self.bucket_mb > 0:
             raise ParallelLabError(f"Plan.bucket_mb={self.bucket_mb} must be > 0; e.g. bucket_mb=25")
         if self.sp and self.tp == 1:
-            raise ParallelLabError("sequence parallelism (sp=True) needs tp > 1; set tp=2 or more, or sp=False")
+            raise ParallelLabError("sequence parallelism (sp=True) needs tp > 1; "
+                                   "set tp=2 or more, or sp=False")
         if self.zero and self.dp == 1:
             raise ParallelLabError(f"zero={self.zero} shards over data-parallel ranks but dp=1; "
                                    "set dp >= 2 or zero=0")
@@ -456,8 +463,8 @@ class Plan:
         if self.schedule == "interleaved" and self.pp > 1 and self.grad_accum % self.pp:
             ok = [k * self.pp for k in range(1, 5)]
             raise ParallelLabError(
-                f"interleaved 1F1B runs micro-batches in groups of pp={self.pp}; grad_accum={self.grad_accum} "
-                f"is not a multiple of it; pick grad_accum in {_fmt_set(ok)}"
+                f"interleaved 1F1B runs micro-batches in groups of pp={self.pp}; "
+                f"grad_accum={self.grad_accum} is not a multiple of it; pick grad_accum in {_fmt_set(ok)}"
             )
 
     # ---- derived ----------------------------------------------------------------------------------
@@ -521,17 +528,20 @@ class Plan:
         if model.shape_known:
             if model.heads % self.tp:
                 raise ParallelLabError(
-                    f"tp={self.tp} does not divide heads={model.heads}; pick tp in {_fmt_set(divisors(model.heads))}"
+                    f"tp={self.tp} does not divide heads={model.heads}; "
+                    f"pick tp in {_fmt_set(divisors(model.heads))}"
                 )
             if model.ffn % self.tp:
                 raise ParallelLabError(
-                    f"tp={self.tp} does not divide ffn={model.ffn}; pick tp in {_fmt_set(divisors(model.ffn))}"
+                    f"tp={self.tp} does not divide ffn={model.ffn}; "
+                    f"pick tp in {_fmt_set(divisors(model.ffn))}"
                 )
             if self.tp > model.kv_heads and self.tp % model.kv_heads:
+                kv = model.kv_heads
+                ok = [d for d in divisors(model.heads) if d % kv == 0 or kv % d == 0]
                 raise ParallelLabError(
-                    f"tp={self.tp} exceeds kv_heads={model.kv_heads} and is not a multiple of it, so key/value "
-                    f"heads cannot be replicated evenly; pick tp in "
-                    f"{_fmt_set([d for d in divisors(model.heads) if d % model.kv_heads == 0 or model.kv_heads % d == 0])}"
+                    f"tp={self.tp} exceeds kv_heads={kv} and is not a multiple of it, so "
+                    f"key/value heads cannot be replicated evenly; pick tp in {_fmt_set(ok)}"
                 )
             chunks = self.pp * self.interleave
             if chunks > model.layers:
@@ -540,22 +550,27 @@ class Plan:
                     f"layers={model.layers}; pick pp*interleave <= {model.layers}"
                 )
             if self.schedule == "interleaved" and model.layers % chunks:
+                ok_v = [v for v in divisors(model.layers) if model.layers % (self.pp * v) == 0]
+                hint = (f"pick interleave in {_fmt_set(ok_v)}" if ok_v
+                        else f"pick pp dividing layers={model.layers}")
                 raise ParallelLabError(
-                    f"interleaved schedule needs layers={model.layers} divisible by pp*interleave={chunks}; "
-                    f"pick interleave in {_fmt_set([v for v in divisors(model.layers // self.pp) if model.layers % (self.pp * v) == 0]) if model.layers % self.pp == 0 else '{1}'}"
+                    f"interleaved schedule needs layers={model.layers} divisible by "
+                    f"pp*interleave={chunks}; {hint}"
                 )
             if self.seq % (2 * self.cp) and self.cp > 1:
                 raise ParallelLabError(
-                    f"seq={self.seq} is not divisible by 2*cp={2 * self.cp} (load-balanced context parallelism "
-                    f"cuts the sequence into 2*cp chunks); pick seq a multiple of {2 * self.cp}"
+                    f"seq={self.seq} is not divisible by 2*cp={2 * self.cp} (load-balanced context "
+                    f"parallelism cuts the sequence into 2*cp chunks); pick seq a multiple of {2 * self.cp}"
                 )
             if self.sp and self.seq % self.tp:
                 raise ParallelLabError(
-                    f"sequence parallelism splits seq={self.seq} over tp={self.tp}; pick seq a multiple of {self.tp}"
+                    f"sequence parallelism splits seq={self.seq} over tp={self.tp}; "
+                    f"pick seq a multiple of {self.tp}"
                 )
             if self.cp > 1 and self.cp_kind == "ulysses" and model.heads % self.cp:
                 raise ParallelLabError(
-                    f"Ulysses all-to-all puts heads={model.heads} on cp={self.cp} ranks; cp must divide heads; "
+                    f"Ulysses all-to-all puts heads={model.heads} on cp={self.cp} ranks; "
+                    f"cp must divide heads; "
                     f"pick cp in {_fmt_set(divisors(model.heads))} or cp_kind='ring'"
                 )
             if model.flavour == "gpt" and self.seq > model.max_positions:
@@ -569,3 +584,36 @@ class Plan:
                 f"all-reduces every layer, keep tp <= {cluster.gpus_per_node}"
             )
         return self
+
+
+# --------------------------------------------------------------------------------------------------
+# Pipeline layer split (shared by the ledger, comm, and the runnable pipeline)
+# --------------------------------------------------------------------------------------------------
+
+def chunk_layers(layers: int, pp: int, interleave: int = 1) -> list[list[int]]:
+    """The layer ids of each of the ``pp * interleave`` model chunks, in model order.
+
+    Contiguous split; when ``layers`` is not divisible, the first ``layers % chunks`` chunks get one extra
+    layer (as ``numpy.array_split``). Chunk ``c`` runs on pipeline stage ``c % pp`` (Megatron's interleaved
+    placement: stage ``r`` holds chunks ``r, r + pp, r + 2 pp, ...``). Embeddings live on stage 0 with
+    chunk 0; the final norm and the head on the stage of the last chunk, ``pp - 1``.
+    """
+    chunks = pp * interleave
+    if chunks < 1 or chunks > layers:
+        raise ParallelLabError(f"pp*interleave = {pp}*{interleave} = {chunks} chunks cannot split "
+                               f"layers={layers}; "
+                               f"pick pp*interleave in 1..{layers}")
+    q, r = divmod(layers, chunks)
+    out, start = [], 0
+    for c in range(chunks):
+        n = q + (1 if c < r else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def stage_layers(layers: int, pp: int, interleave: int = 1, stage: int = 0) -> list[int]:
+    """The layer ids that pipeline stage ``stage`` holds (all its chunks), in model order."""
+    if not 0 <= stage < pp:
+        raise ParallelLabError(f"stage={stage} is not a pipeline stage; pick stage in 0..{pp - 1}")
+    return [i for c, ids in enumerate(chunk_layers(layers, pp, interleave)) if c % pp == stage for i in ids]

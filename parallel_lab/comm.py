@@ -1,0 +1,504 @@
+"""Communication of one GPU for one optimizer step: every collective, its bytes and its time.
+
+:func:`collectives` lists the calls one rank makes, as :class:`Collective` records with the fields of
+docs/conventions.md (``dim, kind, message_bytes, group_size``, plus ``count``, ``phase`` and ``note``), so
+that the runnable code (``parallel_lab.dist``) can be compared with it call by call. One function per
+parallelism builds its part, so each can be read (and adjusted to the runnable code) on its own:
+:func:`_dp_collectives`, :func:`_zero_collectives`, :func:`_tp_collectives`, :func:`_tp_vocab_collectives`,
+:func:`_pp_collectives`, :func:`_cp_collectives`.
+
+Notation: ``s`` sequence, ``b`` micro-batch, ``h`` hidden, ``d`` bytes per element of the compute dtype,
+``m`` micro-batches per step (``grad_accum``), ``L`` layers on this rank's pipeline stage. With context
+parallelism each rank holds ``s / cp`` tokens, and every "s" below is that local length.
+
+Time (alpha-beta, ring algorithms; Thakur et al. 2005, as in the NCCL tests' "bus bandwidth"): a call
+costs ``steps * latency + wire_bytes / bandwidth`` on the link tier its group lands on (intra-node when all
+its ranks share a node in the placement ``arange(world).view(dp, pp, cp, tp)``, inter-node otherwise);
+ring steps: all-reduce ``2 (n - 1)``, all-gather, reduce-scatter and all-to-all ``n - 1``, send 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .ledger import (
+    _grad_comm_bytes,
+    _kv_local,
+    _param_comm_bytes,
+    _stage_or_all,
+    is_frozen,
+    local_parameters,
+    shard_group,
+    unit_sizes,
+)
+from .specs import ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan, stage_layers
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
+DIMS = ("dp", "tp", "tp_vocab", "pp", "cp")
+PHASES = ("forward", "backward", "step")
+#: Cross-entropy's vocab-parallel reductions (max, sum of exponentials, target logit) run in fp32.
+CE_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Collective:
+    """``count`` identical calls of one rank in one optimizer step (fields as in docs/conventions.md).
+
+    ``message_bytes``: the payload of one call (all-reduce: the tensor; all-gather: the gathered output;
+    reduce-scatter: the full input; all-to-all: this rank's input; send/recv: the tensor).
+    ``group_size``: ranks in the group (2 for a point-to-point send/recv).
+    """
+
+    dim: str
+    kind: str
+    message_bytes: int
+    group_size: int
+    count: int = 1
+    phase: str = "backward"
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ParallelLabError(f"Collective.kind={self.kind!r}; pick one of {', '.join(KINDS)}")
+        if self.phase not in PHASES:
+            raise ParallelLabError(f"Collective.phase={self.phase!r}; pick one of {', '.join(PHASES)}")
+        if self.message_bytes < 0 or self.count < 0 or self.group_size < 1:
+            raise ParallelLabError(f"Collective {self.kind}: message_bytes={self.message_bytes}, "
+                                   f"count={self.count} must be >= 0 and group_size={self.group_size} >= 1")
+
+    @property
+    def wire_bytes_per_call(self) -> float:
+        """Bytes this rank sends for one call (ring algorithms; conventions' table)."""
+        n, M = self.group_size, self.message_bytes
+        if self.kind == "all_reduce":
+            return 2 * (n - 1) / n * M
+        if self.kind in ("all_gather", "reduce_scatter", "all_to_all"):
+            return (n - 1) / n * M
+        if self.kind in ("send", "broadcast"):
+            return float(M)
+        return 0.0                                          # recv: counted at the sender
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes this rank sends for all ``count`` calls."""
+        return self.count * self.wire_bytes_per_call
+
+    @property
+    def payload_bytes(self) -> int:
+        """``message_bytes * count``: what the runnable code's tracer sums."""
+        return self.message_bytes * self.count
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "wire_bytes": self.wire_bytes}
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared quantities
+# --------------------------------------------------------------------------------------------------
+
+def _n_layers(model: ModelSpec, plan: Plan, stage: int) -> int:
+    return len(stage_layers(model.layers, plan.pp, plan.interleave, stage))
+
+
+def _act_bytes(model: ModelSpec, plan: Plan) -> int:
+    """``(s/cp) b h d``: one activation tensor of the local sequence."""
+    return (plan.seq // plan.cp) * plan.micro_batch * model.hidden * plan.dtype_bytes
+
+
+def _trainable(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[tuple[str, int]]:
+    """``(name, local elements)`` of this rank's trainable parameters, in registration order."""
+    if not model.shape_known:
+        return [("<all parameters>", model.n_params)]
+    return [(p.name, p.numel) for p in local_parameters(model, plan, stage) if not is_frozen(p.name, frozen)]
+
+
+def ddp_buckets(model: ModelSpec, plan: Plan, stage: int = 0,
+                frozen: tuple[str, ...] = ()) -> list[list[tuple[str, int]]]:
+    """DDP's gradient buckets: lists of ``(name, gradient bytes)``, in the order they are all-reduced.
+
+    The rule (the runnable DDP implements the same): walk the trainable parameters in *reverse*
+    registration order (the order their gradients become ready in backward); a bucket closes when adding
+    the next parameter would make it exceed ``bucket_mb * 10**6`` bytes, except that a bucket always
+    holds at least one parameter (a parameter larger than the cap gets a bucket of its own). Unlike
+    torch's DDP there is no special small first bucket. Gradient bytes: 2 per element for bf16-gradient
+    optimizers (adam-mixed, adam-8bit, adafactor), else 4.
+    """
+    cap = plan.bucket_mb * 1e6
+    gb = _grad_comm_bytes(plan)
+    buckets: list[list[tuple[str, int]]] = []
+    current: list[tuple[str, int]] = []
+    size = 0
+    for name, numel in reversed(_trainable(model, plan, stage, frozen)):
+        nbytes = numel * gb
+        if current and size + nbytes > cap:
+            buckets.append(current)
+            current, size = [], 0
+        current.append((name, nbytes))
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+# --------------------------------------------------------------------------------------------------
+# One function per parallelism
+# --------------------------------------------------------------------------------------------------
+
+def _dp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[Collective]:
+    """Plain data parallelism (ZeRO 0) over the ``dp * cp`` group, once per optimizer step.
+
+    ``naive``: one all-reduce per trainable parameter tensor, in reverse registration order.
+    ``bucketed``: one all-reduce per bucket of :func:`ddp_buckets`. Gradient accumulation accumulates
+    locally (no sync) and synchronises once, after the last micro-batch.
+    """
+    g = shard_group(plan)
+    if g == 1 or plan.zero:
+        return []
+    gb = _grad_comm_bytes(plan)
+    if plan.dp_kind == "naive":
+        return [Collective("dp", "all_reduce", numel * gb, g, 1, "backward", f"grad {name}")
+                for name, numel in reversed(_trainable(model, plan, stage, frozen))]
+    out = []
+    for i, bucket in enumerate(ddp_buckets(model, plan, stage, frozen)):
+        first, last = bucket[0][0], bucket[-1][0]
+        what = first if len(bucket) == 1 else f"{first} .. {last} ({len(bucket)} tensors)"
+        out.append(Collective("dp", "all_reduce", sum(b for _, b in bucket), g, 1, "backward",
+                              f"bucket {i}: {what}"))
+    return out
+
+
+def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[Collective]:
+    """ZeRO-1/2/3 over the ``dp * cp`` group, unit by unit (units: docs/conventions.md).
+
+    Every message is a unit's padded flat buffer, ``g * ceil(n_u / g)`` elements.
+
+    * ZeRO-1: after the last micro-batch, all-reduce each unit's flat gradient; after the optimizer step,
+      all-gather each unit's updated parameters.
+    * ZeRO-2: reduce-scatter each unit's flat gradient (once per step, after the last micro-batch), then
+      all-gather the parameters after the step.
+    * ZeRO-3 (FSDP-style, every micro-batch): a block unit is all-gathered before its forward, again
+      before its backward, and its gradient reduce-scattered after its backward (gradients accumulate on
+      the shards). The root unit is all-gathered once at the start of forward, kept until the end of
+      backward, and reduce-scattered once. With ``zero_unit="root"`` the single unit behaves like the
+      root unit.
+
+    Gradients travel as bf16 for bf16-gradient optimizers (else fp32); gathered parameters in the
+    parameter dtype (FSDP2 mixed precision: the compute dtype).
+    """
+    g = shard_group(plan)
+    if g == 1 or not plan.zero:
+        return []
+    gb, pb = _grad_comm_bytes(plan), _param_comm_bytes(plan)
+    units = unit_sizes(model, plan, stage, frozen)
+    padded = {u: g * math.ceil(n / g) for u, n in units.items()}
+    m = plan.microbatches
+    out: list[Collective] = []
+    backward_order = list(reversed(padded))
+    if plan.zero in (1, 2):
+        kind = "all_reduce" if plan.zero == 1 else "reduce_scatter"
+        out += [Collective("dp", kind, padded[u] * gb, g, 1, "backward", f"grad of unit {u}")
+                for u in backward_order]
+        out += [Collective("dp", "all_gather", padded[u] * pb, g, 1, "step", f"updated params of unit {u}")
+                for u in padded]
+        return out
+    for u in padded:
+        n_gather = 1 if u == "root" else 2
+        out.append(Collective("dp", "all_gather", padded[u] * pb, g, m, "forward", f"params of unit {u}"))
+        if n_gather == 2:
+            out.append(Collective("dp", "all_gather", padded[u] * pb, g, m, "backward",
+                                  f"params of unit {u} again"))
+    out += [Collective("dp", "reduce_scatter", padded[u] * gb, g, m, "backward", f"grad of unit {u}")
+            for u in backward_order]
+    return out
+
+
+def _tp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[Collective]:
+    """Megatron tensor parallelism inside the blocks of this stage (Shoeybi et al. 2019; Korthikanti 2022).
+
+    Without SP, per layer and micro-batch: forward 2 all-reduces of ``s b h d`` (the ``g`` operator after
+    attention's ``wo`` and the MLP's ``proj``/``down``), backward 2 (the ``f`` operator's all-reduce of the
+    gradient at the attention and MLP inputs). With SP the all-reduces become pairs: forward all-gather
+    before attention and MLP and reduce-scatter after them; backward the transposes (reduce-scatter and
+    all-gather); message = the full ``s b h d``. Full recomputation repeats the forward's collectives
+    during backward. With SP the gradients of parameters replicated across TP (norm weights and biases,
+    row-parallel biases, final norm) are partial sums over the sequence shards: one all-reduce of their
+    flat concatenation per step. With ``tp > kv_heads`` the replicated key/value weights' gradients are
+    all-reduced over the ``tp / kv_heads`` ranks sharing a head, once per step.
+    """
+    t = plan.tp
+    if t == 1 or not model.shape_known:
+        return []
+    L, m, M = _n_layers(model, plan, stage), plan.microbatches, _act_bytes(model, plan)
+    n = 2 * L * m
+    out: list[Collective] = []
+    if not plan.sp:
+        fwd = [Collective("tp", "all_reduce", M, t, n, "forward", "g: after attention wo and MLP down/proj")]
+        out += fwd
+        out.append(Collective("tp", "all_reduce", M, t, n, "backward",
+                              "f: grads at attention and MLP inputs"))
+    else:
+        fwd = [Collective("tp", "all_gather", M, t, n, "forward", "g: SP gather before attention and MLP"),
+               Collective("tp", "reduce_scatter", M, t, n, "forward",
+                          "g-bar: after attention wo and MLP down")]
+        out += fwd
+        out += [Collective("tp", "reduce_scatter", M, t, n, "backward", "grads of the forward all_gathers"),
+                Collective("tp", "all_gather", M, t, n, "backward", "grads of the forward reduce_scatters")]
+    if plan.recompute == "full":
+        out += [Collective(c.dim, c.kind, c.message_bytes, c.group_size, c.count, "backward",
+                           "recomputed forward: " + c.note) for c in fwd]
+    gb = _grad_comm_bytes(plan)
+    params = [p for p in local_parameters(model, plan, stage) if not is_frozen(p.name, frozen)]
+    if plan.sp:
+        rep = sum(p.numel for p in params if p.tp_replicated and (p.name.startswith("blocks.")
+                                                                   or p.name.startswith("final_norm.")))
+        if rep:
+            out.append(Collective("tp", "all_reduce", rep * gb, t, 1, "backward",
+                                  "SP: grads of TP-replicated norm weights/biases and row-parallel biases"))
+    if t > model.kv_heads:
+        kv = sum(p.numel for p in params if p.name.split(".")[-2] in ("wk", "wv"))
+        if kv:
+            out.append(Collective("tp", "all_reduce", kv * gb, t // model.kv_heads, 1, "backward",
+                                  "GQA: grads of kv heads replicated over tp/kv_heads ranks"))
+    return out
+
+
+def _tp_vocab_collectives(model: ModelSpec, plan: Plan, stage: int,
+                          frozen: tuple[str, ...]) -> list[Collective]:
+    """Vocabulary-parallel embedding (stage 0) and head + cross-entropy (last stage), per micro-batch.
+
+    Embedding: each rank looks up its vocabulary rows and zeros the others; the partial outputs are summed
+    by an all-reduce of ``s b h d`` in forward (with SP a reduce-scatter, whose backward is an all-gather).
+    Head: its input is replicated, so backward all-reduces the input gradient ``s b h d`` (with SP: the
+    final norm's output is all-gathered in forward and the gradient reduce-scattered in backward).
+    Cross-entropy over vocab shards (Megatron): three fp32 all-reduces of ``s b`` values in forward: the
+    max logit, the sum of exponentials and the target logit.
+    """
+    t = plan.tp
+    if t == 1 or not model.shape_known:
+        return []
+    m, M = plan.microbatches, _act_bytes(model, plan)
+    out: list[Collective] = []
+    if stage == 0:
+        if plan.sp:
+            out += [Collective("tp_vocab", "reduce_scatter", M, t, m, "forward",
+                               "embedding partial sums (SP)"),
+                    Collective("tp_vocab", "all_gather", M, t, m, "backward", "embedding output grad (SP)")]
+        else:
+            out.append(Collective("tp_vocab", "all_reduce", M, t, m, "forward", "embedding partial sums"))
+    if stage == plan.pp - 1:
+        if plan.sp:
+            out += [Collective("tp_vocab", "all_gather", M, t, m, "forward", "head input (SP)"),
+                    Collective("tp_vocab", "reduce_scatter", M, t, m, "backward", "head input grad (SP)")]
+        else:
+            out.append(Collective("tp_vocab", "all_reduce", M, t, m, "backward", "head input grad"))
+        ce = (plan.seq // plan.cp) * plan.micro_batch * CE_BYTES
+        out.append(Collective("tp_vocab", "all_reduce", ce, t, 3 * m, "forward",
+                              "cross-entropy: max, sum-exp, target logit (fp32)"))
+    return out
+
+
+def _pp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[Collective]:
+    """Point-to-point between pipeline stages, per micro-batch.
+
+    Each model chunk sends its output activation (``s b h d``; ``s b h d / tp`` with SP, whose activations
+    are sequence-sharded) to the next chunk in forward and receives the gradient back in backward. Stage
+    ``r`` holds ``v`` chunks; all but the model's last chunk send forward, all but the first receive.
+    With tied embeddings, the first and last stages all-reduce the embedding gradient once per step.
+    """
+    p = plan.pp
+    if p == 1 or not model.shape_known:
+        return []
+    v, m = plan.interleave, plan.microbatches
+    M = _act_bytes(model, plan) // (plan.tp if plan.sp else 1)
+    sends = v - (1 if stage == p - 1 else 0)
+    recvs = v - (1 if stage == 0 else 0)
+    out = []
+    if sends:
+        out += [Collective("pp", "send", M, 2, sends * m, "forward", "activation to the next stage"),
+                Collective("pp", "recv", M, 2, sends * m, "backward", "gradient from the next stage")]
+    if recvs:
+        out += [Collective("pp", "recv", M, 2, recvs * m, "forward", "activation from the previous stage"),
+                Collective("pp", "send", M, 2, recvs * m, "backward", "gradient to the previous stage")]
+    if model.tied_embeddings and stage in (0, p - 1) and not is_frozen("tok_emb.weight", frozen):
+        emb = math.ceil(model.vocab / plan.tp) * model.hidden * _grad_comm_bytes(plan)
+        out.append(Collective("pp", "all_reduce", emb, 2, 1, "backward",
+                              "tied embedding grad (first + last stage)"))
+    return out
+
+
+def _cp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[Collective]:
+    """Context parallelism inside attention, per layer and micro-batch (``s`` = local ``s / cp`` tokens,
+    ``kv`` = the key width on this TP rank).
+
+    * ring (Liu et al. 2023): forward, the K and V blocks (``s b kv d`` each) travel ``cp - 1`` hops:
+      ``2 (cp - 1)`` sends and as many receives; backward, K and V travel again (``2 (cp - 1)``) and the
+      accumulating dK and dV blocks travel a full ring, ``cp`` hops, to end at their owner (``2 cp``).
+    * allgather (Llama 3): forward all-gathers K and V (message: the gathered ``cp s b kv d``); backward
+      reduce-scatters dK and dV.
+    * ulysses (Jacobs et al. 2023): 4 all-to-alls forward (Q, K, V to head-sharded full sequence, and the
+      output back) and 4 backward; message: this rank's input.
+    Full recomputation repeats the forward's traffic during backward.
+    """
+    c = plan.cp
+    if c == 1 or not model.shape_known:
+        return []
+    L, m = _n_layers(model, plan, stage), plan.microbatches
+    n = L * m
+    s, b, d = plan.seq // c, plan.micro_batch, plan.dtype_bytes
+    kv = _kv_local(model, plan.tp)
+    q = model.heads * model.head_dim // plan.tp
+    Mkv = s * b * kv * d
+    out: list[Collective] = []
+    if plan.cp_kind == "ring":
+        fwd = [Collective("cp", "send", Mkv, 2, 2 * (c - 1) * n, "forward", "ring: K and V blocks"),
+               Collective("cp", "recv", Mkv, 2, 2 * (c - 1) * n, "forward", "ring: K and V blocks")]
+        bwd = [Collective("cp", "send", Mkv, 2, 2 * (c - 1) * n, "backward", "ring: K and V blocks again"),
+               Collective("cp", "recv", Mkv, 2, 2 * (c - 1) * n, "backward", "ring: K and V blocks again"),
+               Collective("cp", "send", Mkv, 2, 2 * c * n, "backward", "ring: dK and dV accumulators"),
+               Collective("cp", "recv", Mkv, 2, 2 * c * n, "backward", "ring: dK and dV accumulators")]
+    elif plan.cp_kind == "allgather":
+        fwd = [Collective("cp", "all_gather", c * Mkv, c, 2 * n, "forward", "gather K and V")]
+        bwd = [Collective("cp", "reduce_scatter", c * Mkv, c, 2 * n, "backward", "dK and dV")]
+    else:
+        Mq = s * b * q * d
+        fwd = [Collective("cp", "all_to_all", Mq, c, 2 * n, "forward", "Q in, output back"),
+               Collective("cp", "all_to_all", Mkv, c, 2 * n, "forward", "K and V in")]
+        bwd = [Collective("cp", "all_to_all", Mq, c, 2 * n, "backward", "output grad in, dQ back"),
+               Collective("cp", "all_to_all", Mkv, c, 2 * n, "backward", "dK and dV back")]
+    out += fwd + bwd
+    if plan.recompute == "full":
+        out += [Collective(x.dim, x.kind, x.message_bytes, x.group_size, x.count, "backward",
+                           "recomputed forward: " + x.note) for x in fwd]
+    return out
+
+
+PARTS = (_dp_collectives, _zero_collectives, _tp_collectives, _tp_vocab_collectives, _pp_collectives,
+         _cp_collectives)
+
+
+# --------------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------------
+
+def _stage_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[Collective]:
+    return [c for part in PARTS for c in part(model, plan, stage, frozen) if c.count]
+
+
+def _busiest(model: ModelSpec, plan: Plan, stage: int | None,
+             frozen: tuple[str, ...]) -> tuple[int, list[Collective]]:
+    plan.validate(model)
+    frozen = tuple(frozen)
+    options = [(s, _stage_collectives(model, plan, s, frozen)) for s in _stage_or_all(plan, stage)]
+    return max(options, key=lambda sc: sum(c.wire_bytes for c in sc[1]))
+
+
+def collectives(model: ModelSpec, plan: Plan, *, stage: int | None = None,
+                frozen: Iterable[str] = ()) -> list[Collective]:
+    """Every collective one rank of pipeline stage ``stage`` makes in one optimizer step.
+
+    ``stage=None``: the stage that sends the most bytes. ``frozen``: parameter names (or name prefixes
+    such as ``"blocks.0"``) without gradients; they take no part in gradient synchronisation.
+    """
+    return _busiest(model, plan, stage, tuple(frozen))[1]
+
+
+def per_step_bytes(colls: Iterable[Collective]) -> dict[str, float]:
+    """Wire bytes per dimension (what one GPU sends per step)."""
+    out: dict[str, float] = {}
+    for c in colls:
+        out[c.dim] = out.get(c.dim, 0.0) + c.wire_bytes
+    return out
+
+
+def payload_bytes(colls: Iterable[Collective]) -> dict[str, int]:
+    """Payload bytes per dimension: the sum of ``message_bytes * count`` (integers, for ``==`` checks)."""
+    out: dict[str, int] = {}
+    for c in colls:
+        out[c.dim] = out.get(c.dim, 0) + c.payload_bytes
+    return out
+
+
+def ring_steps(kind: str, group_size: int) -> int:
+    """Latency-bound steps of the ring algorithm for one call."""
+    n = group_size
+    if n == 1 or kind == "recv":
+        return 0
+    if kind == "all_reduce":
+        return 2 * (n - 1)
+    if kind in ("all_gather", "reduce_scatter", "all_to_all", "broadcast"):
+        return n - 1
+    if kind == "send":
+        return 1
+    raise ParallelLabError(f"collective kind {kind!r} is not known; pick one of {', '.join(KINDS)}")
+
+
+def collective_time(kind: str, message_bytes: float, group_size: int, tier: LinkTier) -> float:
+    """Seconds for one call: ``ring_steps * latency + wire_bytes / bandwidth`` (alpha-beta model)."""
+    wire = Collective("dp", kind, int(message_bytes), group_size).wire_bytes_per_call
+    return ring_steps(kind, group_size) * tier.latency + wire / tier.bandwidth
+
+
+def rank_of(plan: Plan, dp: int = 0, pp: int = 0, cp: int = 0, tp: int = 0) -> int:
+    """Global rank of grid coordinates in the placement ``arange(world).view(dp, pp, cp, tp)``."""
+    return ((dp * plan.pp + pp) * plan.cp + cp) * plan.tp + tp
+
+
+def group_ranks(plan: Plan, dim: str, stage: int = 0) -> list[int]:
+    """The ranks of the ``dim`` group that contains grid point ``(dp=0, pp=stage, cp=0, tp=0)``.
+
+    ``dp``: the ``dp x cp`` gradient group; ``tp``/``tp_vocab``: the TP group; ``cp``: the CP group;
+    ``pp``: this stage and its pipeline neighbours.
+    """
+    if dim == "dp":
+        return [rank_of(plan, i, stage, j, 0) for i in range(plan.dp) for j in range(plan.cp)]
+    if dim in ("tp", "tp_vocab"):
+        return [rank_of(plan, 0, stage, 0, k) for k in range(plan.tp)]
+    if dim == "cp":
+        return [rank_of(plan, 0, stage, j, 0) for j in range(plan.cp)]
+    if dim == "pp":
+        near = {stage, (stage - 1) % plan.pp, (stage + 1) % plan.pp} if plan.interleave > 1 else \
+            {s for s in (stage - 1, stage, stage + 1) if 0 <= s < plan.pp}
+        return sorted(rank_of(plan, 0, s, 0, 0) for s in near)
+    raise ParallelLabError(f"dim {dim!r} is not known; pick one of {', '.join(DIMS)}")
+
+
+def tier_of(cluster: ClusterSpec, ranks: list[int]) -> LinkTier:
+    """``intra`` when all ranks share one node (``rank // gpus_per_node``), else ``inter``."""
+    nodes = {r // cluster.gpus_per_node for r in ranks}
+    return cluster.intra if len(nodes) <= 1 else cluster.inter
+
+
+@dataclass
+class CommReport:
+    """Collectives of one rank for one step, with wire bytes, payload bytes and time per dimension."""
+
+    stage: int
+    collectives: list[Collective]
+    per_step_bytes: dict[str, float]
+    payload_bytes: dict[str, int]
+    time_s: dict[str, float]
+    tiers: dict[str, str]
+    cluster: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"per_step_bytes": dict(self.per_step_bytes),
+                "collectives": [c.to_json() for c in self.collectives],
+                "time_s": dict(self.time_s), "payload_bytes": dict(self.payload_bytes), "stage": self.stage,
+                "tiers": dict(self.tiers), "cluster": self.cluster}
+
+
+def report(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None, stage: int | None = None, *,
+           frozen: Iterable[str] = ()) -> CommReport:
+    """:func:`collectives` with wire bytes and alpha-beta time per dimension on ``cluster`` (h100-sxm)."""
+    cluster = cluster or ClusterSpec.preset("h100-sxm")
+    st, colls = _busiest(model, plan, stage, tuple(frozen))
+    tiers = {dim: tier_of(cluster, group_ranks(plan, dim, st)) for dim in per_step_bytes(colls)}
+    time_s: dict[str, float] = {}
+    for c in colls:
+        time_s[c.dim] = time_s.get(c.dim, 0.0) + c.count * collective_time(c.kind, c.message_bytes,
+                                                                             c.group_size, tiers[c.dim])
+    return CommReport(st, colls, per_step_bytes(colls), payload_bytes(colls), time_s,
+                      {d: t.name for d, t in tiers.items()}, cluster.name)

@@ -1,0 +1,80 @@
+"""FLOPs of one optimizer step (the whole global batch on all GPUs) and model FLOPs utilisation.
+
+Model FLOPs (what the model needs, whatever the implementation), per token:
+
+    6 * N_matmul  +  12 * L * q_dim * s
+
+``N_matmul`` counts the weights that take part in matrix multiplications (every linear layer of the blocks
+and the output head; not embedding look-ups, norms or biases); the factor 6 is 2 FLOPs per multiply-add
+times 3 for forward + backward (Kaplan et al. 2020). The attention term is the score and value products
+``Q K^T`` and ``P V`` (``2 * 2 * s * q_dim`` per token per layer forward, times 3), counted for the full
+``s x s`` square without causal halving, as PaLM (Chowdhery et al. 2022, App. B, "6N + 12 L H Q T") and
+Megatron (Narayanan et al. 2021) do. For a GPT block (``ffn = 4h``, full attention) this is exactly
+Narayanan et al.'s ``72 B s L h^2 (1 + s/(6h) + V/(12 h L))`` per step. Measured here: torch's
+FlopCounterMode on a small Llama with math attention matches ``6 N T + 12 L d S T`` within 0.1%
+(shared/reference/torch_cpu_notes.md; tests/test_flops.py repeats that measurement).
+
+Hardware FLOPs add what recomputation runs again: ``full`` one more forward of the blocks
+(``2 N_blocks + 4 L q_dim s`` per token), ``selective`` the attention core's forward (``4 L q_dim s``).
+The head is not recomputed.
+
+MFU (Chowdhery et al. 2022): model FLOPs per second over the peak of all GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+
+FORMULA = "6*N_matmul*T + 12*L*q_dim*s*T (PaLM App. B / Narayanan et al. 2021; no causal halving)"
+
+
+def matmul_params(model: ModelSpec) -> tuple[int, int]:
+    """``(N_blocks, N_head)``: weights of the blocks' linear layers and of the output head."""
+    model.require_shape("FLOPs")
+    blocks = sum(math.prod(s) for n, s in model.parameter_shapes()
+                 if n.startswith("blocks.") and n.endswith(".weight") and len(s) == 2)
+    return blocks, model.vocab * model.hidden
+
+
+@dataclass(frozen=True)
+class FlopsReport:
+    """FLOPs of one optimizer step over the global batch (all GPUs together)."""
+
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    tokens_per_step: int
+    formula: str = FORMULA
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model_flops_per_step": self.model_flops_per_step,
+                "hardware_flops_per_step": self.hardware_flops_per_step,
+                "tokens_per_step": self.tokens_per_step, "formula": self.formula}
+
+
+def flops_per_token(model: ModelSpec, seq: int) -> float:
+    """Model FLOPs per trained token at sequence length ``seq``: ``6 N_matmul + 12 L q_dim s``."""
+    n_blocks, n_head = matmul_params(model)
+    q_dim = model.heads * model.head_dim
+    return 6.0 * (n_blocks + n_head) + 12.0 * model.layers * q_dim * seq
+
+
+def step_flops(model: ModelSpec, plan: Plan) -> FlopsReport:
+    """Model and hardware FLOPs of one step: ``global_batch * seq`` tokens (see the module docstring)."""
+    plan.validate(model)
+    tokens = plan.global_batch_tokens
+    n_blocks, _ = matmul_params(model)
+    attn_fwd = 4.0 * model.layers * model.heads * model.head_dim * plan.seq       # per token, forward
+    model_flops = flops_per_token(model, plan.seq) * tokens
+    extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks + attn_fwd}[plan.recompute]
+    return FlopsReport(model_flops, model_flops + extra * tokens, tokens)
+
+
+def mfu(model: ModelSpec, plan: Plan, step_time_s: float, cluster: ClusterSpec) -> float:
+    """Model FLOPs utilisation: ``model_flops_per_step / (step_time * GPUs * peak_flops)``."""
+    if not step_time_s > 0:
+        raise ParallelLabError(f"step_time_s={step_time_s} must be > 0 seconds")
+    return step_flops(model, plan).model_flops_per_step / (step_time_s * plan.world * cluster.peak_flops)

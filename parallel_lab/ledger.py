@@ -1,0 +1,481 @@
+"""The memory ledger: bytes per GPU in six named categories, and whether they fit in HBM.
+
+Categories (docs/conventions.md): ``parameters``, ``gradients``, ``optimizer_states`` (the model state),
+``activations`` (what the transformer blocks save for backward, times the in-flight micro-batches),
+``logits_and_loss`` and ``comm_buffers``.
+
+Model state (Rajbhandari et al. 2020, "ZeRO"). Each parameter costs ``param_bytes + grad_bytes +
+optim_bytes`` (2 + 2 + 12 for mixed-precision Adam). ZeRO-1 shards the optimizer states over the
+data-parallel ranks, ZeRO-2 also the gradients, ZeRO-3 also the parameters. Sharding is by *units*
+(conventions): a unit of ``n`` elements is padded to ``g * ceil(n / g)`` and every rank keeps
+``ceil(n / g)`` of them, so a sharded category costs ``sum over units of ceil(n_u / g) * bytes``. The
+sharding group ``g`` is the gradient-synchronisation group: ``dp``, or ``dp * cp`` with context parallelism
+(conventions: gradients are synchronised over dp x cp, as in Megatron).
+
+Tensor parallelism (Megatron, Shoeybi et al. 2019) splits each block's linear layers: column-parallel
+``wq, wk, wv, fc | gate, up`` by output rows, row-parallel ``wo, proj | down`` by input columns.
+Norm weights and biases, and the biases of row-parallel layers, are *replicated* on every TP rank. The
+embedding and the head are vocabulary-parallel: each rank keeps ``ceil(vocab / tp)`` rows (the vocabulary
+is padded up to a multiple of tp). Grouped-query attention with ``tp > kv_heads``: each rank keeps the
+one key/value head its query heads use (``head_dim`` rows of ``wk`` and ``wv``), so each kv head is
+replicated on ``tp / kv_heads`` ranks. The learned position embedding (gpt) is replicated.
+
+Pipeline parallelism splits the layers contiguously (``specs.chunk_layers``); the embeddings live on
+stage 0, the final norm and the head on the last stage. With tied embeddings and ``pp > 1`` the last stage
+keeps its own copy of the embedding for the head (Megatron), whose gradient is all-reduced with stage 0.
+
+Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models" (Sec. 4, Table 2), generalised as documented in :func:`activation_bytes_per_layer`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .specs import (
+    ClusterSpec,
+    ModelSpec,
+    ParallelLabError,
+    Plan,
+    stage_layers,
+)
+
+CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "logits_and_loss", "comm_buffers")
+DEFAULT_CLUSTER = "h100-sxm"
+#: Bytes of a dropout mask element (torch keeps a bool mask; Korthikanti counts 1 byte).
+MASK_BYTES = 1
+#: Cross-entropy works in fp32: the log-probabilities it keeps for backward are 4 bytes each.
+LOSS_BYTES = 4
+
+
+# --------------------------------------------------------------------------------------------------
+# The parameters one GPU holds
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LocalParam:
+    """One parameter tensor as one GPU holds it: ``numel`` local elements, its ZeRO ``unit``, and whether
+    it is replicated (not split) across the TP group."""
+
+    name: str
+    numel: int
+    unit: str
+    tp_replicated: bool
+
+
+def _tp_rows(model: ModelSpec, leaf: str, fan_out: int, tp: int) -> int:
+    """Local output rows of a column-parallel weight ``leaf`` (``wk``/``wv`` follow the GQA rule)."""
+    if leaf in ("wk", "wv") and tp > model.kv_heads:
+        return model.head_dim
+    return fan_out // tp
+
+
+def local_parameters(model: ModelSpec, plan: Plan, stage: int = 0) -> list[LocalParam]:
+    """The parameters of pipeline stage ``stage`` on one TP rank, in registration order.
+
+    Units: ``blocks.{i}`` per block and ``root`` for the rest (``zero_unit="block"``), or a single ``root``
+    (``zero_unit="root"``). Formulas: see the module docstring.
+    """
+    model.require_shape("the per-tensor parameter layout")
+    tp, v = plan.tp, model.vocab
+    layers = set(stage_layers(model.layers, plan.pp, plan.interleave, stage))
+    first, last = stage == 0, stage == plan.pp - 1
+    out: list[LocalParam] = []
+    for name, shape in model.parameter_shapes():
+        parts = name.split(".")
+        if parts[0] == "blocks":
+            layer = int(parts[1])
+            if layer not in layers:
+                continue
+            unit = f"blocks.{layer}" if plan.zero_unit == "block" else "root"
+            module, leaf, kind = parts[2], parts[3], parts[-1]
+            if module in ("attn_norm", "mlp_norm"):
+                numel, rep = math.prod(shape), True
+            elif leaf in ("wq", "wk", "wv", "fc", "gate", "up"):            # column-parallel
+                rows = _tp_rows(model, leaf, shape[0], tp)
+                numel, rep = (rows * shape[1] if kind == "weight" else rows), tp == 1
+            else:                                                           # row-parallel wo, proj, down
+                numel, rep = (shape[0] * (shape[1] // tp), tp == 1) if kind == "weight" else (shape[0], True)
+            out.append(LocalParam(name, numel, unit, rep))
+            continue
+        on_stage = {"tok_emb": first, "pos_emb": first, "final_norm": last, "lm_head": last}[parts[0]]
+        if not on_stage:
+            continue
+        if parts[0] in ("tok_emb", "lm_head"):
+            numel, rep = math.ceil(v / tp) * shape[1], tp == 1
+        else:
+            numel, rep = math.prod(shape), True
+        out.append(LocalParam(name, numel, "root", rep))
+    if model.tied_embeddings and plan.pp > 1 and last:
+        out.append(LocalParam("tok_emb.weight", math.ceil(v / tp) * model.hidden, "root", tp == 1))
+    return out
+
+
+def unit_sizes(model: ModelSpec, plan: Plan, stage: int = 0, frozen: tuple[str, ...] = ()) -> dict[str, int]:
+    """Trainable local elements per ZeRO unit of ``stage`` (in registration order; empty units dropped)."""
+    if not model.shape_known:
+        return {"root": model.n_params}
+    sizes: dict[str, int] = {}
+    for p in local_parameters(model, plan, stage):
+        if not is_frozen(p.name, frozen):
+            sizes[p.unit] = sizes.get(p.unit, 0) + p.numel
+    return {u: n for u, n in sizes.items() if n}
+
+
+def is_frozen(name: str, frozen: tuple[str, ...] | list[str]) -> bool:
+    """A parameter is frozen when its name equals an entry of ``frozen`` or starts with ``entry + "."``."""
+    return any(name == f or name.startswith(f.rstrip(".") + ".") for f in frozen)
+
+
+def shard_group(plan: Plan) -> int:
+    """Ranks a ZeRO unit is sharded over: the gradient-sync group ``dp * cp``."""
+    return plan.dp * plan.cp
+
+
+# --------------------------------------------------------------------------------------------------
+# Model state
+# --------------------------------------------------------------------------------------------------
+
+def _stage_or_all(plan: Plan, stage: int | None) -> list[int]:
+    if stage is None:
+        return list(range(plan.pp))
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < plan.pp:
+        raise ParallelLabError(f"stage={stage!r} is not a pipeline stage of pp={plan.pp}; "
+                               f"pick 0..{plan.pp - 1}")
+    return [stage]
+
+
+def _state_of_stage(model: ModelSpec, plan: Plan, stage: int) -> dict[str, float]:
+    o = plan.optim
+    g = shard_group(plan)
+    units = list(unit_sizes(model, plan, stage).values())
+    full = sum(units)
+    sharded = sum(math.ceil(n / g) for n in units)
+    return {
+        "parameters": float((sharded if plan.zero >= 3 else full) * o.param_bytes),
+        "gradients": float((sharded if plan.zero >= 2 else full) * o.grad_bytes),
+        "optimizer_states": float((sharded if plan.zero >= 1 else full) * o.optim_bytes),
+    }
+
+
+def state_bytes(model: ModelSpec, plan: Plan, stage: int | None = None) -> dict[str, float]:
+    """Model-state bytes per GPU: ``{"parameters", "gradients", "optimizer_states"}``.
+
+    Exact from :meth:`ModelSpec.parameter_shapes` (TP and PP split, ZeRO by units, see the module
+    docstring); for a model given as a bare count ``P`` a single unit: ``ceil(P / dp)`` elements per
+    sharded category. ``stage=None`` reports the stage with the most state. Example (the seed article):
+    ``P = 7e9``, ``dp = 8``, adam-mixed: 112.0, 38.5, 26.25, 14.0 GB for ZeRO 0..3.
+    """
+    plan.validate(model)
+    per = [_state_of_stage(model, plan, s) for s in _stage_or_all(plan, stage)]
+    return max(per, key=lambda d: sum(d.values()))
+
+
+# --------------------------------------------------------------------------------------------------
+# Activations (Korthikanti et al. 2022)
+# --------------------------------------------------------------------------------------------------
+
+def _kv_local(model: ModelSpec, tp: int) -> int:
+    """Width of the keys (or values) one TP rank holds."""
+    return model.head_dim if tp > model.kv_heads else model.kv_dim // tp
+
+
+def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
+    """Bytes one transformer block saves for backward for one micro-batch on one GPU, by part.
+
+    Korthikanti et al. 2022 count, per layer, with 2-byte activations and 1-byte dropout masks
+    (``s`` sequence, ``b`` micro-batch, ``h`` hidden, ``a`` heads, ``t`` TP degree):
+
+    * attention ``11 sbh + 5 a s^2 b``: the QKV input 2sbh, Q and K 4sbh, V 2sbh, the output projection's
+      input 2sbh, the output dropout mask sbh; scores: softmax output 2as^2b, attention dropout output 2as^2b
+      and its mask as^2b;
+    * MLP ``19 sbh``: input 2sbh, GeLU input 8sbh, second linear's input 8sbh, dropout mask sbh;
+    * the two LayerNorms' inputs ``4 sbh``.
+
+    Total ``sbh (34 + 5 a s / h)``. Of the 34, the masks are 2 (one byte each after attention and MLP) and
+    the score term's masks are ``a s^2 b``. The parts that TP does not split (norm inputs 4, the QKV and MLP
+    inputs 2 + 2, the two masks 1 + 1: 10 sbh) are split by sequence parallelism; Q/K/V/out (8), the MLP
+    intermediates (16) and the scores are split by t: ``sbh (10 + 24/t + 5as/(ht))``, with SP
+    ``sbh/t (34 + 5as/h)``.
+
+    Generalisation used here (it gives the paper's numbers exactly for a gpt block with dropout in a
+    2-byte dtype): every saved activation costs ``d = plan.dtype_bytes`` per element and every mask 1
+    byte; no dropout (llama, or ``dropout=0``) means no masks and no dropout output (the scores keep
+    only the softmax output, ``d a s^2 b``); key/value widths follow GQA (``kv_heads * head_dim``);
+    the llama MLP (SwiGLU) keeps its input, the gate output (SiLU's input), SiLU's output, the up output
+    and the down projection's input: ``h + 4 ffn`` elements (gpt: ``h + 2 ffn``). Context parallelism
+    splits the sequence: the ``sbh`` terms use ``s / cp``; the score term uses the local queries against
+    all keys, ``a (s/cp) s b``, whichever CP kind (ring, all-gather and Ulysses all compute exactly that
+    many scores per rank; implementations with a fused/flash kernel save none of them, like selective
+    recomputation).
+
+    Recomputation: ``selective`` drops the score terms (the attention core is recomputed from Q, K, V);
+    ``full`` keeps only the layer input, ``sbh * d`` (Korthikanti's 2sbh; split by t with SP). The
+    transient working set of the one layer being recomputed is not included (as in the paper).
+    """
+    model.require_shape("activation memory")
+    d, s, b, h = plan.dtype_bytes, plan.seq / plan.cp, plan.micro_batch, model.hidden
+    t = plan.tp
+    sp = t if plan.sp else 1
+    if plan.recompute == "full":
+        return {"layer_input": s * b * h * d / sp}
+    drop = model.dropout > 0
+    mask = MASK_BYTES if drop else 0
+    q_local, kv_local, f_local = model.heads * model.head_dim / t, _kv_local(model, t), model.ffn / t
+    sb = s * b
+    terms = {
+        "norm_inputs": 2 * sb * h * d / sp,
+        "attention_input": sb * h * d / sp,
+        "qkv": sb * (q_local + 2 * kv_local) * d,
+        "attention_output_input": sb * q_local * d,
+        "attention_dropout_mask": sb * h * mask / sp,
+        "mlp_input": sb * h * d / sp,
+        "mlp_intermediate": sb * f_local * (2 if model.flavour == "gpt" else 4) * d,
+        "mlp_dropout_mask": sb * h * mask / sp,
+    }
+    if plan.recompute == "none":
+        heads_local = model.heads / t
+        score = heads_local * s * plan.seq * b          # local queries x all keys
+        terms["scores"] = score * (d + (d + MASK_BYTES if drop else 0))
+    return terms
+
+
+def activation_bytes_per_layer(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") -> float:
+    """Bytes one transformer block saves for backward, per micro-batch, on one GPU.
+
+    ``formula="korthikanti"``: :func:`activation_terms` summed (Korthikanti et al. 2022, generalised);
+    ``formula="per-op"``: ``parallel_lab.activations.per_op_bytes`` (the saved tensors of the actual
+    blocks, measured against torch by the runnable core). Seed: L=32 layers of s=4096, b=1, h=4096, a=32,
+    no recomputation: ``32 * sbh (34 + 5as/h) = 104,152,956,928`` bytes.
+    """
+    if formula == "korthikanti":
+        return float(sum(activation_terms(model, plan).values()))
+    if formula == "per-op":
+        return float(_per_op(model, plan))
+    raise ParallelLabError(f"activation formula {formula!r} is not known; pick korthikanti or per-op")
+
+
+def _per_op(model: ModelSpec, plan: Plan) -> float:
+    """Lazy hook to ``parallel_lab.activations.per_op_bytes(model, plan) -> float`` (bytes per layer,
+    per micro-batch, per GPU), owned by the runnable core."""
+    try:
+        from . import activations  # type: ignore[attr-defined]
+    except ImportError as e:
+        raise ParallelLabError(
+            "the per-op activation model (parallel_lab/activations.py) is not available in this version; "
+            f"use --activation-model korthikanti ({e})"
+        ) from None
+    return activations.per_op_bytes(model, plan)
+
+
+def inflight_microbatches(schedule: str, p: int, m: int, v: int = 1, stage: int = 0) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the whole stage.
+
+    * no pipeline (``p == 1``): 1 (each micro-batch's backward follows its forward);
+    * GPipe: all ``m`` forwards run before the first backward: ``m``;
+    * 1F1B and ZB-H1: the warm-up of stage ``r`` holds ``p - r`` forwards: ``min(m, p - r)``
+      (Narayanan et al. 2021; ZB-H1 keeps 1F1B's peak, Qi et al. 2023);
+    * interleaved 1F1B with ``v`` chunks: Megatron's warm-up runs ``2 (p - r - 1) + (v - 1) p`` chunk
+      forwards, plus one in the first steady step, each holding ``1/v`` of the stage's layers:
+      ``min(m v, 2 (p - r - 1) + (v - 1) p + 1) / v``. For stage 0 that is ``p (1 + (p - 1)/(p v))``,
+      Korthikanti et al.'s factor (Sec. 4.2.3). With ``v = 1`` this is plain 1F1B.
+
+    A pure function; the schedule simulator may replace it with counts read off its timeline.
+    """
+    if p < 1 or m < 1 or v < 1 or not 0 <= stage < p:
+        raise ParallelLabError(f"in-flight micro-batches need p >= 1, m >= 1, v >= 1, 0 <= stage < p; "
+                               f"got p={p}, m={m}, v={v}, stage={stage}")
+    if p == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    if schedule in ("1f1b", "zb-h1") or (schedule == "interleaved" and v == 1):
+        return float(min(m, p - stage))
+    if schedule == "interleaved":
+        return min(m * v, 2 * (p - stage - 1) + (v - 1) * p + 1) / v
+    raise ParallelLabError(f"schedule {schedule!r} is not known; pick gpipe, 1f1b, interleaved or zb-h1")
+
+
+def activation_bytes(model: ModelSpec, plan: Plan, stage: int = 0, *, formula: str = "korthikanti") -> float:
+    """Activation bytes of stage ``stage``: per-layer bytes x its layers x in-flight micro-batches."""
+    n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage))
+    inflight = inflight_microbatches(plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage)
+    return activation_bytes_per_layer(model, plan, formula=formula) * n_layers * inflight
+
+
+# --------------------------------------------------------------------------------------------------
+# Logits and communication buffers
+# --------------------------------------------------------------------------------------------------
+
+def logits_bytes(model: ModelSpec, plan: Plan) -> float:
+    """The head's logits and what cross-entropy keeps, on the last stage.
+
+    Per micro-batch: the logits in the compute dtype plus the fp32 log-probabilities that cross-entropy
+    saves for backward, both vocabulary-parallel: ``(s/cp) b ceil(V/tp) (d + 4)``. GPipe (p > 1) keeps
+    them for all ``m`` micro-batches (every forward runs before the first backward), other schedules for one.
+    """
+    model.require_shape("logits memory")
+    vocab_local = math.ceil(model.vocab / plan.tp)
+    per_mb = plan.seq / plan.cp * plan.micro_batch * vocab_local * (plan.dtype_bytes + LOSS_BYTES)
+    return per_mb * (plan.microbatches if plan.schedule == "gpipe" and plan.pp > 1 else 1)
+
+
+def _grad_comm_bytes(plan: Plan) -> int:
+    """Bytes per element of the gradients that are communicated (bf16 for the 2-byte-gradient layouts)."""
+    return 2 if plan.optim.grad_bytes == 2 else 4
+
+
+def _param_comm_bytes(plan: Plan) -> int:
+    """Bytes per element of gathered parameters (FSDP2 mixed precision gathers compute-dtype copies)."""
+    return plan.dtype_bytes if plan.optimizer == "fsdp2-mixed" else plan.optim.param_bytes
+
+
+def _ddp_buckets(model: ModelSpec, plan: Plan, stage: int) -> list[int]:
+    """Bucket sizes (bytes) of bucketed DDP; the rule is in :func:`parallel_lab.comm.ddp_buckets`."""
+    from .comm import ddp_buckets
+
+    return [sum(nbytes for _, nbytes in bucket) for bucket in ddp_buckets(model, plan, stage)]
+
+
+def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[float, list[str]]:
+    """Transient communication buffers at the peak, with one note per part.
+
+    * bucketed DDP: the flat buffers of two buckets (one being all-reduced while the next fills);
+    * ZeRO-1/2: the largest unit's padded flat gradient (the all-reduce / reduce-scatter input) and its
+      padded flat parameters (the all-gather output);
+    * ZeRO-3: the gathered root unit (kept from the start of forward to the end of backward), plus two
+      gathered block units (the one in use and the prefetched next one), plus the largest unit's full
+      gradient awaiting its reduce-scatter;
+    * SP: one all-gathered ``s b h`` input (the activation formula stores only the sharded copy);
+    * PP: one received and one sent activation (``s b h``, split by tp with SP);
+    * CP: ring: double-buffered K and V blocks; all-gather: the gathered K and V; Ulysses: the
+      all-to-all outputs of Q, K and V.
+    """
+    notes: list[str] = []
+    total = 0.0
+    g = shard_group(plan)
+    gb, pb = _grad_comm_bytes(plan), _param_comm_bytes(plan)
+    if g > 1 and plan.zero == 0:
+        buckets = _ddp_buckets(model, plan, stage) if model.shape_known else None
+        if plan.dp_kind == "bucketed":
+            if buckets is None:
+                size = min(plan.bucket_mb * 1e6, model.n_params * gb)
+                buckets = [int(size)] * 2
+            top = sorted(buckets, reverse=True)[:2]
+            total += sum(top)
+            notes.append(f"comm_buffers: {len(top)} DDP bucket(s) of {plan.bucket_mb:g} MB cap in flight")
+    if g > 1 and plan.zero:
+        units = unit_sizes(model, plan, stage)
+        padded = {u: g * math.ceil(n / g) for u, n in units.items()}
+        if not model.shape_known:
+            notes.append(f"comm_buffers: a bare parameter count has no units; the ZeRO-{plan.zero} flat "
+                         "gradient/parameter buffers are not counted (give the shape)")
+        elif plan.zero in (1, 2):
+            big = max(padded.values())
+            total += big * (gb + pb)
+            notes.append("comm_buffers: the largest unit's flat gradient and gathered parameters")
+        else:
+            root = padded.get("root", 0) if plan.zero_unit == "block" else 0
+            blocks = sorted((n for u, n in padded.items() if u != "root"), reverse=True)
+            total += root * pb + sum(blocks[:2]) * pb + max(padded.values()) * gb
+            notes.append("comm_buffers: ZeRO-3 gathered root unit + 2 gathered blocks (prefetch) + one "
+                         "unit's full gradient before its reduce_scatter")
+    if model.shape_known:
+        d, s, b, h = plan.dtype_bytes, plan.seq / plan.cp, plan.micro_batch, model.hidden
+        if plan.sp:
+            total += s * b * h * d
+        if plan.pp > 1:
+            total += 2 * s * b * h * d / (plan.tp if plan.sp else 1)
+        if plan.cp > 1:
+            kv = _kv_local(model, plan.tp)
+            if plan.cp_kind == "ring":
+                total += 2 * 2 * s * b * kv * d
+            elif plan.cp_kind == "allgather":
+                total += 2 * plan.seq * b * kv * d
+            else:
+                total += s * b * (model.hidden / plan.tp + 2 * kv) * d
+    return total, notes
+
+
+# --------------------------------------------------------------------------------------------------
+# The ledger
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class MemoryLedger:
+    """Bytes per GPU by category, for one pipeline stage, and the verdict against HBM.
+
+    ``fits`` is ``total_bytes <= hbm_bytes * (1 - margin)``.
+    """
+
+    per_gpu_bytes: dict[str, float]
+    hbm_bytes: float
+    margin: float
+    stage: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> float:
+        return float(sum(self.per_gpu_bytes.values()))
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.hbm_bytes * (1 - self.margin)
+
+    @property
+    def state_bytes(self) -> float:
+        return sum(self.per_gpu_bytes.get(k, 0.0) for k in ("parameters", "gradients", "optimizer_states"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"per_gpu_bytes": dict(self.per_gpu_bytes), "total_bytes": self.total_bytes,
+                "hbm_bytes": self.hbm_bytes, "fits": self.fits, "margin": self.margin, "stage": self.stage,
+                "notes": list(self.notes)}
+
+
+def _ledger_of_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec, activation_model: str,
+                     stage: int, margin: float) -> MemoryLedger:
+    per = dict(_state_of_stage(model, plan, stage))
+    notes: list[str] = []
+    if model.shape_known:
+        per["activations"] = activation_bytes(model, plan, stage, formula=activation_model)
+        if stage == plan.pp - 1:
+            per["logits_and_loss"] = logits_bytes(model, plan)
+        else:
+            per["logits_and_loss"] = 0.0
+        inflight = inflight_microbatches(plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage)
+        if plan.pp > 1:
+            n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage))
+            notes.append(f"activations: {n_layers} layers "
+                         f"x {inflight:g} in-flight micro-batches ({plan.schedule})")
+        if plan.recompute == "full":
+            notes.append("activations: full recomputation keeps the layer inputs only; the transient "
+                         "activations of the one layer being recomputed are not counted")
+    else:
+        notes.append(f"{model.name}: given as a bare parameter count, so activations and logits are not "
+                     "computed (give --model or --layers/--hidden/--heads)")
+    cb, cb_notes = comm_buffer_bytes(model, plan, stage)
+    per["comm_buffers"] = cb
+    notes += cb_notes
+    return MemoryLedger({k: per[k] for k in CATEGORIES if k in per}, cluster.hbm_bytes, margin, stage, notes)
+
+
+def memory(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None, *,
+           activation_model: str = "korthikanti", stage: int | None = None,
+           margin: float = 0.1) -> MemoryLedger:
+    """The memory ledger per GPU of ``plan`` training ``model`` on ``cluster`` (default h100-sxm).
+
+    ``stage=None`` reports the pipeline stage with the largest total (usually stage 0).
+    ``activation_model``: ``"korthikanti"`` (formulas) or ``"per-op"`` (saved tensors of the real blocks).
+    """
+    if activation_model not in ("korthikanti", "per-op"):
+        raise ParallelLabError(f"activation_model={activation_model!r} is not known; "
+                               "pick korthikanti or per-op")
+    if not 0 <= margin < 1:
+        raise ParallelLabError(f"margin={margin} must be a fraction in [0, 1); e.g. margin=0.1")
+    cluster = cluster or ClusterSpec.preset(DEFAULT_CLUSTER)
+    plan.validate(model)
+    ledgers = [_ledger_of_stage(model, plan, cluster, activation_model, s, margin)
+               for s in _stage_or_all(plan, stage)]
+    return max(ledgers, key=lambda led: led.total_bytes)
