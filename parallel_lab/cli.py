@@ -224,19 +224,24 @@ def subcommand(sub: Any, name: str, handler: Callable[[argparse.Namespace], Outp
 # --------------------------------------------------------------------------------------------------
 
 def fmt_bytes(n: float) -> str:
-    """``12.35 GB (11.50 GiB)``: GB = 10^9 bytes, GiB = 2^30 bytes."""
-    return f"{n / GB:,.2f} GB ({n / GiB:,.2f} GiB)"
+    """``12.35 GB (11.50 GiB)``: GB = 10^9 bytes, GiB = 2^30 bytes (MB/MiB, kB/KiB below 0.1 GB, 0.1 MB)."""
+    if abs(n) >= 0.1 * GB or n == 0:
+        return f"{n / GB:,.2f} GB ({n / GiB:,.2f} GiB)"
+    if abs(n) >= 1e5:
+        return f"{n / 1e6:,.2f} MB ({n / 2**20:,.2f} MiB)"
+    return f"{n / 1e3:,.2f} kB ({n / 2**10:,.2f} KiB)"
 
 
-def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
-    """A plain aligned text table (first column left-aligned, the others right-aligned)."""
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None,
+          left: Sequence[int] = (0,)) -> str:
+    """A plain aligned text table: columns ``left`` left-aligned (default the first), the others right."""
     all_rows = [list(map(str, r)) for r in ([header] if header else []) + list(rows)]
     if not all_rows:
         return ""
     widths = [max(len(r[i]) for r in all_rows if i < len(r)) for i in range(max(map(len, all_rows)))]
     lines = []
     for k, r in enumerate(all_rows):
-        cells = [c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)]
+        cells = [c.ljust(widths[i]) if i in left else c.rjust(widths[i]) for i, c in enumerate(r)]
         lines.append("  ".join(cells).rstrip())
         if header and k == 0:
             lines.append("  ".join("-" * w for w in widths))
@@ -312,9 +317,10 @@ def _comm(args: argparse.Namespace) -> Output:
     text = "\n".join([
         describe(model, plan),
         f"collectives of one GPU (pipeline stage {rep.stage}) for one optimizer step on {cluster.name}:",
-        table(rows, ("dim", "kind", "phase", "message B", "group", "count", "sent (wire)", "what")),
+        table(rows, ("dim", "kind", "phase", "message B", "group", "count", "sent (wire)", "what"),
+              left=(0, 1, 2, 7)),
         "",
-        table(dims, ("dim", "sent per step", "alpha-beta time", "link")),
+        table(dims, ("dim", "sent per step", "alpha-beta time", "link"), left=(0, 3)),
     ])
     return Output(rep.to_json(), text)
 

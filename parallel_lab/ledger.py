@@ -246,28 +246,28 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, *, formula: str = "
     """Bytes one transformer block saves for backward, per micro-batch, on one GPU.
 
     ``formula="korthikanti"``: :func:`activation_terms` summed (Korthikanti et al. 2022, generalised);
-    ``formula="per-op"``: ``parallel_lab.activations.per_op_bytes`` (the saved tensors of the actual
-    blocks, measured against torch by the runnable core). Seed: L=32 layers of s=4096, b=1, h=4096, a=32,
-    no recomputation: ``32 * sbh (34 + 5as/h) = 104,152,956,928`` bytes.
+    ``formula="per-op"``: ``parallel_lab.activations.per_op_bytes(...)["per_block_bytes"]`` (the saved
+    tensors of the runnable blocks, op by op). Seed: L=32 layers of s=4096, b=1, h=4096, a=32, no
+    recomputation: ``32 * sbh (34 + 5as/h) = 104,152,956,928`` bytes.
     """
     if formula == "korthikanti":
         return float(sum(activation_terms(model, plan).values()))
     if formula == "per-op":
-        return float(_per_op(model, plan))
+        return float(_per_op(model, plan)["per_block_bytes"])
     raise ParallelLabError(f"activation formula {formula!r} is not known; pick korthikanti or per-op")
 
 
-def _per_op(model: ModelSpec, plan: Plan) -> float:
-    """Lazy hook to ``parallel_lab.activations.per_op_bytes(model, plan) -> float`` (bytes per layer,
-    per micro-batch, per GPU), owned by the runnable core."""
+def _per_op(model: ModelSpec, plan: Plan, layers: int | None = None) -> dict[str, Any]:
+    """Lazy hook to ``parallel_lab.activations.per_op_bytes`` (owned by the runnable core); it returns
+    ``per_block_bytes`` and the ``block``/``shared``/``embedding``/``head`` entries of one micro-batch."""
     try:
-        from . import activations  # type: ignore[attr-defined]
+        from . import activations
     except ImportError as e:
         raise ParallelLabError(
             "the per-op activation model (parallel_lab/activations.py) is not available in this version; "
             f"use --activation-model korthikanti ({e})"
         ) from None
-    return activations.per_op_bytes(model, plan)
+    return activations.per_op_bytes(model, plan, layers=layers)
 
 
 def inflight_microbatches(schedule: str, p: int, m: int, v: int = 1, stage: int = 0) -> float:
@@ -299,9 +299,19 @@ def inflight_microbatches(schedule: str, p: int, m: int, v: int = 1, stage: int 
 
 
 def activation_bytes(model: ModelSpec, plan: Plan, stage: int = 0, *, formula: str = "korthikanti") -> float:
-    """Activation bytes of stage ``stage``: per-layer bytes x its layers x in-flight micro-batches."""
+    """Activation bytes of stage ``stage``: per-micro-batch bytes x in-flight micro-batches.
+
+    Korthikanti: per-layer bytes x the stage's layers. Per-op: the stage's blocks, plus what every forward
+    shares (llama's rotary tables) and, on stage 0, the embedding's saved inputs.
+    """
     n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage))
     inflight = inflight_microbatches(plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage)
+    if formula == "per-op":
+        d = _per_op(model, plan, layers=n_layers)
+        extra = sum(e["bytes"] for e in d["shared"])
+        if stage == 0:
+            extra += sum(e["bytes"] for e in d["embedding"])
+        return float(d["per_block_bytes"] * n_layers + extra) * inflight
     return activation_bytes_per_layer(model, plan, formula=formula) * n_layers * inflight
 
 
@@ -309,7 +319,7 @@ def activation_bytes(model: ModelSpec, plan: Plan, stage: int = 0, *, formula: s
 # Logits and communication buffers
 # --------------------------------------------------------------------------------------------------
 
-def logits_bytes(model: ModelSpec, plan: Plan) -> float:
+def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") -> float:
     """The head's logits and what cross-entropy keeps, on the last stage.
 
     Per micro-batch: the logits in the compute dtype plus the fp32 log-probabilities that cross-entropy
@@ -317,9 +327,12 @@ def logits_bytes(model: ModelSpec, plan: Plan) -> float:
     them for all ``m`` micro-batches (every forward runs before the first backward), other schedules for one.
     """
     model.require_shape("logits memory")
+    kept = plan.microbatches if plan.schedule == "gpipe" and plan.pp > 1 else 1
+    if formula == "per-op":
+        return float(sum(e["bytes"] for e in _per_op(model, plan)["head"])) * kept
     vocab_local = math.ceil(model.vocab / plan.tp)
     per_mb = plan.seq / plan.cp * plan.micro_batch * vocab_local * (plan.dtype_bytes + LOSS_BYTES)
-    return per_mb * (plan.microbatches if plan.schedule == "gpipe" and plan.pp > 1 else 1)
+    return per_mb * kept
 
 
 def _grad_comm_bytes(plan: Plan) -> int:
@@ -441,7 +454,7 @@ def _ledger_of_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec, activat
     if model.shape_known:
         per["activations"] = activation_bytes(model, plan, stage, formula=activation_model)
         if stage == plan.pp - 1:
-            per["logits_and_loss"] = logits_bytes(model, plan)
+            per["logits_and_loss"] = logits_bytes(model, plan, formula=activation_model)
         else:
             per["logits_and_loss"] = 0.0
         inflight = inflight_microbatches(plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage)
