@@ -248,6 +248,12 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None,
     return "\n".join(lines)
 
 
+def echo(model: ModelSpec, plan: Plan) -> dict[str, Any]:
+    """The ``model`` and ``plan`` keys every JSON answer carries (what was actually computed)."""
+    return {"model": {"name": model.name, "n_params": model.n_params, "shape_known": model.shape_known},
+            "plan": plan.to_dict()}
+
+
 def describe(model: ModelSpec, plan: Plan) -> str:
     p = plan
     return (f"{model.summary()}\nplan: dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} zero={p.zero} sp={p.sp} "
@@ -288,7 +294,7 @@ def _memory(args: argparse.Namespace) -> Output:
         f"({cluster.name} HBM {fmt_bytes(led.hbm_bytes)} minus a {led.margin:.0%} margin)",
         *[f"note: {n}" for n in led.notes],
     ])
-    return Output(led.to_json(), text)
+    return Output({**led.to_json(), **echo(model, plan)}, text)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -322,7 +328,7 @@ def _comm(args: argparse.Namespace) -> Output:
         "",
         table(dims, ("dim", "sent per step", "alpha-beta time", "link"), left=(0, 3)),
     ])
-    return Output(rep.to_json(), text)
+    return Output({**rep.to_json(), **echo(model, plan)}, text)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -345,7 +351,7 @@ def _flops(args: argparse.Namespace) -> Output:
     plan = plan_from_args(args, model)
     cluster = cluster_from_args(args)
     rep = step_flops(model, plan)
-    data = rep.to_json()
+    data = {**rep.to_json(), **echo(model, plan)}
     rows = [("model FLOPs per step", f"{rep.model_flops_per_step:.4e}"),
             ("hardware FLOPs per step", f"{rep.hardware_flops_per_step:.4e}"),
             ("tokens per step", f"{rep.tokens_per_step:,}"),
