@@ -1,0 +1,688 @@
+"""Pipeline schedules as data: GPipe, 1F1B, interleaved 1F1B and ZB-H1 as per-rank action lists.
+
+A *schedule* is ``list[list[Action]]``: one list per pipeline rank, executed in list order by that
+rank. These lists are the only definition of a schedule in parallel_lab: the simulator
+(:mod:`parallel_lab.simulate`) times them, the memory ledger counts their in-flight micro-batches, and
+the pipeline executor (``parallel_lab.dist.pipeline``) runs them. Adding a schedule means adding a
+generator here.
+
+Actions
+-------
+Compute actions (``peer`` is ``None``, ``ops`` empty):
+
+* ``F(mb, c)``: forward of micro-batch ``mb`` through model chunk ``c`` of this rank.
+* ``B(mb, c)``: backward. If the schedule also holds a ``W(mb, c)`` on this rank, ``B`` computes only
+  the gradient with respect to the chunk's *input* (ZB-H1's B pass); otherwise ``B`` is the full
+  backward (input and weight gradients).
+* ``W(mb, c)``: the weight-gradient part of a split backward (ZB-H1's W pass), after its ``B``.
+
+Chunks and placement (Megatron's interleaved placement, Narayanan et al. 2021): with ``p`` ranks and
+``v`` chunks per rank, chunk ``c`` of rank ``r`` is the global *virtual stage* ``s = c * p + r`` of
+``V = p * v`` stages. Virtual stage ``s`` holds the ``s``-th contiguous slice of the layers; stage 0
+holds the embedding, stage ``V - 1`` the head and loss. Without interleaving ``v = 1`` and ``s = r``.
+
+Point-to-point ops (only inside a ``P2P`` action, below), each naming a tensor by the *local* chunk of
+the rank that holds the op:
+
+* ``SEND_F(mb, c, peer)``: send the output activations of local chunk ``c`` (virtual stage ``s``) to
+  ``peer``, which holds virtual stage ``s + 1``.
+* ``RECV_F(mb, c, peer)``: receive the input activations of local chunk ``c`` from ``peer``
+  (virtual stage ``s - 1``).
+* ``SEND_B(mb, c, peer)``: send the gradient with respect to local chunk ``c``'s input to ``peer``
+  (virtual stage ``s - 1``).
+* ``RECV_B(mb, c, peer)``: receive the gradient with respect to local chunk ``c``'s output from
+  ``peer`` (virtual stage ``s + 1``).
+
+``P2P(ops)``: a *batch* of point-to-point ops performed together, like Megatron's
+``send_forward_recv_backward`` or ``torch.distributed.batch_isend_irecv``.
+
+Point-to-point semantics (what the executor implements, and what :func:`validate` simulates)
+------------------------------------------------------------------------------------------
+1. A rank runs its list strictly in order.
+2. ``P2P(ops)`` *posts* every op of the batch at once, in the order of ``ops``, and does not wait:
+   ``works = dist.batch_isend_irecv([P2POp(...) for op in ops])``. The rank keeps each receive's
+   buffer and work under the key ``(op.kind, op.microbatch, op.chunk)`` and each send's work in a list.
+3. A compute action first waits for the receive that delivers its input (``F``: the ``RECV_F`` of
+   the same micro-batch and chunk; ``B``: the ``RECV_B``), which an earlier ``P2P`` of the same list
+   has posted; the first virtual stage's ``F``, the last one's ``B``, and every ``W`` need none.
+4. At the end of its list the rank waits for all its sends (the step is not over before that).
+5. Matching is FIFO per ordered pair of ranks: the ``k``-th send posted by rank ``a`` to rank ``b``
+   (ops counted in list order, then in ``ops`` order) carries the tensor of the ``k``-th receive that
+   ``b`` posts from ``a``; one tag for all messages. The validator checks that each such pair names
+   the same micro-batch, the same kind (activation or gradient) and adjacent virtual stages.
+6. Rendezvous: a send and its receive complete together, once both are posted (no buffering is
+   assumed; with a point-to-point time ``t_p2p`` they complete at ``max(posted, posted') + t_p2p``).
+
+This is the pattern of the Zero Bubble authors' Megatron runtime (post non-blocking, wait for a
+receive just before its consumer, wait for sends at the end of the step). :func:`validate` also checks a
+stricter rule, the one a single NCCL stream imposes: a rank's batches complete one after another
+(batch ``j`` waits for batch ``j - 1``). Every generated list is deadlock-free under both.
+
+Every generator cuts a rank's compute list into groups and puts one ``P2P`` after each group with the
+sends of the group's outputs and the receives of the next group's inputs (:func:`with_p2p`). Groups
+are single actions, except in interleaved 1F1B whose steady state pairs each forward with the
+following backward (Megatron's rounds); without that pairing two ranks of an interleaved pipeline can
+each wait, under the stricter rule, for a receive the other posts only later.
+
+Activation lifetime: a ``(mb, c)`` pair is *in flight* on its rank from its ``F`` until its last
+backward part (``W`` when the backward is split, else ``B``); its saved activations are then freed.
+ZB-H1's ``W`` keeps only the inputs of the linear layers, but counting them until ``W`` is the
+paper's own bound (peak memory no greater than 1F1B's).
+
+Sources: GPipe (Huang et al. 2019); 1F1B (PipeDream-Flush, Narayanan et al. 2021a); interleaved 1F1B
+(Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", section 2.2);
+ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 2.1).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from .specs import SCHEDULES, ParallelLabError
+
+ActionKind = Literal["F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "P2P"]
+
+COMPUTE_KINDS: tuple[str, ...] = ("F", "B", "W")
+P2P_OP_KINDS: tuple[str, ...] = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of a rank's list: a compute action, a point-to-point op, or a ``P2P`` batch of ops."""
+
+    kind: ActionKind
+    microbatch: int = -1
+    chunk: int = 0
+    peer: int | None = None
+    ops: tuple[Action, ...] = ()
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in COMPUTE_KINDS
+
+    @property
+    def is_send(self) -> bool:
+        return self.kind in ("SEND_F", "SEND_B")
+
+    def __str__(self) -> str:
+        if self.kind == "P2P":
+            return "P2P[" + ", ".join(str(o) for o in self.ops) + "]"
+        s = f"{self.kind}(mb={self.microbatch}, chunk={self.chunk}"
+        if self.peer is not None:
+            s += f", peer={self.peer}"
+        return s + ")"
+
+
+Schedule = list[list[Action]]
+
+
+def F(mb: int, chunk: int = 0) -> Action:
+    return Action("F", mb, chunk)
+
+
+def B(mb: int, chunk: int = 0) -> Action:
+    return Action("B", mb, chunk)
+
+
+def W(mb: int, chunk: int = 0) -> Action:
+    return Action("W", mb, chunk)
+
+
+def P2P(*ops: Action) -> Action:
+    """A batch of point-to-point ops, posted together and waited for together."""
+    return Action("P2P", ops=tuple(ops))
+
+
+# --------------------------------------------------------------------------------------------------
+# Generators: a compute order per rank, then the point-to-point batches between compute actions
+# --------------------------------------------------------------------------------------------------
+
+def _check_pm(name: str, p: int, m: int, v: int = 1) -> None:
+    for label, x in (("p", p), ("m", m), ("v", v)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ParallelLabError(f"{name}: {label}={x!r} must be a positive integer; e.g. {label}=4")
+
+
+def _ops_after(a: Action, rank: int, p: int, v: int) -> list[Action]:
+    """The sends a compute action's output needs: activations forward, input gradients backward."""
+    if p == 1:
+        return []
+    s, last = a.chunk * p + rank, p * v - 1
+    if a.kind == "F" and s < last:
+        return [Action("SEND_F", a.microbatch, a.chunk, (rank + 1) % p)]
+    if a.kind == "B" and s > 0:
+        return [Action("SEND_B", a.microbatch, a.chunk, (rank - 1) % p)]
+    return []
+
+
+def _ops_before(a: Action, rank: int, p: int, v: int) -> list[Action]:
+    """The receives a compute action's input needs."""
+    if p == 1:
+        return []
+    s, last = a.chunk * p + rank, p * v - 1
+    if a.kind == "F" and s > 0:
+        return [Action("RECV_F", a.microbatch, a.chunk, (rank - 1) % p)]
+    if a.kind == "B" and s < last:
+        return [Action("RECV_B", a.microbatch, a.chunk, (rank + 1) % p)]
+    return []
+
+
+def with_p2p(orders: list[list[Action]], v: int = 1, groups: list[list[int]] | None = None) -> Schedule:
+    """Insert the point-to-point batches into per-rank compute orders.
+
+    A rank's compute list is cut into consecutive *groups* (``groups[r]`` gives their sizes; default:
+    every compute action is its own group). After each group comes one ``P2P`` holding the sends of the
+    group's outputs, then the receives of the next group's inputs; a receive that the first group needs
+    goes in a batch before it. Interleaved 1F1B uses Megatron's groups (each steady-state forward and
+    backward pair is one group, so that a rank's sends of a round go out together with its receives for
+    the next round); the other schedules use single actions.
+    """
+    p = len(orders)
+    out: Schedule = []
+    for r, order in enumerate(orders):
+        sizes = groups[r] if groups is not None else [1] * len(order)
+        if sum(sizes) != len(order):
+            raise ParallelLabError(f"rank {r}: groups {sizes} do not cover its {len(order)} compute actions")
+        cut, start = [], 0
+        for n in sizes:
+            cut.append(order[start:start + n])
+            start += n
+        actions: list[Action] = []
+        pending: list[Action] = []
+        for group in cut:
+            ops = pending + [op for a in group for op in _ops_before(a, r, p, v)]
+            if ops:
+                actions.append(P2P(*ops))
+            actions.extend(group)
+            pending = [op for a in group for op in _ops_after(a, r, p, v)]
+        if pending:
+            actions.append(P2P(*pending))
+        out.append(actions)
+    return out
+
+
+def gpipe_order(p: int, m: int) -> list[list[Action]]:
+    """GPipe (Huang et al. 2019): all ``m`` forwards, then all ``m`` backwards, on every rank."""
+    _check_pm("gpipe", p, m)
+    return [[F(i) for i in range(m)] + [B(i) for i in range(m)] for _ in range(p)]
+
+
+def one_f_one_b_order(p: int, m: int) -> list[list[Action]]:
+    """1F1B (PipeDream-Flush): rank ``r`` runs ``min(p - r - 1, m)`` warm-up forwards, then alternates
+    one forward and one backward, then drains the remaining backwards."""
+    _check_pm("1f1b", p, m)
+    orders = []
+    for r in range(p):
+        w = min(p - r - 1, m)
+        order = [F(i) for i in range(w)]
+        for i in range(m - w):
+            order += [F(w + i), B(i)]
+        order += [B(i) for i in range(m - w, m)]
+        orders.append(order)
+    return orders
+
+
+def _interleaved_warmup(p: int, m: int, v: int, r: int) -> int:
+    """Megatron's warm-up forwards on rank ``r``: ``2 (p - r - 1) + (v - 1) p``; all ``m v`` if ``m == p``."""
+    total = m * v
+    return total if m == p else min(total, 2 * (p - r - 1) + (v - 1) * p)
+
+
+def interleaved_order(p: int, m: int, v: int) -> list[list[Action]]:
+    """Interleaved 1F1B (Narayanan et al. 2021, section 2.2), Megatron's ordering.
+
+    Micro-batches go through the ``v`` chunks of a rank in groups of ``p``: the ``k``-th forward of a
+    rank is micro-batch ``(k // (p v)) p + k % p`` on chunk ``(k // p) % v``; backwards run the chunks
+    in reverse. Rank ``r`` warms up with ``2 (p - r - 1) + (v - 1) p`` forwards (all ``m v`` of them when
+    ``m == p``, as in Megatron), then alternates one forward and one backward, then drains.
+    """
+    _check_pm("interleaved", p, m, v)
+    if m % p:
+        ok = [k * p for k in range(1, 5)]
+        raise ParallelLabError(f"interleaved 1F1B runs micro-batches in groups of p={p}; m={m} is not a "
+                               f"multiple of it; pick m in {{{', '.join(map(str, ok))}}}")
+    if p == 1 and v > 1:
+        raise ParallelLabError(f"interleaving v={v} chunks needs at least 2 pipeline ranks (p=1); "
+                               "set p >= 2 or v = 1")
+    total = m * v
+
+    def fwd(k: int) -> Action:
+        return F((k // (p * v)) * p + k % p, (k // p) % v)
+
+    def bwd(k: int) -> Action:
+        return B((k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
+
+    orders = []
+    for r in range(p):
+        warm = _interleaved_warmup(p, m, v, r)
+        order = [fwd(k) for k in range(warm)]
+        for k in range(total - warm):
+            order += [fwd(warm + k), bwd(k)]
+        order += [bwd(k) for k in range(total - warm, total)]
+        orders.append(order)
+    return orders
+
+
+def zb_h1_order(p: int, m: int) -> list[list[Action]]:
+    """ZB-H1 (Qi et al. 2023, section 2.1): 1F1B with the backward split into B (input gradient, on
+    the critical path) and W (weight gradient), and rank ``r``'s W passes delayed by ``r`` micro-batches.
+
+    Rank ``r``: ``min(p - r - 1, m)`` warm-up forwards; ``r`` rounds of (F, B) without W; then rounds of
+    (F, B, W); then (B, W) while backwards remain; then the remaining W. Every rank then holds at most
+    ``p`` micro-batches (counted until their W), the first rank's 1F1B peak, and the delayed W passes
+    fill the drain bubble: with F = B = W the bubble is a third of 1F1B's.
+    """
+    _check_pm("zb-h1", p, m)
+    orders = []
+    for r in range(p):
+        w = min(p - r - 1, m)
+        order = [F(i) for i in range(w)]
+        f, b, wg = w, 0, 0
+        for _ in range(r):
+            if f == m:
+                break
+            order += [F(f), B(b)]
+            f, b = f + 1, b + 1
+        while f < m:
+            order += [F(f), B(b), W(wg)]
+            f, b, wg = f + 1, b + 1, wg + 1
+        while b < m:
+            order += [B(b), W(wg)]
+            b, wg = b + 1, wg + 1
+        order += [W(i) for i in range(wg, m)]
+        orders.append(order)
+    return orders
+
+
+def gpipe(p: int, m: int) -> Schedule:
+    return with_p2p(gpipe_order(p, m))
+
+
+def one_f_one_b(p: int, m: int) -> Schedule:
+    return with_p2p(one_f_one_b_order(p, m))
+
+
+def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
+    orders = interleaved_order(p, m, v)
+    groups = []
+    for r in range(p):
+        # warm-up forwards one by one, (forward, backward) pairs, then the drain's backwards one by one
+        warm = _interleaved_warmup(p, m, v, r)
+        groups.append([1] * warm + [2] * (m * v - warm) + [1] * warm)
+    return with_p2p(orders, v, groups)
+
+
+def zb_h1(p: int, m: int) -> Schedule:
+    return with_p2p(zb_h1_order(p, m))
+
+
+def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
+    """The schedule named by ``Plan.schedule`` (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``)."""
+    if name not in SCHEDULES:
+        raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULES)}")
+    if v != 1 and name != "interleaved":
+        raise ParallelLabError(f"v={v} model chunks per rank needs schedule 'interleaved' (got {name!r}); "
+                               "or set v=1")
+    if name == "gpipe":
+        return gpipe(p, m)
+    if name == "1f1b":
+        return one_f_one_b(p, m)
+    if name == "interleaved":
+        return interleaved_1f1b(p, m, v)
+    return zb_h1(p, m)
+
+
+# --------------------------------------------------------------------------------------------------
+# Shape of a schedule, in-flight micro-batches
+# --------------------------------------------------------------------------------------------------
+
+def num_chunks(schedule: Schedule) -> int:
+    """``v``: model chunks per rank (1 + the largest chunk index used)."""
+    return 1 + max((a.chunk for acts in schedule for a in acts if a.is_compute), default=0)
+
+
+def num_microbatches(schedule: Schedule) -> int:
+    return 1 + max((a.microbatch for acts in schedule for a in acts if a.is_compute), default=-1)
+
+
+def split_backward(actions: list[Action]) -> set[tuple[int, int]]:
+    """The ``(mb, chunk)`` pairs of one rank whose backward is split into B and W."""
+    return {(a.microbatch, a.chunk) for a in actions if a.kind == "W"}
+
+
+def inflight_trace(actions: list[Action]) -> list[int]:
+    """The number of ``(mb, chunk)`` pairs in flight after each compute action of one rank's list."""
+    split = split_backward(actions)
+    n, out = 0, []
+    for a in actions:
+        if a.kind == "F":
+            n += 1
+        elif (a.kind == "B" and (a.microbatch, a.chunk) not in split) or a.kind == "W":
+            n -= 1
+        else:
+            continue
+        out.append(n)
+    return out
+
+
+def peak_inflight_of(schedule: Schedule) -> list[int]:
+    """Per rank, the peak number of ``(mb, chunk)`` pairs whose activations are alive at once."""
+    return [max(inflight_trace(acts), default=0) for acts in schedule]
+
+
+def peak_inflight(name: str, p: int, m: int, v: int = 1, stage: int = 0) -> int:
+    """Closed form of :func:`peak_inflight_of` for a generated schedule: ``(mb, chunk)`` pairs alive at
+    once on pipeline rank ``stage``. Checked against the action lists in tests/test_schedules.py.
+
+    * GPipe: ``m`` (every forward before any backward).
+    * 1F1B: ``min(p - stage, m)`` (the warm-up forwards plus one).
+    * interleaved: ``min(m v, 2 (p - stage - 1) + (v - 1) p + 1)``, or ``m v`` when ``m == p``; divided by
+      ``v`` this is Korthikanti et al.'s first-stage factor ``p (1 + (p - 1) / (p v))``.
+    * ZB-H1: ``min(p, m)`` on every rank (W delayed by ``stage`` rounds), counted until W.
+    """
+    if not 0 <= stage < p:
+        raise ParallelLabError(f"stage={stage} is not a pipeline rank of p={p}; pick stage in 0..{p - 1}")
+    if name == "gpipe":
+        return m
+    if name == "1f1b":
+        return min(p - stage, m)
+    if name == "interleaved":
+        if p == 1 or m == p:
+            return m * v
+        return min(m * v, 2 * (p - stage - 1) + (v - 1) * p + 1)
+    if name == "zb-h1":
+        return min(p, m)
+    raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULES)}")
+
+
+def peak_activation_units(name: str, p: int, m: int, v: int = 1, stage: int = 0) -> float:
+    """Peak activation memory of pipeline rank ``stage`` in units of one micro-batch's activations of the
+    whole stage (all its ``v`` chunks): ``peak_inflight / v``, each chunk holding ``1/v`` of the layers.
+
+    This is the factor the memory ledger multiplies one micro-batch's per-stage activations by.
+    """
+    return peak_inflight(name, p, m, v, stage) / v
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------------
+
+def _where(rank: int, idx: int, a: Action) -> str:
+    return f"rank {rank}, action {idx} {a}"
+
+
+def _static_checks(schedule: Schedule) -> None:
+    """Per-rank order rules, shape of the actions, once-only compute, data availability, lifetimes."""
+    p = len(schedule)
+    if p == 0:
+        raise ParallelLabError("empty schedule: give one action list per pipeline rank")
+    v = num_chunks(schedule)
+    m = num_microbatches(schedule)
+    for r, acts in enumerate(schedule):
+        done: dict[str, set[tuple[int, int]]] = {"F": set(), "B": set(), "W": set()}
+        received: dict[str, set[tuple[int, int]]] = {"RECV_F": set(), "RECV_B": set()}
+        needs_send: dict[str, set[tuple[int, int]]] = {"SEND_F": set(), "SEND_B": set()}
+        split = split_backward(acts)
+        for i, a in enumerate(acts):
+            if a.kind == "P2P":
+                if not a.ops:
+                    raise ParallelLabError(f"{_where(r, i, a)}: an empty P2P batch; remove it")
+                for op in a.ops:
+                    if op.kind not in P2P_OP_KINDS:
+                        raise ParallelLabError(f"{_where(r, i, a)}: {op} is not a point-to-point op; "
+                                               f"a P2P batch holds only {', '.join(P2P_OP_KINDS)}")
+                    if op.peer is None or not 0 <= op.peer < p or op.peer == r:
+                        raise ParallelLabError(f"{_where(r, i, a)}: {op} has peer={op.peer}; "
+                                               f"pick another rank in 0..{p - 1}")
+                    key = (op.microbatch, op.chunk)
+                    s = op.chunk * p + r
+                    want = {"SEND_F": (r + 1) % p, "RECV_B": (r + 1) % p,
+                            "RECV_F": (r - 1) % p, "SEND_B": (r - 1) % p}[op.kind]
+                    if op.peer != want:
+                        raise ParallelLabError(f"{_where(r, i, a)}: {op} talks to rank {op.peer}, but "
+                                               f"virtual stage {s}'s neighbour lives on rank {want}")
+                    if op.kind in received:
+                        if key in received[op.kind]:
+                            raise ParallelLabError(f"{_where(r, i, a)}: {op} receives the same tensor twice")
+                        received[op.kind].add(key)
+                    else:
+                        src = "F" if op.kind == "SEND_F" else "B"
+                        if key not in done[src]:
+                            raise ParallelLabError(f"{_where(r, i, a)}: {op} sends a tensor before its "
+                                                   f"{src}(mb={key[0]}, chunk={key[1]}) has computed it")
+                        if key not in needs_send[op.kind]:
+                            raise ParallelLabError(f"{_where(r, i, a)}: {op} is sent twice or not needed")
+                        needs_send[op.kind].discard(key)
+                continue
+            if a.kind not in COMPUTE_KINDS:
+                raise ParallelLabError(f"{_where(r, i, a)}: point-to-point ops must sit inside a P2P batch; "
+                                       f"write P2P({a})")
+            key = (a.microbatch, a.chunk)
+            if not 0 <= a.microbatch < m or not 0 <= a.chunk < v:
+                raise ParallelLabError(f"{_where(r, i, a)}: micro-batch or chunk out of range")
+            if key in done[a.kind]:
+                raise ParallelLabError(f"{_where(r, i, a)}: {a.kind} of (mb={key[0]}, chunk={key[1]}) "
+                                       "is done twice")
+            s = a.chunk * p + r
+            first, last = s == 0, s == p * v - 1
+            if a.kind == "F":
+                if p > 1 and not first and key not in received["RECV_F"]:
+                    raise ParallelLabError(f"{_where(r, i, a)}: forward before its input activations were "
+                                           f"received (no earlier RECV_F(mb={key[0]}, chunk={key[1]}))")
+                if p > 1 and not last:
+                    needs_send["SEND_F"].add(key)
+            elif a.kind == "B":
+                if key not in done["F"]:
+                    raise ParallelLabError(f"{_where(r, i, a)}: backward before its forward")
+                if p > 1 and not last and key not in received["RECV_B"]:
+                    raise ParallelLabError(f"{_where(r, i, a)}: backward before its output gradient was "
+                                           f"received (no earlier RECV_B(mb={key[0]}, chunk={key[1]}))")
+                if p > 1 and not first:
+                    needs_send["SEND_B"].add(key)
+            else:  # W
+                if key not in done["B"]:
+                    raise ParallelLabError(f"{_where(r, i, a)}: weight-gradient pass W before its B")
+            done[a.kind].add(key)
+        # every (mb, chunk) of this rank done exactly once, activations freed at the end
+        want_all = {(mb, c) for mb in range(m) for c in range(v)}
+        for kind in ("F", "B"):
+            missing = sorted(want_all - done[kind])
+            if missing:
+                mb, c = missing[0]
+                raise ParallelLabError(f"rank {r}: {kind}(mb={mb}, chunk={c}) never runs; each (micro-batch, "
+                                       f"chunk) needs one F and one B on every rank")
+        if split - done["B"] or split != done["W"]:
+            raise ParallelLabError(f"rank {r}: W passes {sorted(done['W'])} do not match the split backwards")
+        for kind, left in needs_send.items():
+            if left:
+                mb, c = sorted(left)[0]
+                raise ParallelLabError(f"rank {r}: output of (mb={mb}, chunk={c}) is never sent "
+                                       f"({kind} missing)")
+        trace = inflight_trace(acts)
+        if trace and trace[-1] != 0:
+            raise ParallelLabError(f"rank {r}: {trace[-1]} micro-batch activations still alive at the end")
+
+
+def _channels(schedule: Schedule) -> tuple[dict, dict]:
+    """FIFO queues per ordered pair (src, dst): sends and receives in posting order."""
+    sends: dict[tuple[int, int], list[tuple[int, int, Action]]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[tuple[int, int, Action]]] = defaultdict(list)
+    for r, acts in enumerate(schedule):
+        for i, a in enumerate(acts):
+            for op in a.ops:
+                if op.is_send:
+                    sends[(r, op.peer)].append((r, i, op))
+                else:
+                    recvs[(op.peer, r)].append((r, i, op))
+    return sends, recvs
+
+
+def _match_checks(schedule: Schedule) -> None:
+    """Every receive matched by the send of the same tensor, in FIFO order per pair of ranks."""
+    p = len(schedule)
+    sends, recvs = _channels(schedule)
+    for pair in sorted(set(sends) | set(recvs)):
+        ss, rr = sends.get(pair, []), recvs.get(pair, [])
+        for k in range(max(len(ss), len(rr))):
+            if k >= len(ss):
+                r, i, op = rr[k]
+                raise ParallelLabError(f"{_where(r, i, schedule[r][i])}: {op} has no matching send on rank "
+                                       f"{pair[0]} (it sends {len(ss)} tensors to rank {pair[1]})")
+            if k >= len(rr):
+                r, i, op = ss[k]
+                raise ParallelLabError(f"{_where(r, i, schedule[r][i])}: {op} has no matching receive on "
+                                       f"rank {pair[1]} (it receives {len(rr)} tensors from rank {pair[0]})")
+            (sr, si, s), (rr_, ri, rc) = ss[k], rr[k]
+            s_stage, r_stage = s.chunk * p + sr, rc.chunk * p + rr_
+            ok = s.microbatch == rc.microbatch and (
+                (s.kind == "SEND_F" and rc.kind == "RECV_F" and r_stage == s_stage + 1)
+                or (s.kind == "SEND_B" and rc.kind == "RECV_B" and r_stage == s_stage - 1))
+            if not ok:
+                raise ParallelLabError(
+                    f"{_where(rr_, ri, schedule[rr_][ri])}: receive #{k} from rank {sr} is {rc}, but rank "
+                    f"{sr}'s send #{k} to rank {rr_} is {s} (action {si}); sends and receives between two "
+                    f"ranks are matched in order, so swap them back")
+
+
+@dataclass
+class Execution:
+    """What running a schedule under the point-to-point rules produced.
+
+    ``compute``: ``(rank, start, end, action)`` of every F, B, W. ``p2p``: ``(rank, posted, completed,
+    op)`` of every point-to-point op. ``finish``: per rank, when its last action and its last send are
+    done (the step ends at the largest).
+    """
+
+    compute: list[tuple[int, float, float, Action]]
+    p2p: list[tuple[int, float, float, Action]]
+    finish: list[float]
+
+
+def _input_key(a: Action) -> tuple[str, int, int]:
+    return ("RECV_F" if a.kind == "F" else "RECV_B", a.microbatch, a.chunk)
+
+
+def execute(schedule: Schedule, cost: dict[str, float] | Callable[[int, Action], float],
+            p2p_time: float = 0.0, in_order: bool = False) -> Execution:
+    """Run the lists under the module's point-to-point rules and time them.
+
+    A compute action takes ``cost[kind]`` (or ``cost(rank, action)``) and starts when its rank is free
+    and the receive of its input has completed. A ``P2P`` batch takes no time on its rank: its ops are
+    posted at the rank's clock. A send and its receive complete together at
+    ``max(send posted, receive posted) + p2p_time``.
+    With ``in_order=True`` a rank's batches also complete one after another (``batch j`` no earlier than
+    ``batch j - 1``, and only once all ops of both are matched): the stricter behaviour of a single
+    NCCL stream, used by :func:`validate` as a second deadlock check.
+
+    Raises ParallelLabError naming every waiting rank when none can progress (deadlock).
+    """
+    p = len(schedule)
+    cost_of = cost if callable(cost) else (lambda _r, a: cost[a.kind])
+    # FIFO slot of every op: (pair, k, is_send); key (rank, action index, op index)
+    slot: dict[tuple[int, int, int], tuple[tuple[int, int], int, bool]] = {}
+    counters: dict[tuple[tuple[int, int], bool], int] = defaultdict(int)
+    where_recv: list[dict[tuple[str, int, int], tuple[int, int]]] = [{} for _ in range(p)]
+    batches: list[list[int]] = [[] for _ in range(p)]       # action indices of P2P batches per rank
+    batch_of: list[dict[int, int]] = [{} for _ in range(p)]  # action index -> batch number
+    for r, acts in enumerate(schedule):
+        for i, a in enumerate(acts):
+            if a.kind == "P2P":
+                batch_of[r][i] = len(batches[r])
+                batches[r].append(i)
+            for j, op in enumerate(a.ops):
+                pair = (r, op.peer) if op.is_send else (op.peer, r)
+                k = counters[(pair, op.is_send)]
+                counters[(pair, op.is_send)] += 1
+                slot[(r, i, j)] = (pair, k, op.is_send)
+                if not op.is_send:
+                    where_recv[r][(op.kind, op.microbatch, op.chunk)] = (i, j)
+    posted: dict[tuple[tuple[int, int], int, bool], float] = {}
+    batch_done: list[list[float]] = [[] for _ in range(p)]   # completion times, filled in order
+
+    def op_done(r: int, i: int, j: int) -> float | None:
+        pair, k, is_send = slot[(r, i, j)]
+        mine, theirs = posted.get((pair, k, is_send)), posted.get((pair, k, not is_send))
+        if mine is None or theirs is None:
+            return None
+        return max(mine, theirs) + p2p_time
+
+    def batch_completion(r: int, b: int) -> float | None:
+        """In-order completion time of rank r's batch b (None while some op is unmatched)."""
+        while len(batch_done[r]) <= b:
+            nb = len(batch_done[r])
+            i = batches[r][nb]
+            if (r, i, 0) not in slot or posted.get(slot[(r, i, 0)]) is None:
+                return None
+            t = batch_done[r][-1] if batch_done[r] else 0.0
+            for j in range(len(schedule[r][i].ops)):
+                d = op_done(r, i, j)
+                if d is None:
+                    return None
+                t = max(t, d)
+            batch_done[r].append(t)
+        return batch_done[r][b]
+
+    pc = [0] * p
+    clock = [0.0] * p
+    compute: list[tuple[int, float, float, Action]] = []
+    remaining = sum(len(a) for a in schedule)
+    while remaining:
+        progressed = False
+        for r in range(p):
+            acts = schedule[r]
+            while pc[r] < len(acts):
+                i = pc[r]
+                a = acts[i]
+                if a.kind == "P2P":
+                    for j in range(len(a.ops)):
+                        posted[slot[(r, i, j)]] = clock[r]
+                else:
+                    ready = clock[r]
+                    src = where_recv[r].get(_input_key(a)) if a.kind in ("F", "B") else None
+                    if src is not None:
+                        done = batch_completion(r, batch_of[r][src[0]]) if in_order else op_done(r, *src)
+                        if done is None:
+                            break
+                        ready = max(ready, done)
+                    clock[r] = ready + cost_of(r, a)
+                    compute.append((r, ready, clock[r], a))
+                pc[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            blocked = [f"rank {r} waits at action {pc[r]} {schedule[r][pc[r]]}" for r in range(p)
+                       if pc[r] < len(schedule[r])]
+            raise ParallelLabError("deadlock: every waiting rank needs a tensor from a rank that is itself "
+                                   "waiting: " + "; ".join(blocked))
+    p2p: list[tuple[int, float, float, Action]] = []
+    finish = list(clock)
+    for r, acts in enumerate(schedule):
+        for b, i in enumerate(batches[r]):
+            for j, op in enumerate(acts[i].ops):
+                d = batch_completion(r, b) if in_order else op_done(r, i, j)
+                if d is None:
+                    raise ParallelLabError(f"{_where(r, i, acts[i])}: {op} is never matched")
+                p2p.append((r, posted[slot[(r, i, j)]], d, op))
+                finish[r] = max(finish[r], d)
+    return Execution(compute, p2p, finish)
+
+
+def validate(schedule: Schedule) -> Schedule:
+    """Prove a schedule executable under the module's point-to-point semantics; return it.
+
+    Checks, raising ParallelLabError that names the offending action: per-rank order (every B after
+    its F and after the receive of its output gradient, W after its B, every F after the receive of its
+    input), each (micro-batch, chunk) forwarded and backwarded exactly once on every rank, every output
+    sent once, every receive matched by the send of the same tensor in FIFO order, activations all freed
+    at the end, and no deadlock (by executing the lists with the rendezvous rules).
+    """
+    _static_checks(schedule)
+    _match_checks(schedule)
+    unit = {"F": 1.0, "B": 1.0, "W": 1.0}
+    execute(schedule, unit)
+    execute(schedule, unit, in_order=True)
+    return schedule

@@ -1,0 +1,205 @@
+"""Timeline simulator: a schedule (per-rank action lists) plus per-action costs -> when each action runs.
+
+The lists run under exactly the point-to-point rules of :mod:`parallel_lab.schedules` (non-blocking
+batches, a compute action waits for the receive of its input, a send and its receive complete together
+``t_p2p`` after both are posted). Costs are per action, i.e. per micro-batch per model chunk:
+
+* ``f``: one forward; ``b``: the input-gradient part of a backward; ``w``: its weight-gradient part.
+  A backward that the schedule does not split (GPipe, 1F1B, interleaved) costs ``b + w``; ZB-H1 runs
+  ``B`` for ``b`` and ``W`` for ``w``. The defaults ``f = b = w = 1`` give the usual ``F = 1, B = 2``
+  and Qi et al.'s ``T_F = T_B = T_W``.
+* ``p2p``: the time of one point-to-point message (activation or gradient of one micro-batch).
+
+Figures (Narayanan et al. 2021 and the seed's definition):
+
+* ``step_time``: when the last rank has finished its last action and its last send.
+* ``bubble_ratio = (step_time - C) / C``: bubble time over the ideal compute time ``C`` of the busiest
+  rank (every rank does the same work in these schedules). With equal-cost stages and ``p2p = 0``:
+  GPipe and 1F1B ``(p - 1) / m``; interleaved 1F1B ``(p - 1) / (v m)``; ZB-H1
+  ``((p - 1)(f + b) - (min(m, p) - 1) w) / (m (f + b + w))``, which for ``m >= p`` is Qi et al.'s
+  ``(p - 1)(T_F + T_B - T_W)`` bubble, a third of 1F1B's when ``f = b = w`` (see
+  :func:`bubble_formula`; the tests check the simulator against it).
+* ``idle_fraction``: idle time of all ranks over ``p * step_time``.
+* ``peak_inflight``: per rank, the peak number of (micro-batch, chunk) pairs whose activations are
+  alive; ``peak_activation_units`` divides it by ``v``: peak activation memory in units of one
+  micro-batch's activations of a whole stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .schedules import (
+    Action,
+    Schedule,
+    execute,
+    num_chunks,
+    peak_inflight_of,
+    split_backward,
+    zb_h1,
+)
+from .specs import SCHEDULES, ParallelLabError
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Time of one action (one micro-batch through one model chunk), in any unit."""
+
+    f: float = 1.0
+    b: float = 1.0
+    w: float = 1.0
+    p2p: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("f", "b"):
+            if not getattr(self, name) > 0:
+                raise ParallelLabError(f"Costs.{name}={getattr(self, name)} must be > 0; e.g. {name}=1")
+        for name in ("w", "p2p"):
+            if getattr(self, name) < 0:
+                raise ParallelLabError(f"Costs.{name}={getattr(self, name)} must be >= 0; e.g. {name}=0")
+
+    @property
+    def full_backward(self) -> float:
+        return self.b + self.w
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One compute action on one rank."""
+
+    rank: int
+    start: float
+    end: float
+    kind: str
+    microbatch: int
+    chunk: int
+
+
+@dataclass
+class SimResult:
+    """The timeline of one schedule and the figures derived from it (see the module docstring)."""
+
+    p: int
+    m: int
+    v: int
+    costs: Costs
+    timeline: list[Interval]
+    p2p: list[tuple[int, float, float, Action]]
+    finish: list[float]
+    step_time: float
+    compute_time: list[float]
+    bubble_ratio: float
+    idle_fraction: float
+    peak_inflight: list[int]
+    idle_gaps: list[list[tuple[float, float]]] = field(default_factory=list)
+
+    @property
+    def peak_activation_units(self) -> list[float]:
+        return [n / self.v for n in self.peak_inflight]
+
+    @property
+    def bubble_time(self) -> float:
+        return self.step_time - max(self.compute_time)
+
+    def to_dict(self) -> dict:
+        """The JSON shape of ``parallel-lab bubble --json``."""
+        return {
+            "p": self.p, "m": self.m, "v": self.v,
+            "costs": {"f": self.costs.f, "b": self.costs.b, "w": self.costs.w, "p2p": self.costs.p2p},
+            "step_time": self.step_time,
+            "bubble_ratio": self.bubble_ratio,
+            "idle_fraction": self.idle_fraction,
+            "peak_inflight": self.peak_inflight,
+            "peak_activation_units": self.peak_activation_units,
+            "timeline": [[i.rank, i.start, i.end, i.kind, i.microbatch, i.chunk] for i in self.timeline],
+        }
+
+
+def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
+    """Time a schedule: start and end of every compute action per rank, idle gaps, bubble, in-flight peak."""
+    costs = costs or Costs()
+    p = len(schedule)
+    splits = [split_backward(acts) for acts in schedule]
+
+    def cost_of(rank: int, a: Action) -> float:
+        if a.kind == "F":
+            return costs.f
+        if a.kind == "W":
+            return costs.w
+        return costs.b if (a.microbatch, a.chunk) in splits[rank] else costs.full_backward
+
+    run = execute(schedule, cost_of, costs.p2p)
+    timeline = sorted((Interval(r, s, e, a.kind, a.microbatch, a.chunk) for r, s, e, a in run.compute),
+                      key=lambda i: (i.rank, i.start))
+    step = max(run.finish) if run.finish else 0.0
+    busy = [0.0] * p
+    gaps: list[list[tuple[float, float]]] = [[] for _ in range(p)]
+    last = [0.0] * p
+    for i in timeline:
+        busy[i.rank] += i.end - i.start
+        if i.start > last[i.rank] + 1e-12:
+            gaps[i.rank].append((last[i.rank], i.start))
+        last[i.rank] = i.end
+    for r in range(p):
+        if step > last[r] + 1e-12:
+            gaps[r].append((last[r], step))
+    ideal = max(busy) if busy else 0.0
+    m = 1 + max((i.microbatch for i in timeline), default=-1)
+    return SimResult(
+        p=p, m=m, v=num_chunks(schedule), costs=costs, timeline=timeline, p2p=run.p2p, finish=run.finish,
+        step_time=step, compute_time=busy,
+        bubble_ratio=(step - ideal) / ideal if ideal else 0.0,
+        idle_fraction=1.0 - sum(busy) / (p * step) if step else 0.0,
+        peak_inflight=peak_inflight_of(schedule), idle_gaps=gaps,
+    )
+
+
+def bubble_formula(name: str, p: int, m: int, v: int = 1, costs: Costs | None = None) -> float:
+    """Closed-form ``bubble_ratio`` of a generated schedule with ``p2p = 0`` (what :func:`simulate` gives).
+
+    * GPipe, 1F1B: ``(p - 1) / m`` (GPipe, Huang et al. 2019; Narayanan et al. 2021 eq. 1).
+    * interleaved: ``(p - 1) / (v m)`` (Narayanan et al. 2021, section 2.2.2).
+    * ZB-H1: ``((p - 1)(f + b) - (min(m, p) - 1) w) / (m (f + b + w))``. For ``m >= p`` the bubble time is
+      ``(p - 1)(f + b - w)``, Qi et al. 2023's ZB-H1 bubble ``(p - 1)(T_F + T_B - T_W)``; with
+      ``f = b = w`` the ratio is ``(p - 1) / (3 m)``, a third of 1F1B's. The expression holds while
+      ``w <= min(f, b)`` (the W passes fit in the drain's gaps); beyond that this function simulates.
+    """
+    costs = costs or Costs()
+    if name in ("gpipe", "1f1b"):
+        return (p - 1) / m
+    if name == "interleaved":
+        return (p - 1) / (v * m)
+    if name == "zb-h1":
+        f, b, w = costs.f, costs.b, costs.w
+        if w <= min(f, b):
+            return ((p - 1) * (f + b) - (min(m, p) - 1) * w) / (m * (f + b + w))
+        return simulate(zb_h1(p, m), Costs(f, b, w)).bubble_ratio
+    raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULES)}")
+
+
+def text_timeline(result: SimResult, width: int = 120) -> str:
+    """One row per rank; each compute action a block of characters proportional to its duration.
+
+    A block shows its kind and micro-batch padded with ``-`` (``F3--``, ``B3-----``; ``F3b-`` for chunk 1
+    when interleaving: chunk letters a, b, c, ...) when it is wide enough, else repeats the kind's
+    letter; ``.`` is idle. The scale (time units per character) is printed in the header.
+    """
+    if result.step_time <= 0:
+        return ""
+    scale = max(result.step_time / width, min(result.costs.f, result.costs.b) / 3)  # time per character
+    cols = max(1, round(result.step_time / scale))
+    rows = []
+    for r in range(result.p):
+        line = ["."] * cols
+        for i in (x for x in result.timeline if x.rank == r):
+            a, z = round(i.start / scale), max(round(i.end / scale), round(i.start / scale) + 1)
+            n = min(z, cols) - a
+            if n <= 0:
+                continue
+            label = f"{i.kind}{i.microbatch}" + (chr(ord("a") + i.chunk) if result.v > 1 else "")
+            text = label + "-" * n if len(label) < n else i.kind * n
+            line[a:a + n] = list(text[:n])
+        rows.append(f"rank {r:>2} |" + "".join(line) + "|")
+    c = result.costs
+    head = f"time per character: {scale:g} (F={c.f:g}, B={c.b:g}, W={c.w:g}); step {result.step_time:g}"
+    return "\n".join([head] + rows)

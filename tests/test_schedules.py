@@ -1,0 +1,229 @@
+"""Schedules as data: every generated list validates, broken lists are rejected, in-flight counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from parallel_lab.schedules import (
+    P2P,
+    Action,
+    B,
+    F,
+    W,
+    build_schedule,
+    execute,
+    interleaved_order,
+    peak_activation_units,
+    peak_inflight,
+    peak_inflight_of,
+    validate,
+    with_p2p,
+)
+from parallel_lab.specs import ParallelLabError
+
+PS = (2, 3, 4, 8)
+MS = tuple(range(1, 17)) + (32, 64)
+
+
+def grid():
+    """(name, p, m, v) over the issue's grid, where the schedule is defined."""
+    for name in ("gpipe", "1f1b", "zb-h1"):
+        for p in PS:
+            for m in MS:
+                yield name, p, m, 1
+    for p in PS:
+        for m in MS:
+            if m % p == 0:
+                for v in (1, 2, 4):
+                    yield "interleaved", p, m, v
+
+
+GRID = list(grid())
+
+
+@pytest.mark.parametrize("p", PS)
+def test_every_generated_schedule_validates(p):
+    for name, pp, m, v in GRID:
+        if pp == p:
+            validate(build_schedule(name, p, m, v))
+
+
+def test_single_stage_schedules_have_no_p2p():
+    for name in ("gpipe", "1f1b", "zb-h1"):
+        s = validate(build_schedule(name, 1, 4))
+        assert all(a.kind != "P2P" for a in s[0])
+
+
+SOME = [g for g in GRID if g[2] in (1, 3, 8, 16, 64) or g[0] == "interleaved"]
+
+
+@pytest.mark.parametrize("name,p,m,v", SOME, ids=str)
+def test_peak_inflight_closed_form_matches_lists(name, p, m, v):
+    got = peak_inflight_of(build_schedule(name, p, m, v))
+    assert got == [peak_inflight(name, p, m, v, stage=r) for r in range(p)]
+
+
+def test_1f1b_first_stage_holds_p_gpipe_holds_m():
+    for p in PS:
+        for m in MS:
+            g = peak_inflight_of(build_schedule("gpipe", p, m))
+            o = peak_inflight_of(build_schedule("1f1b", p, m))
+            assert g == [m] * p
+            assert o[0] == min(p, m)
+            assert o == [min(p - r, m) for r in range(p)]
+
+
+def test_zb_h1_memory_no_more_than_1f1b_first_stage():
+    # Qi et al. 2023: ZB-H1's peak memory does not exceed 1F1B's (every rank holds at most p micro-batches).
+    for p in PS:
+        for m in MS:
+            z = peak_inflight_of(build_schedule("zb-h1", p, m))
+            assert max(z) == peak_inflight_of(build_schedule("1f1b", p, m))[0]
+
+
+def test_interleaved_memory_factor_korthikanti():
+    # Korthikanti et al. 2022: the first stage of interleaved 1F1B holds p (1 + (p-1)/(p v)) micro-batches'
+    # worth of stage activations (m large enough that the warm-up is not capped).
+    for p, v in ((4, 2), (8, 2), (8, 4), (3, 3)):
+        m = 4 * p * v
+        got = peak_activation_units("interleaved", p, m, v, stage=0)
+        assert got == pytest.approx(p * (1 + (p - 1) / (p * v)))
+        assert peak_inflight_of(build_schedule("interleaved", p, m, v))[0] / v == pytest.approx(got)
+
+
+def test_action_ordering_in_lists():
+    s = build_schedule("1f1b", 4, 8)
+    # last stage alternates F, B immediately (no warm-up), first stage warms up with p-1 forwards
+    computes = [a for a in s[3] if a.is_compute]
+    assert [a.kind for a in computes[:4]] == ["F", "B", "F", "B"]
+    computes0 = [a for a in s[0] if a.is_compute]
+    assert [a.kind for a in computes0[:5]] == ["F", "F", "F", "F", "B"]
+    z = build_schedule("zb-h1", 4, 8)
+    kinds = [a.kind for a in z[3] if a.is_compute]
+    assert kinds.count("W") == 8 and kinds.index("W") > kinds.index("B")
+
+
+def test_interleaved_placement_chunk_to_rank():
+    # chunk c on rank r is virtual stage c*p + r: rank 3's chunk 0 (stage 3) sends to rank 0's chunk 1
+    # (stage 4)
+    s = build_schedule("interleaved", 4, 4, 2)
+    sends = [op for a in s[3] for op in a.ops if op.kind == "SEND_F" and op.chunk == 0]
+    assert sends and all(op.peer == 0 for op in sends)
+    recvs = [op for a in s[0] for op in a.ops if op.kind == "RECV_F"]
+    assert recvs and all(op.chunk == 1 and op.peer == 3 for op in recvs)
+
+
+def test_build_schedule_errors():
+    with pytest.raises(ParallelLabError, match="not known"):
+        build_schedule("pipedream", 2, 4)
+    with pytest.raises(ParallelLabError, match="multiple"):
+        build_schedule("interleaved", 4, 6, 2)
+    with pytest.raises(ParallelLabError, match="interleaved"):
+        build_schedule("1f1b", 4, 8, 2)
+    with pytest.raises(ParallelLabError, match="positive"):
+        build_schedule("gpipe", 0, 4)
+
+
+# ---- broken lists are rejected, naming the action --------------------------------------------------
+
+def two_stage_1f1b() -> list[list[Action]]:
+    return [list(r) for r in build_schedule("1f1b", 2, 2)]
+
+
+def test_send_before_compute_is_rejected():
+    s = two_stage_1f1b()
+    s[0][0], s[0][1] = s[0][1], s[0][0]   # P2P[SEND_F(mb=0)] before F(0)
+    with pytest.raises(ParallelLabError, match=r"rank 0, action 0 .*sends a tensor before its F\(mb=0"):
+        validate(s)
+
+
+def test_swapped_send_order_is_rejected():
+    # rank 0 sends mb 1 before mb 0 while rank 1 receives mb 0 first: the FIFO would swap the tensors
+    s = [
+        [F(0), F(1), P2P(Action("SEND_F", 1, 0, 1), Action("SEND_F", 0, 0, 1)),
+         P2P(Action("RECV_B", 0, 0, 1)), B(0), P2P(Action("RECV_B", 1, 0, 1)), B(1)],
+        [P2P(Action("RECV_F", 0, 0, 0)), F(0), B(0),
+         P2P(Action("SEND_B", 0, 0, 0), Action("RECV_F", 1, 0, 0)), F(1), B(1),
+         P2P(Action("SEND_B", 1, 0, 0))],
+    ]
+    with pytest.raises(ParallelLabError, match=r"rank 1, action 0 .*is RECV_F\(mb=0.*send #0 to rank 1 is "
+                                               r"SEND_F\(mb=1.*swap them back"):
+        validate(s)
+    # the same lists with the sends in order are fine
+    s[0][2] = P2P(Action("SEND_F", 0, 0, 1), Action("SEND_F", 1, 0, 1))
+    validate(s)
+
+
+def test_swapped_recv_order_is_rejected():
+    # receives of mb 0 and mb 1 swapped on rank 1: the FIFO would hand mb 0's activations to mb 1
+    s = [
+        [F(0), P2P(Action("SEND_F", 0, 0, 1)), F(1), P2P(Action("SEND_F", 1, 0, 1)),
+         P2P(Action("RECV_B", 0, 0, 1)), B(0), P2P(Action("RECV_B", 1, 0, 1)), B(1)],
+        [P2P(Action("RECV_F", 1, 0, 0)), P2P(Action("RECV_F", 0, 0, 0)), F(0), B(0),
+         P2P(Action("SEND_B", 0, 0, 0)), F(1), B(1), P2P(Action("SEND_B", 1, 0, 0))],
+    ]
+    with pytest.raises(ParallelLabError, match=r"rank 1, action 0 .*receive #0 from rank 0 is RECV_F\(mb=1"):
+        validate(s)
+
+
+def test_backward_before_forward_is_rejected():
+    s = two_stage_1f1b()
+    last = s[1]
+    fi = next(i for i, a in enumerate(last) if a.kind == "F")
+    bi = next(i for i, a in enumerate(last) if a.kind == "B")
+    last[fi], last[bi] = last[bi], last[fi]
+    with pytest.raises(ParallelLabError,
+                       match=r"rank 1, action \d+ B\(mb=0, chunk=0\): backward before its forward"):
+        validate(s)
+
+
+def test_w_before_b_and_duplicates_rejected():
+    s = [[F(0), W(0), B(0)]]
+    with pytest.raises(ParallelLabError, match="W before its B"):
+        validate(s)
+    with pytest.raises(ParallelLabError, match="done twice"):
+        validate([[F(0), F(0), B(0)]])
+    with pytest.raises(ParallelLabError, match="never runs"):
+        validate([[F(0), B(0), F(1)]])
+
+
+def test_missing_receive_rejected():
+    s = [
+        [F(0), P2P(Action("SEND_F", 0, 0, 1)), P2P(Action("RECV_B", 0, 0, 1)), B(0)],
+        [F(0), B(0), P2P(Action("SEND_B", 0, 0, 0))],
+    ]
+    with pytest.raises(ParallelLabError,
+                       match=r"rank 1, action 0 F\(mb=0, chunk=0\): forward before its input"):
+        validate(s)
+
+
+def test_unmatched_send_rejected():
+    s = [
+        [F(0), P2P(Action("SEND_F", 0, 0, 1)), P2P(Action("RECV_B", 0, 0, 1)), B(0)],
+        [P2P(Action("RECV_F", 0, 0, 0)), F(0), B(0), P2P(Action("SEND_B", 0, 0, 0)),
+         P2P(Action("SEND_B", 0, 0, 0))],
+    ]
+    with pytest.raises(ParallelLabError, match="sent twice"):
+        validate(s)
+
+
+def test_deadlock_is_detected():
+    # rank 0 waits for a gradient before it sends the activations rank 1 needs to produce that gradient
+    s = [
+        [F(0), P2P(Action("RECV_B", 0, 0, 1)), B(0), P2P(Action("SEND_F", 0, 0, 1))],
+        [P2P(Action("RECV_F", 0, 0, 0)), F(0), B(0), P2P(Action("SEND_B", 0, 0, 0))],
+    ]
+    with pytest.raises(ParallelLabError, match=r"deadlock.*rank 0 waits at action 2 B\(mb=0"):
+        validate(s)
+
+
+def test_interleaved_needs_megatron_rounds_under_in_order_completion():
+    # One P2P between every two compute actions is fine when batches complete independently (gloo), but
+    # on one in-order stream (NCCL) two interleaved ranks wait for each other: the generator pairs each
+    # steady-state forward with its backward (Megatron's rounds) to avoid it.
+    naive = with_p2p(interleaved_order(2, 4, 2), 2)
+    unit = {"F": 1.0, "B": 1.0, "W": 1.0}
+    execute(naive, unit)
+    with pytest.raises(ParallelLabError, match="deadlock"):
+        execute(naive, unit, in_order=True)
+    execute(build_schedule("interleaved", 2, 4, 2), unit, in_order=True)
