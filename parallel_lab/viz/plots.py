@@ -82,7 +82,7 @@ def new_figure(figsize: tuple[float, float] = FIGSIZE, dpi: int = DPI) -> Figure
 def to_png(fig: Figure) -> bytes:
     """Render ``fig`` to PNG bytes (what the explorers put into an ``ipywidgets.Image``)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=fig.dpi)
+    fig.savefig(buf, format="png", dpi=fig.dpi, pil_kwargs={"compress_level": 1})
     return buf.getvalue()
 
 
@@ -123,14 +123,16 @@ def per_gpu_gb(ledger: Any) -> dict[str, float]:
 def _stack(ax: Axes, xs: Sequence[float], ledgers: Sequence[Any], width: float) -> list[float]:
     """Stacked bars of the ledgers' categories at ``xs``; returns the totals in GB.
 
-    Each bar segment gets ``gid = "<category>"`` so that tests can read heights back by category.
+    A ``None`` ledger (an invalid point of a sweep) gets no bar. Each bar segment gets
+    ``gid = "<category>"`` so that tests can read heights back by category.
     """
     totals = [0.0] * len(ledgers)
     cats: list[str] = []
     for led in ledgers:
-        cats += [c for c in per_gpu_gb(led) if c not in cats]
+        if led is not None:
+            cats += [c for c in per_gpu_gb(led) if c not in cats]
     for cat in cats:
-        heights = [per_gpu_gb(led).get(cat, 0.0) for led in ledgers]
+        heights = [per_gpu_gb(led).get(cat, 0.0) if led is not None else 0.0 for led in ledgers]
         bars = ax.bar(xs, heights, width, bottom=totals, color=CATEGORY_COLORS.get(cat, "#bbbbbb"),
                       label=CATEGORY_LABELS.get(cat, cat), edgecolor="white", linewidth=0.5)
         for b in bars:
@@ -139,18 +141,21 @@ def _stack(ax: Axes, xs: Sequence[float], ledgers: Sequence[Any], width: float) 
     return totals
 
 
-def _hbm_lines(ax: Axes, hbm_gb: float, margin: float, label_x: float) -> None:
+def _hbm_lines(ax: Axes, hbm_gb: float, margin: float, label_x: float | None = None) -> None:
+    """The HBM line (solid) and the usable line after the safety margin (dashed), labelled at ``label_x``
+    (right-aligned; no labels when None)."""
     ax.axhline(hbm_gb, color="black", linewidth=1.4, gid="hbm")
-    ax.text(label_x, hbm_gb, f" HBM {hbm_gb:.4g} GB", va="bottom", ha="left", fontsize=8.5)
+    if label_x is not None:
+        ax.text(label_x, hbm_gb, f"HBM {hbm_gb:.4g} GB ", va="bottom", ha="right", fontsize=8.5)
     if margin > 0:
         usable = hbm_gb * (1 - margin)
         ax.axhline(usable, color="black", linewidth=1.0, linestyle="--", gid="usable")
-        ax.text(label_x, usable, f" usable {usable:.4g} GB ({margin:.0%} margin)", va="top", ha="left",
-                fontsize=8.5)
+        if label_x is not None:
+            ax.text(label_x, usable, f"usable {usable:.4g} GB ", va="top", ha="right", fontsize=8.5)
 
 
 def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, title: str | None = None,
-                legend: bool = False) -> list[float]:
+                legend: bool = False, xlabel: str | None = None) -> list[float]:
     """Stacked bars (GB per GPU, one bar per ledger) of the ledger's categories against the HBM line.
 
     ``ledgers`` is one ledger or a list (e.g. one per pipeline stage). The solid line is the GPU's HBM, the
@@ -158,19 +163,25 @@ def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, 
     """
     if not isinstance(ledgers, Sequence) or isinstance(ledgers, Mapping):
         ledgers = [ledgers]
-    labels = list(labels) if labels is not None else ["per GPU"] * len(ledgers)
-    xs = list(range(len(ledgers)))
+    n = len(ledgers)
+    labels = list(labels) if labels is not None else ["per GPU"] * n
+    xs = list(range(n))
     totals = _stack(ax, xs, ledgers, 0.6)
     hbm = float(field(ledgers[0], "hbm_bytes", 0.0)) / GB
     margin = float(field(ledgers[0], "margin", 0.0) or 0.0)
     top = max([*totals, hbm]) * 1.18 or 1.0
     ax.set_ylim(0, top)
-    ax.set_xlim(-0.6, len(ledgers) - 0.4 + (1.6 if hbm else 0))
+    right = n - 0.4 + (0.45 * n + 0.7 if hbm else 0)
+    ax.set_xlim(-0.6, right)
     if hbm:
-        _hbm_lines(ax, hbm, margin, len(ledgers) - 0.4)
+        _hbm_lines(ax, hbm, margin, right)
     for x, t in zip(xs, totals, strict=True):
-        ax.text(x, t + top * 0.01, f"{t:.4g} GB", ha="center", va="bottom", fontsize=9, fontweight="bold")
+        ax.text(x, t + top * 0.01, f"{t:.4g} GB" if n == 1 else f"{t:.3g}", ha="center", va="bottom",
+                fontsize=9 if n == 1 else 8, fontweight="bold",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
     ax.set_xticks(xs, labels)
+    if xlabel:
+        ax.set_xlabel(xlabel)
     ax.set_ylabel("memory per GPU (GB)")
     if title:
         ax.set_title(title, fontsize=10)
@@ -185,20 +196,23 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
                       title: str | None = None, value_fmt: str = "{}", highlight: Any = None) -> list[float]:
     """How each category scales while one knob sweeps: stacked bars at each knob value, HBM line across.
 
-    ``values[i]`` labels ``ledgers[i]``; ``highlight`` (one of ``values``) marks the current setting.
+    ``values[i]`` labels ``ledgers[i]``; a ``None`` ledger is an invalid combination, marked "n/a";
+    ``highlight`` (one of ``values``) marks the current setting.
     """
     xs = list(range(len(values)))
     totals = _stack(ax, xs, ledgers, 0.7)
-    hbm = float(field(ledgers[0], "hbm_bytes", 0.0)) / GB if ledgers else 0.0
-    margin = float(field(ledgers[0], "margin", 0.0) or 0.0) if ledgers else 0.0
+    valid = [led for led in ledgers if led is not None]
+    hbm = float(field(valid[0], "hbm_bytes", 0.0)) / GB if valid else 0.0
+    margin = float(field(valid[0], "margin", 0.0) or 0.0) if valid else 0.0
     top = max([*totals, hbm, 1e-9]) * 1.15
     ax.set_ylim(0, top)
     if hbm:
         ax.axhline(hbm, color="black", linewidth=1.4, gid="hbm")
         if margin > 0:
             ax.axhline(hbm * (1 - margin), color="black", linewidth=1.0, linestyle="--", gid="usable")
-    for x, t in zip(xs, totals, strict=True):
-        ax.text(x, t + top * 0.01, f"{t:.3g}", ha="center", va="bottom", fontsize=8)
+    for x, t, led in zip(xs, totals, ledgers, strict=True):
+        ax.text(x, t + top * 0.01, f"{t:.3g}" if led is not None else "n/a", ha="center", va="bottom",
+                fontsize=8, color="black" if led is not None else "#888888")
     ax.set_xticks(xs, [value_fmt.format(v) for v in values])
     if highlight is not None and highlight in list(values):
         i = list(values).index(highlight)
@@ -213,39 +227,48 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
     return totals
 
 
-def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[float],
-                          quadratic_bytes: Sequence[float], *, hbm_bytes: float = 0.0,
+def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[float | None],
+                          quadratic_bytes: Sequence[float | None], *, hbm_bytes: float = 0.0,
                           title: str | None = None, highlight: int | None = None) -> None:
-    """Activations over sequence length, split into the term linear in s and the attention-score term.
+    """Activations over sequence length: the part linear in s beside the attention scores, on a log axis.
 
     Korthikanti et al. 2022: per layer ``s b h (34 + 5 a s / h)`` bytes; ``34 s b h`` grows linearly,
-    ``5 a s^2 b`` quadratically. The explorer obtains the two parts from the ledger itself (selective
-    recomputation drops exactly the quadratic term), so the picture shows what the ledger computes.
+    ``5 a s^2 b`` (the attention scores, softmax and dropout) quadratically. On the log axis each doubling
+    of s lifts the first pair of bars by one step and the second by two. The explorer takes the two parts
+    from the ledger itself (selective recomputation drops exactly the score term), so the picture shows
+    what the ledger computes. ``None`` marks an invalid sequence length (no bars, "n/a").
     """
     xs = list(range(len(seqs)))
-    lin = [v / GB for v in linear_bytes]
-    quad = [v / GB for v in quadratic_bytes]
-    b1 = ax.bar(xs, lin, 0.7, color=CATEGORY_COLORS["activations"], label="34·sbh (linear in s)")
-    b2 = ax.bar(xs, quad, 0.7, bottom=lin, color=_lighten(CATEGORY_COLORS["activations"], 0.55),
-                edgecolor=CATEGORY_COLORS["activations"], hatch="//", label="5·as²b (attention scores)")
+    w = 0.38
+    lin = [v / GB if v else float("nan") for v in linear_bytes]
+    quad = [v / GB if v else float("nan") for v in quadratic_bytes]
+    b1 = ax.bar([x - w / 2 for x in xs], lin, w, color=CATEGORY_COLORS["activations"],
+                label="everything else (grows like s)")
+    b2 = ax.bar([x + w / 2 for x in xs], quad, w, color=_lighten(CATEGORY_COLORS["activations"], 0.55),
+                edgecolor=CATEGORY_COLORS["activations"], hatch="//", label="attention scores (grow like s²)")
     for b in b1:
         b.set_gid("linear")
     for b in b2:
         b.set_gid("quadratic")
-    totals = [a + b for a, b in zip(lin, quad, strict=True)]
-    top = max([*totals, hbm_bytes / GB, 1e-9]) * 1.15
-    ax.set_ylim(0, top)
+    ax.set_yscale("log")
+    finite = [v for v in lin + quad if v == v and v > 0]
+    lo = min(finite, default=1e-3) / 3
+    hi = max(finite + [hbm_bytes / GB], default=1.0) * 8
+    ax.set_ylim(lo, hi)
     if hbm_bytes:
         ax.axhline(hbm_bytes / GB, color="black", linewidth=1.4, gid="hbm")
-    for x, t in zip(xs, totals, strict=True):
-        ax.text(x, t + top * 0.01, f"{t:.3g}", ha="center", va="bottom", fontsize=8)
+        ax.text(-0.45, hbm_bytes / GB, f"HBM {hbm_bytes / GB:.4g} GB", ha="left", va="bottom", fontsize=8)
+    for x, v in zip(xs, linear_bytes, strict=True):
+        if v is None:
+            ax.text(x, lo * 1.5, "n/a", ha="center", va="bottom", fontsize=8, color="#888888")
+    ax.set_xlim(-0.5, len(xs) - 0.5)
     ax.set_xticks(xs, [f"{s // 1024}K" if s % 1024 == 0 else str(s) for s in seqs])
     if highlight is not None and highlight in list(seqs):
         i = list(seqs).index(highlight)
         ax.get_xticklabels()[i].set_fontweight("bold")
         ax.axvspan(i - 0.45, i + 0.45, color="#ffe9a8", alpha=0.5, zorder=0, gid="current")
     ax.set_xlabel("sequence length (tokens)")
-    ax.set_ylabel("activations per GPU (GB)")
+    ax.set_ylabel("activations per GPU (GB, log scale)")
     ax.legend(loc="upper left", fontsize=8, frameon=False)
     if title:
         ax.set_title(title, fontsize=10)
@@ -304,7 +327,8 @@ def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[
     """Bytes one GPU sends per step (GB), one stacked bar per dimension, split by collective kind.
 
     Per dimension the bar's height is the report's ``per_step_bytes[dim]``. When the report lists its
-    collectives with ``wire_bytes`` (and ``count``), the bar is split by kind; otherwise it is one colour.
+    collectives with ``wire_bytes`` (bytes sent for all ``count`` calls, as ``Collective.to_json`` gives
+    them) and they add up to ``per_step_bytes``, the bar is split by kind; otherwise it is one colour.
     Returns ``{dim: GB}``.
     """
     per_dim = {d: float(v) / GB for d, v in (field(report, "per_step_bytes") or {}).items()}
@@ -313,9 +337,8 @@ def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[
     by_kind: dict[str, dict[str, float]] = {}
     for r in _collective_rows(report):
         if r["dim"] in per_dim and r["wire_bytes"] is not None:
-            n = r["count"] if r["count"] is not None else 1
             by_kind.setdefault(r["kind"], {}).setdefault(r["dim"], 0.0)
-            by_kind[r["kind"]][r["dim"]] += float(r["wire_bytes"]) * n / GB
+            by_kind[r["kind"]][r["dim"]] += float(r["wire_bytes"]) / GB
     bottoms = [0.0] * len(dims)
     split_ok = by_kind and all(
         abs(sum(k.get(d, 0.0) for k in by_kind.values()) - per_dim[d]) <= 1e-6 * max(per_dim[d], 1e-12)
@@ -323,6 +346,8 @@ def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[
     if split_ok:
         for kind, vals in by_kind.items():
             h = [vals.get(d, 0.0) for d in dims]
+            if not any(h):
+                continue                                    # e.g. recv: its bytes are counted at the sender
             bars = ax.bar(xs, h, 0.6, bottom=bottoms, color=COLLECTIVE_COLORS.get(kind, "#bbbbbb"),
                           label=kind.replace("_", "-"), edgecolor="white", linewidth=0.5)
             for b, d in zip(bars, dims, strict=True):

@@ -1,0 +1,535 @@
+"""Explorers: ipywidgets front-ends to the ledger, the communication report, the pipeline simulator and
+the planner. Each is one line in a notebook (``MemoryExplorer()``) and is itself a widget (a ``VBox``),
+so the Voila app puts the four of them in tabs.
+
+How they work. Every explorer holds its input widgets in ``.widgets`` (a dict by name), computes its
+result from their values with the analytic core (``compute``), draws the result into one persistent
+matplotlib figure (``.figure``, drawn by the pure functions of :mod:`parallel_lab.viz.plots`) and shows it
+as a PNG in an ``ipywidgets.Image``. It recomputes only on a widget's change event (sliders have
+``continuous_update=False``, so dragging sends one event on release).
+
+Why a PNG in an Image widget rather than ipympl: the picture is the same Agg rendering either way (the
+redraw costs the same), but an Image needs no extra front-end extension, and it cannot hit ipympl 0.10's
+blank-canvas problem when the notebook draws while Voila is still executing it (see
+``shared/reference/voila_browser_notes.md``). Figures are built with ``matplotlib.figure.Figure``, never
+pyplot, so no figure is left open and nothing depends on a backend.
+
+Invalid input. An impossible combination raises :class:`ParallelLabError` in the core; the explorer shows
+its message (which names the bad value and a fix) in ``.status`` and hides the stale chart. ``.error``
+holds the exception, ``.result`` the last valid result. Any other exception is a bug: it is shown as
+"internal error" with its one-line message, still without a traceback.
+
+Tests and benchmarks drive explorers programmatically: ``ex.widgets["zero"].value = 3`` (one redraw) or
+``ex.set(zero=3, dp=16)`` (one redraw for several values), then read ``ex.result``, ``ex.verdict``,
+``ex.error`` and the bars of ``ex.figure``. ``ex.last_redraw_s`` is the time of the last refresh.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ipywidgets as W
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from .. import comm as comm_mod
+from .. import ledger as ledger_mod
+from ..specs import (
+    CLUSTER_PRESETS,
+    CP_KINDS,
+    MODEL_PRESETS,
+    OPTIMIZERS,
+    SCHEDULES,
+    ClusterSpec,
+    ModelSpec,
+    ParallelLabError,
+    Plan,
+)
+from . import plots as P
+
+GB = P.GB
+DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+CUSTOM = "custom"
+DESC = {"description_width": "96px"}
+COL = W.Layout(width="300px")
+ROW_ITEM = W.Layout(width="290px")
+
+
+# --------------------------------------------------------------------------------------------------
+# widget helpers
+# --------------------------------------------------------------------------------------------------
+
+def _slider(description: str, options: Sequence[Any], value: Any) -> W.SelectionSlider:
+    return W.SelectionSlider(options=list(options), value=value, description=description,
+                             continuous_update=False, style=DESC, layout=ROW_ITEM)
+
+
+def _int_slider(description: str, lo: int, hi: int, value: int) -> W.IntSlider:
+    return W.IntSlider(value=value, min=lo, max=hi, description=description, continuous_update=False,
+                       style=DESC, layout=ROW_ITEM)
+
+
+def _dropdown(description: str, options: Sequence[Any], value: Any) -> W.Dropdown:
+    return W.Dropdown(options=list(options), value=value, description=description, style=DESC,
+                      layout=ROW_ITEM)
+
+
+def _toggles(description: str, options: Sequence[Any], value: Any, width: str = "48px") -> W.ToggleButtons:
+    return W.ToggleButtons(options=list(options), value=value, description=description,
+                           style={**DESC, "button_width": width}, layout=W.Layout(width="auto"))
+
+
+def _checkbox(description: str, value: bool) -> W.Checkbox:
+    return W.Checkbox(value=value, description=description, indent=True, style=DESC, layout=ROW_ITEM)
+
+
+def _int_text(description: str, value: int) -> W.BoundedIntText:
+    return W.BoundedIntText(value=value, min=1, max=10**7, description=description, style=DESC,
+                            layout=ROW_ITEM)
+
+
+def error_html(err: BaseException) -> str:
+    """The library's message in a red box (no traceback)."""
+    if isinstance(err, ParallelLabError):
+        head, msg = "Invalid combination", str(err)
+    else:
+        head, msg = "Internal error (please report it)", f"{type(err).__name__}: {err}"
+    return (f'<div class="pl-error" style="color:#9b1c1c;background:#fdecea;border-left:4px solid #d93025;'
+            f'padding:6px 10px;margin:4px 0"><b>{head}:</b> {html.escape(msg)}</div>')
+
+
+def _line(text: str, color: str = "#1f2328") -> str:
+    return f'<div style="color:{color};margin:2px 0">{text}</div>'
+
+
+# --------------------------------------------------------------------------------------------------
+# base class
+# --------------------------------------------------------------------------------------------------
+
+class Explorer(W.VBox):
+    """Widgets in, one figure out. Subclasses define ``compute(values) -> result`` and ``draw(result)``.
+
+    Attributes for tests and notebooks: ``widgets`` (name -> input widget), ``figure`` (the matplotlib
+    figure last drawn), ``image`` (the Image widget showing it), ``status`` (HTML: verdict or error),
+    ``result`` (last valid result), ``error`` (the exception of the last refresh, or None), ``verdict``
+    (a short string, or None), ``last_redraw_s``.
+    """
+
+    figsize: tuple[float, float] = P.FIGSIZE
+
+    def __init__(self, controls: dict[str, W.ValueWidget], columns: Sequence[Sequence[W.Widget]],
+                 extra: Sequence[W.Widget] = ()) -> None:
+        self.widgets: dict[str, W.ValueWidget] = controls
+        self.status = W.HTML(layout=W.Layout(min_height="44px"))
+        self.figure = P.new_figure(self.figsize)
+        width = f"{int(self.figsize[0] * P.DPI)}px"
+        self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width=width))
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.verdict: str | None = None
+        self.last_redraw_s = 0.0
+        self._hold = False
+        self._axes: list[Axes] = []
+        self._axes_key: Any = object()
+        panel = W.HBox([W.VBox(list(col), layout=COL) for col in columns],
+                       layout=W.Layout(flex_flow="row wrap"))
+        super().__init__([panel, self.status, self.image, *extra])
+        self.add_class("pl-explorer")
+        for w in controls.values():
+            w.observe(self._on_change, names="value")
+        self.refresh()
+
+    # ---- driving --------------------------------------------------------------------------------
+    def values(self) -> dict[str, Any]:
+        return {k: w.value for k, w in self.widgets.items()}
+
+    def set(self, **values: Any) -> Explorer:
+        """Set several widgets at once and refresh once; unknown names raise ``KeyError``."""
+        unknown = sorted(set(values) - set(self.widgets))
+        if unknown:
+            raise KeyError(f"unknown widget(s) {unknown}; known: {sorted(self.widgets)}")
+        self._hold = True
+        try:
+            for k, v in values.items():
+                self.widgets[k].value = v
+        finally:
+            self._hold = False
+        self.refresh()
+        return self
+
+    def _on_change(self, change: dict[str, Any]) -> None:
+        if not self._hold:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute from the widgets' values and redraw in place (or show the error)."""
+        t0 = time.perf_counter()
+        try:
+            result = self.compute(self.values())
+            self.draw(result, self.axes_for(result))
+            png = P.to_png(self.figure)
+        except Exception as err:  # noqa: BLE001 - shown in the widget, never as a traceback
+            self.error, self.verdict = err, None
+            self.status.value = error_html(err)
+            self.image.layout.display = "none"
+        else:
+            self.error, self.result = None, result
+            self.image.value = png
+            self.image.layout.display = None
+            self.status.value = self.describe(result)
+        self.last_redraw_s = time.perf_counter() - t0
+
+    def axes_for(self, result: Any) -> list[Axes]:
+        """The figure's axes, cleared; rebuilt only when ``layout_key(result)`` changes (a new layout
+        costs more than clearing the old axes)."""
+        key = self.layout_key(result)
+        if key != self._axes_key:
+            self.figure.clear()
+            self._axes = list(self.make_axes(self.figure, result))
+            self._axes_key = key
+        else:
+            for ax in self._axes:
+                ax.clear()
+                ax.set_axis_on()
+            self.figure.legends.clear()
+            self.figure.texts.clear()
+        return self._axes
+
+    # ---- subclasses -----------------------------------------------------------------------------
+    def compute(self, v: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def layout_key(self, result: Any) -> Any:
+        return None
+
+    def make_axes(self, fig: Figure, result: Any) -> Sequence[Axes]:
+        raise NotImplementedError
+
+    def draw(self, result: Any, axes: list[Axes]) -> None:
+        raise NotImplementedError
+
+    def describe(self, result: Any) -> str:
+        return ""
+
+
+# --------------------------------------------------------------------------------------------------
+# shared inputs: model (preset or custom shape), cluster
+# --------------------------------------------------------------------------------------------------
+
+def _model_controls(default: str) -> tuple[dict[str, W.ValueWidget], W.VBox]:
+    c: dict[str, W.ValueWidget] = {"model": _dropdown("model", [*MODEL_PRESETS, CUSTOM], default)}
+    c["layers"] = _int_text("layers", 32)
+    c["hidden"] = _int_text("hidden", 4096)
+    c["heads"] = _int_text("heads", 32)
+    c["kv_heads"] = _int_text("kv heads", 32)
+    c["ffn"] = _int_text("ffn", 16384)
+    c["vocab"] = _int_text("vocab", 32000)
+    c["flavour"] = _dropdown("flavour", ["gpt", "llama"], "gpt")
+    custom = W.VBox([c[k] for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour")])
+
+    def show(_: Any = None) -> None:
+        custom.layout.display = None if c["model"].value == CUSTOM else "none"
+
+    c["model"].observe(show, names="value")
+    show()
+    return c, custom
+
+
+def model_from(v: dict[str, Any]) -> ModelSpec:
+    """The ModelSpec the widgets describe: a preset, or a custom shape (validated by ModelSpec)."""
+    if v["model"] != CUSTOM:
+        return ModelSpec.preset(v["model"])
+    return ModelSpec(layers=v["layers"], hidden=v["hidden"], heads=v["heads"], kv_heads=v["kv_heads"],
+                     ffn=v["ffn"], vocab=v["vocab"], flavour=v["flavour"], max_positions=max(SEQS),
+                     name="custom")
+
+
+def tier_label(cluster: ClusterSpec, name: str) -> str:
+    """``nvlink4 450 GB/s``: a link tier's name with its bandwidth per GPU per direction."""
+    for t in (cluster.intra, cluster.inter):
+        if t.name == name:
+            return f"{t.name} {t.bandwidth / 1e9:.3g} GB/s"
+    return name
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory
+# --------------------------------------------------------------------------------------------------
+
+SWEEPS = ("ZeRO stage", "sequence", "dp")
+
+
+class MemoryExplorer(Explorer):
+    """The memory ledger per GPU against HBM, and how each category scales while one knob sweeps.
+
+    Left: one stacked bar per GPU (per pipeline stage when pp > 1) of the ledger's six categories, the HBM
+    line and the usable line after the safety margin. Right, by ``sweep``: ZeRO stage 0-3 at this dp; the
+    activations over sequence length split into the part linear in s and the quadratic attention scores;
+    or the ledger over the data-parallel degree.
+    """
+
+    figsize = (9.6, 3.9)
+
+    def __init__(self, model: str = "llama2-7b", seq: int = 4096, dp: int = 8, tp: int = 1, pp: int = 1,
+                 cp: int = 1, zero: int = 0, recompute: str = "none", cluster: str = "h100-sxm",
+                 sweep: str = "ZeRO stage", gpus: int | None = None) -> None:
+        c, custom = _model_controls(model)
+        c["seq"] = _slider("sequence", SEQS, seq)
+        c["micro_batch"] = _slider("micro-batch", (1, 2, 4, 8, 16, 32), 1)
+        c["grad_accum"] = _slider("micro-batches", (1, 2, 4, 8, 16, 32, 64, 128), 1 if pp == 1 else 2 * pp)
+        c["schedule"] = _dropdown("schedule", SCHEDULES, "1f1b")
+        c["interleave"] = _slider("interleave", (1, 2, 3, 4), 1)
+        c["gpus"] = _int_text("GPUs", gpus or dp * tp * pp * cp)
+        c["dp"] = _slider("dp", DEGREES, dp)
+        c["tp"] = _slider("tp", DEGREES[:7], tp)
+        c["pp"] = _slider("pp", DEGREES[:8], pp)
+        c["cp"] = _slider("cp", DEGREES[:7], cp)
+        c["zero"] = _toggles("ZeRO stage", (0, 1, 2, 3), zero, "40px")
+        c["sp"] = _checkbox("sequence parallel", False)
+        c["recompute"] = _toggles("recompute", ("none", "selective", "full"), recompute, "72px")
+        c["optimizer"] = _dropdown("optimizer", OPTIMIZERS, "adam-mixed")
+        c["cluster"] = _dropdown("cluster", CLUSTER_PRESETS, cluster)
+        c["activation_model"] = _dropdown("activations", ("korthikanti", "per-op"), "korthikanti")
+        c["sweep"] = _toggles("second view", SWEEPS, sweep, "82px")
+        columns = [
+            [c["model"], custom, c["cluster"], c["optimizer"], c["activation_model"]],
+            [c["seq"], c["micro_batch"], c["grad_accum"], c["schedule"], c["interleave"]],
+            [c["gpus"], c["dp"], c["tp"], c["pp"], c["cp"], c["sp"]],
+        ]
+        knobs = W.VBox([c["zero"], c["recompute"], c["sweep"]])
+        super().__init__(c, columns, extra=())
+        self.children = (self.children[0], knobs, *self.children[1:])
+
+    # ---- core -----------------------------------------------------------------------------------
+    @staticmethod
+    def plan_from(v: dict[str, Any]) -> Plan:
+        return Plan(dp=v["dp"], tp=v["tp"], pp=v["pp"], cp=v["cp"], zero=v["zero"], sp=v["sp"],
+                    micro_batch=v["micro_batch"], grad_accum=v["grad_accum"], seq=v["seq"],
+                    recompute=v["recompute"], optimizer=v["optimizer"], schedule=v["schedule"],
+                    interleave=v["interleave"])
+
+    def compute(self, v: dict[str, Any]) -> dict[str, Any]:
+        model = model_from(v)
+        cluster = ClusterSpec.preset(v["cluster"])
+        plan = self.plan_from(v).validate(model, v["gpus"], cluster)
+        am = v["activation_model"]
+        led = ledger_mod.memory(model, plan, cluster, activation_model=am)
+        stages = _shown_stages(plan.pp)
+        per_stage = [ledger_mod.memory(model, plan, cluster, activation_model=am, stage=s) for s in stages]
+        out: dict[str, Any] = {"model": model, "plan": plan, "cluster": cluster, "ledger": led,
+                               "stages": stages, "stage_ledgers": per_stage, "sweep": v["sweep"]}
+
+        def attempt(f: Callable[[], Any]) -> Any:
+            try:
+                return f()
+            except ParallelLabError:
+                return None
+
+        if v["sweep"] == "ZeRO stage":
+            out["sweep_values"] = [0, 1, 2, 3]
+            out["sweep_ledgers"] = [attempt(lambda z=z: ledger_mod.memory(
+                model, plan.with_(zero=z), cluster, activation_model=am)) for z in range(4)]
+        elif v["sweep"] == "dp":
+            out["sweep_values"] = [d for d in DEGREES[:9]]
+            out["sweep_ledgers"] = [attempt(lambda d=d: ledger_mod.memory(
+                model, plan.with_(dp=d), cluster, activation_model=am)) for d in out["sweep_values"]]
+        else:
+            seqs = list(SEQS)
+            full = [attempt(lambda s=s: ledger_mod.activation_bytes(
+                model, plan.with_(seq=s, recompute="none").validate(model), 0, formula=am)) for s in seqs]
+            lin = [attempt(lambda s=s: ledger_mod.activation_bytes(
+                model, plan.with_(seq=s, recompute="selective").validate(model), 0, formula=am))
+                for s in seqs]
+            out["sweep_values"] = seqs
+            out["linear_bytes"] = lin
+            out["quadratic_bytes"] = [f - s if f is not None and s is not None else None
+                                      for f, s in zip(full, lin, strict=True)]
+        self.verdict = "fits" if led.fits else "does not fit"
+        return out
+
+    def make_axes(self, fig: Figure, result: Any) -> Sequence[Axes]:
+        return P.memory_axes(fig)
+
+    def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
+        fig = self.figure
+        a1, a2 = axes
+        pp = r["plan"].pp > 1
+        P.draw_memory(a1, r["stage_ledgers"], [str(s) for s in r["stages"]] if pp else ["per GPU"],
+                      xlabel="pipeline stage" if pp else None,
+                      title=f"{r['model'].name} on {r['cluster'].name}")
+        plan = r["plan"]
+        if r["sweep"] == "ZeRO stage":
+            P.draw_memory_sweep(a2, r["sweep_values"], r["sweep_ledgers"], f"ZeRO stage (dp={plan.dp})",
+                                value_fmt="ZeRO-{}", highlight=plan.zero,
+                                title="model state shards over the data-parallel ranks")
+        elif r["sweep"] == "dp":
+            P.draw_memory_sweep(a2, r["sweep_values"], r["sweep_ledgers"],
+                                f"data-parallel degree (ZeRO-{plan.zero})", highlight=plan.dp,
+                                title="the ledger as dp grows (other degrees fixed)")
+        else:
+            P.draw_activation_terms(a2, r["sweep_values"], r["linear_bytes"], r["quadratic_bytes"],
+                                    hbm_bytes=r["cluster"].hbm_bytes, highlight=plan.seq,
+                                    title="activations, no recomputation (stage 0)")
+        P.category_legend(fig)
+
+    def describe(self, r: dict[str, Any]) -> str:
+        led = r["ledger"]
+        usable = led.hbm_bytes * (1 - led.margin)
+        total = led.total_bytes
+        where = f" (stage {led.stage}, the fullest)" if r["plan"].pp > 1 else ""
+        if led.fits:
+            head = (f'<b style="color:#1a7f37">Fits</b>: {total / GB:.2f} GB per GPU{where} of '
+                    f"{usable / GB:.1f} GB usable ({led.hbm_bytes / GB:.0f} GB HBM, {led.margin:.0%} margin)")
+        else:
+            head = (f'<b style="color:#b00020">Does not fit</b>: {total / GB:.2f} GB per GPU{where} &gt; '
+                    f"{usable / GB:.1f} GB usable ({led.hbm_bytes / GB:.0f} GB HBM, {led.margin:.0%} margin)")
+        big = max(led.per_gpu_bytes.items(), key=lambda kv: kv[1])
+        parts = ", ".join(f"{P.CATEGORY_LABELS.get(k, k)} {b / GB:.2f}" for k, b in led.per_gpu_bytes.items())
+        lines = [_line(head), _line(f"GB per GPU: {parts}. Largest: {P.CATEGORY_LABELS.get(big[0], big[0])}.",
+                                    "#57606a")]
+        lines += [_line(html.escape(n), "#57606a") for n in led.notes[:3]]
+        return "".join(lines)
+
+
+def _shown_stages(pp: int) -> list[int]:
+    """All stages for pp <= 4, else the first two, the middle and the last."""
+    if pp <= 4:
+        return list(range(pp))
+    return sorted({0, 1, pp // 2, pp - 1})
+
+
+# --------------------------------------------------------------------------------------------------
+# Communication
+# --------------------------------------------------------------------------------------------------
+
+TP_DIMS = ("tp", "tp_vocab")
+
+
+def tp_on_tier(report: comm_mod.CommReport, tier: Any) -> tuple[dict[str, float], dict[str, str]]:
+    """Times and tier names of ``report`` with the TP collectives (``tp``, ``tp_vocab``) moved to ``tier``.
+
+    Each call is timed again with :func:`parallel_lab.comm.collective_time` (same alpha-beta model); only
+    the link changes. Used by the explorer's "TP group across nodes" toggle.
+    """
+    times, tiers = dict(report.time_s), dict(report.tiers)
+    for dim in TP_DIMS:
+        if dim in times:
+            times[dim] = sum(c.count * comm_mod.collective_time(c.kind, c.message_bytes, c.group_size, tier)
+                             for c in report.collectives if c.dim == dim)
+            tiers[dim] = tier.name
+    return times, tiers
+
+
+class CommExplorer(Explorer):
+    """Bytes per GPU per step by dimension and collective, and their time on each link tier.
+
+    The toggle "TP across nodes" times the tensor-parallel collectives on the inter-node link instead of
+    NVLink, as if the TP group straddled the node boundary: the seed's 7.5 GB per step goes from
+    milliseconds to about 150 ms.
+    """
+
+    figsize = (9.6, 3.7)
+
+    def __init__(self, model: str = "llama2-7b", seq: int = 4096, dp: int = 1, tp: int = 8, pp: int = 1,
+                 cp: int = 1, zero: int = 0, cluster: str = "h100-sxm") -> None:
+        c, custom = _model_controls(model)
+        c["seq"] = _slider("sequence", SEQS, seq)
+        c["micro_batch"] = _slider("micro-batch", (1, 2, 4, 8, 16, 32), 1)
+        c["grad_accum"] = _slider("micro-batches", (1, 2, 4, 8, 16, 32, 64, 128), 1 if pp == 1 else 2 * pp)
+        c["cluster"] = _dropdown("cluster", CLUSTER_PRESETS, cluster)
+        c["dp"] = _slider("dp", DEGREES, dp)
+        c["tp"] = _slider("tp", DEGREES[:7], tp)
+        c["pp"] = _slider("pp", DEGREES[:8], pp)
+        c["cp"] = _slider("cp", DEGREES[:7], cp)
+        c["zero"] = _toggles("ZeRO stage", (0, 1, 2, 3), zero, "40px")
+        c["sp"] = _checkbox("sequence parallel", False)
+        c["cp_kind"] = _dropdown("CP kind", CP_KINDS, "ring")
+        c["tp_across_nodes"] = W.ToggleButton(value=False, description="TP group across nodes",
+                                              icon="", tooltip="time TP's collectives on the inter-node link",
+                                              layout=W.Layout(width="200px"))
+        self.table = W.HTML()
+        columns = [
+            [c["model"], custom, c["cluster"], c["seq"], c["micro_batch"], c["grad_accum"]],
+            [c["dp"], c["tp"], c["pp"], c["cp"], c["cp_kind"]],
+            [c["sp"], c["zero"], c["tp_across_nodes"]],
+        ]
+        super().__init__(c, columns, extra=(self.table,))
+
+    def compute(self, v: dict[str, Any]) -> dict[str, Any]:
+        model = model_from(v)
+        cluster = ClusterSpec.preset(v["cluster"])
+        plan = Plan(dp=v["dp"], tp=v["tp"], pp=v["pp"], cp=v["cp"], zero=v["zero"], sp=v["sp"],
+                    micro_batch=v["micro_batch"], grad_accum=v["grad_accum"], seq=v["seq"],
+                    cp_kind=v["cp_kind"]).validate(model, None, cluster)
+        rep = comm_mod.report(model, plan, cluster)
+        near_t, near_tiers = dict(rep.time_s), dict(rep.tiers)
+        far_t, far_tiers = tp_on_tier(rep, cluster.inter)
+        across = bool(v["tp_across_nodes"])
+        times, tiers = (far_t, far_tiers) if across else (near_t, near_tiers)
+        self.verdict = f"{sum(times.values()) * 1e3:.3g} ms"
+        return {"model": model, "plan": plan, "cluster": cluster, "report": rep, "across": across,
+                "time_s": times, "tiers": tiers, "near_time_s": near_t, "far_time_s": far_t,
+                "near_tiers": near_tiers, "far_tiers": far_tiers}
+
+    def make_axes(self, fig: Figure, result: Any) -> Sequence[Axes]:
+        return P.comm_axes(fig)
+
+    def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
+        a1, a2 = axes
+        rep = r["report"]
+        data = {"per_step_bytes": rep.per_step_bytes, "time_s": r["time_s"],
+                "collectives": [c.to_json() for c in rep.collectives]}
+        labels = {d: tier_label(r["cluster"], t) for d, t in r["tiers"].items()}
+        if not rep.per_step_bytes:
+            a1.text(0.5, 0.5, "no communication: every degree is 1", ha="center", va="center",
+                    transform=a1.transAxes)
+            a1.set_axis_off()
+            a2.set_axis_off()
+            return
+        P.draw_comm_bytes(a1, data, title="bytes sent per GPU per step")
+        P.draw_comm_time(a2, data, labels, title="time per step, alpha-beta" + (" (TP across nodes)"
+                                                                                if r["across"] else ""))
+
+    def describe(self, r: dict[str, Any]) -> str:
+        rep, cl = r["report"], r["cluster"]
+        lines = []
+        tp_bytes = sum(rep.per_step_bytes.get(d, 0.0) for d in TP_DIMS)
+        if tp_bytes:
+            near = sum(r["near_time_s"].get(d, 0.0) for d in TP_DIMS)
+            far = sum(r["far_time_s"].get(d, 0.0) for d in TP_DIMS)
+            lines.append(_line(
+                f"<b>TP</b> sends {P.fmt_bytes(tp_bytes)} per GPU per step: <b>{P.fmt_seconds(near)}</b> on "
+                f"{tier_label(cl, cl.intra.name)} inside a node, <b>{P.fmt_seconds(far)}</b> on "
+                f"{tier_label(cl, cl.inter.name)} across nodes ({far / near:.1f}x slower)."))
+        total = sum(r["time_s"].values())
+        per_dim = ", ".join(f"{d} {P.fmt_seconds(t)}" for d, t in r["time_s"].items())
+        none = "No communication: every degree is 1."
+        lines.append(_line(f"All communication, if none overlapped compute: <b>{P.fmt_seconds(total)}</b> "
+                           f"per step ({per_dim})." if r["time_s"] else none))
+        self.table.value = collectives_table(rep, r["tiers"], r["time_s"], cl)
+        return "".join(lines)
+
+
+def collectives_table(rep: comm_mod.CommReport, tiers: dict[str, str], times: dict[str, float],
+                      cluster: ClusterSpec) -> str:
+    """The report's collectives as an HTML table: one row per (dim, kind, message size, group)."""
+    if not rep.collectives:
+        return ""
+    th = "".join(f"<th style='text-align:{a};padding:2px 8px'>{h}</th>" for h, a in (
+        ("dim", "left"), ("collective", "left"), ("phase", "left"), ("calls", "right"),
+        ("message", "right"), ("group", "right"), ("sent per step", "right"), ("link", "left")))
+    rows = []
+    for c in rep.collectives:
+        cells = (c.dim, c.kind.replace("_", "-"), c.phase, f"{c.count:,}", P.fmt_bytes(c.message_bytes),
+                 str(c.group_size), P.fmt_bytes(c.wire_bytes), tier_label(cluster, tiers.get(c.dim, "")))
+        rows.append("<tr>" + "".join(
+            f"<td style='text-align:{'right' if i in (3, 4, 5, 6) else 'left'};padding:2px 8px'>"
+            f"{html.escape(x)}</td>" for i, x in enumerate(cells)) + "</tr>")
+    return ("<details><summary>every collective of one GPU in one step "
+            f"({len(rep.collectives)} kinds)</summary><table style='border-collapse:collapse;font-size:12px'>"
+            f"<tr>{th}</tr>{''.join(rows)}</table></details>")
+
