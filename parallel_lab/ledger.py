@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .schedules import peak_activation_units
 from .specs import (
     ClusterSpec,
     ModelSpec,
@@ -274,28 +275,19 @@ def inflight_microbatches(schedule: str, p: int, m: int, v: int = 1, stage: int 
     """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the whole stage.
 
     * no pipeline (``p == 1``): 1 (each micro-batch's backward follows its forward);
-    * GPipe: all ``m`` forwards run before the first backward: ``m``;
-    * 1F1B and ZB-H1: the warm-up of stage ``r`` holds ``p - r`` forwards: ``min(m, p - r)``
-      (Narayanan et al. 2021; ZB-H1 keeps 1F1B's peak, Qi et al. 2023);
-    * interleaved 1F1B with ``v`` chunks: Megatron's warm-up runs ``2 (p - r - 1) + (v - 1) p`` chunk
-      forwards, plus one in the first steady step, each holding ``1/v`` of the stage's layers:
-      ``min(m v, 2 (p - r - 1) + (v - 1) p + 1) / v``. For stage 0 that is ``p (1 + (p - 1)/(p v))``,
-      Korthikanti et al.'s factor (Sec. 4.2.3). With ``v = 1`` this is plain 1F1B.
-
-    A pure function; the schedule simulator may replace it with counts read off its timeline.
+    * otherwise the count read off the schedule's own action lists,
+      :func:`parallel_lab.schedules.peak_activation_units` (closed forms checked against the lists):
+      GPipe ``m``; 1F1B ``min(m, p - r)`` (Narayanan et al. 2021); ZB-H1 ``min(m, p)`` on every stage,
+      counted until the W pass (Qi et al. 2023: the first stage's 1F1B peak, later stages hold more);
+      interleaved 1F1B with ``v`` chunks ``min(m v, 2 (p - r - 1) + (v - 1) p + 1) / v``, for stage 0
+      Korthikanti et al.'s factor ``p (1 + (p - 1)/(p v))`` (Sec. 4.2.3); ``v = 1`` is plain 1F1B.
     """
     if p < 1 or m < 1 or v < 1 or not 0 <= stage < p:
         raise ParallelLabError(f"in-flight micro-batches need p >= 1, m >= 1, v >= 1, 0 <= stage < p; "
                                f"got p={p}, m={m}, v={v}, stage={stage}")
     if p == 1:
         return 1.0
-    if schedule == "gpipe":
-        return float(m)
-    if schedule in ("1f1b", "zb-h1") or (schedule == "interleaved" and v == 1):
-        return float(min(m, p - stage))
-    if schedule == "interleaved":
-        return min(m * v, 2 * (p - stage - 1) + (v - 1) * p + 1) / v
-    raise ParallelLabError(f"schedule {schedule!r} is not known; pick gpipe, 1f1b, interleaved or zb-h1")
+    return peak_activation_units(schedule, p, m, v, stage)
 
 
 def activation_bytes(model: ModelSpec, plan: Plan, stage: int = 0, *, formula: str = "korthikanti") -> float:

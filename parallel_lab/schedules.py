@@ -226,9 +226,12 @@ def one_f_one_b_order(p: int, m: int) -> list[list[Action]]:
 
 
 def _interleaved_warmup(p: int, m: int, v: int, r: int) -> int:
-    """Megatron's warm-up forwards on rank ``r``: ``2 (p - r - 1) + (v - 1) p``; all ``m v`` if ``m == p``."""
-    total = m * v
-    return total if m == p else min(total, 2 * (p - r - 1) + (v - 1) * p)
+    """Megatron's warm-up forwards on rank ``r``: ``2 (p - r - 1) + (v - 1) p``, at most ``m v``.
+
+    (Megatron runs all ``m v`` forwards first when ``m == p``, for its blocking exchanges; these lists
+    do not need that, :func:`validate` proves them deadlock-free, and it saves memory on later ranks.)
+    """
+    return min(m * v, 2 * (p - r - 1) + (v - 1) * p)
 
 
 def interleaved_order(p: int, m: int, v: int) -> list[list[Action]]:
@@ -236,10 +239,12 @@ def interleaved_order(p: int, m: int, v: int) -> list[list[Action]]:
 
     Micro-batches go through the ``v`` chunks of a rank in groups of ``p``: the ``k``-th forward of a
     rank is micro-batch ``(k // (p v)) p + k % p`` on chunk ``(k // p) % v``; backwards run the chunks
-    in reverse. Rank ``r`` warms up with ``2 (p - r - 1) + (v - 1) p`` forwards (all ``m v`` of them when
-    ``m == p``, as in Megatron), then alternates one forward and one backward, then drains.
+    in reverse. Rank ``r`` warms up with ``2 (p - r - 1) + (v - 1) p`` forwards, then alternates one
+    forward and one backward, then drains. With ``v = 1`` this is plain 1F1B.
     """
     _check_pm("interleaved", p, m, v)
+    if v == 1:
+        return one_f_one_b_order(p, m)
     if m % p:
         ok = [k * p for k in range(1, 5)]
         raise ParallelLabError(f"interleaved 1F1B runs micro-batches in groups of p={p}; m={m} is not a "
@@ -306,6 +311,8 @@ def one_f_one_b(p: int, m: int) -> Schedule:
 
 
 def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
+    if v == 1:
+        return one_f_one_b(p, m)
     orders = interleaved_order(p, m, v)
     groups = []
     for r in range(p):
@@ -379,8 +386,8 @@ def peak_inflight(name: str, p: int, m: int, v: int = 1, stage: int = 0) -> int:
 
     * GPipe: ``m`` (every forward before any backward).
     * 1F1B: ``min(p - stage, m)`` (the warm-up forwards plus one).
-    * interleaved: ``min(m v, 2 (p - stage - 1) + (v - 1) p + 1)``, or ``m v`` when ``m == p``; divided by
-      ``v`` this is Korthikanti et al.'s first-stage factor ``p (1 + (p - 1) / (p v))``.
+    * interleaved (``v > 1``): ``min(m v, 2 (p - stage - 1) + (v - 1) p + 1)``; divided by ``v`` this is
+      Korthikanti et al.'s first-stage factor ``p (1 + (p - 1) / (p v))``. With ``v = 1``: 1F1B.
     * ZB-H1: ``min(p, m)`` on every rank (W delayed by ``stage`` rounds), counted until W.
     """
     if not 0 <= stage < p:
@@ -390,8 +397,8 @@ def peak_inflight(name: str, p: int, m: int, v: int = 1, stage: int = 0) -> int:
     if name == "1f1b":
         return min(p - stage, m)
     if name == "interleaved":
-        if p == 1 or m == p:
-            return m * v
+        if v == 1:
+            return min(p - stage, m)
         return min(m * v, 2 * (p - stage - 1) + (v - 1) * p + 1)
     if name == "zb-h1":
         return min(p, m)

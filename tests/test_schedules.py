@@ -227,3 +227,15 @@ def test_interleaved_needs_megatron_rounds_under_in_order_completion():
     with pytest.raises(ParallelLabError, match="deadlock"):
         execute(naive, unit, in_order=True)
     execute(build_schedule("interleaved", 2, 4, 2), unit, in_order=True)
+
+
+def test_ledger_inflight_count_agrees_with_the_lists():
+    # the memory ledger multiplies one micro-batch's stage activations by this count; it must be what the
+    # schedule lists actually hold (counted off the lists, in units of a whole stage)
+    from parallel_lab.ledger import inflight_microbatches
+
+    for name, p, m, v in SOME:
+        lists = peak_inflight_of(build_schedule(name, p, m, v))
+        for stage in range(p):
+            assert inflight_microbatches(name, p, m, v, stage) == pytest.approx(lists[stage] / v), \
+                (name, p, m, v, stage)
