@@ -368,12 +368,63 @@ def _flops(args: argparse.Namespace) -> Output:
 
 
 # --------------------------------------------------------------------------------------------------
+# bubble
+# --------------------------------------------------------------------------------------------------
+
+BUBBLE_HELP = (
+    "Simulate one pipeline schedule (the action lists the executor runs) and print its bubble ratio, idle "
+    "fraction, in-flight micro-batches and a text timeline. Costs are per micro-batch per model chunk: F "
+    "forward, B the input-gradient part of a backward, W its weight-gradient part; a backward that the "
+    "schedule does not split costs B + W. Defaults F = B = W = 1 (so F = 1, full backward 2; with these "
+    "GPipe and 1F1B give exactly (p-1)/m).")
+
+
+def _add_bubble(sub: Any) -> None:
+    p = subcommand(sub, "bubble", _bubble, "pipeline bubble and timeline of a schedule (simulated)",
+                   description=BUBBLE_HELP)
+    p.add_argument("--schedule", choices=SCHEDULES, required=True, help="pipeline schedule")
+    p.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline stages (ranks) p")
+    p.add_argument("--microbatches", type=int, required=True, metavar="M", help="micro-batches per step m")
+    p.add_argument("--interleave", type=int, default=1, metavar="V",
+                   help="model chunks per stage v (interleaved only; default 1)")
+    p.add_argument("--f", type=_positive_float, default=1.0, help="forward time per chunk (default 1)")
+    p.add_argument("--b", type=_positive_float, default=1.0,
+                   help="input-gradient backward time per chunk (default 1)")
+    p.add_argument("--w", type=float, default=1.0,
+                   help="weight-gradient backward time per chunk (default 1; >= 0)")
+    p.add_argument("--p2p", type=float, default=0.0, help="time of one point-to-point message (default 0)")
+    p.add_argument("--width", type=int, default=120, help="timeline width in characters (default 120)")
+
+
+def _bubble(args: argparse.Namespace) -> Output:
+    from .schedules import build_schedule, validate
+    from .simulate import Costs, bubble_formula, simulate, text_timeline
+
+    costs = Costs(args.f, args.b, args.w, args.p2p)
+    sched = validate(build_schedule(args.schedule, args.stages, args.microbatches, args.interleave))
+    res = simulate(sched, costs)
+    data = {"schedule": args.schedule, **res.to_dict()}
+    p2p_note = "" if costs.p2p == 0 else " (formula for p2p = 0)"
+    formula = bubble_formula(args.schedule, args.stages, args.microbatches, args.interleave, costs)
+    data["bubble_ratio_formula"] = formula
+    text = "\n".join([
+        f"{args.schedule}: p={args.stages} stages, m={args.microbatches} micro-batches"
+        + (f", v={args.interleave} chunks" if args.interleave > 1 else ""),
+        f"bubble_ratio  {res.bubble_ratio:.4f} ({res.bubble_ratio:.1%}); closed form {formula:.4f}{p2p_note}",
+        f"idle fraction {res.idle_fraction:.4f} of {args.stages} x {res.step_time:g} time units",
+        "peak in-flight (micro-batch, chunk) pairs per rank: " + " ".join(map(str, res.peak_inflight)),
+        text_timeline(res, args.width),
+    ])
+    return Output(data, text)
+
+
+# --------------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------------
 
 #: One registrar per subcommand, in the order ``--help`` lists them. To add a subcommand, append yours.
 #: (``bubble`` and ``plan``: schedules/planner; ``run``: the runnable core, importing torch in its handler.)
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -128,3 +128,43 @@ def test_costs_validated():
         Costs(f=0)
     with pytest.raises(ParallelLabError, match="p2p"):
         Costs(p2p=-1)
+
+
+# ---- `parallel-lab bubble` -------------------------------------------------------------------------
+
+def _cli(capsys, *args):
+    import json
+
+    from parallel_lab.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if "--json" in args and code == 0 else out), err
+
+
+def test_bubble_cli_json_seed(capsys):
+    for name in ("gpipe", "1f1b"):
+        for m in (4, 8, 16, 32, 64):
+            code, j, _ = _cli(capsys, "bubble", "--schedule", name, "--stages", "8", "--microbatches", str(m),
+                              "--json")
+            assert code == 0
+            assert j["bubble_ratio"] == pytest.approx(7 / m, rel=1e-12)
+            assert len(j["peak_inflight"]) == 8
+            assert j["idle_fraction"] == pytest.approx(7 / (m + 7))
+            rank, start, end, kind, mb, chunk = j["timeline"][0]
+            assert (rank, start, kind, mb, chunk) == (0, 0.0, "F", 0, 0) and end == 1.0
+
+
+def test_bubble_cli_text_and_costs(capsys):
+    code, out, _ = _cli(capsys, "bubble", "--schedule", "zb-h1", "--stages", "4", "--microbatches", "8",
+                        "--f", "1", "--b", "1", "--w", "1")
+    assert code == 0 and "bubble_ratio  0.1250" in out and "rank  3 |" in out
+    code, j, _ = _cli(capsys, "bubble", "--schedule", "interleaved", "--stages", "4", "--microbatches", "8",
+                      "--interleave", "2", "--json")
+    assert j["bubble_ratio"] == pytest.approx(3 / 16) and j["peak_inflight"][0] == 11
+
+
+def test_bubble_cli_errors(capsys):
+    code, _, err = _cli(capsys, "bubble", "--schedule", "interleaved", "--stages", "4", "--microbatches", "6",
+                        "--interleave", "2")
+    assert code == 2 and "pick m in" in err
