@@ -463,17 +463,19 @@ def timeline_rows(timeline: Any) -> list[tuple[int, float, float, str, int, int]
 
 
 def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_unit: str = "time",
-                  time_scale: float = 1.0, label_microbatches: bool | None = None) -> dict[str, Any]:
+                  time_scale: float = 1.0, label_microbatches: bool | None = None,
+                  step_time: float | None = None) -> dict[str, Any]:
     """One row per rank: forward / backward / weight-gradient actions as coloured boxes on a hatched grey
     band, so that idle gaps (the bubble) stay visible. Later chunks (interleaving) are drawn lighter.
 
     ``time_scale`` multiplies the times (e.g. 1e3 for seconds -> ms) and ``time_unit`` labels the x axis.
-    Returns ``{"ranks", "makespan", "busy": {rank: busy time}}`` in the scaled unit.
+    ``step_time`` (unscaled) extends the idle band when the step ends after the last compute action (a
+    last send still in flight). Returns ``{"ranks", "makespan", "busy": {rank: busy time}}``, scaled.
     """
     rows = timeline_rows(timeline)
     ranks = sorted({r[0] for r in rows})
     t0 = min((r[1] for r in rows), default=0.0)
-    makespan = (max((r[2] for r in rows), default=0.0) - t0) * time_scale
+    makespan = (max([r[2] for r in rows] + [t0 + (step_time or 0.0)], default=0.0) - t0) * time_scale
     height = 0.72
     for rank in ranks:
         ax.broken_barh([(0.0, makespan)], (rank - height / 2, height), facecolor="#f2f2f2",
@@ -510,6 +512,9 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     ax.set_xlabel(time_unit)
     present = [k for k in ("F", "B", "W") if any(g[0] == k for g in groups)]
     handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in present]
+    if max_chunk > 0:
+        handles += [Patch(facecolor=_lighten(KIND_COLORS["F"], 0.45 * c / max_chunk), label=f"chunk {c}")
+                    for c in range(max_chunk + 1)]
     handles.append(Patch(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", label="idle"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     if title:
