@@ -1,0 +1,202 @@
+"""Explorers driven programmatically: set widget values, check the figure's data and the verdict against
+the analytic core (and the seed's published numbers), and check that invalid input shows the library's
+message in the widget instead of raising."""
+
+from __future__ import annotations
+
+import pytest
+
+from parallel_lab import comm, ledger
+from parallel_lab.schedules import build_schedule
+from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from parallel_lab.viz.explorers import CommExplorer, MemoryExplorer, PipelineExplorer
+
+GB = 1e9
+H100 = ClusterSpec.preset("h100-sxm")
+
+
+def heights(ax, gid: str) -> list[float]:
+    return [p.get_height() for p in ax.patches if p.get_gid() == gid]
+
+
+def assert_shows_error(ex, expected: str) -> None:
+    assert isinstance(ex.error, ParallelLabError)
+    assert str(ex.error) == expected
+    assert "Invalid combination" in ex.status.value and "Traceback" not in ex.status.value
+    assert expected.split(";")[0].replace("'", "&#x27;") in ex.status.value
+    assert ex.image.layout.display == "none" and ex.verdict is None
+
+
+def assert_shows_figure(ex) -> None:
+    assert ex.error is None and ex.image.layout.display is None
+    assert ex.image.value[:4] == b"\x89PNG"
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory
+# --------------------------------------------------------------------------------------------------
+
+def test_memory_bars_and_verdict_follow_the_ledger():
+    ex = MemoryExplorer(model="llama2-7b", seq=4096, dp=8, zero=0)
+    assert_shows_figure(ex)
+    model = ModelSpec.preset("llama2-7b")
+    expected = ledger.memory(model, Plan(dp=8, seq=4096), H100)
+    bar_ax = ex.figure.axes[0]
+    for cat, b in expected.per_gpu_bytes.items():
+        assert heights(bar_ax, cat) == [pytest.approx(b / GB)]
+    assert not expected.fits and ex.verdict == "does not fit"
+    assert "Does not fit" in ex.status.value
+
+    ex.widgets["zero"].value = 3                      # one change event -> one redraw
+    after = ledger.memory(model, Plan(dp=8, zero=3, seq=4096), H100)
+    assert after.fits and ex.verdict == "fits" and "Fits" in ex.status.value
+    optim = after.per_gpu_bytes["optimizer_states"] / GB
+    assert heights(ex.figure.axes[0], "optimizer_states") == [pytest.approx(optim)]
+    # ZeRO-3 on 8 ranks: every model-state category is an eighth of ZeRO-0's (up to the unit padding)
+    assert after.state_bytes == pytest.approx(expected.state_bytes / 8, rel=1e-6)
+
+
+def test_memory_zero_sweep_is_the_seed_table():
+    ex = MemoryExplorer(model="llama2-7b", dp=8, sweep="ZeRO stage")
+    sweep_ax = ex.figure.axes[1]
+    cats = ("parameters", "gradients", "optimizer_states")
+    state = [sum(v) for v in zip(*(heights(sweep_ax, c) for c in cats), strict=True)]
+    n = ModelSpec.preset("llama2-7b").n_params / GB
+    # 16, 2 + 2 + 12/8, 2 + (2 + 12)/8, 16/8 bytes per parameter (seed table, ZeRO paper)
+    assert state == pytest.approx([16 * n, 5.5 * n, 3.75 * n, 2 * n], rel=1e-6)
+
+
+def test_memory_sequence_sweep_shows_the_quadratic_term():
+    ex = MemoryExplorer(model="custom", seq=4096, dp=1, sweep="sequence")
+    ex.set(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=16384, vocab=32000, flavour="gpt")
+    assert_shows_figure(ex)
+    ax = ex.figure.axes[1]
+    lin, quad = heights(ax, "linear"), heights(ax, "quadratic")
+    seqs = ex.result["sweep_values"]
+    i4k = seqs.index(4096)
+    # Korthikanti et al. 2022 at s=4096 (the seed): 34 sbh per layer is 18.25 GB for 32 layers, and
+    # sbh (34 + 5as/h) is 104.15 GB, so the attention scores are the difference.
+    assert lin[i4k] == pytest.approx(18.253611008)
+    assert lin[i4k] + quad[i4k] == pytest.approx(104.152956928)
+    # doubling s doubles the linear part and quadruples the scores
+    assert lin[i4k + 1] / lin[i4k] == pytest.approx(2.0)
+    assert quad[i4k + 1] / quad[i4k] == pytest.approx(4.0)
+
+
+def test_memory_invalid_combinations_show_the_library_message():
+    ex = MemoryExplorer(model="llama2-7b", dp=8)
+    ex.widgets["dp"].value = 16                       # 16 GPUs' worth of degrees on gpus=8
+    with pytest.raises(ParallelLabError) as exc:
+        Plan(dp=16).validate(ModelSpec.preset("llama2-7b"), 8)
+    assert_shows_error(ex, str(exc.value))
+
+    ex.set(dp=8, zero=1)                              # valid again: the chart comes back
+    assert_shows_figure(ex)
+
+    ex.set(gpus=1, dp=1)                              # ZeRO needs dp >= 2
+    with pytest.raises(ParallelLabError) as exc:
+        Plan(dp=1, zero=1)
+    assert_shows_error(ex, str(exc.value))
+
+    ex.set(gpus=8, dp=1, tp=8, zero=0, model="custom", hidden=4096, heads=24)   # heads must divide hidden
+    with pytest.raises(ParallelLabError) as exc:
+        ModelSpec(layers=32, hidden=4096, heads=24)
+    assert_shows_error(ex, str(exc.value))
+
+
+def test_memory_pipeline_shows_one_bar_per_stage():
+    ex = MemoryExplorer(model="llama2-7b", dp=2, pp=4, seq=4096)
+    ex.set(grad_accum=8, schedule="1f1b")
+    assert_shows_figure(ex)
+    model, plan = ModelSpec.preset("llama2-7b"), Plan(dp=2, pp=4, seq=4096, grad_accum=8)
+    acts = heights(ex.figure.axes[0], "activations")
+    assert acts == pytest.approx([ledger.memory(model, plan, H100, stage=s).per_gpu_bytes["activations"] / GB
+                                  for s in range(4)])
+    # 1F1B: stage r holds p - r micro-batches in flight (Narayanan et al. 2021)
+    assert acts[0] / acts[3] == pytest.approx(4.0, rel=0.02)
+
+
+# --------------------------------------------------------------------------------------------------
+# Communication
+# --------------------------------------------------------------------------------------------------
+
+def test_comm_seed_tp_bytes_and_the_node_boundary_toggle():
+    ex = CommExplorer(model="llama2-7b", seq=4096, tp=8, dp=1)
+    assert_shows_figure(ex)
+    a_bytes, a_time = ex.figure.axes
+    # the seed: 7.516192768 GB per GPU per step for L=32, h=4096, s=4096, t=8
+    assert sum(heights(a_bytes, "tp:all_reduce")) == pytest.approx(7.516192768)
+    near = {p.get_gid(): p.get_width() for p in a_time.patches}["tp"] / 1e3
+    rep = comm.report(ModelSpec.preset("llama2-7b"), Plan(tp=8, seq=4096), H100)
+    assert near == pytest.approx(rep.time_s["tp"])
+
+    ex.widgets["tp_across_nodes"].value = True
+    far = {p.get_gid(): p.get_width() for p in ex.figure.axes[1].patches}["tp"] / 1e3
+    # bandwidth term 7.516 GB / 50 GB/s = 150 ms (the seed's "about 150 ms"), plus ring latencies
+    assert 7.516192768 / 50 <= far <= 7.516192768 / 50 + 0.03
+    assert far > 6 * near
+    assert "ib-400g" in [t.get_text() for t in ex.figure.axes[1].get_legend().get_texts()][0]
+    assert "slower" in ex.status.value
+    assert "all-reduce" in ex.table.value
+
+
+def test_comm_invalid_tp_shows_the_library_message():
+    ex = CommExplorer(tp=8)
+    ex.widgets["tp"].value = 16
+    with pytest.raises(ParallelLabError) as exc:
+        Plan(tp=16).validate(ModelSpec.preset("llama2-7b"), None, H100)
+    assert_shows_error(ex, str(exc.value))
+    ex.widgets["tp"].value = 1                        # no communication at all is valid, and says so
+    assert ex.error is None and "every degree is 1" in ex.status.value
+
+
+# --------------------------------------------------------------------------------------------------
+# Pipeline
+# --------------------------------------------------------------------------------------------------
+
+def _boxes(ax) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in ax.collections:
+        gid = c.get_gid() or ""
+        if not gid.startswith("idle"):
+            out[gid[0]] = out.get(gid[0], 0) + len(c.get_paths())
+    return out
+
+
+@pytest.mark.parametrize("name,expected", [("gpipe", 3 / 8), ("1f1b", 3 / 8), ("zb-h1", 3 / 24)])
+def test_pipeline_bubble_matches_the_published_formulas(name, expected):
+    ex = PipelineExplorer(schedule=name, stages=4, microbatches=8)
+    # GPipe and 1F1B: (p - 1) / m; ZB-H1 with f = b = w: a third of it (Qi et al. 2023)
+    assert ex.result["sim"].bubble_ratio == pytest.approx(expected)
+    assert f"{expected:.1%}" in ex.status.value
+    assert _boxes(ex.figure.axes[0]) == {"F": 32, "B": 32, **({"W": 32} if name == "zb-h1" else {})}
+    peaks = ex.result["sim"].peak_inflight
+    assert peaks == ([8] * 4 if name == "gpipe" else [4, 3, 2, 1] if name == "1f1b" else [4] * 4)
+
+
+def test_pipeline_changes_redraw_and_invalid_combinations():
+    ex = PipelineExplorer(schedule="interleaved", stages=4, microbatches=8, interleave=2)
+    assert ex.result["sim"].bubble_ratio == pytest.approx(3 / 16)          # (p - 1) / (v m)
+    assert not ex.widgets["interleave"].disabled
+    ex.widgets["microbatches"].value = 6
+    with pytest.raises(ParallelLabError) as exc:
+        build_schedule("interleaved", 4, 6, 2)
+    assert_shows_error(ex, str(exc.value))
+    ex.widgets["schedule"].value = "1f1b"                                  # interleave is ignored, greyed
+    assert ex.widgets["interleave"].disabled
+    assert ex.result["sim"].bubble_ratio == pytest.approx(3 / 6)
+    ex.widgets["stages"].value = 8
+    assert len(ex.figure.axes[0].get_yticks()) == 8
+
+
+def test_pipeline_measured_timeline_beside_the_simulated_one():
+    ex = PipelineExplorer(schedule="1f1b", stages=2, microbatches=4)
+    sim = ex.result["sim"].to_dict()["timeline"]
+    measured = [[r, 0.5 + s * 0.01, 0.5 + e * 0.01, k, mb, c] for r, s, e, k, mb, c in sim]
+    ex.set_measured(measured, "measured on 2 CPU ranks")
+    assert len(ex.figure.axes) == 2
+    assert ex.figure.axes[1].get_title() == "measured on 2 CPU ranks"
+    assert _boxes(ex.figure.axes[1]) == {"F": 8, "B": 8}
+    assert "Measured: 2 ranks" in ex.status.value
+    ex.set_measured(None)
+    assert len(ex.figure.axes) == 1

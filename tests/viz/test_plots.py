@@ -1,0 +1,132 @@
+"""The pure plot functions: what they draw equals the data they were given (read back from the artists)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parallel_lab import comm, ledger
+from parallel_lab.schedules import build_schedule
+from parallel_lab.simulate import Costs, simulate
+from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
+from parallel_lab.viz import plots as P
+
+GB = 1e9
+H100 = ClusterSpec.preset("h100-sxm")
+# The seed's 7B-class shape (L=32, h=4096, a=32) at s=4096, b=1.
+SEED = ModelSpec(layers=32, hidden=4096, heads=32, max_positions=4096)
+
+
+def heights(ax, gid: str) -> list[float]:
+    return [p.get_height() for p in ax.patches if p.get_gid() == gid]
+
+
+def test_memory_figure_bars_are_the_ledgers_categories():
+    led = ledger.memory(ModelSpec.from_params(7e9), Plan(dp=8, zero=2), H100)
+    fig = P.memory_figure(led)
+    ax = fig.axes[0]
+    for cat, b in led.per_gpu_bytes.items():
+        assert heights(ax, cat) == [pytest.approx(b / GB)]
+    # the seed's ZeRO-2 figure for 7B on 8 GPUs: 26.25 GB of model state
+    state = sum(heights(ax, c)[0] for c in ("parameters", "gradients", "optimizer_states"))
+    assert state == pytest.approx(26.25)
+    # the HBM line and the usable line after the 10% margin
+    ys = {ln.get_gid(): ln.get_ydata()[0] for ln in ax.lines}
+    assert ys == {"hbm": pytest.approx(80.0), "usable": pytest.approx(72.0)}
+    assert "fits" in ax.get_title()
+
+
+def test_memory_figure_accepts_the_cli_json():
+    led = ledger.memory(SEED, Plan(seq=4096), H100)
+    ax_obj = P.memory_figure(led).axes[0]
+    ax_json = P.memory_figure(json.loads(json.dumps(led.to_json()))).axes[0]
+    assert heights(ax_json, "activations") == heights(ax_obj, "activations")
+    # the seed's 104.15 GB of activations without recomputation
+    assert heights(ax_obj, "activations")[0] == pytest.approx(104.152956928)
+    assert "does NOT fit" in ax_obj.get_title()
+
+
+def test_memory_sweep_marks_invalid_points():
+    m = ModelSpec.from_params(7e9)
+    leds = [None] + [ledger.memory(m, Plan(dp=8, zero=z), H100) for z in (1, 2, 3)]
+    fig = P.memory_sweep_figure([0, 1, 2, 3], leds, "ZeRO stage")
+    ax = fig.axes[0]
+    # the seed's table: 38.5, 26.25, 14.0 GB for ZeRO-1, 2, 3 of 7B on 8 GPUs
+    state = [sum(v) for v in zip(*(heights(ax, c) for c in ("parameters", "gradients", "optimizer_states")),
+                                 strict=True)]
+    assert state == [0.0, pytest.approx(38.5), pytest.approx(26.25), pytest.approx(14.0)]
+    assert "n/a" in [t.get_text() for t in ax.texts]
+
+
+def test_comm_figure_seed_tp_bytes_and_time_per_tier():
+    rep = comm.report(SEED, Plan(tp=8, seq=4096), H100)
+    fig = P.comm_figure(rep, {d: f"{t}" for d, t in rep.tiers.items()})
+    a_bytes, a_time = fig.axes
+    tp = sum(heights(a_bytes, "tp:all_reduce"))
+    # the seed: L * 4 * (s b h 2) * 2 (t-1)/t = 7.516192768 GB per GPU per step
+    assert tp == pytest.approx(7.516192768)
+    widths = {p.get_gid(): p.get_width() for p in a_time.patches}
+    assert widths["tp"] == pytest.approx(rep.time_s["tp"] * 1e3)
+    assert [t.get_text() for t in a_time.get_legend().get_texts()] == ["nvlink4"]
+
+
+def test_comm_bytes_split_matches_per_step_bytes_for_zero():
+    cpu = ClusterSpec.preset("cpu-gloo")
+    rep = comm.report(ModelSpec.preset("tiny-llama"), Plan(dp=4, zero=3, seq=128), cpu)
+    fig = P.comm_figure(rep.to_json())
+    ax = fig.axes[0]
+    kinds = {p.get_gid() for p in ax.patches}
+    assert kinds == {"dp:all_gather", "dp:reduce_scatter"}
+    assert sum(p.get_height() for p in ax.patches) == pytest.approx(rep.per_step_bytes["dp"] / GB)
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
+def test_timeline_draws_every_action_once(name, v):
+    p, m = 4, 8
+    sim = simulate(build_schedule(name, p, m, v), Costs())
+    fig = P.timeline_figure(sim)
+    ax = fig.axes[0]
+    boxes = {c.get_gid(): len(c.get_paths()) for c in ax.collections}
+    per_kind: dict[str, int] = {}
+    for gid, n in boxes.items():
+        if not gid.startswith("idle"):
+            per_kind[gid[0]] = per_kind.get(gid[0], 0) + n
+    assert per_kind["F"] == p * m * v
+    assert per_kind["B"] == p * m * v
+    assert per_kind.get("W", 0) == (p * m if name == "zb-h1" else 0)
+    assert sum(1 for g in boxes if g.startswith("idle")) == p          # one hatched band per rank
+    # the same picture from `parallel-lab bubble --json`'s rows
+    fig2 = P.timeline_figure(sim.to_dict()["timeline"])
+    assert {c.get_gid(): len(c.get_paths()) for c in fig2.axes[0].collections} == boxes
+
+
+def test_timeline_busy_time_gives_the_bubble():
+    p, m = 4, 8
+    sim = simulate(build_schedule("1f1b", p, m), Costs())
+    fig = P.new_figure()
+    info = P.draw_timeline(fig.add_subplot(), sim)
+    busy = max(info["busy"].values())
+    # bubble_ratio = (step - ideal) / ideal = (p - 1) / m for 1F1B with equal costs (Narayanan et al. 2021)
+    assert (info["makespan"] - busy) / busy == pytest.approx((p - 1) / m)
+
+
+def test_timelines_figure_puts_measured_below_in_ms():
+    sim = simulate(build_schedule("1f1b", 2, 4), Costs())
+    measured = [[r, s / 100, e / 100, k, mb, c] for r, s, e, k, mb, c in sim.to_dict()["timeline"]]
+    fig = P.timelines_figure(sim, measured)
+    assert len(fig.axes) == 2
+    assert fig.axes[1].get_xlabel() == "time (ms)"
+    assert fig.axes[1].get_xlim()[1] == pytest.approx(sim.step_time * 10, rel=0.02)
+
+
+def test_plan_label_and_helpers():
+    assert P.plan_label({"tp": 8, "cp": 1, "pp": 16, "dp": 128, "zero": 1, "recompute": "none",
+                         "schedule": "interleaved", "interleave": 2}) == "tp8 cp1 pp16 dp128 z1 interleavedx2"
+    assert P.fmt_bytes(7.516192768e9) == "7.52 GB"
+    assert P.fmt_bytes(312e6) == "312 MB"
+    assert P.fmt_seconds(0.0083) == "8.3 ms"
+    assert [P.kind_key(k) for k in ("F", "forward", "B", "backward_input", "W", "backward_weight")] == \
+        ["F", "F", "B", "B", "W", "W"]
+    png = P.to_png(P.memory_figure(ledger.memory(ModelSpec.from_params(1e9), Plan(), H100)))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
