@@ -41,6 +41,12 @@ def _positive_int(owner: str, name: str, value: Any) -> None:
         raise ParallelLabError(f"{owner}.{name}={value!r} must be a positive integer; e.g. {name}=1")
 
 
+def _real(owner: str, name: str, value: Any) -> None:
+    """A real number (not a bool, not NaN); range checks follow at the caller."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ParallelLabError(f"{owner}.{name}={value!r} must be a number")
+
+
 def _choice(owner: str, name: str, value: Any, options: tuple[str, ...]) -> None:
     if value not in options:
         raise ParallelLabError(f"{owner}.{name}={value!r} is not known; pick one of {', '.join(options)}")
@@ -95,6 +101,7 @@ class ModelSpec:
             object.__setattr__(self, "bias", self.flavour == "gpt")
         if self.dropout is None:
             object.__setattr__(self, "dropout", 0.1 if self.flavour == "gpt" else 0.0)
+        _real(o, "dropout", self.dropout)
         if not 0.0 <= self.dropout < 1.0:
             raise ParallelLabError(f"ModelSpec.dropout={self.dropout} must be in [0, 1); e.g. dropout=0.1")
         if self.hidden % self.heads:
@@ -279,6 +286,8 @@ class LinkTier:
     latency: float
 
     def __post_init__(self) -> None:
+        _real("LinkTier", "bandwidth", self.bandwidth)
+        _real("LinkTier", "latency", self.latency)
         if not self.bandwidth > 0:
             raise ParallelLabError(f"LinkTier {self.name!r}: bandwidth={self.bandwidth} must be > 0 bytes/s")
         if self.latency < 0:
@@ -299,6 +308,8 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         _positive_int("ClusterSpec", "gpus_per_node", self.gpus_per_node)
+        for f in ("hbm_bytes", "peak_flops", "mfu_achievable"):
+            _real("ClusterSpec", f, getattr(self, f))
         for f in ("hbm_bytes", "peak_flops"):
             if not getattr(self, f) > 0:
                 raise ParallelLabError(f"ClusterSpec.{f}={getattr(self, f)} must be > 0")
@@ -449,6 +460,7 @@ class Plan:
         _choice(o, "zero_unit", self.zero_unit, ZERO_UNITS)
         if not isinstance(self.sp, bool):
             raise ParallelLabError(f"Plan.sp={self.sp!r} must be True or False")
+        _real(o, "bucket_mb", self.bucket_mb)
         if not self.bucket_mb > 0:
             raise ParallelLabError(f"Plan.bucket_mb={self.bucket_mb} must be > 0; e.g. bucket_mb=25")
         if self.sp and self.tp == 1:
