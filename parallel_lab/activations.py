@@ -1,0 +1,251 @@
+"""Per-op model of the bytes a training forward saves for backward (layer 1: pure Python, no torch).
+
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Sec. 4.1)
+count, per transformer layer, ``s b h (34 + 5 a s / h)`` bytes for 2-byte activations. This module
+derives the same kind of figure op by op, for the runnable model ``parallel_lab.dist.model`` exactly as
+torch stores it, for any dtype and both block flavours, so that a learner can see *which* tensor costs
+what and the measured bytes (``dist.instruments.SavedTensorMeter``) can be compared with a prediction
+tensor by tensor.
+
+Every entry is one *storage* kept alive for backward (torch often saves one tensor for several ops, e.g.
+the normed input of ``wq``, ``wk`` and ``wv``: it is listed once, under the first op that saves it).
+Parameters (and views of them, such as a linear's transposed weight) are not activations and are not
+listed. Sizes in elements are products of the shape; bytes are ``elements * dtype_bytes`` where
+activations use ``plan.dtype_bytes``, dropout masks 1 byte (bool), token ids 8 bytes (int64),
+LayerNorm mean and rstd 4 bytes (fp32 statistics), and the loss works in fp32.
+
+What the runnable model saves, per block (b micro-batch, s local sequence, h hidden, a local heads,
+d head_dim, f local ffn; "x" is the block input):
+
+=========================  ============================================  ===================================
+op                         gpt                                           llama
+=========================  ============================================  ===================================
+attn_norm                  x; mean, rstd (b, s, 1) fp32                  x; rstd (b, s, 1); x * rstd
+wq, wk, wv (input)         normed x                                      normed x
+core: q k^T                q / sqrt(d), k^T (k repeated to a heads)      same
+core: softmax              probabilities (b, a, s, s)                    same
+core: dropout              mask (bool) and dropped probabilities         same (only if dropout > 0)
+core: probs @ v            v (repeated to a heads)                       same
+wo (input)                 attention output (b, s, a d)                  same
+residual dropout           mask (bool), if dropout > 0                   same
+mlp_norm                   as attn_norm on the residual stream           as attn_norm
+mlp                        fc input, GeLU input, proj input              gate/up input; gate out, silu out,
+                                                                         up out, down input
+residual dropout           mask (bool), if dropout > 0                   same
+=========================  ============================================  ===================================
+
+Shared by all blocks of one forward (counted once, not per layer): llama's rotary tables ``cos, sin``
+of shape ``(s, 1, d)``. Outside the blocks: the token ids (and gpt's position ids and embedding dropout
+mask) for the embedding; the final norm, the LM head's input, the fp32 log-probabilities, the targets
+and a 4-byte scalar for the loss.
+
+Recomputation: ``full`` keeps only each block's input (Korthikanti's ``2 sbh``); the rotary tables are
+then rebuilt inside the recomputed region and not saved. ``selective`` recomputes the attention core
+(q k^T, softmax, dropout, probs @ v) and keeps its inputs q, k, v instead (k and v with the kv heads
+only, so grouped-query attention saves less).
+
+Parallelism changes the local shapes: tensor parallelism divides heads, kv heads (replicated when
+``tp > kv_heads``) and ffn by ``tp``; sequence parallelism (``sp``) divides the sequence of the norm,
+dropout and residual regions by ``tp``; context parallelism divides the sequence by ``cp``. The
+``tp=1, cp=1`` case is measured exactly (tests/test_activations.py). The other cases follow the Megatron
+layout (Korthikanti Sec. 4.2) and are checked by the tensor- and context-parallel tests; extend
+:func:`_local_dims` or :func:`_core` where an implementation saves something different.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+
+MASK_BYTES = 1     # torch.native_dropout keeps a bool mask
+ID_BYTES = 8       # int64 token / position ids
+STAT_BYTES = 4     # LayerNorm mean and rstd are kept in fp32
+LOSS_BYTES = 4     # the loss upcasts logits to fp32 before log_softmax
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One storage saved for backward: which op saves it, what it is, its shape and element size."""
+
+    op: str
+    tensor: str
+    shape: tuple[int, ...]
+    dtype_bytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype_bytes
+
+    def as_dict(self) -> dict:
+        return {"op": self.op, "tensor": self.tensor, "shape": list(self.shape),
+                "dtype_bytes": self.dtype_bytes, "bytes": self.nbytes}
+
+
+@dataclass(frozen=True)
+class LocalDims:
+    """The shapes one rank sees: b, s (tokens of the attention region), s_n (norm/residual region)."""
+
+    b: int
+    s: int
+    s_n: int
+    h: int
+    d: int
+    heads: int
+    kv_heads: int
+    ffn: int
+
+
+def _local_dims(model: ModelSpec, plan: Plan) -> LocalDims:
+    """Local sizes under TP (heads, kv heads, ffn / tp), SP (norm region seq / tp) and CP (seq / cp)."""
+    tp, cp = plan.tp, plan.cp
+    if model.heads % tp or model.ffn % tp:
+        raise ParallelLabError(f"tp={tp} must divide heads={model.heads} and ffn={model.ffn}")
+    if plan.seq % cp:
+        raise ParallelLabError(f"cp={cp} must divide seq={plan.seq}")
+    s = plan.seq // cp
+    s_n = s // tp if plan.sp else s
+    kv_local = model.kv_heads // tp if model.kv_heads >= tp else 1   # replicated kv heads when tp > kv_heads
+    return LocalDims(b=plan.micro_batch, s=s, s_n=s_n, h=model.hidden, d=model.head_dim,
+                     heads=model.heads // tp, kv_heads=kv_local, ffn=model.ffn // tp)
+
+
+def _norm(model: ModelSpec, op: str, t: LocalDims, a: int, stat: int) -> list[Saved]:
+    if model.flavour == "gpt":   # native_layer_norm: input, mean, rstd
+        return [Saved(op, "input", (t.b, t.s_n, t.h), a),
+                Saved(op, "mean", (t.b, t.s_n, 1), stat),
+                Saved(op, "rstd", (t.b, t.s_n, 1), stat)]
+    return [Saved(op, "input", (t.b, t.s_n, t.h), a),            # x (for x^2 and x * rstd)
+            Saved(op, "rstd", (t.b, t.s_n, 1), a),
+            Saved(op, "x * rstd", (t.b, t.s_n, t.h), a)]         # for the weight's gradient
+
+
+def _core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
+    """The attention core softmax(q k^T / sqrt(d) + mask) v as written in dist.model.DotProductAttention.
+
+    With context parallelism the local queries (s) attend to keys of the whole sequence (s * cp); this
+    models the all-gather variant with materialised scores. Ring and Ulysses cores that save something
+    else should add their case here.
+    """
+    s_k = t.s * plan.cp
+    qkv = [Saved("core.qk", "q / sqrt(d)", (t.b, t.heads, t.s, t.d), a),
+           Saved("core.qk", "k^T (repeated to all heads)", (t.b, t.heads, t.d, s_k), a)]
+    probs = [Saved("core.softmax", "probabilities", (t.b, t.heads, t.s, s_k), a)]
+    if model.dropout > 0:
+        probs += [Saved("core.dropout", "mask", (t.b, t.heads, t.s, s_k), MASK_BYTES),
+                  Saved("core.pv", "dropped probabilities", (t.b, t.heads, t.s, s_k), a)]
+    v = [Saved("core.pv", "v (repeated to all heads)", (t.b, t.heads, s_k, t.d), a)]
+    return qkv + probs + v
+
+
+def block_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) -> list[Saved]:
+    """Storages one transformer block saves for backward, op by op, for one micro-batch."""
+    model.require_shape("the per-op activation model")
+    t = _local_dims(model, plan)
+    a = plan.dtype_bytes
+    if plan.recompute == "full":
+        return [Saved("checkpoint", "block input", (t.b, t.s_n, t.h), a)]
+    drop = model.dropout > 0
+    out: list[Saved] = []
+    out += _norm(model, "attn_norm", t, a, ln_stats_bytes)
+    out.append(Saved("attn.wq/wk/wv", "normed input", (t.b, t.s, t.h), a))
+    if plan.recompute == "selective":   # checkpointed core keeps its inputs
+        q_store = "rope(q)" if model.flavour == "llama" else "q"
+        k_store = "rope(k)" if model.flavour == "llama" else "k"
+        out += [Saved("core (checkpoint)", q_store, (t.b, t.s, t.heads * t.d), a),
+                Saved("core (checkpoint)", k_store, (t.b, t.s, t.kv_heads * t.d), a),
+                Saved("core (checkpoint)", "v", (t.b, t.s, t.kv_heads * t.d), a)]
+    else:
+        out += _core(model, plan, t, a)
+    out.append(Saved("attn.wo", "attention output", (t.b, t.s, t.heads * t.d), a))
+    if drop:
+        out.append(Saved("attn dropout", "mask", (t.b, t.s_n, t.h), MASK_BYTES))
+    out += _norm(model, "mlp_norm", t, a, ln_stats_bytes)
+    if model.flavour == "gpt":
+        out += [Saved("mlp.fc", "normed input", (t.b, t.s, t.h), a),
+                Saved("gelu", "fc output", (t.b, t.s, t.ffn), a),
+                Saved("mlp.proj", "gelu output", (t.b, t.s, t.ffn), a)]
+    else:
+        out += [Saved("mlp.gate/up", "normed input", (t.b, t.s, t.h), a),
+                Saved("silu", "gate output", (t.b, t.s, t.ffn), a),
+                Saved("silu * up", "silu output", (t.b, t.s, t.ffn), a),
+                Saved("silu * up", "up output", (t.b, t.s, t.ffn), a),
+                Saved("mlp.down", "silu * up", (t.b, t.s, t.ffn), a)]
+    if drop:
+        out.append(Saved("mlp dropout", "mask", (t.b, t.s_n, t.h), MASK_BYTES))
+    return out
+
+
+def shared_saves(model: ModelSpec, plan: Plan) -> list[Saved]:
+    """Saved once per forward and used by every block: llama's rotary tables (not under full recompute)."""
+    if model.flavour != "llama" or plan.recompute == "full":
+        return []
+    t = _local_dims(model, plan)
+    return [Saved("rope", "cos", (t.s, 1, t.d), plan.dtype_bytes),
+            Saved("rope", "sin", (t.s, 1, t.d), plan.dtype_bytes)]
+
+
+def embedding_saves(model: ModelSpec, plan: Plan) -> list[Saved]:
+    """Token ids for the embedding's backward (gpt: also position ids and the embedding dropout mask)."""
+    t = _local_dims(model, plan)
+    out = [Saved("tok_emb", "token ids", (t.b, t.s), ID_BYTES)]
+    if model.flavour == "gpt":
+        out.append(Saved("pos_emb", "position ids", (t.s,), ID_BYTES))
+        if model.dropout > 0:
+            out.append(Saved("embedding dropout", "mask", (t.b, t.s, t.h), MASK_BYTES))
+    return out
+
+
+def head_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) -> list[Saved]:
+    """Final norm, LM head input, and the loss (fp32 log-probabilities, targets, a scalar weight)."""
+    t = _local_dims(model, plan)
+    a = plan.dtype_bytes
+    rows = t.b * t.s
+    return (_norm(model, "final_norm", t, a, ln_stats_bytes)
+            + [Saved("lm_head", "normed input", (rows, t.h), a),
+               Saved("cross_entropy", "log-probabilities (fp32)", (rows, model.vocab), LOSS_BYTES),
+               Saved("cross_entropy", "targets", (rows,), ID_BYTES),
+               Saved("cross_entropy", "total weight", (), LOSS_BYTES)])
+
+
+def _total(items: list[Saved]) -> int:
+    return sum(x.nbytes for x in items)
+
+
+def per_op_bytes(model: ModelSpec, plan: Plan, layers: int | None = None, *,
+                 ln_stats_bytes: int = STAT_BYTES) -> dict:
+    """Bytes saved for backward by one micro-batch on one rank, op by op.
+
+    ``layers``: blocks on this rank (default all; a pipeline stage passes its own count). Returns::
+
+        {"block": [entry, ...], "per_block_bytes": int,     # one transformer block
+         "shared": [...], "embedding": [...], "head": [...], # entries: op, tensor, shape, dtype_bytes, bytes
+         "layers": L,
+         "activations": embedding + shared + L * per_block,  # the ledger's `activations` (one micro-batch)
+         "logits_and_loss": head}                           # the ledger's `logits_and_loss`
+
+    The head's bytes are in ``logits_and_loss``; everything from the token ids to the last block's
+    internals is in ``activations``. ``ln_stats_bytes``: bytes of LayerNorm's saved mean and rstd, fp32
+    (4) on GPUs; torch's CPU kernel keeps them in the input dtype (pass ``plan.dtype_bytes`` to be exact
+    for a bf16 run on CPU; the difference is two ``(b, s)`` vectors per norm).
+    """
+    model.require_shape("the per-op activation model")
+    n_layers = model.layers if layers is None else layers
+    block, shared = block_saves(model, plan, ln_stats_bytes), shared_saves(model, plan)
+    emb, head = embedding_saves(model, plan), head_saves(model, plan, ln_stats_bytes)
+    per_block = _total(block)
+    return {
+        "block": [x.as_dict() for x in block],
+        "per_block_bytes": per_block,
+        "shared": [x.as_dict() for x in shared],
+        "embedding": [x.as_dict() for x in emb],
+        "head": [x.as_dict() for x in head],
+        "layers": n_layers,
+        "activations": _total(emb) + _total(shared) + n_layers * per_block,
+        "logits_and_loss": _total(head),
+    }

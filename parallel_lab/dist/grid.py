@@ -1,0 +1,149 @@
+"""The 4-D process grid (dp, pp, cp, tp) of a Plan, and the process groups of one rank.
+
+Every rank is a point of ONE tensor ``torch.arange(world).view(dp, pp, cp, tp)`` (docs/conventions.md):
+TP innermost (neighbouring ranks, the fastest links), then CP, PP, and DP outermost. A rank's group along
+a dimension is the line of that tensor through its point, e.g. its TP group is ``mesh[d, p, c, :]``.
+``dp_cp`` (``mesh[:, p, :, t]``) is the gradient-synchronisation group when context parallelism is on
+(Megatron synchronises gradients over dp x cp).
+
+Every rank creates every group of every dimension, in the same order (``torch.distributed.new_group``
+is collective over the whole world), and keeps the ones it belongs to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from parallel_lab.specs import ParallelLabError, Plan
+
+DIMS = ("dp", "pp", "cp", "tp")
+_AXIS = {"dp": 0, "pp": 1, "cp": 2, "tp": 3}
+
+
+def mesh(plan: Plan) -> torch.Tensor:
+    """``arange(world).view(dp, pp, cp, tp)``: the global rank at each grid point."""
+    return torch.arange(plan.world).view(plan.dp, plan.pp, plan.cp, plan.tp)
+
+
+def coords(plan: Plan, rank: int) -> dict[str, int]:
+    """Grid coordinates ``{"dp", "pp", "cp", "tp"}`` of a global rank."""
+    if not 0 <= rank < plan.world:
+        raise ParallelLabError(f"rank={rank} is outside the world of {plan.world} ranks of this plan")
+    idx = (mesh(plan) == rank).nonzero()[0].tolist()
+    return dict(zip(DIMS, idx, strict=True))
+
+
+def all_groups(plan: Plan, dim: str) -> list[list[int]]:
+    """Every group along ``dim`` (``dp``, ``pp``, ``cp``, ``tp`` or ``dp_cp``), as lists of global ranks,
+    in a fixed order (the order every rank creates them in)."""
+    m = mesh(plan)
+    if dim == "dp_cp":
+        lines = m.permute(1, 3, 0, 2).reshape(plan.pp * plan.tp, plan.dp * plan.cp)
+    elif dim in _AXIS:
+        lines = m.movedim(_AXIS[dim], -1).reshape(-1, m.shape[_AXIS[dim]])
+    else:
+        raise ParallelLabError(f"dim {dim!r} is not a grid dimension; pick dp, pp, cp, tp or dp_cp")
+    return [row.tolist() for row in lines]
+
+
+def group_of(plan: Plan, dim: str, rank: int) -> list[int]:
+    """The ranks of ``rank``'s group along ``dim``."""
+    for ranks in all_groups(plan, dim):
+        if rank in ranks:
+            return ranks
+    raise ParallelLabError(f"rank {rank} is in no {dim} group of this plan")  # pragma: no cover
+
+
+@dataclass
+class Grid:
+    """One rank's place in the grid: coordinates, groups (``ProcessGroup``), and pipeline neighbours.
+
+    Build it with :meth:`create` on every rank after ``init_process_group`` (the launcher does).
+    ``groups[dim]`` is this rank's group along ``dim`` (``dp``, ``pp``, ``cp``, ``tp``, ``dp_cp``) and
+    ``ranks[dim]`` its members as global ranks. ``pp_prev`` / ``pp_next``: global ranks of the previous and
+    next pipeline stage (None at the ends). ``notify(msg)``: send a progress message to the caller of
+    ``launch`` (its ``on_progress`` callback); None outside the launcher.
+    """
+
+    plan: Plan
+    rank: int
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    groups: dict[str, Any] = field(default_factory=dict)
+    ranks: dict[str, list[int]] = field(default_factory=dict)
+    notify: Callable[[Any], None] | None = None      # set by the launcher: report progress to the caller
+
+    @classmethod
+    def create(cls, plan: Plan, rank: int, device: torch.device | str = "cpu") -> Grid:
+        """Create all groups (collective: every rank calls this with the same plan)."""
+        if dist.is_initialized() and dist.get_world_size() != plan.world:
+            raise ParallelLabError(
+                f"the plan needs dp*pp*cp*tp = {plan.world} ranks but the process group has "
+                f"{dist.get_world_size()}; launch with world={plan.world}")
+        grid = cls(plan, rank, torch.device(device))
+        for dim in (*DIMS, "dp_cp"):
+            for ranks in all_groups(plan, dim):
+                pg = None
+                if dist.is_initialized():
+                    pg = dist.group.WORLD if len(ranks) == plan.world else dist.new_group(ranks)
+                if rank in ranks:
+                    grid.groups[dim], grid.ranks[dim] = pg, ranks
+        return grid
+
+    # ---- coordinates -----------------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return self.plan.world
+
+    @property
+    def coords(self) -> dict[str, int]:
+        return {d: self.ranks[d].index(self.rank) for d in DIMS}
+
+    @property
+    def dp_rank(self) -> int:
+        return self.ranks["dp"].index(self.rank)
+
+    @property
+    def pp_rank(self) -> int:
+        return self.ranks["pp"].index(self.rank)
+
+    @property
+    def cp_rank(self) -> int:
+        return self.ranks["cp"].index(self.rank)
+
+    @property
+    def tp_rank(self) -> int:
+        return self.ranks["tp"].index(self.rank)
+
+    @property
+    def pp_prev(self) -> int | None:
+        i = self.pp_rank
+        return self.ranks["pp"][i - 1] if i > 0 else None
+
+    @property
+    def pp_next(self) -> int | None:
+        i = self.pp_rank
+        return self.ranks["pp"][i + 1] if i + 1 < len(self.ranks["pp"]) else None
+
+    def size(self, dim: str) -> int:
+        return len(self.ranks[dim])
+
+    # ---- what the tracer needs -------------------------------------------------------------------
+    @property
+    def grad_group(self) -> str:
+        """The grid dimension gradients are synchronised over: ``dp_cp`` when cp > 1, else ``dp``."""
+        return "dp_cp" if self.plan.cp > 1 else "dp"
+
+    def groups_by_dim(self) -> dict[str, Any]:
+        """Process group per accounting dim of the conventions (``dp`` means dp x cp when cp > 1)."""
+        return {"dp": self.groups[self.grad_group], "tp": self.groups["tp"], "tp_vocab": self.groups["tp"],
+                "pp": self.groups["pp"], "cp": self.groups["cp"]}
+
+    def __repr__(self) -> str:
+        c = self.coords
+        return (f"Grid(rank={self.rank}/{self.world}, dp={c['dp']}, pp={c['pp']}, cp={c['cp']}, "
+                f"tp={c['tp']}, device={self.device})")

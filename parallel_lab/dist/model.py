@@ -1,0 +1,525 @@
+"""The tiny decoder every runnable parallelism is checked against, and its single-process reference step.
+
+One model, two block flavours, built from a :class:`~parallel_lab.specs.ModelSpec`; no parallel code in
+it. The parallel implementations change it from the outside, through seams that are part of its API:
+
+* **Separate linears** ``wq, wk, wv, wo`` and ``fc, proj`` (gpt) or ``gate, up, down`` (llama): tensor
+  parallelism swaps each for a column- or row-parallel linear whose shard is cut from the full weight.
+  Attention infers its local head count from ``wq``'s output width, so it runs unchanged on ``heads/tp``.
+* **A swappable attention core**: ``block.attn.core`` is a module computing
+  ``softmax(q k^T / sqrt(d) + mask) v`` from ``q (b, heads, s_q, d)`` and ``k, v (b, kv_heads, s_k, d)``
+  (key/value heads not yet repeated, so grouped-query attention's small k/v is what context parallelism
+  sends) and an :class:`AttnContext`. Ring / all-gather / Ulysses attention replace this one module.
+* **Explicit positions** (RoPE angles or learned position rows) and optional **document ids** (packed
+  sequences: a token attends only to earlier tokens of its own document): a context-parallel rank
+  passes the positions of the chunks it holds and everything stays correct.
+* **Pipeline pieces**: :meth:`Transformer.embed`, the blocks (an ``nn.ModuleDict`` keyed ``"0".."L-1"``,
+  so a stage that deletes the blocks it does not own keeps the global names ``blocks.{i}.*``),
+  :meth:`Transformer.head` (final norm + LM head) and :func:`loss_fn`. :meth:`Transformer.forward` runs
+  whichever of those pieces the module still holds.
+
+Parameters are registered in exactly the order and with the names of ``ModelSpec.parameter_shapes()``
+(a test checks both flavours, tied and untied). :func:`init_weights` draws the full weights from a CPU
+generator, independent of the plan; parallel code cuts shards from those full tensors.
+
+Choices, stated once:
+
+* gpt: LayerNorm (eps 1e-5) with bias, GeLU with the **tanh** approximation (GPT-2's), learned positions,
+  biases on every linear, dropout (embedding, attention probabilities, and both residual branches).
+* llama: RMSNorm (eps 1e-5, written out so that it saves the same tensors on every device), rotary
+  positions in the "rotate half" form (base 10000), SwiGLU, grouped-query attention, no biases.
+* Dropout is ``torch.native_dropout``: it keeps a 1-byte boolean mask for backward (as Korthikanti et al.
+  count it) on every device, where ``F.dropout`` on CPU keeps a full-precision noise tensor.
+* Attention is written out (scores materialised) so that the bytes it saves are those of the textbook
+  formula ``sbh(34 + 5as/h)``; the mask is an additive bias built once per forward (not saved).
+* Initialisation: normal(0, 0.02) for embeddings and linears, residual projections (``wo``, ``proj``,
+  ``down``) normal(0, 0.02 / sqrt(2L)) as in GPT-2, zero biases, unit norm weights.
+* Loss: mean cross-entropy over every token of the batch given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+
+NORM_EPS = 1e-5
+ROPE_BASE = 10000.0
+INIT_STD = 0.02
+RESIDUAL_PROJECTIONS = ("attn.wo", "mlp.proj", "mlp.down")
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-forward context shared by every attention call
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class AttnContext:
+    """What all blocks of one forward share: token positions, document ids, and caches built from them.
+
+    ``positions``: ``(s,)`` int64, the position of each local token in its full sequence (a CP rank
+    holds non-contiguous chunks, so these need not be ``arange``). ``doc_ids``: ``(b, s)`` int64 or None;
+    tokens attend only within their document. ``causal``: mask future positions.
+    ``cache`` holds tensors derived once per forward (rotary tables, the mask bias); a replacement core
+    may store its own entries there.
+    """
+
+    positions: Tensor
+    doc_ids: Tensor | None = None
+    causal: bool = True
+    cache: dict = field(default_factory=dict)
+
+    def mask_bias(self, dtype: torch.dtype, kv_positions: Tensor | None = None,
+                  kv_doc_ids: Tensor | None = None) -> Tensor | None:
+        """Additive mask ``(1 or b, 1, s_q, s_k)``: 0 where a query may attend a key, -inf elsewhere.
+
+        Keys default to the queries' own positions and documents (single-process attention).
+        """
+        kv_pos = self.positions if kv_positions is None else kv_positions
+        kv_doc = self.doc_ids if kv_doc_ids is None else kv_doc_ids
+        key = ("mask_bias", dtype, kv_positions is None, kv_doc_ids is None)
+        if kv_positions is None and kv_doc_ids is None and key in self.cache:
+            return self.cache[key]
+        allowed = None
+        if self.causal:
+            allowed = (self.positions[:, None] >= kv_pos[None, :])[None, None]      # (1, 1, sq, sk)
+        if self.doc_ids is not None:
+            same = (self.doc_ids[:, :, None] == kv_doc[:, None, :])[:, None]      # (b, 1, sq, sk)
+            allowed = same if allowed is None else allowed & same
+        bias = None
+        if allowed is not None:
+            bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+            bias.masked_fill_(~allowed, float("-inf"))
+        if kv_positions is None and kv_doc_ids is None:
+            self.cache[key] = bias
+        return bias
+
+    def rope(self, head_dim: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Rotary tables ``cos, sin`` of shape ``(s, 1, head_dim)`` for these positions (built once)."""
+        key = ("rope", head_dim, dtype)
+        if key not in self.cache:
+            inv_freq = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float64,
+                                                   device=self.positions.device) / head_dim)
+            angles = self.positions.to(torch.float64)[:, None] * inv_freq[None, :]      # (s, d/2)
+            angles = torch.cat([angles, angles], dim=-1)[:, None, :]                    # (s, 1, d)
+            self.cache[key] = (angles.cos().to(dtype), angles.sin().to(dtype))
+        return self.cache[key]
+
+
+def make_context(positions: Tensor, doc_ids: Tensor | None = None, causal: bool = True) -> AttnContext:
+    return AttnContext(positions=positions, doc_ids=doc_ids, causal=causal)
+
+
+# --------------------------------------------------------------------------------------------------
+# Building blocks
+# --------------------------------------------------------------------------------------------------
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Inverted dropout keeping a boolean mask for backward (1 byte per element on every device)."""
+    if not training or p == 0.0:
+        return x
+    return torch.native_dropout(x, p, True)[0]
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` (Zhang & Sennrich 2019), no bias, no mean subtraction."""
+
+    def __init__(self, dim: int, eps: float = NORM_EPS):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x * rstd * self.weight
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    if spec.flavour == "gpt":
+        return nn.LayerNorm(spec.hidden, eps=NORM_EPS)
+    return RMSNorm(spec.hidden)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """``[x1, x2] -> [-x2, x1]`` on the last dimension (the "rotate half" form of RoPE)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary position embedding (Su et al. 2021) on ``x (b, s, heads, d)`` with tables ``(s, 1, d)``."""
+    return x * cos + rotate_half(x) * sin
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """``(b, kv_heads, s, d) -> (b, kv_heads * n_rep, s, d)``: a key/value head serves n_rep query heads."""
+    if n_rep == 1:
+        return x
+    b, hkv, s, d = x.shape
+    return x[:, :, None].expand(b, hkv, n_rep, s, d).reshape(b, hkv * n_rep, s, d)
+
+
+class DotProductAttention(nn.Module):
+    """The attention core: ``softmax(q k^T / sqrt(d) + mask) v``, with dropout on the probabilities.
+
+    ``q``: ``(b, heads, s_q, d)``; ``k, v``: ``(b, kv_heads, s_k, d)``, ``heads % kv_heads == 0``.
+    Returns ``(b, heads, s_q, d)``. This is the module context parallelism replaces.
+    """
+
+    def __init__(self, dropout_p: float = 0.0):
+        super().__init__()
+        self.dropout_p = dropout_p
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
+        n_rep = q.shape[1] // k.shape[1]
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)      # (b, h, sq, sk)
+        bias = ctx.mask_bias(scores.dtype)
+        if bias is not None:
+            scores = scores + bias
+        probs = dropout(torch.softmax(scores, dim=-1), self.dropout_p, self.training)
+        return probs @ v
+
+
+class Attention(nn.Module):
+    """Multi-head (gpt) or grouped-query (llama) self-attention with separate q/k/v/o projections."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        q_dim, kv_dim = spec.heads * spec.head_dim, spec.kv_dim
+        self.head_dim = spec.head_dim
+        self.rotary = spec.flavour == "llama"
+        self.wq = nn.Linear(spec.hidden, q_dim, bias=spec.bias)
+        self.wk = nn.Linear(spec.hidden, kv_dim, bias=spec.bias)
+        self.wv = nn.Linear(spec.hidden, kv_dim, bias=spec.bias)
+        self.wo = nn.Linear(q_dim, spec.hidden, bias=spec.bias)
+        self.core: nn.Module = DotProductAttention(spec.dropout)
+        self.selective_recompute = False
+
+    def forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
+        b, s, _ = x.shape
+        d = self.head_dim
+        q = self.wq(x).view(b, s, -1, d)          # -1: the local head count (heads / tp under TP)
+        k = self.wk(x).view(b, s, -1, d)
+        v = self.wv(x).view(b, s, -1, d)
+        if self.rotary:
+            cos, sin = ctx.rope(d, q.dtype)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.selective_recompute and self.training:
+            out = checkpoint(self.core, q, k, v, ctx, use_reentrant=False)
+        else:
+            out = self.core(q, k, v, ctx)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    """gpt: ``proj(gelu_tanh(fc(x)))``; llama (SwiGLU, Shazeer 2020): ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.swiglu = spec.flavour == "llama"
+        if self.swiglu:
+            self.gate = nn.Linear(spec.hidden, spec.ffn, bias=spec.bias)
+            self.up = nn.Linear(spec.hidden, spec.ffn, bias=spec.bias)
+            self.down = nn.Linear(spec.ffn, spec.hidden, bias=spec.bias)
+        else:
+            self.fc = nn.Linear(spec.hidden, spec.ffn, bias=spec.bias)
+            self.proj = nn.Linear(spec.ffn, spec.hidden, bias=spec.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: ``x + drop(attn(norm(x)))``, then ``x + drop(mlp(norm(x)))``."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.attn_norm = make_norm(spec)
+        self.attn = Attention(spec)
+        self.mlp_norm = make_norm(spec)
+        self.mlp = MLP(spec)
+        self.dropout_p = spec.dropout
+        self.full_recompute = False
+
+    def _forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
+        x = x + dropout(self.attn(self.attn_norm(x), ctx), self.dropout_p, self.training)
+        return x + dropout(self.mlp(self.mlp_norm(x)), self.dropout_p, self.training)
+
+    def forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
+        if self.full_recompute and self.training:
+            return checkpoint(self._forward, x, ctx, use_reentrant=False)
+        return self._forward(x, ctx)
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------------
+
+class Transformer(nn.Module):
+    """Decoder-only transformer built from a ModelSpec; parameter names follow ``spec.parameter_shapes()``.
+
+    ``recompute``: "none", "full" (each block keeps only its input and recomputes the rest in backward)
+    or "selective" (the attention core is recomputed; Korthikanti et al. 2022).
+    """
+
+    def __init__(self, spec: ModelSpec, recompute: str = "none"):
+        super().__init__()
+        spec.require_shape("the runnable model")
+        self.spec = spec
+        self.tok_emb: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
+        self.pos_emb: nn.Embedding | None = (
+            nn.Embedding(spec.max_positions, spec.hidden) if spec.flavour == "gpt" else None)
+        self.blocks = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
+        self.final_norm: nn.Module | None = make_norm(spec)
+        self.lm_head: nn.Linear | None = (
+            None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab, bias=False))
+        self.has_head = True
+        self.set_recompute(recompute)
+
+    def set_recompute(self, recompute: str) -> None:
+        if recompute not in ("none", "selective", "full"):
+            raise ParallelLabError(f"recompute={recompute!r} is not known; pick none, selective or full")
+        self.recompute = recompute
+        for blk in self.blocks.values():
+            blk.full_recompute = recompute == "full"
+            blk.attn.selective_recompute = recompute == "selective"
+
+    # ---- pieces (pipeline stages use them one by one) --------------------------------------------
+    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """Token embedding (+ learned positions and dropout for gpt): ``(b, s) -> (b, s, h)``."""
+        h = self.tok_emb(tokens)
+        if self.pos_emb is not None:
+            if int(positions.max()) >= self.pos_emb.num_embeddings:
+                raise ParallelLabError(
+                    f"position {int(positions.max())} exceeds max_positions={self.pos_emb.num_embeddings}; "
+                    f"use a shorter seq")
+            h = h + self.pos_emb(positions)
+            h = dropout(h, self.spec.dropout, self.training)
+        return h
+
+    def run_blocks(self, h: Tensor, ctx: AttnContext) -> Tensor:
+        for blk in self.blocks.values():
+            h = blk(h, ctx)
+        return h
+
+    def head(self, h: Tensor) -> Tensor:
+        """Final norm and LM head: ``(b, s, h) -> (b, s, vocab)`` logits."""
+        h = self.final_norm(h)
+        if self.lm_head is not None:
+            return self.lm_head(h)
+        return F.linear(h, self.tok_emb.weight)
+
+    def forward(self, x: Tensor, positions: Tensor | None = None, doc_ids: Tensor | None = None,
+                ctx: AttnContext | None = None) -> Tensor:
+        """Run the pieces this module holds: ``x`` is token ids ``(b, s)`` when it holds the embedding,
+        else hidden states ``(b, s, h)``; returns logits when it holds the head, else hidden states."""
+        if ctx is None:
+            if positions is None:
+                positions = torch.arange(x.shape[1], device=x.device)
+            ctx = make_context(positions, doc_ids)
+        h = self.embed(x, ctx.positions) if self.tok_emb is not None and not x.is_floating_point() else x
+        h = self.run_blocks(h, ctx)
+        return self.head(h) if self.has_head and self.final_norm is not None else h
+
+
+def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy over every token: ``logits (b, s, V)``, ``targets (b, s)``."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+# --------------------------------------------------------------------------------------------------
+# Deterministic weights
+# --------------------------------------------------------------------------------------------------
+
+def init_weights(spec: ModelSpec, seed: int = 0) -> dict[str, Tensor]:
+    """Full fp32 weights by name, drawn in ``parameter_shapes()`` order from one CPU generator.
+
+    The same (spec, seed) gives bitwise the same tensors whatever the plan, process or device.
+    """
+    g = torch.Generator().manual_seed(seed)
+    std_resid = INIT_STD / math.sqrt(2 * spec.layers)
+    out: dict[str, Tensor] = {}
+    for name, shape in spec.parameter_shapes():
+        is_norm = "norm" in name
+        if name.endswith(".bias"):
+            t = torch.zeros(shape)
+        elif is_norm:
+            t = torch.ones(shape)
+        else:
+            std = std_resid if any(r in name for r in RESIDUAL_PROJECTIONS) else INIT_STD
+            t = torch.empty(shape).normal_(0.0, std, generator=g)
+        out[name] = t
+    return out
+
+
+def build_model(spec: ModelSpec, seed: int = 0, recompute: str = "none",
+                device: torch.device | str = "cpu") -> Transformer:
+    """A Transformer holding ``init_weights(spec, seed)``, on ``device``, in training mode."""
+    with torch.device("meta"):
+        model = Transformer(spec, recompute=recompute)
+    model.to_empty(device=device)
+    load_full_weights(model, init_weights(spec, seed))
+    return model.train()
+
+
+@torch.no_grad()
+def load_full_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
+    """Copy full tensors into the model's parameters of the same name (all must be present)."""
+    params = dict(model.named_parameters())
+    missing = set(params) - set(weights)
+    if missing:
+        raise ParallelLabError(f"no weights given for {sorted(missing)[:4]}...")
+    for name, p in params.items():
+        p.copy_(weights[name])
+
+
+def freeze(model: nn.Module, frozen: Iterable[str]) -> None:
+    """Set ``requires_grad=False`` on the named parameters (names from ``parameter_shapes()``)."""
+    params = dict(model.named_parameters())
+    for name in frozen:
+        if name not in params:
+            raise ParallelLabError(f"cannot freeze {name!r}: no such parameter; names are those of "
+                                   f"ModelSpec.parameter_shapes(), e.g. 'blocks.0.attn_norm.weight'")
+        params[name].requires_grad_(False)
+
+
+# --------------------------------------------------------------------------------------------------
+# Deterministic synthetic data
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Batch:
+    """Tokens and next-token targets ``(b, s)``, positions ``(s,)``, optional document ids ``(b, s)``."""
+
+    tokens: Tensor
+    targets: Tensor
+    positions: Tensor
+    doc_ids: Tensor | None = None
+
+    def rows(self, start: int, stop: int) -> Batch:
+        """Sequences ``start:stop`` (a data-parallel rank's or a micro-batch's slice), as new tensors (so
+        that the ids saved for backward are charged their own bytes, not the global batch's storage)."""
+        docs = None if self.doc_ids is None else self.doc_ids[start:stop].clone()
+        return Batch(self.tokens[start:stop].clone(), self.targets[start:stop].clone(), self.positions, docs)
+
+    def to(self, device: torch.device | str) -> Batch:
+        docs = None if self.doc_ids is None else self.doc_ids.to(device)
+        return Batch(self.tokens.to(device), self.targets.to(device), self.positions.to(device), docs)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.targets.numel()
+
+
+BOS = 0
+
+
+@dataclass(frozen=True)
+class SyntheticData:
+    """A learnable token stream: a sparse random Markov chain (``branching`` successors per token, 10% noise).
+
+    ``batch(step, n_seq, seq)`` is a pure function of ``(seed, step)``: every plan sees the same global
+    batch at a step. With ``packed=True`` each row is several documents of random length (at least
+    ``min_doc``); a document starts with token ``BOS`` and the chain restarts there; ``doc_ids`` numbers
+    the documents of a row from 0.
+    """
+
+    vocab: int
+    seed: int = 0
+    branching: int = 4
+    noise: float = 0.1
+    packed: bool = False
+    min_doc: int = 8
+
+    def _table(self) -> Tensor:
+        g = torch.Generator().manual_seed(10_007 * self.seed + 1)
+        return torch.randint(1, self.vocab, (self.vocab, self.branching), generator=g)
+
+    def batch(self, step: int, n_seq: int, seq: int) -> Batch:
+        g = torch.Generator().manual_seed(1_000_003 * (self.seed + 1) + step)
+        table = self._table()
+        n = seq + 1
+        choice = torch.randint(0, self.branching, (n_seq, n), generator=g)
+        noise = torch.rand(n_seq, n, generator=g) < self.noise
+        uniform = torch.randint(1, self.vocab, (n_seq, n), generator=g)
+        starts = torch.zeros(n_seq, n, dtype=torch.bool)
+        starts[:, 0] = True
+        if self.packed:
+            hi = max(self.min_doc + 1, seq // 2)
+            for r in range(n_seq):
+                pos = int(torch.randint(self.min_doc, hi, (1,), generator=g))
+                while pos < n - self.min_doc:
+                    starts[r, pos] = True
+                    pos += int(torch.randint(self.min_doc, hi, (1,), generator=g))
+        x = torch.empty(n_seq, n, dtype=torch.long)
+        x[:, 0] = BOS
+        for t in range(1, n):
+            nxt = table[x[:, t - 1], choice[:, t]]
+            nxt = torch.where(noise[:, t], uniform[:, t], nxt)
+            x[:, t] = torch.where(starts[:, t], torch.full_like(nxt, BOS), nxt)
+        doc_ids = (starts.long().cumsum(1) - 1)[:, :seq] if self.packed else None
+        return Batch(x[:, :seq].contiguous(), x[:, 1:].contiguous(), torch.arange(seq), doc_ids)
+
+
+def synthetic_batch(spec: ModelSpec, plan: Plan, step: int, seed: int = 0, packed: bool = False) -> Batch:
+    """The global batch of a step: ``plan.global_batch`` sequences of ``plan.seq`` tokens, same for every plan
+    with the same global batch."""
+    return SyntheticData(spec.vocab, seed=seed, packed=packed).batch(step, plan.global_batch, plan.seq)
+
+
+# --------------------------------------------------------------------------------------------------
+# Optimizer and the single-process reference
+# --------------------------------------------------------------------------------------------------
+
+#: Hyperparameters every implementation uses (no gradient clipping: it would need a global norm).
+ADAMW = {"lr": 3e-3, "betas": (0.9, 0.95), "eps": 1e-6, "weight_decay": 0.1}
+SGD = {"lr": 0.05, "momentum": 0.9}
+
+
+def make_optimizer(params: Iterable[Tensor], plan: Plan) -> torch.optim.Optimizer:
+    """The optimizer of ``plan.optimizer`` with fixed hyperparameters (``foreach=False``: no hidden
+    temporaries, so measured state is the textbook ``exp_avg`` and ``exp_avg_sq`` / momentum buffer)."""
+    params = [p for p in params if p.requires_grad]
+    if plan.optimizer == "adam-fp32":
+        return torch.optim.AdamW(params, foreach=False, **ADAMW)
+    if plan.optimizer == "sgd-momentum":
+        return torch.optim.SGD(params, foreach=False, **SGD)
+    raise ParallelLabError(f"optimizer={plan.optimizer!r} is not runnable here; the runnable optimizers are "
+                           f"adam-fp32 and sgd-momentum (fp32 compute on CPU)")
+
+
+@dataclass
+class ReferenceResult:
+    losses: list[float]
+    params: dict[str, Tensor]
+
+
+def reference_train(spec: ModelSpec, plan: Plan, steps: int, seed: int = 0, frozen: Iterable[str] = (),
+                    packed: bool = False) -> ReferenceResult:
+    """Single process, whole global batch at once: loss = mean over all its tokens; ``steps`` optimizer steps.
+
+    Returns the loss of each step (before its update) and the final parameters by name.
+    """
+    model = build_model(spec, seed, recompute="none")
+    freeze(model, frozen)
+    opt = make_optimizer(model.parameters(), plan)
+    losses = []
+    for step in range(steps):
+        batch = synthetic_batch(spec, plan, step, seed, packed=packed)
+        loss = loss_fn(model(batch.tokens, batch.positions, batch.doc_ids), batch.targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return ReferenceResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
