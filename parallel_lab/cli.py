@@ -419,12 +419,76 @@ def _bubble(args: argparse.Namespace) -> Output:
 
 
 # --------------------------------------------------------------------------------------------------
+# run (the runnable core; imports torch only when chosen)
+# --------------------------------------------------------------------------------------------------
+
+def _add_run(sub: Any) -> None:
+    p = subcommand(sub, "run", _run,
+                   "train the tiny model under a plan on CPU processes (or GPUs) and compare measured "
+                   "with predicted: losses, parameters, bytes per dim, memory per category")
+    add_model_args(p)
+    add_plan_args(p)
+    p.add_argument("--plan", dest="plan_file", metavar="FILE",
+                   help="a plan file (YAML, see parallel-lab plan); flags given as well override its fields")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
+    p.add_argument("--packed", action="store_true",
+                   help="pack several documents per sequence (document masks)")
+    p.add_argument("--timeout", type=_positive_float, default=300.0,
+                   help="seconds before a hung run is killed (default 300)")
+
+
+def _plan_from_file(path: str) -> tuple[ModelSpec | None, Plan]:
+    import importlib.util
+
+    if importlib.util.find_spec("parallel_lab.planfile") is None:
+        raise ParallelLabError(f"--plan {path}: plan files need parallel_lab/planfile.py, which is not in "
+                               "this version; give the plan as flags (--dp, --tp, ...)")
+    from .planfile import load_plan  # type: ignore[attr-defined]
+
+    loaded: Any = load_plan(path)
+    if isinstance(loaded, Plan):
+        return None, loaded
+    plan = loaded.get("plan") if isinstance(loaded, dict) else getattr(loaded, "plan", None)
+    model = loaded.get("model") if isinstance(loaded, dict) else getattr(loaded, "model", None)
+    if not isinstance(plan, Plan):
+        raise ParallelLabError(f"--plan {path}: the file did not give a plan")
+    return (model if isinstance(model, ModelSpec) else None), plan
+
+
+def _run(args: argparse.Namespace) -> Output:
+    from .dist.run import RUN_DEFAULTS, run
+
+    if args.steps < 1:
+        raise ParallelLabError(f"--steps {args.steps} must be >= 1")
+    no_model = args.model is None and args.params is None and all(
+        getattr(args, f, None) is None for f in SHAPE_FLAGS)
+    file_model, plan = (None, None)
+    if args.plan_file:
+        file_model, plan = _plan_from_file(args.plan_file)
+    if no_model:
+        args.model = None if file_model is not None else "tiny-llama"
+    model = file_model if (no_model and file_model is not None) else model_from_args(args)
+    if plan is None:
+        for name, value in RUN_DEFAULTS.items():
+            if getattr(args, name, None) is None:
+                setattr(args, name, value)
+        plan = plan_from_args(args, model)
+    else:
+        given = {f: getattr(args, f) for f in PLAN_FIELDS if getattr(args, f, None) is not None}
+        plan = plan.with_(**given).validate(model)
+    rep = run(model, plan, steps=args.steps, seed=args.seed, packed=args.packed, timeout_s=args.timeout,
+              progress=True)
+    return Output(rep.to_json(), rep.summary())
+
+
+# --------------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------------
 
 #: One registrar per subcommand, in the order ``--help`` lists them. To add a subcommand, append yours.
 #: (``bubble`` and ``plan``: schedules/planner; ``run``: the runnable core, importing torch in its handler.)
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble, _add_run]
 
 
 def build_parser() -> argparse.ArgumentParser:

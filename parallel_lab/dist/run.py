@@ -1,0 +1,179 @@
+"""``parallel-lab run``: train the tiny model under a plan on real ranks; measurement beside prediction.
+
+:func:`run` launches :func:`~parallel_lab.dist.train.train_rank` on ``plan.world`` ranks (CPU processes
+with gloo here, GPUs with nccl where present), trains the same steps in one process
+(:func:`~parallel_lab.dist.model.reference_train`), and reports:
+
+* ``losses`` (the mean over the ranks that own a loss) and ``reference_losses``;
+* ``max_abs_param_diff``: the largest difference between the parallel run's final parameters (rebuilt
+  from the ranks, untraced) and the reference's;
+* ``comm[dim]``: ``measured_bytes``, the payload (``message_bytes``) of every traced call summed over ranks
+  and steps, and ``predicted_bytes``, the same sum over ``comm.collectives`` of every rank's stage;
+* ``memory[category]`` per rank (the largest rank): ``parameters``, ``gradients`` and
+  ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
+  ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
+* ``wall_s``: seconds from launching the ranks to having all their results.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from parallel_lab import activations, comm, ledger
+from parallel_lab.dist.grid import coords
+from parallel_lab.dist.instruments import payload_by_dim
+from parallel_lab.dist.launch import launch
+from parallel_lab.dist.model import reference_train
+from parallel_lab.dist.train import (
+    RankResult,
+    check_runnable,
+    global_losses,
+    max_abs_diff,
+    merge_params,
+    train_rank,
+)
+from parallel_lab.specs import ModelSpec, Plan, stage_layers
+
+STATE = ("parameters", "gradients", "optimizer_states")
+
+#: Plan fields ``parallel-lab run`` fills when not given: CPU-sized and runnable (fp32).
+RUN_DEFAULTS = {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}
+
+
+def predicted_activations(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
+    """Peak bytes saved for backward on one rank of pipeline stage ``stage``, from the per-op model.
+
+    One micro-batch holds its stage's blocks (``per_block_bytes`` each), the rotary tables and, on the
+    first stage, the embedding's ids; the schedule keeps ``ledger.inflight_microbatches`` micro-batches
+    at its peak (1 without a pipeline).
+    """
+    n_layers = len(stage_layers(spec.layers, plan.pp, plan.interleave, stage))
+    ops = activations.per_op_bytes(spec, plan, layers=n_layers)
+    per_micro = n_layers * ops["per_block_bytes"] + sum(x["bytes"] for x in ops["shared"])
+    if stage == 0:
+        per_micro += sum(x["bytes"] for x in ops["embedding"])
+    inflight = ledger.inflight_microbatches(plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage)
+    return int(round(per_micro * inflight))
+
+
+def predicted_logits_and_loss(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
+    """Per-op bytes of the final norm, head and loss of one micro-batch (last stage only)."""
+    return activations.per_op_bytes(spec, plan)["logits_and_loss"] if stage == plan.pp - 1 else 0
+
+
+@dataclass
+class RunReport:
+    """Measured against predicted for one ``run``; :meth:`to_json` is the ``--json`` contract."""
+
+    model: ModelSpec
+    plan: Plan
+    steps: int
+    losses: list[float]
+    reference_losses: list[float]
+    max_abs_param_diff: float
+    comm: dict[str, dict[str, int]]
+    memory: dict[str, dict[str, int]]
+    wall_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+    ranks: list[RankResult] = field(default_factory=list, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"losses": self.losses, "reference_losses": self.reference_losses,
+                "max_abs_param_diff": self.max_abs_param_diff, "comm": self.comm, "memory": self.memory,
+                "wall_s": self.wall_s}
+
+    def summary(self) -> str:
+        lines = [self.model.summary(),
+                 f"plan: dp={self.plan.dp} tp={self.plan.tp} pp={self.plan.pp} cp={self.plan.cp} "
+                 f"zero={self.plan.zero} ({self.plan.world} ranks), {self.steps} steps of "
+                 f"{self.plan.global_batch} x {self.plan.seq} tokens, {self.plan.optimizer}, "
+                 f"{self.plan.dtype}",
+                 "", "step  loss (parallel)  loss (1 process)  difference"]
+        for i, (a, b) in enumerate(zip(self.losses, self.reference_losses, strict=True)):
+            lines.append(f"{i:>4}  {a:>15.6f}  {b:>16.6f}  {a - b:>10.2e}")
+        lines.append(f"largest parameter difference after {self.steps} steps: {self.max_abs_param_diff:.2e}")
+        lines += ["", "communication payload, all ranks and steps (bytes)", "dim   measured      predicted"]
+        for dim, c in self.comm.items():
+            ok = "ok" if c["measured_bytes"] == c["predicted_bytes"] else "DIFFERENT"
+            lines.append(f"{dim:<5} {c['measured_bytes']:>12,}  {c['predicted_bytes']:>12,}  {ok}")
+        if not self.comm:
+            lines.append("(none: a single rank per gradient group)")
+        lines += ["", "memory per rank (bytes)", "category           measured      predicted"]
+        rows = dict(self.memory)
+        if "logits_and_loss" in self.extra:
+            rows["logits_and_loss"] = self.extra["logits_and_loss"]
+        for cat, c in rows.items():
+            m, p = c["measured_bytes"], c["predicted_bytes"]
+            gap = f"{(m - p) / p:+.2%}" if p else ""
+            lines.append(f"{cat:<17} {m:>12,}  {p:>12,}  {gap}")
+        lines.append(f"\nwall time of the parallel run: {self.wall_s:.2f} s")
+        return "\n".join(lines)
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr: ``run [#####-----] 2/3 steps``."""
+
+    def __init__(self, total: int, label: str = "run", stream: Any = None, width: int = 30):
+        self.total, self.label, self.width = total, label, width
+        self.stream = stream if stream is not None else sys.stderr
+        self.show(0)
+
+    def show(self, done: int, note: str = "") -> None:
+        n = int(self.width * done / max(self.total, 1))
+        bar = "#" * n + "-" * (self.width - n)
+        self.stream.write(f"\r{self.label} [{bar}] {done}/{self.total} steps {note}")
+        self.stream.flush()
+
+    def close(self, note: str = "") -> None:
+        self.stream.write(f"\r{self.label} [{'#' * self.width}] {self.total}/{self.total} steps {note}\n")
+        self.stream.flush()
+
+
+def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: Iterable[str] = (),
+        packed: bool = False, timeout_s: float = 300.0, progress: bool = False,
+        on_progress: Callable[[int, Any], None] | None = None) -> RunReport:
+    """Run ``plan`` on ranks and the reference in this process; compare (module docstring)."""
+    check_runnable(spec, plan)
+    frozen = tuple(frozen)
+    bar = ProgressBar(steps, f"run {plan.world} ranks") if progress else None
+
+    def report(rank: int, step: Any) -> None:
+        if rank == 0 and bar is not None:
+            bar.show(int(step))
+        if on_progress is not None:
+            on_progress(rank, step)
+
+    t0 = time.perf_counter()
+    results: list[RankResult] = launch(train_rank, plan, spec, plan, steps, seed, frozen=frozen,
+                                       packed=packed, timeout_s=timeout_s, on_progress=report)
+    wall = time.perf_counter() - t0
+    if bar is not None:
+        bar.close("(reference in one process...)")
+    ref = reference_train(spec, plan, steps, seed, frozen=frozen, packed=packed)
+
+    measured = payload_by_dim(e for r in results for e in r.events)
+    predicted: dict[str, int] = {}
+    stages = [coords(plan, r.rank)["pp"] for r in results]
+    for stage in stages:
+        for dim, b in comm.payload_bytes(comm.collectives(spec, plan, stage=stage, frozen=frozen)).items():
+            predicted[dim] = predicted.get(dim, 0) + b * steps
+    dims = [d for d in comm.DIMS if d in measured or d in predicted]
+    comm_out = {d: {"measured_bytes": int(measured.get(d, 0)), "predicted_bytes": int(predicted.get(d, 0))}
+                for d in dims}
+
+    memory: dict[str, dict[str, int]] = {}
+    pred_state = [ledger.state_bytes(spec, plan, stage=s) for s in stages]
+    for cat in STATE:
+        memory[cat] = {"measured_bytes": max(r.memory[cat] for r in results),
+                       "predicted_bytes": int(max(p[cat] for p in pred_state))}
+    memory["activations"] = {"measured_bytes": max(r.memory["activations"] for r in results),
+                             "predicted_bytes": max(predicted_activations(spec, plan, s) for s in stages)}
+    extra = {"logits_and_loss": {"measured_bytes": max(r.memory["logits_and_loss"] for r in results),
+                                 "predicted_bytes": max(predicted_logits_and_loss(spec, plan, s)
+                                                        for s in stages)}}
+    return RunReport(spec, plan, steps, global_losses(results), ref.losses,
+                     max_abs_diff(merge_params(results), ref.params), comm_out, memory, wall, extra, results)
