@@ -81,8 +81,16 @@ def _dropdown(description: str, options: Sequence[Any], value: Any) -> W.Dropdow
 
 
 def _toggles(description: str, options: Sequence[Any], value: Any, width: str = "48px") -> W.ToggleButtons:
-    return W.ToggleButtons(options=list(options), value=value, description=description,
-                           style={**DESC, "button_width": width}, layout=W.Layout(width="auto"))
+    """Toggle buttons; their label is put beside them by :func:`_labelled` (``description`` is a tooltip)."""
+    return W.ToggleButtons(options=list(options), value=value, tooltip=description,
+                           style={"button_width": width}, layout=W.Layout(width="auto"))
+
+
+def _labelled(label: str, widget: W.Widget) -> W.HBox:
+    """``label`` left of ``widget``, aligned like the other widgets' descriptions."""
+    text = W.HTML(f"<div style='text-align:right;padding-right:8px'>{html.escape(label)}</div>",
+                  layout=W.Layout(width="104px"))
+    return W.HBox([text, widget], layout=W.Layout(align_items="center", margin="0 12px 0 0"))
 
 
 def _checkbox(description: str, value: bool) -> W.Checkbox:
@@ -296,13 +304,14 @@ class MemoryExplorer(Explorer):
         c["optimizer"] = _dropdown("optimizer", OPTIMIZERS, "adam-mixed")
         c["cluster"] = _dropdown("cluster", CLUSTER_PRESETS, cluster)
         c["activation_model"] = _dropdown("activations", ("korthikanti", "per-op"), "korthikanti")
-        c["sweep"] = _toggles("second view", SWEEPS, sweep, "82px")
+        c["sweep"] = _toggles("second view", SWEEPS, sweep, "92px")
         columns = [
             [c["model"], custom, c["cluster"], c["optimizer"], c["activation_model"]],
             [c["seq"], c["micro_batch"], c["grad_accum"], c["schedule"], c["interleave"]],
             [c["gpus"], c["dp"], c["tp"], c["pp"], c["cp"], c["sp"]],
         ]
-        knobs = W.VBox([c["zero"], c["recompute"], c["sweep"]])
+        knobs = W.HBox([_labelled("ZeRO stage", c["zero"]), _labelled("recompute", c["recompute"]),
+                        _labelled("second view", c["sweep"])], layout=W.Layout(flex_flow="row wrap"))
         super().__init__(c, columns, extra=())
         self.children = (self.children[0], knobs, *self.children[1:])
 
@@ -457,7 +466,7 @@ class CommExplorer(Explorer):
         columns = [
             [c["model"], custom, c["cluster"], c["seq"], c["micro_batch"], c["grad_accum"]],
             [c["dp"], c["tp"], c["pp"], c["cp"], c["cp_kind"]],
-            [c["sp"], c["zero"], c["tp_across_nodes"]],
+            [c["sp"], _labelled("ZeRO stage", c["zero"]), c["tp_across_nodes"]],
         ]
         super().__init__(c, columns, extra=(self.table,))
 
@@ -575,7 +584,7 @@ class PipelineExplorer(Explorer):
         columns = [[c["stages"], c["microbatches"], c["interleave"]], [c["f"], c["b"]],
                    [c["w"], c["p2p"], note]]
         super().__init__(c, columns)
-        self.children = (W.HBox([c["schedule"]]), *self.children)
+        self.children = (_labelled("schedule", c["schedule"]), *self.children)
         c["schedule"].observe(self._sync_interleave, names="value")
         self._sync_interleave()
 
@@ -651,3 +660,48 @@ class PipelineExplorer(Explorer):
             lines.append(_line(f"Measured: {len(ranks)} ranks, step {span * 1e3:.3g} ms, idle fraction "
                                f"{idle:.1%} (simulated {sim.idle_fraction:.1%})."))
         return "".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# The app: the four explorers in tabs
+# --------------------------------------------------------------------------------------------------
+
+INTROS = {
+    "Memory": "Does the plan fit on one GPU? Every byte the ledger counts, stacked against the GPU's "
+              "memory, and how ZeRO, sequence length or data parallelism move it.",
+    "Communication": "How many bytes each GPU sends per step, in which collectives, and how long they take "
+                     "on the link each group lands on; flip the toggle to push tensor parallelism across "
+                     "nodes.",
+    "Pipeline": "When each pipeline stage works and when it waits: the simulated schedule, its bubble and "
+                "the micro-batches each stage keeps in memory.",
+    "Planner": "Every way to split a model over a cluster, ranked by estimated step time, with the reason "
+               "each rejected family failed; save the best as a plan file.",
+}
+
+
+def _planner_tab() -> W.Widget:
+    try:
+        from .. import planner  # noqa: F401
+    except ImportError as err:                       # the planner module has not landed in this version
+        return W.HTML(error_html(ParallelLabError(f"the planner is not available in this version ({err})")))
+    return PlannerExplorer()  # noqa: F821 (defined once parallel_lab.planner exists)
+
+
+class App(W.VBox):
+    """The Voila app: the four explorers in tabs, one sentence each. ``App().explorers`` maps tab names
+    to the explorers (for tests)."""
+
+    def __init__(self) -> None:
+        makers: dict[str, Callable[[], W.Widget]] = {
+            "Memory": MemoryExplorer, "Communication": CommExplorer, "Pipeline": PipelineExplorer,
+            "Planner": _planner_tab,
+        }
+        self.explorers: dict[str, W.Widget] = {name: make() for name, make in makers.items()}
+        intro = '<p class="pl-intro" style="font-size:14px;margin:4px 0 8px">{}</p>'
+        pages = [W.VBox([W.HTML(intro.format(INTROS[n])), ex]) for n, ex in self.explorers.items()]
+        self.tabs = W.Tab(children=pages, titles=list(self.explorers))
+        header = W.HTML("<h2 style='margin:8px 0 2px'>parallel_lab</h2>"
+                        "<p style='margin:0 0 8px;color:#57606a'>Predict the memory, the communication and "
+                        "the pipeline bubble of a multi-GPU "
+                        "training plan; change any input and watch the numbers move.</p>")
+        super().__init__([header, self.tabs])

@@ -212,7 +212,8 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
             ax.axhline(hbm * (1 - margin), color="black", linewidth=1.0, linestyle="--", gid="usable")
     for x, t, led in zip(xs, totals, ledgers, strict=True):
         ax.text(x, t + top * 0.01, f"{t:.3g}" if led is not None else "n/a", ha="center", va="bottom",
-                fontsize=8, color="black" if led is not None else "#888888")
+                fontsize=8, color="black" if led is not None else "#888888",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
     ax.set_xticks(xs, [value_fmt.format(v) for v in values])
     if highlight is not None and highlight in list(values):
         i = list(values).index(highlight)
