@@ -56,9 +56,9 @@ GB = P.GB
 DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 CUSTOM = "custom"
-DESC = {"description_width": "96px"}
-COL = W.Layout(width="300px")
-ROW_ITEM = W.Layout(width="290px")
+DESC = {"description_width": "112px"}
+COL = W.Layout(width="320px")
+ROW_ITEM = W.Layout(width="310px")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ def _toggles(description: str, options: Sequence[Any], value: Any, width: str = 
 def _labelled(label: str, widget: W.Widget) -> W.HBox:
     """``label`` left of ``widget``, aligned like the other widgets' descriptions."""
     text = W.HTML(f"<div style='text-align:right;padding-right:8px'>{html.escape(label)}</div>",
-                  layout=W.Layout(width="104px"))
+                  layout=W.Layout(width="120px"))
     return W.HBox([text, widget], layout=W.Layout(align_items="center", margin="0 12px 0 0"))
 
 
@@ -149,6 +149,8 @@ class Explorer(W.VBox):
                        layout=W.Layout(flex_flow="row wrap"))
         super().__init__([panel, self.status, self.image, *extra])
         self.add_class("pl-explorer")
+        self.status.add_class("pl-status")
+        self.image.add_class("pl-chart")
         for w in controls.values():
             w.observe(self._on_change, names="value")
         self.refresh()

@@ -1,0 +1,173 @@
+"""The Voila app in a real browser: headless Chromium through Playwright, every external request blocked.
+
+One Voila server for the module, started as ``make app`` starts it (``parallel_lab.viz.serve``) on a free
+port, stopped with SIGTERM at the end; the test then checks that its kernels are gone too. Screenshots land
+in ``artifacts/browser/`` (gitignored). Without Chromium (or Playwright) the tests skip and say why.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from parallel_lab.ledger import memory
+from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
+from parallel_lab.viz.serve import REPO, free_port, voila_argv, voila_env
+
+pytestmark = pytest.mark.browser
+
+ARTIFACTS = REPO / "artifacts" / "browser"
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium_path() -> str | None:
+    for cand in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if cand and Path(cand).exists():
+            return cand
+    return None
+
+
+CHROMIUM = chromium_path()
+if CHROMIUM is None:
+    pytest.skip("Chromium is not installed (looked for /usr/bin/chromium and `chromium` on PATH); "
+                "install it with `apt-get install chromium` to run the browser tests",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api",
+                               reason="playwright is not installed (pip install playwright)")
+psutil = pytest.importorskip("psutil")
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    """Voila serving notebooks/app.ipynb on a free port; SIGTERM afterwards, kernels included."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = open(ARTIFACTS / "voila.log", "w")  # noqa: SIM115 - closed at teardown
+    proc = subprocess.Popen(voila_argv(port), env=voila_env(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            log.close()
+            tail = (ARTIFACTS / "voila.log").read_text()[-2000:]
+            pytest.fail(f"voila exited with {proc.returncode}: {tail}")
+        try:
+            urllib.request.urlopen(url + "voila/static/voila.js", timeout=1).read()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("voila did not answer within 60 s")
+            time.sleep(0.2)
+    yield url
+    kernels = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    finally:
+        _, alive = psutil.wait_procs(kernels, timeout=15)
+        for p in alive:
+            p.kill()
+        log.close()
+    assert proc.returncode == 0, "voila did not stop cleanly on SIGTERM"
+    assert not alive, f"kernels left running after voila stopped: {[p.pid for p in alive]}"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, app_url):
+    """A page on the app with every request that is not for 127.0.0.1 aborted and recorded."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 1000})
+    pg = ctx.new_page()
+    pg.external_requests = []
+    pg.page_errors = []
+    local = app_url.rstrip("/")
+
+    def route(r):
+        url = r.request.url
+        if url.startswith(local) or url.startswith(("data:", "blob:")):
+            r.continue_()
+        else:
+            pg.external_requests.append(url)
+            r.abort()
+
+    pg.route("**/*", route)
+    pg.on("pageerror", lambda e: pg.page_errors.append(str(e)))
+    pg.goto(app_url, wait_until="domcontentloaded")
+    pg.locator(".pl-chart:visible").first.wait_for(timeout=90_000)
+    yield pg
+    ctx.close()
+    assert pg.external_requests == [], f"the app needed external hosts: {pg.external_requests}"
+    assert pg.page_errors == [], f"JavaScript errors: {pg.page_errors}"
+
+
+def changed_screenshot(locator, before: bytes, timeout_s: float = 15) -> bytes:
+    """Poll element screenshots until one differs from ``before``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shot = locator.screenshot()
+        if shot != before or time.monotonic() > deadline:
+            return shot
+        time.sleep(0.2)
+
+
+def gb(text: str) -> float:
+    return float(re.search(r"([\d.]+) GB per GPU", text).group(1))
+
+
+def test_memory_slider_moves_the_numbers_and_the_chart(page):
+    status = page.locator(".pl-status:visible").first
+    chart = page.locator(".pl-chart:visible").first
+    sync_api.expect(status).to_contain_text("GB per GPU")
+    before_text, before_png = status.inner_text(), chart.screenshot(path=str(ARTIFACTS / "memory_before.png"))
+    model, h100 = ModelSpec.preset("llama2-7b"), ClusterSpec.preset("h100-sxm")
+    expected = memory(model, Plan(dp=8, seq=4096), h100).total_bytes / 1e9
+    assert gb(before_text) == pytest.approx(expected, abs=0.01)
+
+    handle = page.locator(".widget-slider .noUi-handle:visible").first    # the sequence-length slider
+    handle.focus()
+    page.keyboard.press("ArrowRight")                                     # 4096 -> 8192 tokens
+    sync_api.expect(page.locator(".widget-readout:visible").first).to_have_text("8192")
+    sync_api.expect(status).not_to_have_text(before_text, timeout=15_000)
+    after_png = changed_screenshot(chart, before_png)
+    (ARTIFACTS / "memory_after.png").write_bytes(after_png)
+    page.screenshot(path=str(ARTIFACTS / "app_memory.png"), full_page=True)
+    # the numbers are the ledger's for the new sequence length, and the chart was redrawn
+    expected = memory(model, Plan(dp=8, seq=8192), h100).total_bytes / 1e9
+    assert gb(status.inner_text()) == pytest.approx(expected, abs=0.01)
+    assert after_png != before_png
+
+
+def test_communication_and_pipeline_tabs(page):
+    page.locator(".lm-TabBar-tab", has_text="Communication").click()
+    chart = page.locator(".pl-chart:visible").first
+    status = page.locator(".pl-status:visible").first
+    sync_api.expect(status).to_contain_text("across nodes")
+    before_text = status.inner_text()
+    before = chart.screenshot(path=str(ARTIFACTS / "comm_nvlink.png"))
+    page.get_by_role("button", name="TP group across nodes").click()
+    after = changed_screenshot(chart, before)
+    (ARTIFACTS / "comm_across_nodes.png").write_bytes(after)
+    assert after != before
+    sync_api.expect(status).not_to_have_text(before_text)     # the total now uses the inter-node time
+
+    page.locator(".lm-TabBar-tab", has_text="Pipeline").click()
+    status = page.locator(".pl-status:visible").first
+    sync_api.expect(status).to_contain_text("Bubble ratio 37.5%")          # (p - 1) / m for p=4, m=8
+    page.locator(".pl-chart:visible").first.screenshot(path=str(ARTIFACTS / "pipeline.png"))
+    page.screenshot(path=str(ARTIFACTS / "app_pipeline.png"), full_page=True)
