@@ -30,6 +30,7 @@ Models" (Sec. 4, Table 2), generalised as documented in :func:`activation_bytes_
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,14 @@ def local_parameters(model: ModelSpec, plan: Plan, stage: int = 0) -> list[Local
     (``zero_unit="root"``). Formulas: see the module docstring.
     """
     model.require_shape("the per-tensor parameter layout")
+    return list(_local_parameters(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage))
+
+
+@functools.lru_cache(maxsize=256)
+def _local_parameters(model: ModelSpec, tp: int, pp: int, interleave: int, zero_unit: str,
+                      stage: int) -> tuple[LocalParam, ...]:
+    plan = Plan(tp=tp, pp=pp, interleave=interleave, zero_unit=zero_unit,
+                schedule="interleaved" if interleave > 1 else "1f1b", grad_accum=pp)
     tp, v = plan.tp, model.vocab
     layers = set(stage_layers(model.layers, plan.pp, plan.interleave, stage))
     first, last = stage == 0, stage == plan.pp - 1
@@ -111,7 +120,7 @@ def local_parameters(model: ModelSpec, plan: Plan, stage: int = 0) -> list[Local
         out.append(LocalParam(name, numel, "root", rep))
     if model.tied_embeddings and plan.pp > 1 and last:
         out.append(LocalParam("tok_emb.weight", math.ceil(v / tp) * model.hidden, "root", tp == 1))
-    return out
+    return tuple(out)
 
 
 def unit_sizes(model: ModelSpec, plan: Plan, stage: int = 0, frozen: tuple[str, ...] = ()) -> dict[str, int]:
