@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -502,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _jsonable(x: Any) -> Any:
-    """JSON without NaN/inf surprises: floats that are whole stay floats; tuples become lists."""
+    """Plain JSON types: string keys, lists for tuples."""
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -519,10 +520,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ParallelLabError as e:
         print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(_jsonable(out.data), indent=2))
-    else:
-        print(out.text)
+    try:
+        if args.json:
+            print(json.dumps(_jsonable(out.data), indent=2))
+        else:
+            print(out.text)
+        sys.stdout.flush()
+    except BrokenPipeError:                                 # e.g. `parallel-lab comm ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -353,7 +353,7 @@ def _ddp_buckets(model: ModelSpec, plan: Plan, stage: int) -> list[int]:
     return [sum(nbytes for _, nbytes in bucket) for bucket in ddp_buckets(model, plan, stage)]
 
 
-def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[float, list[str]]:
+def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[float | None, list[str]]:
     """Transient communication buffers at the peak, with one note per part.
 
     * bucketed DDP: the flat buffers of two buckets (one being all-reduced while the next fills);
@@ -366,6 +366,8 @@ def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[flo
     * PP: one received and one sent activation (``s b h``, split by tp with SP);
     * CP: ring: double-buffered K and V blocks; all-gather: the gathered K and V; Ulysses: the
       all-to-all outputs of Q, K and V.
+
+    Returns ``(None, notes)`` when the buffers cannot be computed (ZeRO on a bare parameter count).
     """
     notes: list[str] = []
     total = 0.0
@@ -384,8 +386,9 @@ def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[flo
         units = unit_sizes(model, plan, stage)
         padded = {u: g * math.ceil(n / g) for u, n in units.items()}
         if not model.shape_known:
-            notes.append(f"comm_buffers: a bare parameter count has no units; the ZeRO-{plan.zero} flat "
-                         "gradient/parameter buffers are not counted (give the shape)")
+            notes.append(f"comm_buffers: not computed; a bare parameter count has no ZeRO-{plan.zero} units "
+                         "(give the shape)")
+            return None, notes
         elif plan.zero in (1, 2):
             big = max(padded.values())
             total += big * (gb + pb)
@@ -470,7 +473,8 @@ def _ledger_of_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec, activat
         notes.append(f"{model.name}: given as a bare parameter count, so activations and logits are not "
                      "computed (give --model or --layers/--hidden/--heads)")
     cb, cb_notes = comm_buffer_bytes(model, plan, stage)
-    per["comm_buffers"] = cb
+    if cb is not None:
+        per["comm_buffers"] = cb
     notes += cb_notes
     return MemoryLedger({k: per[k] for k in CATEGORIES if k in per}, cluster.hbm_bytes, margin, stage, notes)
 

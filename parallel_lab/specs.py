@@ -129,7 +129,7 @@ class ModelSpec:
         n = int(round(float(n_params)))
         if n < 1:
             raise ParallelLabError(f"params={n_params!r} must be a positive count; e.g. --params 7e9")
-        return cls(layers=1, hidden=64, heads=1, vocab=1, name=name or f"{n:.3g} params",
+        return cls(layers=1, hidden=64, heads=1, vocab=1, name=name or f"{_human_count(n)} (bare count)",
                    n_params_override=n)
 
     @classmethod
@@ -227,6 +227,14 @@ class ModelSpec:
             return f"{self.name}: {self.n_params:,} parameters (shape not given)"
         return (f"{self.name}: {self.flavour}, L={self.layers}, h={self.hidden}, heads={self.heads}, "
                 f"kv_heads={self.kv_heads}, ffn={self.ffn}, vocab={self.vocab}, {self.n_params:,} parameters")
+
+
+def _human_count(n: int) -> str:
+    """``7000000000 -> "7B"``, ``6738415616 -> "6.74B"``, ``125000000 -> "125M"``."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return str(n)
 
 
 def _llama_ffn(hidden: int, multiple_of: int = 256) -> int:
