@@ -665,6 +665,209 @@ class PipelineExplorer(Explorer):
 
 
 # --------------------------------------------------------------------------------------------------
+# Planner
+# --------------------------------------------------------------------------------------------------
+
+GPU_COUNTS = tuple(2**k for k in range(0, 15))                    # 1 .. 16384
+BATCH_TOKENS = ("64K", "256K", "512K", "1M", "2M", "4M", "8M", "16M")
+REASON_TEXT = {
+    "divisibility": "the degrees do not divide the heads, the ffn width, the layers or the sequence",
+    "batch": "the global batch is not a whole number of sequences per data-parallel replica",
+    "tp_across_nodes": "tensor parallelism would span more than one node",
+    "oom": "no micro-batch, recomputation, ZeRO stage or schedule fits in memory",
+}
+MAX_DRAWN_ACTIONS = 3000
+
+
+class PlannerExplorer(Explorer):
+    """Every way to split a model over a cluster (``parallel_lab.planner.plan_search``), ranked by estimated
+    step time; the rejected families with their reasons; the chosen plan's ledger, bytes and bubble; and a
+    button that saves the chosen plan as a plan file."""
+
+    figsize = (9.6, 6.0)
+
+    def __init__(self, model: str = "llama2-7b", cluster: str = "h100-sxm", gpus: int = 16, seq: int = 4096,
+                 batch_tokens: str = "1M", path: str = "plan.yaml") -> None:
+        c, custom = _model_controls(model)
+        c["cluster"] = _dropdown("cluster", CLUSTER_PRESETS, cluster)
+        c["gpus"] = _slider("GPUs", GPU_COUNTS, gpus)
+        c["seq"] = _slider("sequence", SEQS, seq)
+        c["batch_tokens"] = _dropdown("global batch", BATCH_TOKENS, batch_tokens)
+        c["top"] = _int_slider("plans shown", 3, 20, 8)
+        c["chosen"] = _int_slider("show plan #", 1, 20, 1)
+        self._search_key: Any = None
+        self._search: Any = None
+        self.path = W.Text(value=path, description="plan file", style=DESC, layout=ROW_ITEM)
+        self.phase = W.Text(value="", placeholder="pretrain-4k", description="phase", style=DESC,
+                            layout=ROW_ITEM)
+        self.save_button = W.Button(description="save plan file", icon="", button_style="primary",
+                                    layout=W.Layout(width="160px"))
+        self.save_message = W.HTML()
+        self.table = W.HTML()
+        self.rejected = W.HTML()
+        self.saved_path: Any = None
+        self.save_button.on_click(lambda _: self.save())
+        columns = [[c["model"], custom, c["cluster"]], [c["gpus"], c["seq"], c["batch_tokens"]],
+                   [c["top"], c["chosen"]]]
+        save_row = W.HBox([self.path, self.phase, self.save_button], layout=W.Layout(flex_flow="row wrap"))
+        super().__init__(c, columns, extra=(save_row, self.save_message, self.table, self.rejected))
+
+    # ---- core -----------------------------------------------------------------------------------
+    def search(self, v: dict[str, Any]) -> Any:
+        """The planner's result for the widgets' model, cluster, GPUs, sequence and batch (cached: choosing
+        another plan to show does not search again)."""
+        from .. import planner
+
+        model, cluster = model_from(v), ClusterSpec.preset(v["cluster"])
+        key = (model, cluster, v["gpus"], v["seq"], v["batch_tokens"])
+        if key != self._search_key:
+            self._search = planner.plan_search(model, cluster, v["gpus"], v["seq"],
+                                               global_batch_tokens=v["batch_tokens"])
+            self._search_key = key
+        return self._search
+
+    def compute(self, v: dict[str, Any]) -> dict[str, Any]:
+        res = self.search(v)
+        model, cluster = res.model, res.cluster
+        if not res.estimates:
+            reasons = ", ".join(f"{REASON_TEXT.get(r, r)} ({n} families)" for r, n in res.rejected.items())
+            raise ParallelLabError(f"no plan for {model.name} on {res.gpus} x {cluster.name} at "
+                                   f"seq={res.seq} with {v['batch_tokens']} tokens per batch: "
+                                   f"{reasons or 'nothing to try'}; "
+                                   f"try more GPUs, a larger global batch or a shorter sequence")
+        shown = min(v["top"], len(res.estimates))
+        idx = min(v["chosen"], shown) - 1
+        est = res.estimates[idx]
+        plan = est.plan
+        led = ledger_mod.memory(model, plan, cluster)
+        rep = comm_mod.report(model, plan, cluster)
+        sim = None
+        if plan.pp > 1 and plan.pp * plan.microbatches * plan.interleave <= MAX_DRAWN_ACTIONS:
+            sim = simulate_mod.simulate(
+                schedules_mod.build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave),
+                simulate_mod.Costs(f=1.0, b=2.0 if plan.recompute == "full" else 1.0, w=1.0))
+        self.verdict = P.plan_label(plan)
+        return {"result": res, "shown": shown, "index": idx, "estimate": est, "plan": plan, "ledger": led,
+                "report": rep, "sim": sim, "model": model, "cluster": cluster}
+
+    def layout_key(self, r: dict[str, Any]) -> Any:
+        return r["plan"].pp > 1
+
+    def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
+        pipeline = r["plan"].pp > 1
+        fig.set_size_inches(self.figsize[0], 6.4 if pipeline else 3.7)
+        top_h = 3.7 / (6.4 if pipeline else 3.7)
+        gs = fig.add_gridspec(1, 2, width_ratios=(1.0, 1.6), wspace=0.3, left=0.08, right=0.84,
+                              bottom=1 - top_h + 0.55 / (6.4 if pipeline else 3.7), top=0.92 if not pipeline
+                              else 1 - 0.3 / 6.4)
+        axes = [fig.add_subplot(gs[0]), fig.add_subplot(gs[1])]
+        if pipeline:
+            axes.append(fig.add_axes((0.08, 0.5 / 6.4, 0.76, 1 - top_h - 0.95 / 6.4)))
+        return axes
+
+    def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
+        est, plan = r["estimate"], r["plan"]
+        P.draw_memory(axes[0], r["ledger"], ["per GPU"], title=f"plan #{r['index'] + 1}: memory")
+        P.category_legend(self.figure, [c for c in P.CATEGORIES if c in r["ledger"].per_gpu_bytes])
+        rep = r["report"]
+        if rep.per_step_bytes:
+            P.draw_comm_bytes(axes[1], {"per_step_bytes": rep.per_step_bytes,
+                                        "collectives": [c.to_json() for c in rep.collectives]},
+                              title="bytes sent per GPU per step")
+        else:
+            axes[1].text(0.5, 0.5, "no communication", ha="center", va="center", transform=axes[1].transAxes)
+            axes[1].set_axis_off()
+        if plan.pp > 1:
+            if r["sim"] is not None:
+                P.draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
+                                title=f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}"
+                                      + (f", v={plan.interleave}" if plan.interleave > 1 else "")
+                                      + f"; bubble {est.bubble_ratio:.1%}")
+            else:
+                axes[2].text(0.5, 0.5, f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}: too many "
+                                       f"actions to draw; bubble {est.bubble_ratio:.1%}", ha="center",
+                             va="center", transform=axes[2].transAxes)
+                axes[2].set_axis_off()
+
+    def describe(self, r: dict[str, Any]) -> str:
+        res, est, plan = r["result"], r["estimate"], r["plan"]
+        self.table.value = plans_table(res.estimates[: r["shown"]], r["index"])
+        self.rejected.value = rejected_table(res)
+        if not self.phase.value:
+            self.phase.placeholder = f"pretrain-{plan.seq // 1024}k" if plan.seq >= 1024 else "pretrain"
+        head = (f"<b>Plan #{r['index'] + 1} of {len(res.estimates):,}</b> that fit "
+                f"({res.candidates:,} candidates in {res.families:,} families, searched in "
+                f"{res.elapsed_s * 1e3:.0f} ms): <b>{P.plan_label(plan)}</b>, "
+                f"micro-batch {plan.micro_batch} x "
+                f"{plan.microbatches} micro-batches; {est.memory_bytes / GB:.1f} GB per GPU "
+                f"({est.headroom_bytes / GB:.1f} GB headroom), step {P.fmt_seconds(est.step_time_s)}, "
+                f"MFU {est.mfu:.1%}, bubble {est.bubble_ratio:.1%}.")
+        return _line(head)
+
+    # ---- plan file ------------------------------------------------------------------------------
+    def save(self) -> Any:
+        """Save the plan shown as a plan file at ``self.path.value``; the message names the absolute path."""
+        try:
+            if self.result is None or self.error is not None:
+                raise ParallelLabError("no plan to save: the inputs above are invalid; fix them first")
+            from .. import planfile
+
+            r = self.result
+            phase = self.phase.value or self.phase.placeholder or "pretrain"
+            path = planfile.save_plan(self.path.value, r["plan"], model=r["model"], cluster=r["cluster"],
+                                      phase=phase, estimate=r["estimate"])
+        except ImportError as err:
+            self.save_message.value = error_html(ParallelLabError(
+                f"plan files are not available in this version of parallel_lab ({err})"))
+            return None
+        except (ParallelLabError, OSError) as err:
+            if not isinstance(err, ParallelLabError):
+                err = ParallelLabError(f"cannot write {self.path.value!r}: {err}")
+            self.save_message.value = error_html(err)
+            return None
+        from pathlib import Path
+
+        self.saved_path = Path(path).resolve()
+        where = html.escape(str(self.saved_path))
+        self.save_message.value = _line(f"Saved plan #{r['index'] + 1} to <code>{where}</code>", "#1a7f37")
+        return self.saved_path
+
+
+def plans_table(estimates: Sequence[Any], chosen: int) -> str:
+    """The ranked plans as an HTML table; the chosen row highlighted."""
+    heads = ("#", "tp", "cp", "pp", "dp", "ZeRO", "SP", "micro-batch", "m", "recompute", "schedule",
+             "GB/GPU", "step", "MFU", "bubble")
+    th = "".join(f"<th style='padding:2px 8px;text-align:right'>{h}</th>" for h in heads)
+    rows = []
+    for i, e in enumerate(estimates):
+        p = e.plan
+        sched = (p.schedule + (f" v={p.interleave}" if p.interleave > 1 else "")) if p.pp > 1 else "-"
+        cells = (i + 1, p.tp, p.cp, p.pp, p.dp, p.zero, "yes" if p.sp else "", p.micro_batch, p.microbatches,
+                 p.recompute, sched, f"{e.memory_bytes / GB:.1f}", P.fmt_seconds(e.step_time_s),
+                 f"{e.mfu:.1%}", f"{e.bubble_ratio:.1%}")
+        style = " style='background:#fff3c4;font-weight:bold'" if i == chosen else ""
+        td = "<td style='padding:2px 8px;text-align:right'>{}</td>"
+        rows.append(f"<tr{style}>" + "".join(td.format(html.escape(str(x))) for x in cells) + "</tr>")
+    return ("<div style='font-size:12px;margin-top:6px'><b>Ranked plans</b> (estimated step time, best first)"
+            f"<table style='border-collapse:collapse'><tr>{th}</tr>{''.join(rows)}</table></div>")
+
+
+def rejected_table(res: Any) -> str:
+    """Rejected families (tp, cp, pp, dp degrees) by reason, with what the reason means."""
+    if not res.rejected:
+        return "<div style='font-size:12px;margin-top:6px'>No family of degrees was rejected.</div>"
+    td = "<td style='padding:2px 8px'>{}</td>"
+    rows = "".join("<tr>" + td.format(html.escape(r)) + td.format(f"{n:,}")
+                   + td.format(html.escape(REASON_TEXT.get(r, ""))) + "</tr>"
+                   for r, n in res.rejected.items())
+    return ("<div style='font-size:12px;margin-top:6px'><b>Rejected families</b> (of "
+            f"{res.families:,} ways to factor {res.gpus:,} GPUs into tp x cp x pp x dp)"
+            "<table style='border-collapse:collapse'><tr><th style='padding:2px 8px'>reason</th>"
+            "<th style='padding:2px 8px'>families</th><th style='padding:2px 8px'>meaning</th></tr>"
+            f"{rows}</table></div>")
+
+
+# --------------------------------------------------------------------------------------------------
 # The app: the four explorers in tabs
 # --------------------------------------------------------------------------------------------------
 
@@ -686,7 +889,7 @@ def _planner_tab() -> W.Widget:
         from .. import planner  # noqa: F401
     except ImportError as err:                       # the planner module has not landed in this version
         return W.HTML(error_html(ParallelLabError(f"the planner is not available in this version ({err})")))
-    return PlannerExplorer()  # noqa: F821 (defined once parallel_lab.planner exists)
+    return PlannerExplorer()
 
 
 class App(W.VBox):

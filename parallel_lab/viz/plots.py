@@ -51,9 +51,10 @@ KIND_LABELS: dict[str, str] = {"F": "forward", "B": "backward", "W": "weight gra
 DIM_COLORS: dict[str, str] = {
     "dp": "#4c72b0", "tp": "#dd8452", "tp_vocab": "#e8b07f", "pp": "#55a868", "cp": "#8172b2",
 }
+#: Collective kinds: a palette apart from the ledger's categories (both may share one figure).
 COLLECTIVE_COLORS: dict[str, str] = {
-    "all_reduce": "#4c72b0", "all_gather": "#55a868", "reduce_scatter": "#dd8452",
-    "all_to_all": "#8172b2", "send": "#c44e52", "recv": "#da8bc3", "broadcast": "#937860",
+    "all_reduce": "#2a9d8f", "all_gather": "#e9c46a", "reduce_scatter": "#577590",
+    "all_to_all": "#264653", "send": "#f28482", "recv": "#f5cac3", "broadcast": "#b5838d",
 }
 TIER_COLORS: tuple[str, ...] = ("#4c72b0", "#c44e52", "#55a868", "#8172b2")
 
@@ -186,7 +187,9 @@ def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, 
     if title:
         ax.set_title(title, fontsize=10)
     if legend:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        handles, names = ax.get_legend_handles_labels()     # top of the stack first, as drawn
+        ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+                  frameon=False)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     return totals
@@ -308,7 +311,9 @@ def memory_sweep_figure(values: Sequence[Any], ledgers: Sequence[Any], knob: str
     ax = fig.add_subplot()
     fig.subplots_adjust(left=0.11, right=0.7, bottom=0.14, top=0.9)
     draw_memory_sweep(ax, values, ledgers, knob, title=title, value_fmt=value_fmt)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+              frameon=False)
     return fig
 
 
@@ -354,13 +359,15 @@ def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[
             for b, d in zip(bars, dims, strict=True):
                 b.set_gid(f"{d}:{kind}")
             bottoms = [a + b for a, b in zip(bottoms, h, strict=True)]
-        ax.legend(loc="upper right", fontsize=8, frameon=False, title="collective", title_fontsize=8)
+        n_kinds = len(ax.get_legend_handles_labels()[0])
+        ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=min(n_kinds, 3), columnspacing=1.0,
+                  handlelength=1.2)
     else:
         bars = ax.bar(xs, [per_dim[d] for d in dims], 0.6, color=[DIM_COLORS.get(d, "#bbbbbb") for d in dims])
         for b, d in zip(bars, dims, strict=True):
             b.set_gid(d)
         bottoms = [per_dim[d] for d in dims]
-    top = max([*bottoms, 1e-12]) * 1.18
+    top = max([*bottoms, 1e-12]) * (1.4 if split_ok else 1.18)    # room for the legend above the bars
     ax.set_ylim(0, top)
     for x, d in zip(xs, dims, strict=True):
         ax.text(x, per_dim[d] + top * 0.01, fmt_bytes(per_dim[d] * GB), ha="center", va="bottom",
@@ -491,13 +498,14 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
         groups.setdefault((key, chunk), []).append(span)
         busy[rank] += (end - start) * time_scale
     max_chunk = max((c for _, c in groups), default=0)
+    dense = len(rows) > 60 * max(len(ranks), 1)              # thin boxes: no white edges between them
     for (key, chunk), spans in sorted(groups.items()):
         color = _lighten(KIND_COLORS[key], 0.45 * chunk / max(max_chunk, 1))
         for rank in ranks:
             mine = [(s, w) for s, w, r in spans if r == rank]
             if mine:
                 ax.broken_barh(mine, (rank - height / 2, height), facecolor=color, edgecolor="white",
-                               linewidth=0.6, gid=f"{key}:{chunk}:{rank}")
+                               linewidth=0.0 if dense else 0.6, gid=f"{key}:{chunk}:{rank}")
     if label_microbatches is None:
         label_microbatches = 0 < len(rows) <= 160
     if label_microbatches and makespan > 0:
@@ -513,9 +521,12 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     ax.set_xlabel(time_unit)
     present = [k for k in ("F", "B", "W") if any(g[0] == k for g in groups)]
     handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in present]
-    if max_chunk > 0:
+    if 0 < max_chunk <= 3:
         handles += [Patch(facecolor=_lighten(KIND_COLORS["F"], 0.45 * c / max_chunk), label=f"chunk {c}")
                     for c in range(max_chunk + 1)]
+    elif max_chunk > 3:
+        handles.append(Patch(facecolor=_lighten(KIND_COLORS["F"], 0.45),
+                             label=f"lighter: later chunk (v={max_chunk + 1})"))
     handles.append(Patch(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", label="idle"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     if title:
