@@ -31,6 +31,7 @@ Models" (Sec. 4, Table 2), generalised as documented in :func:`activation_bytes_
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -271,7 +272,7 @@ def _per_op(model: ModelSpec, plan: Plan, layers: int | None = None) -> dict[str
     """Lazy hook to ``parallel_lab.activations.per_op_bytes`` (owned by the runnable core); it returns
     ``per_block_bytes`` and the ``block``/``shared``/``embedding``/``head`` entries of one micro-batch."""
     try:
-        from . import activations
+        activations = importlib.import_module(f"{__package__}.activations")
     except ImportError as e:
         raise ParallelLabError(
             "the per-op activation model (parallel_lab/activations.py) is not available in this version; "

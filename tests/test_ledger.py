@@ -250,7 +250,10 @@ def test_ddp_buckets_in_comm_buffers():
 
 
 def test_per_op_missing_module_is_a_clear_error(monkeypatch):
+    import parallel_lab
+
     monkeypatch.setitem(sys.modules, "parallel_lab.activations", None)   # import raises ImportError
+    monkeypatch.delattr(parallel_lab, "activations", raising=False)
     with pytest.raises(ParallelLabError, match="korthikanti"):
         memory(ModelSpec.preset("tiny-llama"), Plan(seq=128), activation_model="per-op")
 
