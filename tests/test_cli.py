@@ -27,6 +27,11 @@ def test_seed_state_table_cli(cli_json, params, row):
         assert state_gb(cli_json("memory", "--params", params, "--dp", "8", "--zero", str(zero))) == want
 
 
+def test_seed_sgd_momentum_cli(cli_json):
+    """Seed: SGD with momentum keeps 12 bytes per parameter (fp32 weights, gradients, momentum)."""
+    assert state_gb(cli_json("memory", "--params", "7e9", "--dp", "8", "--optimizer", "sgd-momentum")) == 84.0
+
+
 # the seed prints 104.13 GB for "none": an arithmetic slip; its own formula gives 104,152,956,928 bytes
 @pytest.mark.parametrize("recompute,want_bytes,gb", [("none", 104_152_956_928, 104.15),
                                                      ("selective", 18_253_611_008, 18.25),
