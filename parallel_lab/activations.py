@@ -12,7 +12,8 @@ the normed input of ``wq``, ``wk`` and ``wv``: it is listed once, under the firs
 Parameters (and views of them, such as a linear's transposed weight) are not activations and are not
 listed. Sizes in elements are products of the shape; bytes are ``elements * dtype_bytes`` where
 activations use ``plan.dtype_bytes``, dropout masks 1 byte (bool), token ids 8 bytes (int64),
-LayerNorm mean and rstd 4 bytes (fp32 statistics), and the loss works in fp32.
+LayerNorm mean and rstd 4 bytes (fp32 statistics on GPUs; torch's CPU kernel keeps them in the input
+dtype, see ``ln_stats_bytes``), and the loss works in fp32.
 
 What the runnable model saves, per block (b micro-batch, s local sequence, h hidden, a local heads,
 d head_dim, f local ffn; "x" is the block input):
@@ -46,10 +47,12 @@ only, so grouped-query attention saves less).
 
 Parallelism changes the local shapes: tensor parallelism divides heads, kv heads (replicated when
 ``tp > kv_heads``) and ffn by ``tp``; sequence parallelism (``sp``) divides the sequence of the norm,
-dropout and residual regions by ``tp``; context parallelism divides the sequence by ``cp``. The
-``tp=1, cp=1`` case is measured exactly (tests/test_activations.py). The other cases follow the Megatron
-layout (Korthikanti Sec. 4.2) and are checked by the tensor- and context-parallel tests; extend
-:func:`_local_dims` or :func:`_core` where an implementation saves something different.
+dropout and residual regions by ``tp``, and the column-parallel linears keep their sequence-sharded
+input (all-gathered again in backward, Korthikanti Sec. 4.2.2); context parallelism divides the
+sequence by ``cp``. The ``tp=1, cp=1`` case is measured exactly (tests/test_activations.py). The
+other cases follow the Megatron layout (Korthikanti Sec. 4.2) and are checked by the tensor- and
+context-parallel tests; extend :func:`_local_dims` or :func:`_core` where an implementation saves
+something different.
 """
 
 from __future__ import annotations
@@ -153,7 +156,7 @@ def block_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) 
     drop = model.dropout > 0
     out: list[Saved] = []
     out += _norm(model, "attn_norm", t, a, ln_stats_bytes)
-    out.append(Saved("attn.wq/wk/wv", "normed input", (t.b, t.s, t.h), a))
+    out.append(Saved("attn.wq/wk/wv", "normed input", (t.b, t.s_n, t.h), a))
     if plan.recompute == "selective":   # checkpointed core keeps its inputs
         q_store = "rope(q)" if model.flavour == "llama" else "q"
         k_store = "rope(k)" if model.flavour == "llama" else "k"
@@ -167,11 +170,11 @@ def block_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) 
         out.append(Saved("attn dropout", "mask", (t.b, t.s_n, t.h), MASK_BYTES))
     out += _norm(model, "mlp_norm", t, a, ln_stats_bytes)
     if model.flavour == "gpt":
-        out += [Saved("mlp.fc", "normed input", (t.b, t.s, t.h), a),
+        out += [Saved("mlp.fc", "normed input", (t.b, t.s_n, t.h), a),
                 Saved("gelu", "fc output", (t.b, t.s, t.ffn), a),
                 Saved("mlp.proj", "gelu output", (t.b, t.s, t.ffn), a)]
     else:
-        out += [Saved("mlp.gate/up", "normed input", (t.b, t.s, t.h), a),
+        out += [Saved("mlp.gate/up", "normed input", (t.b, t.s_n, t.h), a),
                 Saved("silu", "gate output", (t.b, t.s, t.ffn), a),
                 Saved("silu * up", "silu output", (t.b, t.s, t.ffn), a),
                 Saved("silu * up", "up output", (t.b, t.s, t.ffn), a),

@@ -163,6 +163,7 @@ class BucketedDDP(LocalGrads):
         self._launch_ready()
 
     def _launch(self, bucket: Bucket) -> None:
+        bucket.buffer.div_(self.group_size)            # average: divide first, then sum over the group
         bucket.work = self.tracer.all_reduce(bucket.buffer, "dp", async_op=True)
 
     def _launch_ready(self) -> None:
@@ -176,7 +177,6 @@ class BucketedDDP(LocalGrads):
             self._next += 1
         for bucket in self.buckets:
             bucket.work.wait()
-            bucket.buffer.div_(self.group_size)
             bucket.ready.clear()
             bucket.work = None
         self._next = 0

@@ -443,11 +443,14 @@ class SavedTensorMeter:
 # Torch's MemTracker as a second opinion
 # --------------------------------------------------------------------------------------------------
 
-def memtracker_snapshot(model: nn.Module, optimizer: torch.optim.Optimizer, step: Any) -> dict[str, int]:
+def memtracker_snapshot(model: nn.Module, optimizer: torch.optim.Optimizer,
+                        step: Any) -> dict[str, dict[str, int]]:
     """Run ``step()`` (forward + backward + optimizer step) under torch's ``MemTracker``.
 
-    Returns torch's peak bytes per category (``Parameter``, ``Gradient``, ``Optstate``, ``Activation``,
-    ``Temp``...). Run one step before (optimizer states are created lazily). Works on CPU with gloo.
+    Returns ``{"peak": {...}, "current": {...}}``: torch's bytes per category (``Parameter``,
+    ``Gradient``, ``Optstate``, ``Activation``, ``Temp``, ``Total``), summed over devices. Run one step
+    before (optimizer states are created lazily). Works on CPU. Torch counts what our meters leave out:
+    ``Optstate`` includes the 4-byte step counters (current) and the optimizer's temporaries (peak).
     """
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -455,11 +458,14 @@ def memtracker_snapshot(model: nn.Module, optimizer: torch.optim.Optimizer, step
     mt.track_external(model, optimizer)
     with mt:
         step()
-    snap = mt.get_tracker_snapshot("peak")
-    out: dict[str, int] = {}
-    for per_dev in snap.values():
-        for k, v in per_dev.items():
-            out[str(k)] = out.get(str(k), 0) + int(v)
+    out: dict[str, dict[str, int]] = {}
+    for kind in ("peak", "current"):
+        acc: dict[str, int] = {}
+        for per_dev in mt.get_tracker_snapshot(kind).values():
+            for k, v in per_dev.items():
+                name = str(getattr(k, "value", k))
+                acc[name] = acc.get(name, 0) + int(v)
+        out[kind] = acc
     return out
 
 

@@ -228,6 +228,17 @@ def launch(fn: Callable[..., Any], plan: Plan | int, *args: Any, start_method: s
     return [results[r] for r in range(world)]
 
 
+def hello(grid: Grid) -> dict[str, Any]:
+    """A smoke test for a setup: this rank's place, device and backend, and an all-reduce of the ranks.
+
+    ``launch(hello, 4)`` returns one dict per rank; ``rank_sum`` is ``0 + 1 + ... + (world - 1)`` on all.
+    """
+    t = torch.tensor([float(grid.rank)], device=grid.device)
+    dist.all_reduce(t)
+    return {"rank": grid.rank, "world": grid.world, "coords": grid.coords, "device": str(grid.device),
+            "backend": dist.get_backend(), "rank_sum": int(t.item()), "pid": os.getpid()}
+
+
 def _launch_torchrun(fn: Callable, plan: Plan, args: tuple, kwargs: dict, pg_timeout_s: float,
                      device: str | None) -> list[Any]:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

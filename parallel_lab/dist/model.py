@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from parallel_lab.ledger import is_frozen
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 NORM_EPS = 1e-5
@@ -385,13 +386,16 @@ def load_full_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
 
 
 def freeze(model: nn.Module, frozen: Iterable[str]) -> None:
-    """Set ``requires_grad=False`` on the named parameters (names from ``parameter_shapes()``)."""
+    """``requires_grad=False`` for the parameters named in ``frozen``: a name of ``parameter_shapes()`` or
+    a prefix such as ``"blocks.0"`` (the rule of ``ledger.is_frozen``, which the predictions use)."""
     params = dict(model.named_parameters())
-    for name in frozen:
-        if name not in params:
-            raise ParallelLabError(f"cannot freeze {name!r}: no such parameter; names are those of "
-                                   f"ModelSpec.parameter_shapes(), e.g. 'blocks.0.attn_norm.weight'")
-        params[name].requires_grad_(False)
+    for pattern in frozen:
+        hit = [n for n in params if is_frozen(n, (pattern,))]
+        if not hit:
+            raise ParallelLabError(f"cannot freeze {pattern!r}: no parameter has that name or prefix; names "
+                                   f"are those of ModelSpec.parameter_shapes(), e.g. 'blocks.0.attn_norm'")
+        for n in hit:
+            params[n].requires_grad_(False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -469,7 +473,7 @@ class SyntheticData:
             nxt = torch.where(noise[:, t], uniform[:, t], nxt)
             x[:, t] = torch.where(starts[:, t], torch.full_like(nxt, BOS), nxt)
         doc_ids = (starts.long().cumsum(1) - 1)[:, :seq] if self.packed else None
-        return Batch(x[:, :seq].contiguous(), x[:, 1:].contiguous(), torch.arange(seq), doc_ids)
+        return Batch(x[:, :seq].clone(), x[:, 1:].clone(), torch.arange(seq), doc_ids)
 
 
 def synthetic_batch(spec: ModelSpec, plan: Plan, step: int, seed: int = 0, packed: bool = False) -> Batch:

@@ -193,6 +193,9 @@ def check_runnable(spec: ModelSpec, plan: Plan) -> None:
                                f"(CPU default); use --dtype fp32")
     if plan.optimizer not in ("adam-fp32", "sgd-momentum"):
         raise ParallelLabError(f"optimizer={plan.optimizer!r} is not runnable; use adam-fp32 or sgd-momentum")
+    for what in PLUGINS:
+        if getattr(plan, what) > (0 if what == "zero" else 1):
+            plugin(what)
 
 
 def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *,

@@ -1,0 +1,80 @@
+"""The launcher: results in rank order, errors named by rank, hangs cut off by the launch timeout."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from parallel_lab.dist.launch import LaunchTimeout, RankError, free_port, hello, launch
+from parallel_lab.specs import Plan
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(90)]
+
+
+def _gather(grid, scale):
+    t = torch.tensor([float(grid.rank)])
+    dist.all_reduce(t)
+    return {"rank": grid.rank, "sum": t.item() * scale, "threads": torch.get_num_threads(),
+            "backend": dist.get_backend()}
+
+
+def _raise_in_rank_1(grid):
+    if grid.rank == 1:
+        raise KeyError("broken on purpose")
+    time.sleep(60)
+
+
+def _hang_in_collective(grid):
+    if grid.rank == 0:
+        dist.all_reduce(torch.ones(1))          # rank 1 never joins
+    time.sleep(60)
+
+
+def _die(grid):
+    if grid.rank == 1:
+        os._exit(3)
+    time.sleep(60)
+
+
+def test_results_come_back_in_rank_order_twice_in_a_row():
+    for _ in range(2):
+        out = launch(_gather, 3, 2.0, timeout_s=60)
+        assert [r["rank"] for r in out] == [0, 1, 2]
+        assert all(r["sum"] == 2.0 * (0 + 1 + 2) for r in out)
+        assert all(r["threads"] == 1 and r["backend"] == "gloo" for r in out)
+    assert not dist.is_initialized()             # the caller never joins a process group
+
+
+def test_an_exception_in_rank_1_is_reraised_with_the_rank_named_quickly():
+    t0 = time.monotonic()
+    with pytest.raises(RankError, match="rank 1") as info:
+        launch(_raise_in_rank_1, 2, timeout_s=60)
+    assert time.monotonic() - t0 < 15
+    assert info.value.rank == 1
+    assert "KeyError" in str(info.value) and "_raise_in_rank_1" in info.value.traceback
+
+
+def test_a_hang_in_a_collective_fails_within_the_launch_timeout():
+    t0 = time.monotonic()
+    with pytest.raises((LaunchTimeout, RankError)):
+        launch(_hang_in_collective, 2, timeout_s=4)
+    assert time.monotonic() - t0 < 12
+
+
+def test_a_rank_that_dies_without_a_word_is_reported():
+    with pytest.raises(RankError, match="rank 1.*code 3"):
+        launch(_die, 2, timeout_s=30)
+
+
+def test_hello_under_spawn_and_a_plan_grid():
+    out = launch(hello, Plan(dp=2), start_method="spawn", timeout_s=60)
+    assert [r["rank_sum"] for r in out] == [1, 1]
+    assert len({r["pid"] for r in out}) == 2
+
+
+def test_free_port_is_a_port():
+    assert 0 < free_port() < 65536

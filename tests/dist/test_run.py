@@ -1,0 +1,50 @@
+"""``parallel-lab run``: the report compares measured with predicted; the composition's plug-in points."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+from parallel_lab.dist import train
+from parallel_lab.dist.run import RUN_DEFAULTS, predicted_activations, run
+from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
+
+
+def test_run_report_for_dp2():
+    spec = ModelSpec.preset("tiny-gpt").with_(layers=2)
+    plan = Plan(dp=2, **{**RUN_DEFAULTS, "seq": 64, "micro_batch": 2})
+    rep = run(spec, plan, steps=2)
+    j = rep.to_json()
+    assert list(j) == ["losses", "reference_losses", "max_abs_param_diff", "comm", "memory", "wall_s"]
+    assert len(j["losses"]) == 2 and j["max_abs_param_diff"] <= 2e-5
+    dp = j["comm"]["dp"]
+    assert dp["measured_bytes"] == dp["predicted_bytes"] == 2 * 2 * 4 * spec.n_params   # 2 ranks, 2 steps
+    for cat in ("parameters", "gradients", "optimizer_states", "activations"):
+        assert j["memory"][cat]["measured_bytes"] == j["memory"][cat]["predicted_bytes"], cat
+    assert j["memory"]["activations"]["predicted_bytes"] == predicted_activations(spec, plan)
+    assert "loss (parallel)" in rep.summary() and json.dumps(j)
+
+
+def test_cli_run_json():
+    p = run_cli("run", "--model", "tiny-llama", "--dp", "2", "--steps", "2", "--seq", "64", "--json")
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    assert all(isinstance(j["comm"]["dp"][k], int) for k in ("measured_bytes", "predicted_bytes"))
+    assert j["comm"]["dp"]["measured_bytes"] == j["comm"]["dp"]["predicted_bytes"]
+    assert j["losses"][-1] < j["losses"][0]
+    assert "2/2 steps" in p.stderr                       # the progress bar
+
+
+def test_a_missing_parallelism_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(train.PLUGINS, "tp", ("no_such_module", "apply_tp", "tensor parallelism"))
+    with pytest.raises(ParallelLabError, match="tp > 1 needs dist/no_such_module.py"):
+        train.check_runnable(ModelSpec.preset("tiny-llama"), Plan(tp=2, **RUN_DEFAULTS))
+
+
+def test_bf16_is_refused_clearly():
+    with pytest.raises(ParallelLabError, match="fp32"):
+        train.check_runnable(ModelSpec.preset("tiny-llama"), Plan(dp=2, dtype="bf16", optimizer="adam-fp32"))
