@@ -26,7 +26,8 @@ events, tensors of a tiny model.
 
 Under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` set in the environment) the same call runs
 ``fn`` in this process only, for this rank, with ``env://`` rendezvous, and returns a list of
-``world`` entries in which only this rank's is filled (the others are None). Single node::
+``world`` entries in which only this rank's is filled (the others are None). The process group then
+stays up for further launches of the same script and is torn down at exit. Single node::
 
     torchrun --standalone --nproc-per-node=8 my_script.py
 
@@ -41,6 +42,7 @@ where ``my_script.py`` calls ``launch(train_rank, plan, ...)`` under ``if __name
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import pickle
@@ -250,10 +252,13 @@ def _launch_torchrun(fn: Callable, plan: Plan, args: tuple, kwargs: dict, pg_tim
         dev = pick_device(local_rank, device)[0]
     else:
         dev = _init(rank, world, local_rank, "env://", pg_timeout_s, device)
+        atexit.register(teardown)     # one process group for all launches of this script (a second
+        #                               init on torchrun's store would read the first one's stale keys)
     grid = Grid.create(plan, rank, dev)
     result = fn(grid, *args, **kwargs)
     del grid
-    teardown()
+    gc.collect()
+    dist.barrier()
     out: list[Any] = [None] * world
     out[rank] = result
     return out

@@ -205,11 +205,12 @@ class Attention(nn.Module):
         self.selective_recompute = False
 
     def forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
-        b, s, _ = x.shape
         d = self.head_dim
-        q = self.wq(x).view(b, s, -1, d)          # -1: the local head count (heads / tp under TP)
-        k = self.wk(x).view(b, s, -1, d)
-        v = self.wv(x).view(b, s, -1, d)
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        b, s = q.shape[:2]                        # from the projections: with SP, x holds s / tp tokens
+        q = q.view(b, s, -1, d)                   # -1: the local head count (heads / tp under TP)
+        k = k.view(b, s, -1, d)
+        v = v.view(b, s, -1, d)
         if self.rotary:
             cos, sin = ctx.rope(d, q.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

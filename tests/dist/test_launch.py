@@ -78,3 +78,30 @@ def test_hello_under_spawn_and_a_plan_grid():
 
 def test_free_port_is_a_port():
     assert 0 < free_port() < 65536
+
+
+def test_the_same_launch_runs_under_torchrun(tmp_path):
+    """Under torchrun each process runs its own rank in-process; two launches in one script work."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "two_launches.py"
+    script.write_text(
+        "import json\n"
+        "from parallel_lab.dist.launch import hello, launch\n"
+        "if __name__ == '__main__':\n"
+        "    a = launch(hello, 2)\n"
+        "    b = launch(hello, 2)\n"
+        "    print(json.dumps([a, b]))\n")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node=2", str(script)]
+    repo = Path(__file__).resolve().parents[2]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=repo)
+    assert p.returncode == 0, p.stderr[-2000:]
+    outs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("[")]
+    assert len(outs) == 2
+    for a, b in outs:                                    # each process filled only its own entry
+        mine = [i for i, r in enumerate(a) if r is not None]
+        assert len(mine) == 1 and a[mine[0]]["rank_sum"] == b[mine[0]]["rank_sum"] == 1
