@@ -4,13 +4,15 @@ so the Voila app puts the four of them in tabs.
 
 How they work. Every explorer holds its input widgets in ``.widgets`` (a dict by name), computes its
 result from their values with the analytic core (``compute``), draws the result into one persistent
-matplotlib figure (``.figure``, drawn by the pure functions of :mod:`parallel_lab.viz.plots`) and shows it
-as a PNG in an ``ipywidgets.Image``. It recomputes only on a widget's change event (sliders have
-``continuous_update=False``, so dragging sends one event on release).
+matplotlib figure (``.figure``, drawn by the pure functions of :mod:`parallel_lab.viz.plots` into axes
+that are emptied, not rebuilt) and shows it in an ``ipywidgets.Image``: as SVG with text left to the
+browser (a third cheaper to produce than a PNG), or as PNG when a timeline holds thousands of boxes. It
+recomputes only on a widget's change event (sliders have ``continuous_update=False``, so dragging sends
+one event on release).
 
-Why a PNG in an Image widget rather than ipympl: the picture is the same Agg rendering either way (the
-redraw costs the same), but an Image needs no extra front-end extension, and it cannot hit ipympl 0.10's
-blank-canvas problem when the notebook draws while Voila is still executing it (see
+Why an Image widget rather than ipympl: the figure is rendered by matplotlib either way (the redraw costs
+the same), but an Image needs no extra front-end extension, and it cannot hit ipympl 0.10's blank-canvas
+problem when the notebook draws while Voila is still executing it (see
 ``shared/reference/voila_browser_notes.md``). Figures are built with ``matplotlib.figure.Figure``, never
 pyplot, so no figure is left open and nothing depends on a backend.
 
@@ -56,6 +58,7 @@ GB = P.GB
 DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 CUSTOM = "custom"
+DENSE_BOXES = 1500            # above this many timeline boxes an explorer sends a PNG instead of an SVG
 DESC = {"description_width": "112px"}
 COL = W.Layout(width="320px")
 ROW_ITEM = W.Layout(width="310px")
@@ -126,7 +129,8 @@ class Explorer(W.VBox):
     Attributes for tests and notebooks: ``widgets`` (name -> input widget), ``figure`` (the matplotlib
     figure last drawn), ``image`` (the Image widget showing it), ``status`` (HTML: verdict or error),
     ``result`` (last valid result), ``error`` (the exception of the last refresh, or None), ``verdict``
-    (a short string, or None), ``last_redraw_s``.
+    (a short string, or None), ``last_redraw_s`` and ``timings`` (the last refresh's compute, artist and
+    render seconds).
     """
 
     figsize: tuple[float, float] = P.FIGSIZE
@@ -137,11 +141,12 @@ class Explorer(W.VBox):
         self.status = W.HTML(layout=W.Layout(min_height="44px"))
         self.figure = P.new_figure(self.figsize)
         width = f"{int(self.figsize[0] * P.DPI)}px"
-        self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width=width))
+        self.image = W.Image(format="svg+xml", layout=W.Layout(width="100%", max_width=width))
         self.result: Any = None
         self.error: BaseException | None = None
         self.verdict: str | None = None
         self.last_redraw_s = 0.0
+        self.timings: dict[str, float] = {}
         self._hold = False
         self._axes: list[Axes] = []
         self._axes_key: Any = object()
@@ -182,15 +187,20 @@ class Explorer(W.VBox):
         t0 = time.perf_counter()
         try:
             result = self.compute(self.values())
+            t1 = time.perf_counter()
             self.draw(result, self.axes_for(result))
-            png = P.to_png(self.figure)
+            t2 = time.perf_counter()
+            fmt = self.image_format(result)
+            image = P.to_svg(self.figure) if fmt == "svg+xml" else P.to_png(self.figure)
+            self.timings = {"compute_s": t1 - t0, "artists_s": t2 - t1, "render_s": time.perf_counter() - t2}
         except Exception as err:  # noqa: BLE001 - shown in the widget, never as a traceback
             self.error, self.verdict = err, None
             self.status.value = error_html(err)
             self.image.layout.display = "none"
         else:
             self.error, self.result = None, result
-            self.image.value = png
+            self.image.format = fmt
+            self.image.value = image
             self.image.layout.display = None
             self.status.value = self.describe(result)
         self.last_redraw_s = time.perf_counter() - t0
@@ -205,8 +215,7 @@ class Explorer(W.VBox):
             self._axes_key = key
         else:
             for ax in self._axes:
-                ax.clear()
-                ax.set_axis_on()
+                P.reset_axes(ax)
             self.figure.legends.clear()
             self.figure.texts.clear()
         return self._axes
@@ -217,6 +226,11 @@ class Explorer(W.VBox):
 
     def layout_key(self, result: Any) -> Any:
         return None
+
+    def image_format(self, result: Any) -> str:
+        """``svg+xml`` (text drawn by the browser, cheaper to make) unless the figure holds thousands of
+        boxes, where a PNG is smaller and faster."""
+        return "svg+xml"
 
     def make_axes(self, fig: Figure, result: Any) -> Sequence[Axes]:
         raise NotImplementedError
@@ -613,6 +627,10 @@ class PipelineExplorer(Explorer):
         return {"name": name, "p": v["stages"], "m": v["microbatches"], "v": vv, "costs": costs, "sim": sim,
                 "formula": formula, "measured": measured}
 
+    def image_format(self, r: dict[str, Any]) -> str:
+        boxes = len(r["sim"].timeline) + len(r["measured"] or [])
+        return "png" if boxes > DENSE_BOXES else "svg+xml"
+
     def layout_key(self, r: dict[str, Any]) -> Any:
         mp = len({row[0] for row in r["measured"]}) if r["measured"] else 0
         return (r["p"], mp)
@@ -749,6 +767,9 @@ class PlannerExplorer(Explorer):
         self.verdict = P.plan_label(plan)
         return {"result": res, "shown": shown, "index": idx, "estimate": est, "plan": plan, "ledger": led,
                 "report": rep, "sim": sim, "model": model, "cluster": cluster}
+
+    def image_format(self, r: dict[str, Any]) -> str:
+        return "png" if r["sim"] is not None and len(r["sim"].timeline) > DENSE_BOXES else "svg+xml"
 
     def layout_key(self, r: dict[str, Any]) -> Any:
         return r["plan"].pp > 1

@@ -17,11 +17,14 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import AutoLocator, FuncFormatter, NullFormatter, ScalarFormatter
+from matplotlib.transforms import Bbox
 
 GB = 1e9
 
@@ -85,6 +88,47 @@ def to_png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=fig.dpi, pil_kwargs={"compress_level": 1})
     return buf.getvalue()
+
+
+def to_svg(fig: Figure) -> bytes:
+    """Render ``fig`` to SVG bytes with text kept as text (the browser draws the glyphs), deterministic.
+
+    About a third cheaper than PNG for figures with a few hundred artists, since matplotlib lays text out
+    but does not rasterise it; PNG stays better for figures with thousands of boxes.
+    """
+    buf = io.BytesIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "parallel_lab"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    return buf.getvalue()
+
+
+def reset_axes(ax: Axes) -> None:
+    """Empty ``ax`` for a redraw, keeping its tick objects: several times cheaper than ``ax.clear()``.
+
+    Removes every artist and the legend, forgets the data limits, and restores what the ``draw_*``
+    functions change (titles, labels, linear scales, automatic limits and ticks, tick-label weight).
+    """
+    for group in (ax.patches, ax.texts, ax.lines, ax.collections, ax.images, ax.artists):
+        for artist in list(group):
+            artist.remove()
+    ax.containers.clear()                                     # bar containers feed the legend
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    ax.dataLim = Bbox.null()
+    ax.ignore_existing_data_limits = True
+    ax.set_autoscale_on(True)
+    ax.set_axis_on()
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale != "linear":
+            (ax.set_xscale if axis is ax.xaxis else ax.set_yscale)("linear")
+        axis.set_major_locator(AutoLocator())
+        axis.set_major_formatter(ScalarFormatter())
+        for label in axis.get_ticklabels():
+            label.set_fontweight("normal")
+    ax.set_title("")
+    ax.set_xlabel("")
+    ax.set_ylabel("")
+    ax.grid(False)
 
 
 def fmt_bytes(n: float) -> str:
@@ -255,6 +299,8 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
     for b in b2:
         b.set_gid("quadratic")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))   # plain numbers, no mathtext
+    ax.yaxis.set_minor_formatter(NullFormatter())
     finite = [v for v in lin + quad if v == v and v > 0]
     lo = min(finite, default=1e-3) / 3
     hi = max(finite + [hbm_bytes / GB], default=1.0) * 8
@@ -404,7 +450,7 @@ def draw_comm_time(ax: Axes, report: Any, tiers: Mapping[str, str] | None = None
     for y, d in zip(ys, dims, strict=True):
         ax.text(times[d] * 1e3 + right * 0.02, y, fmt_seconds(times[d]), va="center", fontsize=8.5)
     ax.set_yticks(ys, dims)
-    ax.invert_yaxis()
+    ax.set_ylim(len(dims) - 0.5, -0.5)                         # first dimension on top
     ax.set_xlabel("time per step (ms)")
     if tiers:
         ax.legend(handles=[Patch(color=color[t], label=t) for t in tier_names], loc="lower right",
@@ -602,7 +648,7 @@ def draw_plans(ax: Axes, plans: Sequence[Any], *, top: int = 10, title: str | No
         ax.text(t + right * 0.01, y, f"{t:.3g} s" + (f"  MFU {float(mfu):.0%}" if mfu is not None else ""),
                 va="center", fontsize=8)
     ax.set_yticks(ys, [f"#{i + 1} {plan_label(p)}" for i, p in enumerate(plans)], fontsize=8)
-    ax.invert_yaxis()
+    ax.set_ylim(len(plans) - 0.5, -0.5)                        # best plan on top
     ax.set_xlabel("estimated step time (s)")
     if title:
         ax.set_title(title, fontsize=10)

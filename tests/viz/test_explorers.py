@@ -29,7 +29,11 @@ def assert_shows_error(ex, expected: str) -> None:
 
 def assert_shows_figure(ex) -> None:
     assert ex.error is None and ex.image.layout.display is None
-    assert ex.image.value[:4] == b"\x89PNG"
+    data = bytes(ex.image.value)
+    if ex.image.format == "svg+xml":
+        assert data.startswith(b"<?xml") and b"<svg" in data[:500]
+    else:
+        assert ex.image.format == "png" and data[:4] == b"\x89PNG"
 
 
 # --------------------------------------------------------------------------------------------------
