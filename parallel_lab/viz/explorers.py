@@ -827,30 +827,34 @@ class PlannerExplorer(Explorer):
 
     # ---- plan file ------------------------------------------------------------------------------
     def save(self) -> Any:
-        """Save the plan shown as a plan file at ``self.path.value``; the message names the absolute path."""
+        """Save the plan shown as a plan file (``parallel_lab.planfile.save_plan``) at ``self.path.value``;
+        the message under the button names the absolute path. Returns that path, or None on an error."""
+        from pathlib import Path
+
         try:
             if self.result is None or self.error is not None:
                 raise ParallelLabError("no plan to save: the inputs above are invalid; fix them first")
             from .. import planfile
 
             r = self.result
-            phase = self.phase.value or self.phase.placeholder or "pretrain"
-            path = planfile.save_plan(self.path.value, r["plan"], model=r["model"], cluster=r["cluster"],
-                                      phase=phase, estimate=r["estimate"])
+            phase = self.phase.value.strip() or self.phase.placeholder or "pretrain"
+            target = Path(self.path.value.strip() or "plan.yaml").expanduser()
+            planfile.save_plan(target, r["model"], r["cluster"], r["plan"], phase=phase,
+                               gpus=r["result"].gpus)
         except ImportError as err:
-            self.save_message.value = error_html(ParallelLabError(
-                f"plan files are not available in this version of parallel_lab ({err})"))
+            err = ParallelLabError(f"plan files are not available in this version of parallel_lab ({err})")
+            self.save_message.value = error_html(err)
             return None
         except (ParallelLabError, OSError) as err:
             if not isinstance(err, ParallelLabError):
-                err = ParallelLabError(f"cannot write {self.path.value!r}: {err}")
+                err = ParallelLabError(f"cannot write {self.path.value!r}: {err}; pick another path")
             self.save_message.value = error_html(err)
             return None
-        from pathlib import Path
-
-        self.saved_path = Path(path).resolve()
+        self.saved_path = target.resolve()
         where = html.escape(str(self.saved_path))
-        self.save_message.value = _line(f"Saved plan #{r['index'] + 1} to <code>{where}</code>", "#1a7f37")
+        label = html.escape(P.plan_label(r["plan"]))
+        self.save_message.value = _line(f"Saved plan #{r['index'] + 1} ({label}, phase "
+                                        f"{html.escape(phase)}) to <code>{where}</code>", "#1a7f37")
         return self.saved_path
 
 

@@ -204,3 +204,62 @@ def test_pipeline_measured_timeline_beside_the_simulated_one():
     assert "Measured: 2 ranks" in ex.status.value
     ex.set_measured(None)
     assert len(ex.figure.axes) == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Planner
+# --------------------------------------------------------------------------------------------------
+
+def test_planner_table_chosen_plan_and_bubble():
+    from parallel_lab.planner import plan_search
+    from parallel_lab.simulate import Costs, bubble_formula
+    from parallel_lab.viz import plots as P
+    from parallel_lab.viz.explorers import PlannerExplorer
+
+    ex = PlannerExplorer(model="llama2-70b", gpus=16, seq=4096, batch_tokens="1M")
+    assert_shows_figure(ex)
+    model = ModelSpec.preset("llama2-70b")
+    expected = plan_search(model, H100, 16, 4096, global_batch_tokens="1M")
+    res = ex.result["result"]
+    shown = ex.result["shown"]
+    assert [e.plan for e in res.estimates[:shown]] == [e.plan for e in expected.estimates[:shown]]
+    assert ex.table.value.count("<tr") == shown + 1                      # header + one row per plan
+    for reason, n in expected.rejected.items():
+        assert reason in ex.rejected.value and f">{n:,}<" in ex.rejected.value
+
+    ex.widgets["chosen"].value = 2                                       # no new search, another plan
+    assert ex.result["result"] is res
+    est = expected.estimates[1]
+    assert ex.verdict == P.plan_label(est.plan)
+    led = ledger.memory(model, est.plan, H100)
+    for cat, b in led.per_gpu_bytes.items():
+        assert heights(ex.figure.axes[0], cat) == [pytest.approx(b / GB)]
+    assert est.memory_bytes == pytest.approx(led.total_bytes)      # the planner's fast path = the ledger
+    # a 70B model on 16 GPUs needs a pipeline: the simulated timeline's bubble is the planner's closed form
+    plan = est.plan
+    assert plan.pp > 1 and len(ex.figure.axes) == 3
+    sim = ex.result["sim"]
+    assert sim.bubble_ratio == pytest.approx(est.bubble_ratio)
+    costs = Costs(1, 2 if plan.recompute == "full" else 1, 1)          # full recomputation: B runs F again
+    assert est.bubble_ratio == pytest.approx(bubble_formula(plan.schedule, plan.pp, plan.microbatches,
+                                                            plan.interleave, costs))
+
+
+def test_planner_no_plan_and_saving(tmp_path):
+    from parallel_lab.planfile import load_plan
+    from parallel_lab.viz.explorers import PlannerExplorer
+
+    ex = PlannerExplorer(model="llama2-7b", gpus=8, seq=4096, batch_tokens="512K")
+    ex.path.value = str(tmp_path / "plans" / "7b.yaml")
+    assert ex.save() is None and "cannot write" in ex.save_message.value     # the folder does not exist
+    ex.path.value = str(tmp_path / "7b.yaml")
+    ex.phase.value = "pretrain-4k"
+    ex.save_button.click()
+    assert ex.saved_path == (tmp_path / "7b.yaml").resolve()
+    assert str(ex.saved_path) in ex.save_message.value
+    loaded = load_plan(ex.saved_path)
+    assert loaded.plan == ex.result["plan"] and loaded.phase == "pretrain-4k" and loaded.gpus == 8
+
+    ex.set(model="llama3-405b")                                   # 405B does not fit on 8 GPUs at all
+    assert isinstance(ex.error, ParallelLabError) and "no plan for llama3-405b" in ex.status.value
+    assert ex.save() is None and "invalid" in ex.save_message.value
