@@ -420,6 +420,108 @@ def _bubble(args: argparse.Namespace) -> Output:
 
 
 # --------------------------------------------------------------------------------------------------
+# plan
+# --------------------------------------------------------------------------------------------------
+
+PLAN_HELP = (
+    "Enumerate every valid (tp, cp, pp, dp, zero, micro-batch, accumulation, recompute, schedule, "
+    "interleave, sp) for a model on N GPUs, drop those that do not fit (ledger, with the margin) or break "
+    "divisibility, batch or node limits, estimate the step time (compute at the cluster's achievable "
+    "fraction of peak + communication that cannot overlap + pipeline bubble; see parallel_lab/planner.py) "
+    "and rank. The global batch is in tokens (16M = 16*2^20) or in sequences (--global-batch).")
+
+
+def _add_plan(sub: Any) -> None:
+    p = subcommand(sub, "plan", _plan, "rank every valid 4-D plan for a model on N GPUs",
+                   description=PLAN_HELP)
+    add_model_args(p)
+    g = p.add_argument_group("search")
+    g.add_argument("--cluster", metavar="PRESET", help=f"machine: {', '.join(CLUSTER_PRESETS)} "
+                   f"(default {DEFAULT_CLUSTER})")
+    g.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    g.add_argument("--seq", type=int, required=True, help="sequence length in tokens")
+    g.add_argument("--global-batch-tokens", metavar="TOKENS",
+                   help="global batch in tokens; K/M/G are 2^10/2^20/2^30 (16M = 16,777,216)")
+    g.add_argument("--global-batch", type=int, metavar="N", help="global batch in sequences")
+    g.add_argument("--top", type=int, default=10, help="plans to print (default 10; --json too)")
+    g.add_argument("--fix", metavar="F=V,...", help="pin Plan fields, e.g. --fix tp=8,pp=16,schedule=1f1b")
+    g.add_argument("--schedules", metavar="S,...",
+                   help="pipeline schedules to try (default 1f1b,interleaved,zb-h1; gpipe only when asked)")
+    g.add_argument("--zero-stages", metavar="Z,...", help="ZeRO stages to try (default 0,1,2,3)")
+    g.add_argument("--recompute", metavar="R,...",
+                   help="recompute modes to try (default none,selective,full)")
+    g.add_argument("--max-tp", type=int, help="largest TP degree (default: GPUs per node)")
+    g.add_argument("--cp-kind", choices=CP_KINDS, default="ring", help="context parallelism (default ring)")
+    g.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam-mixed", help="default adam-mixed")
+    g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="default bf16")
+    g.add_argument("--margin", type=float, default=0.1, help="HBM safety margin, fraction (default 0.1)")
+    g.add_argument("--save", metavar="FILE", help="write the best plan as a plan file (YAML)")
+    g.add_argument("--phase", help="phase name for --save (default: seq<N>), e.g. pretrain-8k")
+
+
+def _split(text: str | None, cast: Callable[[str], Any] = str) -> tuple[Any, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(cast(x.strip()) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ParallelLabError(f"{text!r} is not a comma-separated list of the right values") from None
+
+
+def _plan(args: argparse.Namespace) -> Output:
+    from .planfile import save_plan
+    from .planner import Constraints, parse_fix, plan_search
+
+    model = model_from_args(args)
+    cluster = cluster_from_args(args)
+    kw: dict[str, Any] = {"fixed": parse_fix(args.fix), "max_tp": args.max_tp, "cp_kind": args.cp_kind,
+                          "optimizer": args.optimizer, "dtype": args.dtype, "margin": args.margin}
+    for name, text, cast in (("schedules", args.schedules, str), ("zero_stages", args.zero_stages, int),
+                             ("recompute", args.recompute, str)):
+        if _split(text, cast):
+            kw[name] = _split(text, cast)
+    bad = [s for s in kw.get("schedules", ()) if s not in SCHEDULES]
+    if bad:
+        raise ParallelLabError(f"--schedules {bad}: pick from {', '.join(SCHEDULES)}")
+    if args.global_batch is None and args.global_batch_tokens is None:
+        raise ParallelLabError("give the global batch: --global-batch-tokens 16M or --global-batch N "
+                               "(sequences)")
+    res = plan_search(model, cluster, args.gpus, args.seq, global_batch=args.global_batch,
+                      global_batch_tokens=args.global_batch_tokens, constraints=Constraints(**kw))
+    data = res.to_json(args.top)
+    rows = []
+    for i, e in enumerate(res.estimates[:args.top]):
+        f = e.fields
+        sched = "-" if f["pp"] == 1 else \
+            f["schedule"] + (f" v={f['interleave']}" if f["interleave"] > 1 else "")
+        ex = e.exposed_s
+        rows.append((i + 1, f["dp"], f["tp"], f["pp"], f["cp"], f["zero"], "sp" if f["sp"] else "",
+                     f["micro_batch"], f["grad_accum"], f["recompute"], sched,
+                     f"{e.memory_bytes / GB:,.1f}", f"{e.headroom_bytes / GB:,.1f}", f"{e.step_time_s:,.3f}",
+                     f"{e.mfu:.1%}", f"{e.bubble_ratio:.3f}",
+                     " ".join(f"{d}={ex[d] * 1e3:,.0f}" for d in ("tp", "cp", "pp", "dp") if ex.get(d))))
+    lines = [
+        model.summary(),
+        f"{args.gpus:,} x {cluster.name}, seq {args.seq:,}, global batch {res.global_batch:,} sequences "
+        f"= {res.global_batch * args.seq:,} tokens; {res.families} families, {res.candidates:,} candidates, "
+        f"{len(res.estimates):,} fit; searched in {res.elapsed_s:.2f} s",
+        table(rows, ("#", "dp", "tp", "pp", "cp", "zero", "sp", "mb", "m", "recompute", "schedule", "mem GB",
+                     "free GB", "step s", "MFU", "bubble", "exposed comm (ms)"), left=(6, 9, 10, 16)),
+        "rejected families: " + (", ".join(f"{k} {v}" for k, v in res.rejected.items()) or "none"),
+    ]
+    if not res.estimates:
+        lines.append("no plan fits: allow more GPUs, recomputation, ZeRO, or a smaller micro-batch")
+    if args.save:
+        if not res.estimates:
+            raise ParallelLabError("no plan fits, so there is nothing to --save")
+        pf = save_plan(args.save, model, cluster, res.estimates[0].plan, phase=args.phase or f"seq{args.seq}",
+                       gpus=args.gpus)
+        data["saved"] = {"path": args.save, "phase": pf.phase}
+        lines.append(f"saved the best plan as {args.save} (phase {pf.phase})")
+    return Output(data, "\n".join(lines))
+
+
+# --------------------------------------------------------------------------------------------------
 # run (the runnable core; imports torch only when chosen)
 # --------------------------------------------------------------------------------------------------
 
@@ -489,7 +591,8 @@ def _run(args: argparse.Namespace) -> Output:
 
 #: One registrar per subcommand, in the order ``--help`` lists them. To add a subcommand, append yours.
 #: (``bubble`` and ``plan``: schedules/planner; ``run``: the runnable core, importing torch in its handler.)
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble, _add_run]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble, _add_plan,
+                                            _add_run]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -339,6 +339,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
                     dict(comm_s), exposed, step, mfu, _plan=plan)
 
 
+def plan_bubble(plan: Plan) -> float:
+    """The pipeline bubble ratio the planner assumes for ``plan`` (0 without a pipeline)."""
+    return _bubble(plan.schedule, plan.pp, plan.microbatches, plan.interleave, plan.recompute)
+
+
 @lru_cache(maxsize=4096)
 def _bubble(schedule: str, pp: int, m: int, v: int, recompute: str) -> float:
     return 0.0 if pp == 1 else bubble_formula(schedule, pp, m, v, _costs(recompute))

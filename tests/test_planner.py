@@ -221,3 +221,46 @@ def test_planner_best_plans_8k(search_8k):
         best.fields["cp"] == 16384
     assert best.fields["micro_batch"] * best.fields["grad_accum"] * best.fields["dp"] == 2048
     assert search_8k.rejected.get("tp_across_nodes", 0) > 0
+
+
+# ---- `parallel-lab plan` ---------------------------------------------------------------------------
+
+def _cli(capsys, *args):
+    import json
+
+    from parallel_lab.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if "--json" in args and code == 0 else out), err
+
+
+def test_plan_cli_json(capsys, tmp_path):
+    from parallel_lab.planfile import load_plan
+
+    save = tmp_path / "best.yaml"
+    code, j, _ = _cli(capsys, "plan", "--model", "llama3-405b", "--cluster", "h100-sxm", "--gpus", "16384",
+                      "--seq", "8192", "--global-batch-tokens", "16M", "--top", "5", "--json",
+                      "--save", str(save), "--phase", "pretrain-8k")
+    assert code == 0
+    assert len(j["plans"]) == 5 and j["global_batch_tokens"] == 16 * 2**20
+    keys = {"dp", "tp", "pp", "cp", "zero", "micro_batch", "grad_accum", "recompute", "schedule",
+            "interleave", "memory_bytes", "step_time_s", "mfu"}
+    assert all(keys <= set(row) for row in j["plans"])
+    times = [row["step_time_s"] for row in j["plans"]]
+    assert times == sorted(times)
+    assert set(j["rejected"]) <= {"divisibility", "batch", "tp_across_nodes", "oom"} and j["rejected"]
+    pf = load_plan(save)
+    best = j["plans"][0]
+    assert pf.phase == "pretrain-8k" and (pf.plan.dp, pf.plan.pp) == (best["dp"], best["pp"])
+
+
+def test_plan_cli_text_fix_and_errors(capsys):
+    code, out, _ = _cli(capsys, "plan", "--model", "llama3-405b", "--gpus", "16384", "--seq", "8192",
+                        "--global-batch", "2048", "--fix", "tp=8,pp=16", "--top", "3")
+    assert code == 0 and "rejected families" in out and "2,048 sequences" in out
+    code, _, err = _cli(capsys, "plan", "--model", "llama3-405b", "--gpus", "16384", "--seq", "8192")
+    assert code == 2 and "global batch" in err
+    code, _, err = _cli(capsys, "plan", "--model", "llama3-405b", "--gpus", "16384", "--seq", "8192",
+                        "--global-batch-tokens", "16M", "--fix", "tp=3")
+    assert code == 2 and "divide" in err
