@@ -41,7 +41,14 @@ Fields a plug-in may set (defaults in brackets):
 * ``rt.param_owner`` [dp_rank == 0 and cp_rank == 0 and tp_rank == 0]: this rank returns parameters.
 * ``rt.dp``: the data-parallel object (``LocalGrads`` interface: set_sync, finish, step, zero_grad,
   measure_state, local_parameters).
-* ``rt.meter``: the saved-tensor meter (``meter.exclude(t)`` for storages that are not activations).
+* ``rt.meter``: the saved-tensor meter, created after every ``apply_*`` (it hooks the final modules by
+  name: ``tok_emb``, ``blocks.{i}``, ``final_norm``, ``lm_head``), so use it at run time, e.g.
+  ``rt.meter.exclude(t)`` for a gathered buffer that is not an activation. Parameters are excluded
+  automatically (looked up on ``rt.model`` at every save).
+* ``rt.extras``: a free dict for a plug-in's own state.
+
+What the caller predicts for a plan lives in dist/run.py (``comm.collectives`` per rank's stage,
+``ledger.state_bytes``, ``predicted_activations``); adjust those there if your parallelism changes them.
 
 Loss normalisation: each micro-batch contributes ``mean over its tokens / m`` (``m = grad_accum``), and
 gradients are averaged over the ``dp x cp`` ranks, so the gradients equal those of the mean loss over the
