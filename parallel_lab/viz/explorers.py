@@ -715,7 +715,7 @@ class PlannerExplorer(Explorer):
         c["chosen"] = _int_slider("show plan #", 1, 20, 1)
         self._search_key: Any = None
         self._search: Any = None
-        self.path = W.Text(value=path, description="plan file", style=DESC, layout=ROW_ITEM)
+        self.path = W.Text(value=path, description="plan file", style=DESC, layout=W.Layout(width="520px"))
         self.phase = W.Text(value="", placeholder="pretrain-4k", description="phase", style=DESC,
                             layout=ROW_ITEM)
         self.save_button = W.Button(description="save plan file", icon="", button_style="primary",
@@ -728,7 +728,10 @@ class PlannerExplorer(Explorer):
         columns = [[c["model"], custom, c["cluster"]], [c["gpus"], c["seq"], c["batch_tokens"]],
                    [c["top"], c["chosen"]]]
         save_row = W.HBox([self.path, self.phase, self.save_button], layout=W.Layout(flex_flow="row wrap"))
-        super().__init__(c, columns, extra=(save_row, self.save_message, self.table, self.rejected))
+        super().__init__(c, columns)
+        panel, status, image = self.children
+        # the ranked table and the rejected families first, then the plan file, then the chosen plan's picture
+        self.children = (panel, status, self.table, self.rejected, save_row, self.save_message, image)
 
     # ---- core -----------------------------------------------------------------------------------
     def search(self, v: dict[str, Any]) -> Any:

@@ -171,3 +171,23 @@ def test_communication_and_pipeline_tabs(page):
     sync_api.expect(status).to_contain_text("Bubble ratio 37.5%")          # (p - 1) / m for p=4, m=8
     page.locator(".pl-chart:visible").first.screenshot(path=str(ARTIFACTS / "pipeline.png"))
     page.screenshot(path=str(ARTIFACTS / "app_pipeline.png"), full_page=True)
+
+
+def test_planner_tab_saves_a_plan_file(page):
+    from parallel_lab.planfile import load_plan
+
+    page.locator(".lm-TabBar-tab", has_text="Planner").click()
+    status = page.locator(".pl-status:visible").first
+    sync_api.expect(status).to_contain_text("that fit", timeout=30_000)
+    sync_api.expect(page.get_by_text("Ranked plans")).to_be_visible()
+    sync_api.expect(page.get_by_text("Rejected families")).to_be_visible()
+    target = ARTIFACTS / "plan_from_app.yaml"
+    target.unlink(missing_ok=True)
+    path_box = page.locator(".widget-text:visible input").first
+    path_box.fill(str(target))
+    path_box.press("Enter")
+    page.get_by_role("button", name="save plan file").click()
+    sync_api.expect(page.get_by_text("Saved plan #1")).to_be_visible(timeout=15_000)
+    sync_api.expect(page.get_by_text(str(target))).to_be_visible()
+    page.screenshot(path=str(ARTIFACTS / "app_planner.png"), full_page=True)
+    assert load_plan(target).gpus == 16
