@@ -229,7 +229,7 @@ def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, 
         ax.set_xlabel(xlabel)
     ax.set_ylabel("memory per GPU (GB)")
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=10, y=1.0)
     if legend:
         handles, names = ax.get_legend_handles_labels()     # top of the stack first, as drawn
         ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
@@ -269,7 +269,7 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
     ax.set_xlabel(knob)
     ax.set_ylabel("GB per GPU")
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=10, y=1.0)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     return totals
@@ -321,7 +321,7 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
     ax.set_ylabel("activations per GPU (GB, log scale)")
     ax.legend(loc="upper left", fontsize=8, frameon=False)
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=10, y=1.0)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
 
@@ -422,7 +422,7 @@ def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[
     ax.set_xlabel("parallel dimension")
     ax.set_ylabel("GB sent per GPU per step")
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=10, y=1.0)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     return per_dim
@@ -456,7 +456,7 @@ def draw_comm_time(ax: Axes, report: Any, tiers: Mapping[str, str] | None = None
         ax.legend(handles=[Patch(color=color[t], label=t) for t in tier_names], loc="lower right",
                   fontsize=8, frameon=False, title="link tier", title_fontsize=8)
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=10, y=1.0)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     return times
@@ -576,7 +576,7 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     handles.append(Patch(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", label="idle"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=10, y=1.0)
     return {"ranks": ranks, "makespan": makespan, "busy": busy}
 
 
@@ -651,7 +651,7 @@ def draw_plans(ax: Axes, plans: Sequence[Any], *, top: int = 10, title: str | No
     ax.set_ylim(len(plans) - 0.5, -0.5)                        # best plan on top
     ax.set_xlabel("estimated step time (s)")
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=10, y=1.0)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     return times
