@@ -498,8 +498,10 @@ def kind_key(kind: Any) -> str:
 def timeline_rows(timeline: Any) -> list[tuple[int, float, float, str, int, int]]:
     """Normalise a timeline to ``[(rank, start, end, kind, microbatch, chunk)]``.
 
-    Accepts ``parallel-lab bubble --json``'s ``timeline`` list, the dictionary holding it, or objects with
-    those attributes.
+    Accepts ``parallel-lab bubble --json``'s ``timeline`` list (or the dictionary holding it), the
+    simulator's result (``simulate.SimResult``, whose intervals have these attributes), and the spans the
+    runnable code records (``dist.instruments.Span``: ``rank, kind, name, t_start, t_end, micro_batch``;
+    only ``kind == "compute"`` spans are kept, named ``F``, ``B`` or ``W``).
     """
     if isinstance(timeline, Mapping):
         timeline = timeline.get("timeline", [])
@@ -509,6 +511,11 @@ def timeline_rows(timeline: Any) -> list[tuple[int, float, float, str, int, int]
     for r in timeline or []:
         if isinstance(r, Sequence) and not isinstance(r, str):
             rank, start, end, kind, mb, chunk = (list(r) + [0, 0])[:6]
+        elif hasattr(r, "t_start"):                                  # a measured Span
+            if field(r, "kind") != "compute":
+                continue
+            rank, start, end = field(r, "rank"), field(r, "t_start"), field(r, "t_end")
+            kind, mb, chunk = field(r, "name"), field(r, "micro_batch", 0), 0
         else:
             rank, start, end = field(r, "rank"), field(r, "start"), field(r, "end")
             kind, mb, chunk = field(r, "kind"), field(r, "microbatch", 0), field(r, "chunk", 0)

@@ -130,3 +130,18 @@ def test_plan_label_and_helpers():
         ["F", "F", "B", "B", "W", "W"]
     png = P.to_png(P.memory_figure(ledger.memory(ModelSpec.from_params(1e9), Plan(), H100)))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timeline_accepts_the_runnable_codes_spans():
+    pytest.importorskip("torch")
+    from parallel_lab.dist.instruments import Span, align
+
+    spans = align([Span(0, "compute", "F", 10.0, 10.1, 0), Span(0, "comm", "pp:send", 10.1, 10.12),
+                   Span(1, "compute", "F", 10.12, 10.22, 0), Span(1, "compute", "B", 10.22, 10.42, 0),
+                   Span(0, "compute", "B", 10.44, 10.64, 0)])
+    rows = P.timeline_rows(spans)
+    assert [(r, k) for r, _, _, k, _, _ in rows] == [(0, "F"), (1, "F"), (1, "B"), (0, "B")]
+    fig = P.timelines_figure(simulate(build_schedule("1f1b", 2, 1), Costs()), spans)
+    info = P.draw_timeline(fig.axes[1], spans, time_scale=1e3)
+    assert info["makespan"] == pytest.approx(640.0)                        # ms, from the first start
+    assert info["busy"] == {0: pytest.approx(300.0), 1: pytest.approx(300.0)}
