@@ -48,3 +48,13 @@ def test_a_missing_parallelism_is_a_clear_error(monkeypatch):
 def test_bf16_is_refused_clearly():
     with pytest.raises(ParallelLabError, match="fp32"):
         train.check_runnable(ModelSpec.preset("tiny-llama"), Plan(dp=2, dtype="bf16", optimizer="adam-fp32"))
+
+
+def test_plan_files_give_model_and_plan():
+    from conftest import REPO
+
+    from parallel_lab.cli import _plan_from_file
+
+    model, p = _plan_from_file(str(REPO / "examples" / "plans" / "tiny-dp2-zero3.yaml"))
+    assert model == ModelSpec.preset("tiny-llama")
+    assert (p.dp, p.zero, p.dtype, p.optimizer) == (2, 3, "fp32", "adam-fp32")
