@@ -47,10 +47,11 @@ MFU = model FLOPs per step (``flops.step_flops``) / (step time * GPUs * peak), C
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from typing import Any
@@ -420,13 +421,11 @@ class _Fast:
         key = (tp, self.fl.n_layers(pp, v, stage), stage == 0, stage == pp - 1)
         if key in self._stage:
             return self._stage[key]
-        plan = replace(self.base, tp=tp, pp=pp, interleave=v, schedule="interleaved" if v > 1 else "1f1b",
-                       grad_accum=pp)
-        params = ledger.local_parameters(self.model, plan, stage)
+        params = self._stage_parameters(tp, pp, v, stage)
         units: dict[str, int] = {}
         for p in params:
             units[p.unit] = units.get(p.unit, 0) + p.numel
-        cap = plan.bucket_mb * 1e6
+        cap = self.base.bucket_mb * 1e6
         buckets: list[int] = []
         size = 0
         for p in reversed(params):                       # comm.ddp_buckets' rule
@@ -448,6 +447,24 @@ class _Fast:
         }
         self._stage[key] = info
         return info
+
+    def _stage_parameters(self, tp: int, pp: int, v: int, stage: int) -> list[ledger.LocalParam]:
+        """``ledger.local_parameters`` of the stage, computed on a copy of the model cut to the stage's
+        block count (every block has the same parameters; the ledger walks every layer of the model, which
+        costs milliseconds for 126 layers). Block names are renumbered from 0; the tests compare with the
+        ledger."""
+        n = self.fl.n_layers(pp, v, stage)
+        first, last = stage == 0, stage == pp - 1
+        cut = self.model.with_(layers=n)
+        one = replace(self.base, tp=tp, pp=1, grad_accum=1)
+        params = [p for p in ledger.local_parameters(cut, one, 0)
+                  if (first or p.name.split(".")[0] not in ("tok_emb", "pos_emb"))
+                  and (last or p.name.split(".")[0] not in ("final_norm", "lm_head"))]
+        if self.model.tied_embeddings and pp > 1 and last:   # the last stage's copy of the embedding
+            plan = replace(self.base, tp=tp, pp=pp, interleave=v, grad_accum=pp,
+                           schedule="interleaved" if v > 1 else "1f1b")
+            params.append(ledger.local_parameters(self.model, plan, stage)[-1])
+        return params
 
     def state_and_buffers(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int,
                           zero_unit: str = "block") -> tuple[float, float]:
@@ -672,7 +689,7 @@ class _Fast:
 class PlannerResult:
     """Ranked plans (best first), rejected families by reason, and what was searched."""
 
-    estimates: list[Estimate]
+    estimates: Sequence[Estimate]
     rejected: dict[str, int]
     families: int
     candidates: int
@@ -736,20 +753,64 @@ def _families(gpus: int, c: Constraints) -> Iterable[tuple[int, int, int, int]]:
                     yield tp, cp, pp, dp
 
 
-def _variants(model: ModelSpec, c: Constraints, per_replica: int, tp: int, pp: int
-              ) -> Iterable[tuple[int, int, str, int, str, bool]]:
-    """Every ``(micro_batch, m, schedule, interleave, recompute, sp)`` of a family."""
-    sps = [s for s in c.options("sp", c.sp) if not s or tp > 1]
-    for mb in c.options("micro_batch", divisors(per_replica)):
-        if per_replica % mb or (c.max_micro_batch and mb > c.max_micro_batch):
-            continue
-        m = per_replica // mb
-        if c.fixed.get("grad_accum", m) != m:
-            continue
-        for sched, v in _schedules(model, c, pp, m):
-            for recompute in c.options("recompute", c.recompute):
-                for sp in sps:
-                    yield mb, m, sched, v, recompute, sp
+class RankedPlans(Sequence):
+    """The fitting plans, best first, as a sequence of :class:`Estimate` built on first access.
+
+    The search keeps one small record per fitting plan (its step time, memory and where its parts are);
+    building the :class:`Estimate` (fields, per-dim dicts) only for the plans looked at keeps the search
+    fast."""
+
+    def __init__(self, records: list[tuple], build: Any) -> None:
+        self._records = records
+        self._build = build
+        self._built: dict[int, Estimate] = {}
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self._records)
+        if not -n <= i < n:
+            raise IndexError(i)
+        i %= n
+        if i not in self._built:
+            self._built[i] = self._build(self._records[i])
+        return self._built[i]
+
+
+@dataclass
+class _Family:
+    """One ``(tp, cp, pp, dp)`` family being searched, with its caches over (interleave, ZeRO stage)."""
+
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    stages: list[int]
+    tiers: list[LinkTier]          # the DP group's tier, per stage
+    zeros: list[int]
+    _state: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    _dp: dict[tuple[int, int], list[tuple[float, ...]]] = field(default_factory=dict)
+
+    def state(self, fast: _Fast, v: int, zero: int) -> list[float]:
+        """Per stage: model-state bytes plus the ZeRO/DDP communication buffers."""
+        key = (v, zero)
+        if key not in self._state:
+            g = self.dp * self.cp
+            self._state[key] = [sum(fast.state_and_buffers(self.tp, self.pp, v, s, g, zero))
+                                for s in self.stages]
+        return self._state[key]
+
+    def dp_times(self, fast: _Fast, v: int, zero: int) -> list[tuple[float, ...]]:
+        """Per stage: :meth:`_Fast.dp_times` (zeros without data parallelism)."""
+        key = (v, zero)
+        if key not in self._dp:
+            g = self.dp * self.cp
+            self._dp[key] = [fast.dp_times(self.tp, self.pp, v, s, g, zero, tier) if g > 1 else (0.0,) * 5
+                             for s, tier in zip(self.stages, self.tiers, strict=True)]
+        return self._dp[key]
 
 
 class _Search:
@@ -762,71 +823,86 @@ class _Search:
         self.usable = cluster.hbm_bytes * (1 - c.margin)
         self.model_flops = flops_per_token(model, seq) * batch * seq
         self.common = {"seq": seq, "optimizer": c.optimizer, "dtype": c.dtype, "cp_kind": c.cp_kind}
-        self.estimates: list[Estimate] = []
+        # one record per fitting plan: (step, memory, n, variant, zero, stage index, dp exposed, dp times)
+        self.records: list[tuple] = []
         self.candidates = 0
 
     def family(self, tp: int, cp: int, pp: int, dp: int) -> int:
-        """Estimate every variant of one family; returns how many fit."""
+        """Estimate every variant of one family (micro-batch, schedule, recompute, SP, ZeRO); returns how
+        many fit."""
         c, fast = self.c, self.fast
-        before = len(self.estimates)
+        before = len(self.records)
         stages = _stages_to_check(pp)
-        tiers = [fast.tiers(dp, pp, cp, tp, s)["dp"] for s in stages]
-        zeros = [z for z in c.options("zero", c.zero_stages) if z == 0 or dp > 1]
-        statebuf: dict[tuple[int, int], list[float]] = {}
-        self._dpt: dict[tuple[int, int], list[tuple[float, float, float, float, float]]] = {}
-        for mb, m, sched, v, recompute, sp in _variants(self.model, c, self.batch // dp, tp, pp):
-            infl = [1.0 if pp == 1 else peak_activation_units(sched, pp, m, v, s) for s in stages]
-            kept = m if sched == "gpipe" and pp > 1 else 1
-            apl = fast.act_per_layer(tp, sp, cp, mb, recompute)
-            abuf = fast.act_buffers(tp, sp, cp, mb, pp, c.cp_kind)
-            logit = fast.logits_per_mb(tp, cp, mb) * kept
-            act = [apl * fast.fl.n_layers(pp, v, s) * f + abuf + (logit if s == pp - 1 else 0.0)
-                   for s, f in zip(stages, infl, strict=True)]
+        fam = _Family(tp, cp, pp, dp, stages, [fast.tiers(dp, pp, cp, tp, s)["dp"] for s in stages],
+                      [z for z in c.options("zero", c.zero_stages) if z == 0 or dp > 1])
+        per_replica = self.batch // dp
+        for mb in c.options("micro_batch", divisors(per_replica)):
+            m, rest = divmod(per_replica, mb)
+            if rest or (c.max_micro_batch and mb > c.max_micro_batch) or c.fixed.get("grad_accum", m) != m:
+                continue
+            # per schedule, the activation multiplier of each stage: its layers x in-flight micro-batches
+            scheds = {(sched, v): [fast.fl.n_layers(pp, v, s) * self._inflight(sched, pp, m, v, s)
+                                   for s in stages] for sched, v in _schedules(self.model, c, pp, m)}
+            for recompute in c.options("recompute", c.recompute):
+                for sp in c.options("sp", c.sp):
+                    if not sp or tp > 1:
+                        self._variants(fam, mb, m, recompute, sp, scheds)
+        return len(self.records) - before
+
+    @staticmethod
+    def _inflight(sched: str, pp: int, m: int, v: int, stage: int) -> float:
+        return 1.0 if pp == 1 else peak_activation_units(sched, pp, m, v, stage)
+
+    def _variants(self, fam: _Family, mb: int, m: int, recompute: str, sp: bool,
+                  scheds: dict[tuple[str, int], list[float]]) -> None:
+        """Every schedule and ZeRO stage of one (micro-batch, recompute, SP) choice of a family."""
+        c, fast = self.c, self.fast
+        tp, cp, pp, dp = fam.tp, fam.cp, fam.pp, fam.dp
+        apl = fast.act_per_layer(tp, sp, cp, mb, recompute)
+        abuf = fast.act_buffers(tp, sp, cp, mb, pp, c.cp_kind)
+        lpm = fast.logits_per_mb(tp, cp, mb)
+        timed_v: dict[int, list[tuple[_StageTimes, tuple[float, float, float, float]]]] = {}
+        for (sched, v), layers_x_inflight in scheds.items():
+            act = [apl * n + abuf for n in layers_x_inflight]
+            act[-1] += lpm * (m if sched == "gpipe" and pp > 1 else 1)        # the last stage's logits
             bubble = _bubble(sched, pp, m, v, recompute)
-            timed: list[tuple[_StageTimes, tuple[float, float, float, float]]] = []
-            for zero in zeros:
+            variant = None
+            for zero in fam.zeros:
                 self.candidates += 1
-                sb = statebuf.get((v, zero))
-                if sb is None:
-                    sb = statebuf[(v, zero)] = [sum(fast.state_and_buffers(tp, pp, v, s, dp * cp, zero))
-                                                for s in stages]
+                sb = fam.state(fast, v, zero)
                 mem = sb[0] + act[0]
                 if len(sb) == 2 and sb[1] + act[1] > mem:
                     mem = sb[1] + act[1]
                 if mem > self.usable:
                     continue
-                if not timed:   # everything but DP is the same for every ZeRO stage
-                    for s in stages:
-                        st = fast.times_raw(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
-                        timed.append((st, _core(st, c.cp_kind, bubble)))
-                fields = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero": zero, "sp": sp, "micro_batch": mb,
-                          "grad_accum": m, "recompute": recompute, "schedule": sched, "interleave": v,
-                          **self.common}
-                self.estimates.append(self._estimate(fields, mem, bubble, stages, tiers, timed))
-        return len(self.estimates) - before
+                if variant is None:
+                    timed = timed_v.get(v)
+                    if timed is None:      # TP, CP, PP and compute are the same for every schedule
+                        sts = [fast.times_raw(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
+                               for s in fam.stages]
+                        timed = timed_v[v] = [(st, _core(st, c.cp_kind, 0.0)) for st in sts]
+                    cores = [((st.compute + k[1] + k[2]) * (1.0 + bubble) + k[3], k[1], k[2], k[3])
+                             for st, k in timed]
+                    variant = (tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bubble, timed, cores)
+                best = None
+                for i, dpt in enumerate(fam.dp_times(fast, v, zero)):
+                    st, core = variant[11][i][0], variant[12][i]
+                    dpe = _dp_exposed(zero, st.compute, m, recompute, *dpt[:4], dpt[4] * m)
+                    if best is None or core[0] + dpe > best[0]:
+                        best = (core[0] + dpe, i, dpe, dpt)
+                assert best is not None
+                self.records.append((best[0], mem, len(self.records), variant, zero, *best[1:]))
 
-    def _estimate(self, fields: dict[str, Any], mem: float, bubble: float, stages: list[int],
-                  tiers: list[LinkTier], timed: list[tuple[_StageTimes, tuple[float, float, float, float]]]
-                  ) -> Estimate:
-        """Add the data-parallel time to the stages' critical paths (as :func:`_combine`)."""
-        dp, cp, zero, v = fields["dp"], fields["cp"], fields["zero"], fields["interleave"]
-        m = fields["grad_accum"]
-        g = dp * cp
-        dpts = self._dpt.get((v, zero))
-        if dpts is None:
-            dpts = self._dpt[(v, zero)] = [
-                self.fast.dp_times(fields["tp"], fields["pp"], v, s, g, zero, tier) if g > 1
-                else (0.0, 0.0, 0.0, 0.0, 0.0) for s, tier in zip(stages, tiers, strict=True)]
-        best = None
-        for dpt, (st, core) in zip(dpts, timed, strict=True):
-            dpe = _dp_exposed(zero, st.compute, m, fields["recompute"], *dpt[:4], dpt[4] * m)
-            if best is None or core[0] + dpe > best[0]:
-                best = (core[0] + dpe, st, core, dpe, dpt)
-        assert best is not None
-        step, st, core, dpe, dpt = best
+    def build(self, record: tuple) -> Estimate:
+        """The :class:`Estimate` of one record (see :meth:`family`)."""
+        step, mem, _, variant, zero, i, dpe, dpt = record
+        tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bubble, timed, cores = variant
+        st, core = timed[i][0], cores[i]
         comm_s = dict(st.comm)
-        if g > 1:
+        if dp * cp > 1:
             comm_s["dp"] = dpt[0] + dpt[2] + dpt[4] * m
+        fields = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero": zero, "sp": sp, "micro_batch": mb,
+                  "grad_accum": m, "recompute": recompute, "schedule": sched, "interleave": v, **self.common}
         exposed = {"tp": core[1], "cp": core[2], "pp": core[3], "dp": dpe}
         mfu = self.model_flops / (step * self.gpus * self.cluster.peak_flops)
         return Estimate(fields, mem, self.usable, st.compute, bubble, comm_s, exposed, step, mfu)
@@ -855,14 +931,22 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, *,
     search = _Search(model, cluster, gpus, seq, batch, c)
     rejected: Counter[str] = Counter()
     families = 0
-    for tp, cp, pp, dp in _families(gpus, c):
-        families += 1
-        reason = _family_reason(model, cluster, c, tp, cp, pp, seq) or ("batch" if batch % dp else None)
-        if reason is None and not search.family(tp, cp, pp, dp):
-            reason = "oom"
-        if reason:
-            rejected[reason] += 1
-    estimates = sorted(search.estimates, key=lambda e: (e.step_time_s, e.memory_bytes))
+    # The search allocates some 10^5 small tuples and no reference cycles: pausing the cyclic garbage
+    # collector, which would otherwise rescan them again and again, saves about a third of the time.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for tp, cp, pp, dp in _families(gpus, c):
+            families += 1
+            reason = _family_reason(model, cluster, c, tp, cp, pp, seq) or ("batch" if batch % dp else None)
+            if reason is None and not search.family(tp, cp, pp, dp):
+                reason = "oom"
+            if reason:
+                rejected[reason] += 1
+    finally:
+        if collecting:
+            gc.enable()
+    estimates = RankedPlans(sorted(search.records, key=lambda r: r[:3]), search.build)
     reasons = {r: rejected[r] for r in REASONS if rejected[r]}
     return PlannerResult(estimates, reasons, families, search.candidates, time.perf_counter() - t0, model,
                          cluster, gpus, seq, batch, c.margin)

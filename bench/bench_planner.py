@@ -1,0 +1,83 @@
+"""The planner's speed: every plan for Llama 3 405B on 16,384 H100s, and why the fast path exists.
+
+Prints, in one run: the wall and CPU time of the whole search at 8K and 131K (median of 3; the issue's
+goal is under 1 s), candidates per second, and side by side the cost of estimating one plan through the
+fast path against ``planner.evaluate`` (``ledger.memory`` + ``comm.report`` on two stages), plus the
+schedule simulator against the closed-form bubble it is tested against.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from parallel_lab.planner import Constraints, _Fast, evaluate, plan_search
+from parallel_lab.schedules import build_schedule
+from parallel_lab.simulate import Costs, bubble_formula, simulate
+from parallel_lab.specs import ClusterSpec, ModelSpec
+
+
+def _timed(fn, runs: int = 3):
+    walls, cpus, out = [], [], None
+    for _ in range(runs):
+        w, c = time.perf_counter(), time.process_time()
+        out = fn()
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    return statistics.median(walls), statistics.median(cpus), out
+
+
+def main() -> None:
+    model, cluster = ModelSpec.preset("llama3-405b"), ClusterSpec.preset("h100-sxm")
+    for seq in (8192, 131072):
+        def search(s: int = seq):
+            return plan_search(model, cluster, 16384, s, global_batch_tokens="16M")
+
+        t = time.perf_counter()
+        search()
+        cold = time.perf_counter() - t
+        wall, cpu, res = _timed(search)
+        best = res.estimates[0].fields
+        print(f"plan_search llama3-405b, 16,384 x h100-sxm, seq {seq:>6,}, 16M tokens: "
+              f"first run {cold:.3f} s, then wall {wall:.3f} s, cpu {cpu:.3f} s (median of 3; goal < 1 s) | "
+              f"{res.families} families, "
+              f"{res.candidates:,} candidates ({res.candidates / wall:,.0f}/s), {len(res.estimates):,} fit | "
+              f"best dp={best['dp']} tp={best['tp']} pp={best['pp']} cp={best['cp']} {best['schedule']} "
+              f"MFU {res.estimates[0].mfu:.1%}")
+
+    # one plan: the reference path against the fast path (alone, and amortised inside a search)
+    res = plan_search(model, cluster, 16384, 8192, global_batch_tokens="16M")
+    plans = [e.plan for e in res.estimates[:: max(1, len(res.estimates) // 40)]][:40]
+    t = time.perf_counter()
+    for p in plans:
+        evaluate(model, cluster, p)
+    slow = (time.perf_counter() - t) / len(plans)
+    fast = _Fast(model, cluster, 8192, Constraints())
+    t = time.perf_counter()
+    for p in plans:
+        for s in sorted({0, p.pp - 1}):
+            fast.memory(p, s)
+            fast.times(p, s)
+    alone = (time.perf_counter() - t) / len(plans)
+    per_candidate = res.elapsed_s / res.candidates
+    print(f"one plan: evaluate() (ledger.memory + comm.report, 2 stages) {slow * 1e3:.2f} ms; fast path "
+          f"{alone * 1e6:.0f} us alone ({slow / alone:,.0f}x), {per_candidate * 1e6:.1f} us per candidate "
+          f"inside a search ({slow / per_candidate:,.0f}x); {res.candidates:,} candidates through "
+          f"evaluate() would take about {slow * res.candidates:,.0f} s")
+
+    # the simulator against the closed form the planner uses
+    sched = build_schedule("interleaved", 16, 128, 2)
+    t = time.perf_counter()
+    sim = simulate(sched, Costs())
+    t_sim = time.perf_counter() - t
+    t = time.perf_counter()
+    for _ in range(1000):
+        closed = bubble_formula("interleaved", 16, 128, 2)
+    t_cf = (time.perf_counter() - t) / 1000
+    n_actions = sum(len(r) for r in sched)
+    print(f"bubble of interleaved p=16 m=128 v=2: simulate {t_sim * 1e3:.1f} ms ({n_actions:,} actions) "
+          f"= {sim.bubble_ratio:.6f}; closed form {t_cf * 1e6:.2f} us = {closed:.6f}; {t_sim / t_cf:,.0f}x")
+
+
+if __name__ == "__main__":
+    main()
