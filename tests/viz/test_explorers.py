@@ -263,3 +263,26 @@ def test_planner_no_plan_and_saving(tmp_path):
     ex.set(model="llama3-405b")                                   # 405B does not fit on 8 GPUs at all
     assert isinstance(ex.error, ParallelLabError) and "no plan for llama3-405b" in ex.status.value
     assert ex.save() is None and "invalid" in ex.save_message.value
+
+
+# --------------------------------------------------------------------------------------------------
+# Common behaviour
+# --------------------------------------------------------------------------------------------------
+
+def test_sliders_send_one_event_on_release():
+    import ipywidgets as W
+
+    for ex in (MemoryExplorer(), CommExplorer(), PipelineExplorer()):
+        kinds = (W.IntSlider, W.FloatSlider, W.SelectionSlider)
+        sliders = [w for w in ex.widgets.values() if isinstance(w, kinds)]
+        assert sliders, type(ex).__name__
+        assert all(w.continuous_update is False for w in sliders), type(ex).__name__
+
+
+def test_a_bug_in_the_core_is_shown_without_a_traceback(monkeypatch):
+    ex = MemoryExplorer()
+    monkeypatch.setattr(ledger, "memory", lambda *a, **k: 1 / 0)
+    ex.widgets["zero"].value = 1
+    assert isinstance(ex.error, ZeroDivisionError)
+    assert "Internal error" in ex.status.value and "ZeroDivisionError" in ex.status.value
+    assert "Traceback" not in ex.status.value and ex.image.layout.display == "none"
