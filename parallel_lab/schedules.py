@@ -346,6 +346,23 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
 # Shape of a schedule, in-flight micro-batches
 # --------------------------------------------------------------------------------------------------
 
+def virtual_stage(rank: int, chunk: int, p: int) -> int:
+    """Chunk ``chunk`` of pipeline rank ``rank`` is virtual stage ``chunk * p + rank`` (Megatron)."""
+    return chunk * p + rank
+
+
+def input_recv(a: Action, rank: int, p: int, v: int = 1) -> tuple[str, int, int] | None:
+    """The key ``(kind, microbatch, chunk)`` of the receive whose tensor compute action ``a`` consumes
+    (an earlier ``P2P`` of the same rank posted it), or None: the first virtual stage's ``F``, the last
+    one's ``B``, every ``W`` and everything without a pipeline take no input from another rank."""
+    if p == 1 or a.kind not in ("F", "B"):
+        return None
+    s = virtual_stage(rank, a.chunk, p)
+    if a.kind == "F":
+        return None if s == 0 else ("RECV_F", a.microbatch, a.chunk)
+    return None if s == p * v - 1 else ("RECV_B", a.microbatch, a.chunk)
+
+
 def num_chunks(schedule: Schedule) -> int:
     """``v``: model chunks per rank (1 + the largest chunk index used)."""
     return 1 + max((a.chunk for acts in schedule for a in acts if a.is_compute), default=0)

@@ -239,3 +239,22 @@ def test_ledger_inflight_count_agrees_with_the_lists():
         for stage in range(p):
             assert inflight_microbatches(name, p, m, v, stage) == pytest.approx(lists[stage] / v), \
                 (name, p, m, v, stage)
+
+
+def test_input_recv_names_the_posted_receive():
+    # the executor waits, before each compute action, for the receive input_recv() names; an earlier P2P of
+    # the same rank posted it, and every posted receive is consumed exactly once
+    from parallel_lab.schedules import input_recv
+
+    cases = [("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2), ("zb-h1", 3, 5, 1), ("gpipe", 2, 3, 1)]
+    for name, p, m, v in cases:
+        s = build_schedule(name, p, m, v)
+        for r, acts in enumerate(s):
+            posted, used = set(), set()
+            for a in acts:
+                if a.kind == "P2P":
+                    posted |= {(o.kind, o.microbatch, o.chunk) for o in a.ops if not o.is_send}
+                elif (key := input_recv(a, r, p, v)) is not None:
+                    assert key in posted and key not in used
+                    used.add(key)
+            assert used == posted
