@@ -58,7 +58,7 @@ GB = P.GB
 DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 CUSTOM = "custom"
-DENSE_BOXES = 1500            # above this many timeline boxes an explorer sends a PNG instead of an SVG
+DENSE_BOXES = 500             # above this many timeline boxes an explorer sends a PNG instead of an SVG
 DESC = {"description_width": "112px"}
 COL = W.Layout(width="320px")
 ROW_ITEM = W.Layout(width="310px")

@@ -23,7 +23,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import AutoLocator, FuncFormatter, NullFormatter, ScalarFormatter
+from matplotlib.ticker import AutoLocator, FuncFormatter, NullLocator, ScalarFormatter
 from matplotlib.transforms import Bbox
 
 GB = 1e9
@@ -300,7 +300,7 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
         b.set_gid("quadratic")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))   # plain numbers, no mathtext
-    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_minor_locator(NullLocator())                              # decades only: fewer ticks
     finite = [v for v in lin + quad if v == v and v > 0]
     lo = min(finite, default=1e-3) / 3
     hi = max(finite + [hbm_bytes / GB], default=1.0) * 8
