@@ -497,7 +497,7 @@ def _plan(args: argparse.Namespace) -> Output:
         ex = e.exposed_s
         rows.append((i + 1, f["dp"], f["tp"], f["pp"], f["cp"], f["zero"], "sp" if f["sp"] else "",
                      f["micro_batch"], f["grad_accum"], f["recompute"], sched,
-                     f"{e.memory_bytes / GB:,.1f}", f"{e.headroom_bytes / GB:,.1f}", f"{e.step_time_s:,.3f}",
+                     f"{e.memory_bytes / GB:,.3g}", f"{e.headroom_bytes / GB:,.3g}", f"{e.step_time_s:,.4g}",
                      f"{e.mfu:.1%}", f"{e.bubble_ratio:.3f}",
                      " ".join(f"{d}={ex[d] * 1e3:,.0f}" for d in ("tp", "cp", "pp", "dp") if ex.get(d))))
     lines = [
