@@ -141,12 +141,12 @@ def fmt_bytes(n: float) -> str:
 
 
 def fmt_seconds(t: float) -> str:
-    """``8.35 ms``, ``1.2 s``, ``40 us``."""
+    """``8.35 ms``, ``1.2 s``, ``40 µs``."""
     if t >= 1:
         return f"{t:.3g} s"
     if t >= 1e-3:
         return f"{t * 1e3:.3g} ms"
-    return f"{t * 1e6:.3g} us"
+    return f"{t * 1e6:.3g} µs"
 
 
 def _lighten(color: str, amount: float) -> tuple[float, float, float]:
