@@ -124,7 +124,9 @@ def _line(text: str, color: str = "#1f2328") -> str:
 # --------------------------------------------------------------------------------------------------
 
 class Explorer(W.VBox):
-    """Widgets in, one figure out. Subclasses define ``compute(values) -> result`` and ``draw(result)``.
+    """Widgets in, one figure out. Subclasses define ``compute(values) -> result``, ``make_axes(figure,
+    result)``, ``draw(result, axes)`` and ``describe(result) -> html``; ``layout_key(result)`` says when
+    the axes must be rebuilt, ``image_format(result)`` whether to send SVG or PNG.
 
     Attributes for tests and notebooks: ``widgets`` (name -> input widget), ``figure`` (the matplotlib
     figure last drawn), ``image`` (the Image widget showing it), ``status`` (HTML: verdict or error),
@@ -193,6 +195,7 @@ class Explorer(W.VBox):
             fmt = self.image_format(result)
             image = P.to_svg(self.figure) if fmt == "svg+xml" else P.to_png(self.figure)
             self.timings = {"compute_s": t1 - t0, "artists_s": t2 - t1, "render_s": time.perf_counter() - t2}
+            status = self.describe(result)
         except Exception as err:  # noqa: BLE001 - shown in the widget, never as a traceback
             self.error, self.verdict = err, None
             self.status.value = error_html(err)
@@ -202,7 +205,7 @@ class Explorer(W.VBox):
             self.image.format = fmt
             self.image.value = image
             self.image.layout.display = None
-            self.status.value = self.describe(result)
+            self.status.value = status
         self.last_redraw_s = time.perf_counter() - t0
 
     def axes_for(self, result: Any) -> list[Axes]:
@@ -715,6 +718,7 @@ class PlannerExplorer(Explorer):
         c["chosen"] = _int_slider("show plan #", 1, 20, 1)
         self._search_key: Any = None
         self._search: Any = None
+        self._empty_search: Any = None
         self.path = W.Text(value=path, description="plan file", style=DESC, layout=W.Layout(width="520px"))
         self.phase = W.Text(value="", placeholder="pretrain-4k", description="phase", style=DESC,
                             layout=ROW_ITEM)
@@ -733,6 +737,13 @@ class PlannerExplorer(Explorer):
         # the ranked table and the rejected families first, then the plan file, then the chosen plan's picture
         self.children = (panel, status, self.table, self.rejected, save_row, self.save_message, image)
 
+    def refresh(self) -> None:
+        super().refresh()
+        if self.error is not None:                      # no stale table under an error message
+            self.table.value = ""
+            empty = self._empty_search
+            self.rejected.value = rejected_table(empty) if empty is not None else ""
+
     # ---- core -----------------------------------------------------------------------------------
     def search(self, v: dict[str, Any]) -> Any:
         """The planner's result for the widgets' model, cluster, GPUs, sequence and batch (cached: choosing
@@ -748,9 +759,11 @@ class PlannerExplorer(Explorer):
         return self._search
 
     def compute(self, v: dict[str, Any]) -> dict[str, Any]:
+        self._empty_search = None
         res = self.search(v)
         model, cluster = res.model, res.cluster
         if not res.estimates:
+            self._empty_search = res                    # its rejected families explain the error
             reasons = ", ".join(f"{REASON_TEXT.get(r, r)} ({n} families)" for r, n in res.rejected.items())
             raise ParallelLabError(f"no plan for {model.name} on {res.gpus} x {cluster.name} at "
                                    f"seq={res.seq} with {v['batch_tokens']} tokens per batch: "

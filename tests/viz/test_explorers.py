@@ -262,6 +262,7 @@ def test_planner_no_plan_and_saving(tmp_path):
 
     ex.set(model="llama3-405b")                                   # 405B does not fit on 8 GPUs at all
     assert isinstance(ex.error, ParallelLabError) and "no plan for llama3-405b" in ex.status.value
+    assert ex.table.value == "" and "oom" in ex.rejected.value           # why, family by family
     assert ex.save() is None and "invalid" in ex.save_message.value
 
 
