@@ -390,8 +390,14 @@ class SavedTensorMeter:
 
     # ---- hooks -----------------------------------------------------------------------------------
     def _pack(self, t: Tensor) -> _Saved:
+        # Keep a detached alias (same storage): a tensor an op saves may be that op's own output, and holding
+        # it with its grad_fn would make a reference cycle through the autograd graph (node -> saved ->
+        # tensor -> node) that Python's gc cannot see, leaking any graph that is not consumed by an ordinary
+        # backward (a forward without backward, or the nodes a pipeline's weight-gradient pass skips).
+        # Autograd re-attaches the grad_fn on unpack.
         n = t.untyped_storage().nbytes()
         key = _storage_key(t)
+        t = t.detach()
         if n == 0 or self._is_excluded(key):
             return _Saved(t, None, self)
         entry = self._charged.get(key)
