@@ -354,6 +354,22 @@ def _ddp_buckets(model: ModelSpec, plan: Plan, stage: int) -> list[int]:
     return [sum(nbytes for _, nbytes in bucket) for bucket in ddp_buckets(model, plan, stage)]
 
 
+def zero3_gathered_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
+    """Peak bytes of gathered (unsharded) parameters of ZeRO-3 on one rank of ``stage``.
+
+    Per block units: the root unit (gathered when forward starts, kept until its gradient is complete)
+    plus the two largest block units (the one computing and the next one, prefetched); with
+    ``zero_unit="root"``: the whole padded model. Units padded to ``g * ceil(n / g)`` elements, in the
+    gathered dtype (``_param_comm_bytes``). 0 without ZeRO-3. ``dist/zero.py`` measures this peak.
+    """
+    g = shard_group(plan)
+    if plan.zero != 3 or g == 1:
+        return 0
+    padded = {u: g * math.ceil(n / g) for u, n in unit_sizes(model, plan, stage).items()}
+    blocks = sorted((n for u, n in padded.items() if u != "root"), reverse=True)
+    return (padded.get("root", 0) + sum(blocks[:2])) * _param_comm_bytes(plan)
+
+
 def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[float | None, list[str]]:
     """Transient communication buffers at the peak, with one note per part.
 
@@ -395,11 +411,13 @@ def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[flo
             total += big * (gb + pb)
             notes.append("comm_buffers: the largest unit's flat gradient and gathered parameters")
         else:
-            root = padded.get("root", 0) if plan.zero_unit == "block" else 0
-            blocks = sorted((n for u, n in padded.items() if u != "root"), reverse=True)
-            total += root * pb + sum(blocks[:2]) * pb + max(padded.values()) * gb
-            notes.append("comm_buffers: ZeRO-3 gathered root unit + 2 gathered blocks (prefetch) + one "
-                         "unit's full gradient before its reduce_scatter")
+            total += zero3_gathered_bytes(model, plan, stage) + max(padded.values()) * gb
+            if plan.zero_unit == "root":
+                notes.append("comm_buffers: ZeRO-3 with a single root unit gathers the whole model at once "
+                             "(no peak saving) + its full gradient before the reduce_scatter")
+            else:
+                notes.append("comm_buffers: ZeRO-3 gathered root unit + 2 gathered blocks (prefetch) + one "
+                             "unit's full gradient before its reduce_scatter")
     if model.shape_known:
         d, s, b, h = plan.dtype_bytes, plan.seq / plan.cp, plan.micro_batch, model.hidden
         if plan.sp:

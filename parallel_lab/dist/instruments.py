@@ -381,6 +381,11 @@ class SavedTensorMeter:
         for t in tensors:
             self._excluded.add(_storage_key(t))
 
+    def include(self, *tensors: Tensor) -> None:
+        """Undo :meth:`exclude`; call it before the storage is freed (its address may be reused)."""
+        for t in tensors:
+            self._excluded.discard(_storage_key(t))
+
     def _is_excluded(self, key: tuple[int, str]) -> bool:
         if key in self._excluded:
             return True
