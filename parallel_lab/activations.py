@@ -205,15 +205,25 @@ def embedding_saves(model: ModelSpec, plan: Plan) -> list[Saved]:
 
 
 def head_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) -> list[Saved]:
-    """Final norm, LM head input, and the loss (fp32 log-probabilities, targets, a scalar weight)."""
+    """Final norm, LM head input, and the loss (fp32 log-probabilities, targets, a scalar weight).
+
+    With ``tp > 1`` the head's input is the whole (with SP: all-gathered) sequence, and the
+    vocabulary-parallel cross-entropy of ``dist/tensor_parallel.py`` keeps this rank's ``V/tp`` columns of
+    the fp32 softmax and the target ids local to its vocabulary shard (no scalar weight).
+    """
     t = _local_dims(model, plan)
     a = plan.dtype_bytes
     rows = t.b * t.s
-    return (_norm(model, "final_norm", t, a, ln_stats_bytes)
-            + [Saved("lm_head", "normed input", (rows, t.h), a),
-               Saved("cross_entropy", "log-probabilities (fp32)", (rows, model.vocab), LOSS_BYTES),
-               Saved("cross_entropy", "targets", (rows,), ID_BYTES),
-               Saved("cross_entropy", "total weight", (), LOSS_BYTES)])
+    head = _norm(model, "final_norm", t, a, ln_stats_bytes)
+    head.append(Saved("lm_head", "normed input", (rows, t.h), a))
+    if plan.tp > 1:
+        return head + [Saved("cross_entropy", "softmax, this rank's vocabulary columns (fp32)",
+                             (rows, math.ceil(model.vocab / plan.tp)), LOSS_BYTES),
+                       Saved("cross_entropy", "target ids in this rank's vocabulary (-1 elsewhere)", (rows,),
+                             ID_BYTES)]
+    return head + [Saved("cross_entropy", "log-probabilities (fp32)", (rows, model.vocab), LOSS_BYTES),
+                   Saved("cross_entropy", "targets", (rows,), ID_BYTES),
+                   Saved("cross_entropy", "total weight", (), LOSS_BYTES)]
 
 
 def _total(items: list[Saved]) -> int:

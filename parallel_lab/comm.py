@@ -222,11 +222,15 @@ def _tp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str,
     attention's ``wo`` and the MLP's ``proj``/``down``), backward 2 (the ``f`` operator's all-reduce of the
     gradient at the attention and MLP inputs). With SP the all-reduces become pairs: forward all-gather
     before attention and MLP and reduce-scatter after them; backward the transposes (reduce-scatter and
-    all-gather); message = the full ``s b h d``. Full recomputation repeats the forward's collectives
-    during backward. With SP the gradients of parameters replicated across TP (norm weights and biases,
-    row-parallel biases, final norm) are partial sums over the sequence shards: one all-reduce of their
-    flat concatenation per step. With ``tp > kv_heads`` the replicated key/value weights' gradients are
-    all-reduced over the ``tp / kv_heads`` ranks sharing a head, once per step.
+    all-gather); message = the full ``s b h d``. As in Megatron, the column-parallel linears keep only their
+    sequence shard of the input for backward (the ``sbh/t`` activations of Korthikanti's SP formula) and
+    all-gather it again in backward for the weight gradients: one more all-gather per region, so SP moves
+    1.25 times TP's bytes in the blocks (runnable: ``dist/tensor_parallel.py``). Full recomputation repeats
+    the forward's collectives during backward. With SP the gradients of parameters replicated across TP
+    (norm weights and biases, row-parallel biases, final norm, gpt's position embedding) are partial sums
+    over the sequence shards: one all-reduce of their flat concatenation per step. With
+    ``tp > kv_heads`` the replicated key/value weights' gradients are all-reduced over the
+    ``tp / kv_heads`` ranks sharing a head, once per step.
     """
     t = plan.tp
     if t == 1 or not model.shape_known:
@@ -245,18 +249,20 @@ def _tp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str,
                           "g-bar: after attention wo and MLP down")]
         out += fwd
         out += [Collective("tp", "reduce_scatter", M, t, n, "backward", "grads of the forward all_gathers"),
-                Collective("tp", "all_gather", M, t, n, "backward", "grads of the forward reduce_scatters")]
+                Collective("tp", "all_gather", M, t, n, "backward", "grads of the forward reduce_scatters"),
+                Collective("tp", "all_gather", M, t, n, "backward",
+                           "SP: the saved input shard gathered again for the weight gradients")]
     if plan.recompute == "full":
         out += [Collective(c.dim, c.kind, c.message_bytes, c.group_size, c.count, "backward",
                            "recomputed forward: " + c.note) for c in fwd]
     gb = _grad_comm_bytes(plan)
     params = [p for p in local_parameters(model, plan, stage) if not is_frozen(p.name, frozen)]
     if plan.sp:
-        rep = sum(p.numel for p in params if p.tp_replicated and (p.name.startswith("blocks.")
-                                                                   or p.name.startswith("final_norm.")))
+        rep = sum(p.numel for p in params if p.tp_replicated)
         if rep:
             out.append(Collective("tp", "all_reduce", rep * gb, t, 1, "backward",
-                                  "SP: grads of TP-replicated norm weights/biases and row-parallel biases"))
+                                  "SP: grads of TP-replicated parameters (norms, row-parallel biases, "
+                                  "position embedding)"))
     if t > model.kv_heads:
         kv = sum(p.numel for p in params if p.name.split(".")[-2] in ("wk", "wv"))
         if kv:

@@ -447,8 +447,7 @@ class _Fast:
             "unit_names": [u for u, n in units.items() if n],
             "buckets": buckets,
             "top2": sum(sorted(buckets, reverse=True)[:2]),
-            "rep": sum(p.numel for p in params if p.tp_replicated and (p.name.startswith("blocks.")
-                                                                       or p.name.startswith("final_norm."))),
+            "rep": sum(p.numel for p in params if p.tp_replicated),
             "kv": sum(p.numel for p in params if p.name.split(".")[-2] in ("wk", "wv")),
         }
         self._stage[key] = info
@@ -648,6 +647,8 @@ class _Fast:
             pair = _t("all_gather", M, t, tt) + _t("reduce_scatter", M, t, tt)
             one = pair if sp else ar
             tp = 2 * L * m * one * (3 if full else 2)
+            if sp:                             # backward all-gathers each region's saved input shard again
+                tp += 2 * L * m * _t("all_gather", M, t, tt)
             if sp and info["rep"]:
                 tp += _t("all_reduce", info["rep"] * self.gb, t, tt)
             if t > model.kv_heads and info["kv"]:

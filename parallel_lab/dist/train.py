@@ -38,6 +38,9 @@ Fields a plug-in may set (defaults in brackets):
 * ``rt.owns_loss`` [tp_rank == 0]: this rank's loss counts in the reported loss (PP: last stage only).
 * ``rt.gather_full``: functions ``dict[name, local tensor] -> dict[name, full tensor]`` applied in order to
   rebuild full parameters (untraced collectives; every rank calls them).
+* ``rt.finalize_grads`` [none]: functions called after ``rt.dp.finish()`` and before the optimizer step, in
+  the backward phase, e.g. TP's all-reduce of gradients that are partial over the TP group (Megatron's
+  ``finalize_model_grads``).
 * ``rt.param_owner`` [dp_rank == 0 and cp_rank == 0 and tp_rank == 0]: this rank returns parameters.
 * ``rt.dp``: the data-parallel object (``LocalGrads`` interface: set_sync, finish, step, zero_grad,
   measure_state, local_parameters).
@@ -94,6 +97,7 @@ class Runtime:
     owns_loss: bool = True
     param_owner: bool = True
     gather_full: list[Callable[[dict[str, Tensor]], dict[str, Tensor]]] = field(default_factory=list)
+    finalize_grads: list[Callable[[], None]] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -224,6 +228,8 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
             loss = rt.forward_backward(rt, micro)
         with tracer.phase_as("backward"):
             rt.dp.finish()
+            for fn in rt.finalize_grads:
+                fn()
         with tracer.phase_as("step"), rt.timeline.span("step"):
             rt.dp.step()
         step_times.append(time.perf_counter() - t0)
