@@ -121,7 +121,7 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("plan")
     g.add_argument("--seq", type=int, help="sequence length in tokens (default 2048)")
     g.add_argument("--micro-batch", type=int, help="sequences per micro-batch per model replica (default 1)")
-    g.add_argument("--grad-accum", type=int,
+    g.add_argument("--grad-accum", "--microbatches", type=int, dest="grad_accum",
                    help="micro-batches per optimizer step (= pipeline micro-batches m; default 1)")
     g.add_argument("--dp", type=int, help="data-parallel degree (inferred from --gpus when omitted)")
     g.add_argument("--tp", type=int, help="tensor-parallel degree")

@@ -12,7 +12,10 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
 * ``memory[category]`` per rank (the largest rank): ``parameters``, ``gradients`` and
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
-* ``wall_s``: seconds from launching the ranks to having all their results.
+* ``wall_s``: seconds from launching the ranks to having all their results;
+* ``pipeline`` (``pp > 1``, ``dist.pipeline.pipeline_report``): bubble ratio and idle fraction predicted by
+  the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
+  measured against simulated, blocks per stage, mean F/B/W times and the measured timeline rows.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from parallel_lab.dist.train import (
     merge_params,
     train_rank,
 )
+from parallel_lab.schedules import build_schedule, inflight_trace
 from parallel_lab.specs import ModelSpec, Plan, stage_layers
 
 STATE = ("parameters", "gradients", "optimizer_states")
@@ -61,8 +65,21 @@ def predicted_activations(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
 
 
 def predicted_logits_and_loss(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
-    """Per-op bytes of the final norm, head and loss of one micro-batch (last stage only)."""
-    return activations.per_op_bytes(spec, plan)["logits_and_loss"] if stage == plan.pp - 1 else 0
+    """Per-op bytes of the final norm, head and loss of one micro-batch (last stage only), times the
+    micro-batches whose head the last stage holds at once (:func:`head_inflight`)."""
+    if stage != plan.pp - 1:
+        return 0
+    return activations.per_op_bytes(spec, plan)["logits_and_loss"] * head_inflight(plan)
+
+
+def head_inflight(plan: Plan) -> int:
+    """Peak number of micro-batches alive in the model's last chunk (the head's), read off the schedule's
+    list for the last pipeline rank: GPipe ``m``, 1F1B and interleaved 1, ZB-H1 ``min(p, m)`` (kept until
+    the delayed W, the lifetime ``schedules.py`` counts); 1 without a pipeline."""
+    if plan.pp == 1:
+        return 1
+    acts = build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave)[plan.pp - 1]
+    return max(inflight_trace([a for a in acts if a.is_compute and a.chunk == plan.interleave - 1]))
 
 
 @dataclass
@@ -84,7 +101,8 @@ class RunReport:
     def to_json(self) -> dict[str, Any]:
         return {"losses": self.losses, "reference_losses": self.reference_losses,
                 "max_abs_param_diff": self.max_abs_param_diff, "comm": self.comm, "memory": self.memory,
-                "wall_s": self.wall_s}
+                "wall_s": self.wall_s,
+                **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {})}
 
     def summary(self) -> str:
         lines = [self.model.summary(),
@@ -110,6 +128,10 @@ class RunReport:
             m, p = c["measured_bytes"], c["predicted_bytes"]
             gap = f"{(m - p) / p:+.2%}" if p else ""
             lines.append(f"{cat:<17} {m:>12,}  {p:>12,}  {gap}")
+        if "pipeline" in self.extra:
+            from parallel_lab.dist.pipeline import format_pipeline_report
+
+            lines += ["", format_pipeline_report(self.extra["pipeline"])]
         lines.append(f"\nwall time of the parallel run: {self.wall_s:.2f} s")
         return "\n".join(lines)
 
@@ -175,5 +197,9 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
     extra = {"logits_and_loss": {"measured_bytes": max(r.memory["logits_and_loss"] for r in results),
                                  "predicted_bytes": max(predicted_logits_and_loss(spec, plan, s)
                                                         for s in stages)}}
+    if plan.pp > 1:
+        from parallel_lab.dist.pipeline import pipeline_report
+
+        extra["pipeline"] = pipeline_report(spec, plan, results)
     return RunReport(spec, plan, steps, global_losses(results), ref.losses,
                      max_abs_diff(merge_params(results), ref.params), comm_out, memory, wall, extra, results)

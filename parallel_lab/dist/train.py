@@ -48,7 +48,9 @@ Fields a plug-in may set (defaults in brackets):
   name: ``tok_emb``, ``blocks.{i}``, ``final_norm``, ``lm_head``), so use it at run time, e.g.
   ``rt.meter.exclude(t)`` for a gathered buffer that is not an activation. Parameters are excluded
   automatically (looked up on ``rt.model`` at every save).
-* ``rt.extras``: a free dict for a plug-in's own state.
+* ``rt.extras``: a free dict for a plug-in's own state. ``rt.extras["reports"]``, if set, maps a name to a
+  function returning plain data; :func:`train_rank` puts ``name: fn()`` into ``RankResult.info`` at the end
+  (the pipeline reports its measured timeline this way).
 
 What the caller predicts for a plan lives in dist/run.py (``comm.collectives`` per rank's stage,
 ``ledger.state_bytes``, ``predicted_activations``); adjust those there if your parallelism changes them.
@@ -250,7 +252,8 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
         params = {n: t.detach().cpu().clone() for n, t in full.items()} if rt.param_owner else None
     return RankResult(grid.rank, grid.coords, losses, rt.owns_loss, list(tracer.events), memory, params,
                       rt.timeline.spans, step_times,
-                      info={"buckets": [b.nbytes for b in getattr(rt.dp, "buckets", [])]})
+                      info={"buckets": [b.nbytes for b in getattr(rt.dp, "buckets", [])],
+                            **{k: fn() for k, fn in rt.extras.get("reports", {}).items()}})
 
 
 def merge_params(results: list[RankResult]) -> dict[str, Tensor]:

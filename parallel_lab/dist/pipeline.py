@@ -1,0 +1,573 @@
+"""Pipeline parallelism: cut the model into stages and run a schedule's action lists on them.
+
+One executor, no schedule logic. :func:`apply_pp` gives each pipeline rank its pieces of the model and
+its own list from ``parallel_lab.schedules.build_schedule(plan.schedule, p, m, v)``; the
+:class:`PipelineExecutor` then runs that list action by action. GPipe, 1F1B, interleaved 1F1B and ZB-H1
+differ only in the lists; adding a schedule means adding a generator in ``schedules.py``.
+
+Stages (Narayanan et al. 2021's placement, ``specs.chunk_layers``)
+------------------------------------------------------------------
+The ``L`` blocks are cut into ``V = p * v`` contiguous chunks (the first ``L % V`` chunks get one block
+more when ``V`` does not divide ``L``). Chunk ``c`` of pipeline rank ``r`` is *virtual stage*
+``s = c * p + r``. Virtual stage 0 also holds the embedding, virtual stage ``V - 1`` the final norm, the
+head and the loss. A rank keeps only its pieces (the other blocks are deleted, names stay
+``blocks.{i}.*``), so its parameters, gradients and optimizer states are its stage's alone.
+
+The actions (``schedules.py`` documents their point-to-point semantics; this file implements them)
+----------------------------------------------------------------------------------------------------
+* ``P2P(ops)``: post every op at once with ``batch_isend_irecv`` through the ``CommTracer`` (dim
+  ``pp``): ``SEND_F`` the output activation ``(b, s, h)`` of a chunk, ``RECV_F`` into a new buffer,
+  ``SEND_B`` the gradient of a chunk's input, ``RECV_B`` the gradient of its output. Nothing waits here.
+* ``F(mb, c)``: wait for the input (``RECV_F``, or embed the tokens on virtual stage 0), run the chunk's
+  blocks, and on the last virtual stage the head and ``loss / m``. The autograd graph stays alive: the
+  micro-batch is now *in flight* on this rank.
+* ``B(mb, c)`` not followed by a ``W`` (GPipe, 1F1B, interleaved): wait for the output gradient
+  (``RECV_B``) and run the whole backward: input gradient (to send) and weight gradients (accumulated
+  in ``.grad``). The graph is then dropped, which frees the micro-batch's saved activations.
+* ``B(mb, c)`` split from ``W(mb, c)`` (ZB-H1, Qi et al. 2023), see :func:`weight_split_points`:
+
+  - B computes only the input gradient: ``torch.autograd.backward(y, dy, inputs=[x],
+    retain_graph=True)``. Autograd then runs only the nodes on a path to ``x`` and asks each of them
+    only for the gradients that lead there: a linear's matmul computes ``dX = dY W`` and skips
+    ``dW = dY^T X``. Just before it runs, a pre-hook on every node where the input path and a weight
+    path part (each linear's matmul, each norm's multiplication by its weight) keeps the gradient
+    arriving at that node (``dY``).
+  - W then runs each of those nodes again for its weights only:
+    ``torch.autograd.backward(GradientEdge(node, i), dY_i, inputs=[its weights])``, which computes
+    ``dW = dY^T X`` from the activations the graph saved and accumulates it into ``.grad``. No other
+    node runs twice, so B + W costs one ordinary backward. The graph (and the activations it saved)
+    lives until W, as ``schedules.py`` counts it; the kept ``dY`` are W's own extra memory (ZB's
+    "weight-gradient store").
+
+  The embedding of virtual stage 0 is a graph of its own (its output is detached into the chunk's input
+  ``x``): its weight gradient needs ``x.grad`` and is computed with the other weights (in W, or at
+  the end of a full B).
+
+Data parallelism: every rank of a pipeline replica accumulates its stage's gradients over the
+micro-batches; ``rt.dp.set_sync(True)`` is called only before the step's last action that produces weight
+gradients (the last ``W``, or the last unsplit ``B``), so DDP/ZeRO synchronise once per step, not per
+micro-batch. ``rt.owns_loss`` is true on the last stage only (the loss is ``sum over micro-batches of
+loss / m``, as without a pipeline).
+
+Measurement. Every ``F``/``B``/``W`` is a ``Span`` of ``rt.timeline`` (name = kind, ``micro_batch``,
+``stage`` = virtual stage), the whole list one span ``"pp_step"`` (kind ``"pipeline"``). The executor keeps
+per step :class:`StepRecord`: the rows ``[rank, start, end, kind, microbatch, chunk]`` (the simulator's
+timeline format), when the step started and ended, and the peak number of in-flight ``(mb, chunk)``
+pairs, *counted from the objects alive* (a ``WeakSet`` of the per-micro-batch graphs, so a leaked
+reference would show), beside the saved-tensor meter's live bytes. :func:`timeline_stats` turns rows into
+the simulator's figures (``bubble_ratio``, ``idle_fraction``) so that the measured and simulated timelines
+are compared with the same definitions.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.graph import GradientEdge, Node
+
+from parallel_lab.dist.instruments import TracedWork
+from parallel_lab.dist.model import AttnContext, Batch, make_context
+from parallel_lab.schedules import Action, build_schedule, split_backward, validate
+from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, chunk_layers
+
+# --------------------------------------------------------------------------------------------------
+# Stages
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """Pipeline rank ``rank`` of ``p``: ``v`` chunks; chunk ``c`` is virtual stage ``c*p + rank``."""
+
+    rank: int
+    p: int
+    v: int
+    chunks: tuple[tuple[int, ...], ...]        # block ids of each local chunk, in model order
+
+    def virtual(self, chunk: int) -> int:
+        return chunk * self.p + self.rank
+
+    @property
+    def n_virtual(self) -> int:
+        return self.p * self.v
+
+    def is_first(self, chunk: int) -> bool:
+        return self.virtual(chunk) == 0
+
+    def is_last(self, chunk: int) -> bool:
+        return self.virtual(chunk) == self.n_virtual - 1
+
+    @property
+    def has_embedding(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def has_head(self) -> bool:
+        return self.rank == self.p - 1
+
+    @property
+    def layers(self) -> list[int]:
+        return [i for ids in self.chunks for i in ids]
+
+    def describe(self) -> str:
+        parts = [f"chunk {c} (virtual stage {self.virtual(c)}): blocks {list(ids)}"
+                 for c, ids in enumerate(self.chunks)]
+        if self.has_embedding:
+            parts.insert(0, "embedding")
+        if self.has_head:
+            parts.append("final norm + head + loss")
+        return f"pipeline rank {self.rank}: " + "; ".join(parts)
+
+
+def stage_layout(spec: ModelSpec, plan: Plan, rank: int) -> StageLayout:
+    """The chunks of pipeline rank ``rank`` (``specs.chunk_layers``: contiguous, uneven allowed)."""
+    if not 0 <= rank < plan.pp:
+        raise ParallelLabError(f"pipeline rank {rank} is not in 0..{plan.pp - 1}")
+    cut = chunk_layers(spec.layers, plan.pp, plan.interleave)
+    chunks = tuple(tuple(cut[c * plan.pp + rank]) for c in range(plan.interleave))
+    return StageLayout(rank, plan.pp, plan.interleave, chunks)
+
+
+def layers_per_stage(spec: ModelSpec, plan: Plan) -> list[int]:
+    """Blocks held by each pipeline rank (all its chunks); uneven when ``p * v`` does not divide ``L``."""
+    return [len(stage_layout(spec, plan, r).layers) for r in range(plan.pp)]
+
+
+def keep_stage(model: nn.Module, layout: StageLayout) -> nn.Module:
+    """Delete the pieces of ``model`` (a ``dist.model.Transformer``) that ``layout`` does not hold."""
+    keep = {str(i) for i in layout.layers}
+    for name in [n for n in model.blocks if n not in keep]:
+        del model.blocks[name]
+    if not layout.has_embedding:
+        model.tok_emb = None
+        model.pos_emb = None
+    if not layout.has_head:
+        model.final_norm = None
+        model.lm_head = None
+        model.has_head = False
+    return model
+
+
+# --------------------------------------------------------------------------------------------------
+# Splitting a backward into B (input gradient) and W (weight gradients)
+# --------------------------------------------------------------------------------------------------
+
+def _nodes_leading_to(root: Node, target: Tensor) -> dict[Node, bool]:
+    """For every node reachable from ``root``: does a path lead from it to the leaf ``target``?"""
+    leads: dict[Node, bool] = {}
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:                                  # iterative post-order (graphs are deep)
+        node, children_done = stack.pop()
+        if node in leads:
+            continue
+        nexts = [f for f, _ in node.next_functions if f is not None]
+        if children_done:
+            leads[node] = getattr(node, "variable", None) is target or any(leads[f] for f in nexts)
+        else:
+            stack.append((node, True))
+            stack.extend((f, False) for f in nexts if f not in leads)
+    return leads
+
+
+def _weights_below(node: Node, wanted: dict[int, Tensor]) -> list[Tensor]:
+    """Parameters (of ``wanted``, keyed by ``id``) whose gradient accumulators lie below ``node``."""
+    out, seen, stack = [], set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        var = getattr(n, "variable", None)
+        if var is not None and id(var) in wanted:
+            out.append(wanted[id(var)])
+        stack.extend(f for f, _ in n.next_functions if f is not None)
+    return out
+
+
+def weight_split_points(root: Node, x: Tensor, params: Iterable[Tensor]) -> list[tuple[Node, list[Tensor]]]:
+    """Where the input-gradient path and the weight-gradient paths of a backward part.
+
+    ``root``: the output's ``grad_fn``; ``x``: the chunk's input (a leaf). Returns ``(node, weights)`` for
+    every node that lies on a path from ``root`` to ``x`` and has an edge leaving that path towards
+    parameters (each linear's matmul, each norm's product with its weight). Running such a node for its
+    weights alone, with the gradient it received during B, gives exactly their gradients (W).
+    Raises ParallelLabError when a weight sits below two such nodes (a weight used twice), for which
+    per-node W passes would count a gradient twice.
+    """
+    wanted = {id(p): p for p in params if p.requires_grad}
+    leads = _nodes_leading_to(root, x)
+    points, owner = [], {}
+    for node, on_path in leads.items():
+        if not on_path:
+            continue
+        ws: list[Tensor] = []
+        for f, _ in node.next_functions:
+            if f is not None and not leads[f]:
+                ws += _weights_below(f, wanted)
+        if ws:
+            for w in ws:
+                if id(w) in owner:
+                    raise ParallelLabError(
+                        "a parameter is used by two operations of one pipeline chunk, so its weight gradient "
+                        "cannot be split from the input gradient per operation; use a schedule without W "
+                        "(gpipe, 1f1b, interleaved)")
+                owner[id(w)] = node
+            points.append((node, ws))
+    return points
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """One (micro-batch, chunk) between its F and its last backward part: the graph and what B kept."""
+
+    x: Tensor                                  # the chunk's input (leaf, requires grad)
+    y: Tensor                                  # its output (or the loss on the last virtual stage)
+    h0: Tensor | None = None                   # embedding output (virtual stage 0), a separate graph
+    held: list[tuple[Node, list[Tensor], tuple]] = field(default_factory=list)   # (node, weights, dY) for W
+
+    def weight_pass(self) -> None:
+        """W: every split node again for its weights only, then the embedding's weight (stage 0)."""
+        for node, weights, grads in self.held:
+            edges = [(GradientEdge(node, i), g) for i, g in enumerate(grads) if g is not None]
+            if edges:
+                torch.autograd.backward([e for e, _ in edges], [g for _, g in edges], inputs=weights)
+        self.held = []
+        if self.h0 is not None:
+            torch.autograd.backward(self.h0, self.x.grad)
+
+
+class _OpWait:
+    """Completion of one posted op: waits the works its batch returned, then stamps its traced event."""
+
+    def __init__(self, works: Sequence[TracedWork], own: TracedWork | None):
+        self.works, self.own = works, own
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+        if self.own is not None:
+            self.own.wait()
+
+
+@dataclass
+class StepRecord:
+    """What one executed step looked like on this rank (times in ``perf_counter`` seconds)."""
+
+    rank: int                                  # pipeline rank
+    t_start: float
+    t_end: float
+    rows: list[list[Any]]                      # [rank, start, end, kind, microbatch, chunk]
+    inflight_peak: int                         # (mb, chunk) pairs alive at once (counted objects)
+    live_bytes_peak: int                       # saved-tensor bytes alive at the end of an action, peak
+    inflight_trace: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "t_start": self.t_start, "t_end": self.t_end, "rows": self.rows,
+                "inflight_peak": self.inflight_peak, "live_bytes_peak": self.live_bytes_peak,
+                "inflight_trace": self.inflight_trace}
+
+
+# --------------------------------------------------------------------------------------------------
+# The executor
+# --------------------------------------------------------------------------------------------------
+
+class PipelineExecutor:
+    """Runs one rank's action list (``rt.forward_backward``); see the module docstring."""
+
+    def __init__(self, rt: Any, layout: StageLayout, actions: list[Action], m: int):
+        self.layout, self.actions, self.m = layout, actions, m
+        self.split = split_backward(actions)
+        self.pp_ranks = rt.grid.ranks["pp"]            # pipeline rank -> global rank
+        grads = [i for i, a in enumerate(actions)
+                 if a.kind == "W" or (a.kind == "B" and (a.microbatch, a.chunk) not in self.split)]
+        self.last_grad_action = grads[-1] if grads else -1
+        self.records: list[StepRecord] = []
+
+    def report(self) -> dict[str, Any]:
+        """Plain data for ``RankResult.info["pp"]``: the layout and every step's :class:`StepRecord`."""
+        return {"rank": self.layout.rank, "layers": self.layout.layers,
+                "chunks": [list(c) for c in self.layout.chunks], "layout": self.layout.describe(),
+                "steps": [rec.as_dict() for rec in self.records]}
+
+    # ---- shapes ----------------------------------------------------------------------------------
+    def activation_shape(self, rt: Any, micro: Batch) -> tuple[int, int, int]:
+        """Shape of the tensor that crosses a stage boundary: ``(b, s_local, h)``; with sequence
+        parallelism the activations between blocks are sequence-sharded (``s / tp``)."""
+        b, s = micro.tokens.shape
+        if rt.plan.sp:
+            s //= rt.plan.tp
+        return (b, s, rt.model.spec.hidden)
+
+    # ---- one step --------------------------------------------------------------------------------
+    def __call__(self, rt: Any, micro_batches: list[Batch]) -> float:
+        if len(micro_batches) != self.m:
+            raise ParallelLabError(f"the schedule was built for m={self.m} micro-batches, got "
+                                   f"{len(micro_batches)}; build the Runtime with grad_accum={self.m}")
+        r = self.layout.rank
+        model = rt.model
+        params = [q for q in model.parameters() if q.requires_grad]
+        dtype = next(model.parameters()).dtype
+        device = rt.grid.device
+        recvs: dict[tuple[str, int, int], tuple[Tensor, _OpWait]] = {}
+        sends: list[tuple[_OpWait, Tensor]] = []
+        outbox: dict[tuple[str, int, int], Tensor] = {}      # ("SEND_F" | "SEND_B", mb, chunk) -> tensor
+        live: dict[tuple[int, int], _InFlight] = {}
+        alive: weakref.WeakSet[_InFlight] = weakref.WeakSet()
+        contexts: dict[int, AttnContext] = {}
+        rows: list[list[Any]] = []
+        trace: list[int] = []
+        live_peak = 0
+        loss_total = 0.0
+
+        def take(kind: str, a: Action) -> Tensor:
+            buf, done = recvs.pop((kind, a.microbatch, a.chunk))
+            done.wait()
+            return buf
+
+        def timed(a: Action):
+            return rt.timeline.span(a.kind, micro_batch=a.microbatch, stage=self.layout.virtual(a.chunk))
+
+        def note(a: Action) -> None:
+            nonlocal live_peak
+            s = rt.timeline.spans[-1]
+            rows.append([r, s.t_start, s.t_end, a.kind, a.microbatch, a.chunk])
+            trace.append(len(alive))
+            if rt.meter is not None:
+                live_peak = max(live_peak, int(rt.meter.live_total))
+
+        t_start = time.perf_counter()
+        with rt.timeline.span("pp_step", kind="pipeline", stage=r):
+            for i, a in enumerate(self.actions):
+                key = (a.microbatch, a.chunk)
+                if a.kind == "P2P":
+                    self._post(rt, a, recvs, sends, outbox, micro_batches, dtype, device)
+                    continue
+                first, last = self.layout.is_first(a.chunk), self.layout.is_last(a.chunk)
+                micro = micro_batches[a.microbatch]
+                if a.kind == "F":
+                    x = None if first else take("RECV_F", a).requires_grad_()
+                    with rt.tracer.phase_as("forward"), timed(a):
+                        ctx = contexts.get(a.microbatch)
+                        if ctx is None:
+                            ctx = contexts[a.microbatch] = make_context(micro.positions, micro.doc_ids)
+                        h0 = None
+                        if first:
+                            h0 = model.embed(micro.tokens, ctx.positions)
+                            x = h0.detach().requires_grad_()
+                        h = x
+                        for block_id in self.layout.chunks[a.chunk]:
+                            h = model.blocks[str(block_id)](h, ctx)
+                        if last:
+                            y = rt.loss(model.head(h), micro) / self.m
+                            loss_total += float(y.detach())
+                        else:
+                            y = h
+                            outbox[("SEND_F", *key)] = h.detach()
+                    live[key] = item = _InFlight(x, y, h0)
+                    alive.add(item)
+                    del item, x, y, h, h0
+                elif a.kind == "B":
+                    dy = None if last else take("RECV_B", a)
+                    rt.dp.set_sync(i == self.last_grad_action)
+                    item = live[key]
+                    with rt.tracer.phase_as("backward"), timed(a):
+                        if key in self.split:
+                            self._input_grad_only(item, dy, params)
+                        else:
+                            torch.autograd.backward(item.y, dy)
+                            if item.h0 is not None:
+                                torch.autograd.backward(item.h0, item.x.grad)
+                        if not first:
+                            outbox[("SEND_B", *key)] = item.x.grad
+                    if key not in self.split:
+                        del live[key]                        # the graph goes: activations freed
+                    del item, dy
+                else:  # W
+                    rt.dp.set_sync(i == self.last_grad_action)
+                    item = live.pop(key)
+                    with rt.tracer.phase_as("backward"), timed(a):
+                        item.weight_pass()
+                    del item
+                note(a)
+            with rt.tracer.phase_as("backward"):
+                for done, _tensor in sends:
+                    done.wait()
+        if live or recvs or outbox:
+            raise ParallelLabError(f"pipeline rank {r}: the action list left work behind (in flight "
+                                   f"{sorted(live)}, receives {sorted(recvs)}, unsent {sorted(outbox)}); "
+                                   "check it with schedules.validate")
+        self.records.append(StepRecord(r, t_start, time.perf_counter(), rows, max(trace, default=0),
+                                       live_peak, trace))
+        return loss_total if self.layout.has_head else 0.0
+
+    def _input_grad_only(self, item: _InFlight, dy: Tensor | None, params: list[Tensor]) -> None:
+        """B of a split backward: ``dL/dx`` only, keeping ``dY`` at every split node for W."""
+        points = weight_split_points(item.y.grad_fn, item.x, params)
+        caught: dict[Node, tuple] = {}
+        handles = [node.register_prehook(lambda g, node=node: caught.__setitem__(node, tuple(g)))
+                   for node, _ in points]
+        try:
+            torch.autograd.backward(item.y, dy, inputs=[item.x], retain_graph=True)
+        finally:
+            for h in handles:
+                h.remove()
+        item.held = [(node, ws, caught[node]) for node, ws in points if node in caught]
+
+    def _post(self, rt: Any, a: Action, recvs: dict, sends: list, outbox: dict, micro_batches: list[Batch],
+              dtype: torch.dtype, device: torch.device) -> None:
+        """``P2P(ops)``: post all ops together (``batch_isend_irecv``), wait for none."""
+        ops: list[tuple[str, Tensor, int]] = []
+        for op in a.ops:
+            peer = self.pp_ranks[op.peer]
+            if op.is_send:
+                ops.append(("send", outbox.pop((op.kind, op.microbatch, op.chunk)).contiguous(), peer))
+            else:
+                shape = self.activation_shape(rt, micro_batches[op.microbatch])
+                ops.append(("recv", torch.empty(shape, dtype=dtype, device=device), peer))
+        works = rt.tracer.batch_isend_irecv(ops, "pp")
+        per_op = len(works) == len(ops) and all(w.work is not None for w in works)
+        batch = [] if per_op else [w for w in works if w.work is not None]
+        events = [w for w in works if w.event is not None]
+        for j, (op, (_, tensor, _peer)) in enumerate(zip(a.ops, ops, strict=True)):
+            own = works[j] if per_op else (events[j] if j < len(events) else None)
+            if own is not None and own.event is not None:
+                own.event.phase = "forward" if op.kind in ("SEND_F", "RECV_F") else "backward"
+            done = _OpWait(batch, own)
+            if op.is_send:
+                sends.append((done, tensor))
+            else:
+                recvs[(op.kind, op.microbatch, op.chunk)] = (tensor, done)
+
+
+# --------------------------------------------------------------------------------------------------
+# Plug-in
+# --------------------------------------------------------------------------------------------------
+
+def apply_pp(rt: Any) -> None:
+    """Keep this rank's stage of ``rt.model`` and set ``rt.forward_backward`` to the schedule's executor."""
+    plan: Plan = rt.plan
+    spec: ModelSpec = rt.model.spec
+    if spec.tied_embeddings:
+        raise ParallelLabError("tied embeddings put one weight on the first and the last pipeline stage; the "
+                               "runnable pipeline needs untied embeddings (tied_embeddings=False) or pp=1")
+    layout = stage_layout(spec, plan, rt.grid.pp_rank)
+    keep_stage(rt.model, layout)
+    schedule = validate(build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave))
+    ex = PipelineExecutor(rt, layout, schedule[layout.rank], plan.microbatches)
+    rt.forward_backward = ex
+    rt.owns_loss = rt.owns_loss and layout.has_head
+    rt.extras["pipeline"] = ex
+    rt.extras.setdefault("reports", {})["pp"] = ex.report
+
+
+# --------------------------------------------------------------------------------------------------
+# Measured timelines, in the simulator's terms
+# --------------------------------------------------------------------------------------------------
+
+def timeline_stats(rows: Iterable[Sequence[Any]], t_start: float | None = None,
+                   t_end: float | None = None) -> dict[str, Any]:
+    """``bubble_ratio``, ``idle_fraction`` and busy time per rank of a timeline ``[rank, start, end, ...]``.
+
+    The definitions of ``simulate.simulate``: ``step = t_end - t_start`` (default: first start to last
+    end), ``bubble_ratio = (step - C) / C`` with ``C`` the busiest rank's compute time, ``idle_fraction =
+    1 - sum(busy) / (p * step)``.
+    """
+    rows = list(rows)
+    if not rows:
+        return {"step_time": 0.0, "busy": {}, "bubble_ratio": 0.0, "idle_fraction": 0.0}
+    t0 = min(r[1] for r in rows) if t_start is None else t_start
+    t1 = max(r[2] for r in rows) if t_end is None else t_end
+    busy: dict[int, float] = {}
+    for r in rows:
+        busy[int(r[0])] = busy.get(int(r[0]), 0.0) + (r[2] - r[1])
+    step = t1 - t0
+    ideal = max(busy.values())
+    return {"step_time": step, "busy": busy, "bubble_ratio": (step - ideal) / ideal if ideal else 0.0,
+            "idle_fraction": 1.0 - sum(busy.values()) / (len(busy) * step) if step else 0.0}
+
+
+def measured_step(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One pipeline's step from its ranks' records (``StepRecord.as_dict``): rows shifted to start at 0,
+    the step's window (earliest start to latest end, last sends included) and :func:`timeline_stats`."""
+    t0 = min(rec["t_start"] for rec in records)
+    t1 = max(rec["t_end"] for rec in records)
+    rows = sorted(([row[0], row[1] - t0, row[2] - t0, *row[3:]] for rec in records for row in rec["rows"]),
+                  key=lambda x: (x[0], x[1]))
+    out = timeline_stats(rows, 0.0, t1 - t0)
+    out["rows"] = rows
+    out["inflight_peak"] = [rec["inflight_peak"] for rec in sorted(records, key=lambda x: x["rank"])]
+    return out
+
+
+def mean_costs(rows: Iterable[Sequence[Any]], split: bool) -> dict[str, float]:
+    """Mean measured F, B, W durations (seconds), as ``simulate.Costs`` fields: a full backward is ``b``
+    (``w = 0``) when the schedule does not split it."""
+    acc: dict[str, list[float]] = {"F": [], "B": [], "W": []}
+    for r in rows:
+        acc[str(r[3])].append(r[2] - r[1])
+    mean = {k: sum(v) / len(v) for k, v in acc.items() if v}
+    return {"f": mean.get("F", 0.0), "b": mean.get("B", 0.0), "w": mean.get("W", 0.0) if split else 0.0}
+
+
+def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any], step: int = -1) -> dict[str, Any]:
+    """Measured against simulated, for ``parallel-lab run``: one pipeline replica (the ranks with dp, cp and
+    tp coordinates 0), step ``step`` (default the last, past the first step's warm-up).
+
+    * ``bubble_ratio`` and ``idle_fraction``: ``predicted`` by the simulator with the textbook costs
+      (F = 1, B = 2, or F = B = W = 1 for ZB-H1; ``(p - 1) / m`` for GPipe and 1F1B), ``measured`` from
+      the timeline (:func:`timeline_stats`), and ``simulated_measured_costs``: the simulator fed this
+      run's mean F, B, W durations, which separates what the schedule does from the machine's noise.
+    * ``peak_inflight``: per pipeline rank, (micro-batch, chunk) pairs alive at once, measured against the
+      simulator's count.
+    """
+    from parallel_lab.simulate import Costs, simulate
+
+    schedule = build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
+    mine = sorted((r for r in results if r.coords.get("dp", 0) == 0 and r.coords.get("cp", 0) == 0
+                   and r.coords.get("tp", 0) == 0), key=lambda r: r.coords["pp"])
+    records = [r.info["pp"]["steps"][step] for r in mine]
+    meas = measured_step(records)
+    split = any(a.kind == "W" for acts in schedule for a in acts)
+    costs = mean_costs(meas["rows"], split)
+    pred = simulate(schedule, Costs())
+    with_costs = simulate(schedule, Costs(costs["f"], costs["b"], costs["w"])) if costs["f"] and costs["b"] \
+        else None
+    layers = layers_per_stage(spec, plan)
+    return {
+        "schedule": plan.schedule, "p": plan.pp, "m": plan.microbatches, "v": plan.interleave,
+        "layers_per_stage": layers, "uneven": len(set(layers)) > 1,
+        "bubble_ratio": {"predicted": pred.bubble_ratio, "measured": meas["bubble_ratio"],
+                         "simulated_measured_costs": with_costs.bubble_ratio if with_costs else None},
+        "idle_fraction": {"predicted": pred.idle_fraction, "measured": meas["idle_fraction"],
+                          "simulated_measured_costs": with_costs.idle_fraction if with_costs else None},
+        "peak_inflight": {"predicted": list(pred.peak_inflight), "measured": meas["inflight_peak"]},
+        "step_time_s": meas["step_time"], "mean_costs_s": costs,
+        "timeline": meas["rows"],
+    }
+
+
+def format_pipeline_report(rep: dict[str, Any]) -> str:
+    """The text block ``parallel-lab run`` prints for a pipeline."""
+    v = f", v={rep['v']} chunks per stage" if rep["v"] > 1 else ""
+    layers = rep["layers_per_stage"]
+    lines = [f"pipeline: {rep['schedule']}, p={rep['p']} stages, m={rep['m']} micro-batches{v}",
+             f"blocks per stage {layers}" + (" (uneven)" if rep["uneven"] else "")
+             + f"; embedding on stage 0, final norm + head + loss on stage {rep['p'] - 1}",
+             "                 predicted   measured   simulated with measured costs"]
+    for key in ("bubble_ratio", "idle_fraction"):
+        d = rep[key]
+        sim = "" if d["simulated_measured_costs"] is None else f"{d['simulated_measured_costs']:>10.1%}"
+        lines.append(f"{key:<15} {d['predicted']:>10.1%} {d['measured']:>10.1%}   {sim}")
+    c = rep["mean_costs_s"]
+    w = f", W {c['w'] * 1e3:.2f}" if c["w"] else ""
+    lines.append(f"peak in-flight micro-batches per stage: measured {rep['peak_inflight']['measured']}, "
+                 f"simulated {rep['peak_inflight']['predicted']}")
+    lines.append(f"measured step {rep['step_time_s'] * 1e3:.1f} ms; mean action (ms): F {c['f'] * 1e3:.2f}, "
+                 f"B {c['b'] * 1e3:.2f}{w}")
+    return "\n".join(lines)
