@@ -49,7 +49,8 @@ Parallelism changes the local shapes: tensor parallelism divides heads, kv heads
 ``tp > kv_heads``) and ffn by ``tp``; sequence parallelism (``sp``) divides the sequence of the norm,
 dropout and residual regions by ``tp``, and the column-parallel linears keep their sequence-sharded
 input (all-gathered again in backward, Korthikanti Sec. 4.2.2); context parallelism divides the
-sequence by ``cp``. The ``tp=1, cp=1`` case is measured exactly (tests/test_activations.py). The
+sequence by ``cp`` and replaces the core's saves by those of the blockwise cores (:func:`_cp_core`: no
+probabilities). The ``tp=1, cp=1`` case is measured exactly (tests/test_activations.py). The
 other cases follow the Megatron layout (Korthikanti Sec. 4.2) and are checked by the tensor- and
 context-parallel tests; extend :func:`_local_dims` or :func:`_core` where an implementation saves
 something different.
@@ -66,6 +67,7 @@ MASK_BYTES = 1     # torch.native_dropout keeps a bool mask
 ID_BYTES = 8       # int64 token / position ids
 STAT_BYTES = 4     # LayerNorm mean and rstd are kept in fp32
 LOSS_BYTES = 4     # the loss upcasts logits to fp32 before log_softmax
+LSE_BYTES = 4      # the context-parallel cores keep the softmax's log-sum-exp in fp32
 
 
 @dataclass(frozen=True)
@@ -128,14 +130,37 @@ def _norm(model: ModelSpec, op: str, t: LocalDims, a: int, stat: int) -> list[Sa
             Saved(op, "x * rstd", (t.b, t.s_n, t.h), a)]         # for the weight's gradient
 
 
-def _core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
-    """The attention core softmax(q k^T / sqrt(d) + mask) v as written in dist.model.DotProductAttention.
+def _cp_core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
+    """The context-parallel attention cores of ``dist/context_parallel.py`` (blockwise, online softmax):
+    no ``(s x s)`` probabilities, but the inputs, the output and an fp32 log-sum-exp per query and head.
 
-    With context parallelism the local queries (s) attend to keys of the whole sequence (s * cp); this
-    models the all-gather variant with materialised scores. Ring and Ulysses cores that save something
-    else should add their case here.
+    The output of ring and all-gather is allocated so that the ``wo`` input is a view of it (one storage,
+    listed under ``attn.wo``). Ulysses keeps the head-sharded tensors of the whole sequence (``s cp``
+    tokens, ``heads / cp`` heads, key/value heads repeated ``cp / gcd(kv_heads, cp)`` times).
     """
-    s_k = t.s * plan.cp
+    c, kv = plan.cp, t.kv_heads
+    if plan.cp_kind == "ulysses":
+        kv_rep = kv * (c // math.gcd(kv, c))
+        S = t.s * c
+        op, hq = "core (ulysses)", t.heads // c
+        return [Saved(op, "q / sqrt(d), own heads, whole sequence", (t.b, hq, S, t.d), a),
+                Saved(op, "k and v, own heads, whole sequence", (2, t.b, kv_rep // c, S, t.d), a),
+                Saved(op, "head-sharded output", (t.b, hq, S, t.d), a),
+                Saved(op, "log-sum-exp (fp32)", (t.b, hq, S), LSE_BYTES)]
+    kv_shape = (2, t.b, kv, t.s, t.d) if plan.cp_kind == "ring" else (c, 2, t.b, kv, t.s, t.d)
+    what = "local k and v, stacked" if plan.cp_kind == "ring" else "all-gathered k and v"
+    return [Saved(f"core ({plan.cp_kind})", "q / sqrt(d), grouped by kv head", (t.b, t.heads, t.s, t.d), a),
+            Saved(f"core ({plan.cp_kind})", what, kv_shape, a),
+            Saved(f"core ({plan.cp_kind})", "log-sum-exp (fp32)", (t.b, t.heads, t.s), LSE_BYTES)]
+
+
+def _core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
+    """The attention core softmax(q k^T / sqrt(d) + mask) v as written in dist.model.DotProductAttention
+    (``cp = 1``); with context parallelism, the cores of ``dist/context_parallel.py`` (:func:`_cp_core`).
+    """
+    if plan.cp > 1:
+        return _cp_core(model, plan, t, a)
+    s_k = t.s
     qkv = [Saved("core.qk", "q / sqrt(d)", (t.b, t.heads, t.s, t.d), a),
            Saved("core.qk", "k^T (repeated to all heads)", (t.b, t.heads, t.d, s_k), a)]
     probs = [Saved("core.softmax", "probabilities", (t.b, t.heads, t.s, s_k), a)]

@@ -336,17 +336,22 @@ def _pp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str,
 
 
 def _cp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[Collective]:
-    """Context parallelism inside attention, per layer and micro-batch (``s`` = local ``s / cp`` tokens,
-    ``kv`` = the key width on this TP rank).
+    """Context parallelism inside attention, per layer and micro-batch, exactly as
+    ``dist/context_parallel.py`` runs it (``s`` = local ``s / cp`` tokens, ``kv`` = the key width on this TP
+    rank; K and V always travel together as one ``(2, b, kv_heads, s, d)`` message: ``M_kv = 2 s b kv d``).
 
-    * ring (Liu et al. 2023): forward, the K and V blocks (``s b kv d`` each) travel ``cp - 1`` hops:
-      ``2 (cp - 1)`` sends and as many receives; backward, K and V travel again (``2 (cp - 1)``) and the
-      accumulating dK and dV blocks travel a full ring, ``cp`` hops, to end at their owner (``2 cp``).
-    * allgather (Llama 3): forward all-gathers K and V (message: the gathered ``cp s b kv d``); backward
-      reduce-scatters dK and dV.
-    * ulysses (Jacobs et al. 2023): 4 all-to-alls forward (Q, K, V to head-sharded full sequence, and the
-      output back) and 4 backward; message: this rank's input.
-    Full recomputation repeats the forward's traffic during backward.
+    * ring (Liu et al. 2023): forward, the K/V block travels ``cp - 1`` hops: ``cp - 1`` sends of ``M_kv``
+      and as many receives. Backward, the K/V block travels again (``cp - 1``) and beside it the block's
+      dK/dV accumulator, started by the owner's ring neighbour and handed on until it reaches home:
+      ``cp - 1`` more sends and receives of ``M_kv``.
+    * allgather (Llama 3): forward one all-gather of K and V (message: the gathered ``cp M_kv``);
+      backward one reduce-scatter of dK and dV (message: the full ``cp M_kv``).
+    * ulysses (Jacobs et al. 2023): forward one all-to-all of Q, K, V to head-sharded (message: this
+      rank's input ``s b (q + 2 kv') d``) and one of the output back (``s b q d``); backward the same two
+      with the gradients. ``kv'`` is ``kv`` with each key/value head repeated ``cp / gcd(kv_heads, cp)``
+      times so that ``cp`` divides them (tiny-llama, cp 4: 2 kv heads sent as 4).
+    Full recomputation, and selective recomputation (which recomputes the attention core, and with it
+    the core's communication), repeat the forward's traffic during backward.
     """
     c = plan.cp
     if c == 1 or not model.shape_known:
@@ -356,26 +361,28 @@ def _cp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str,
     s, b, d = plan.seq // c, plan.micro_batch, plan.dtype_bytes
     kv = _kv_local(model, plan.tp)
     q = model.heads * model.head_dim // plan.tp
-    Mkv = s * b * kv * d
+    Mkv = 2 * s * b * kv * d
     out: list[Collective] = []
     if plan.cp_kind == "ring":
-        fwd = [Collective("cp", "send", Mkv, 2, 2 * (c - 1) * n, "forward", "ring: K and V blocks"),
-               Collective("cp", "recv", Mkv, 2, 2 * (c - 1) * n, "forward", "ring: K and V blocks")]
-        bwd = [Collective("cp", "send", Mkv, 2, 2 * (c - 1) * n, "backward", "ring: K and V blocks again"),
-               Collective("cp", "recv", Mkv, 2, 2 * (c - 1) * n, "backward", "ring: K and V blocks again"),
-               Collective("cp", "send", Mkv, 2, 2 * c * n, "backward", "ring: dK and dV accumulators"),
-               Collective("cp", "recv", Mkv, 2, 2 * c * n, "backward", "ring: dK and dV accumulators")]
+        fwd = [Collective("cp", "send", Mkv, 2, (c - 1) * n, "forward", "ring: K/V block to the next rank"),
+               Collective("cp", "recv", Mkv, 2, (c - 1) * n, "forward", "ring: K/V block from the previous")]
+        bwd = [Collective("cp", "send", Mkv, 2, (c - 1) * n, "backward", "ring: K/V block again"),
+               Collective("cp", "recv", Mkv, 2, (c - 1) * n, "backward", "ring: K/V block again"),
+               Collective("cp", "send", Mkv, 2, (c - 1) * n, "backward", "ring: dK/dV accumulator"),
+               Collective("cp", "recv", Mkv, 2, (c - 1) * n, "backward", "ring: dK/dV accumulator")]
     elif plan.cp_kind == "allgather":
-        fwd = [Collective("cp", "all_gather", c * Mkv, c, 2 * n, "forward", "gather K and V")]
-        bwd = [Collective("cp", "reduce_scatter", c * Mkv, c, 2 * n, "backward", "dK and dV")]
+        fwd = [Collective("cp", "all_gather", c * Mkv, c, n, "forward", "gather K and V")]
+        bwd = [Collective("cp", "reduce_scatter", c * Mkv, c, n, "backward", "dK and dV")]
     else:
-        Mq = s * b * q * d
-        fwd = [Collective("cp", "all_to_all", Mq, c, 2 * n, "forward", "Q in, output back"),
-               Collective("cp", "all_to_all", Mkv, c, 2 * n, "forward", "K and V in")]
-        bwd = [Collective("cp", "all_to_all", Mq, c, 2 * n, "backward", "output grad in, dQ back"),
-               Collective("cp", "all_to_all", Mkv, c, 2 * n, "backward", "dK and dV back")]
+        kv_heads_local = kv // model.head_dim
+        kv_rep = kv * (c // math.gcd(kv_heads_local, c))
+        Mqkv, Mq = s * b * (q + 2 * kv_rep) * d, s * b * q * d
+        fwd = [Collective("cp", "all_to_all", Mqkv, c, n, "forward", "Q, K, V to head-sharded"),
+               Collective("cp", "all_to_all", Mq, c, n, "forward", "output back to sequence-sharded")]
+        bwd = [Collective("cp", "all_to_all", Mq, c, n, "backward", "output grad to head-sharded"),
+               Collective("cp", "all_to_all", Mqkv, c, n, "backward", "dQ, dK, dV back")]
     out += fwd + bwd
-    if plan.recompute == "full":
+    if plan.recompute in ("full", "selective"):
         out += [Collective(x.dim, x.kind, x.message_bytes, x.group_size, x.count, "backward",
                            "recomputed forward: " + x.note) for x in fwd]
     return out

@@ -670,19 +670,20 @@ class _Fast:
             tc = tiers["cp"]
             n = L * m
             kv = ledger._kv_local(model, t)
-            Mkv = (self.seq // c) * mb * kv * self.d
+            Mkv = 2 * (self.seq // c) * mb * kv * self.d                 # K and V in one message
             if cp_kind == "ring":
                 snd = _t("send", Mkv, 2, tc)
-                fwd = 2 * (c - 1) * n * snd
-                cp = fwd + 2 * (c - 1) * n * snd + 2 * c * n * snd
+                fwd = (c - 1) * n * snd
+                cp = fwd + 2 * (c - 1) * n * snd
             elif cp_kind == "allgather":
-                fwd = 2 * n * _t("all_gather", c * Mkv, c, tc)
-                cp = fwd + 2 * n * _t("reduce_scatter", c * Mkv, c, tc)
+                fwd = n * _t("all_gather", c * Mkv, c, tc)
+                cp = fwd + n * _t("reduce_scatter", c * Mkv, c, tc)
             else:
                 Mq = (self.seq // c) * mb * (model.heads * model.head_dim // t) * self.d
-                fwd = 2 * n * (_t("all_to_all", Mq, c, tc) + _t("all_to_all", Mkv, c, tc))
+                kv_rep = Mkv * (c // math.gcd(kv // model.head_dim, c))
+                fwd = n * (_t("all_to_all", Mq + kv_rep, c, tc) + _t("all_to_all", Mq, c, tc))
                 cp = 2 * fwd
-            out["cp"] = cp + (fwd if full else 0.0)
+            out["cp"] = cp + (fwd if recompute != "none" else 0.0)
         tok = mb * m * self.seq / (t * c)
         return _StageTimes(self.fl.stage(pp, v, stage, recompute) * tok / self.rate,
                            self.fl.attention(pp, v, stage) * tok / self.rate, out)

@@ -193,18 +193,24 @@ def test_pipeline_point_to_point_per_stage():
     assert sum(c.count for c in collectives(m, inter, stage=0) if c.kind == "send") == 8 * (2 + 1)
 
 
-@pytest.mark.parametrize("kind,per_layer_fwd", [("ring", 2 * 3), ("allgather", 2), ("ulysses", 4)])
+@pytest.mark.parametrize("kind,per_layer_fwd", [("ring", 3), ("allgather", 1), ("ulysses", 2)])
 def test_context_parallel_calls_per_layer(kind, per_layer_fwd):
+    # K and V travel as one message (dist/context_parallel.py; tests/dist/test_context_parallel.py traces it)
     m = ModelSpec.preset("llama3-8b")
     cp = 4
     colls = collectives(m, Plan(cp=cp, seq=8192, cp_kind=kind))
     fwd = [c for c in colls if c.dim == "cp" and c.phase == "forward" and c.kind != "recv"]
     assert sum(c.count for c in fwd) == per_layer_fwd * m.layers
-    kv_block = 8192 // cp * 8 * 128 * 2                      # local tokens x kv width x bf16
+    kv_block = 2 * 8192 // cp * 8 * 128 * 2                  # K and V: local tokens x kv width x bf16
     if kind == "ring":
         assert {c.message_bytes for c in colls if c.dim == "cp"} == {kv_block}
+        bwd = [c for c in colls if c.dim == "cp" and c.phase == "backward" and c.kind == "send"]
+        assert sum(c.count for c in bwd) == 2 * (cp - 1) * m.layers      # K/V again + dK/dV accumulators
     if kind == "allgather":
         assert {c.message_bytes for c in fwd} == {cp * kv_block}
+    if kind == "ulysses":                                    # Q (32 heads) + K + V (8 kv heads), then output
+        tokens = 8192 // cp
+        assert sorted(c.message_bytes for c in fwd) == [tokens * 4096 * 2, tokens * (4096 + 2 * 1024) * 2]
     dp = [c for c in colls if c.dim == "dp"]
     assert dp and all(c.group_size == cp for c in dp)        # gradients sync over dp x cp
 
