@@ -496,7 +496,7 @@ def make_optimizer(params: Iterable[Tensor], plan: Plan) -> torch.optim.Optimize
     """The optimizer of ``plan.optimizer`` with fixed hyperparameters (``foreach=False``: no hidden
     temporaries, so measured state is the textbook ``exp_avg`` and ``exp_avg_sq`` / momentum buffer)."""
     params = [p for p in params if p.requires_grad]
-    if plan.optimizer == "adam-fp32":
+    if plan.optimizer in ("adam-fp32", "fsdp2-mixed"):      # fsdp2-mixed: fp32 master weights and AdamW
         return torch.optim.AdamW(params, foreach=False, **ADAMW)
     if plan.optimizer == "sgd-momentum":
         return torch.optim.SGD(params, foreach=False, **SGD)

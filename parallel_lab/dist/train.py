@@ -201,11 +201,14 @@ class RankResult:
 def check_runnable(spec: ModelSpec, plan: Plan) -> None:
     """Errors for plans the runnable code cannot execute (clear message, before any process starts)."""
     plan.validate(spec)
-    if plan.dtype != "fp32":
-        raise ParallelLabError(f"dtype={plan.dtype!r}: the runnable implementations compute in fp32 "
-                               f"(CPU default); use --dtype fp32")
-    if plan.optimizer not in ("adam-fp32", "sgd-momentum"):
-        raise ParallelLabError(f"optimizer={plan.optimizer!r} is not runnable; use adam-fp32 or sgd-momentum")
+    # FSDP2-style mixed precision (fp32 shards and AdamW, bf16 gathers and compute) is ZeRO-3's (dist/zero.py)
+    mixed = plan.zero == 3 and plan.optimizer == "fsdp2-mixed" and plan.dtype in ("fp32", "bf16")
+    if plan.dtype != "fp32" and not mixed:
+        raise ParallelLabError(f"dtype={plan.dtype!r}: the runnable implementations compute in fp32 (CPU "
+                               f"default); use --dtype fp32 (or bf16 with --zero 3 --optimizer fsdp2-mixed)")
+    if plan.optimizer not in ("adam-fp32", "sgd-momentum") and not mixed:
+        raise ParallelLabError(f"optimizer={plan.optimizer!r} is not runnable; use adam-fp32 or sgd-momentum "
+                               f"(or fsdp2-mixed with --zero 3)")
     for what in PLUGINS:
         if getattr(plan, what) > (0 if what == "zero" else 1):
             plugin(what)

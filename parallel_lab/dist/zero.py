@@ -310,7 +310,8 @@ class Zero3(_Zero):
                  rt: Any = None):
         super().__init__(model, plan, tracer, group_size, index)
         self.rt = rt
-        self.param_dtype = torch.bfloat16 if plan.optimizer == MIXED else torch.float32
+        mixed = plan.optimizer == MIXED and plan.dtype == "bf16"
+        self.param_dtype = torch.bfloat16 if mixed else torch.float32
         # Where each trainable parameter lives (a shared parameter may be registered under several names).
         where: dict[int, list[tuple[nn.Module, str]]] = {}
         for name, p in model.named_parameters(remove_duplicate=False):
