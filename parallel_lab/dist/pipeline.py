@@ -73,7 +73,7 @@ from torch.autograd.graph import GradientEdge, Node
 
 from parallel_lab.dist.instruments import TracedWork
 from parallel_lab.dist.model import AttnContext, Batch, make_context
-from parallel_lab.schedules import Action, build_schedule, split_backward, validate
+from parallel_lab.schedules import Action, build_schedule, execute, split_backward, validate
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, chunk_layers
 
 # --------------------------------------------------------------------------------------------------
@@ -515,14 +515,34 @@ def mean_costs(rows: Iterable[Sequence[Any]], split: bool) -> dict[str, float]:
     return {"f": mean.get("F", 0.0), "b": mean.get("B", 0.0), "w": mean.get("W", 0.0) if split else 0.0}
 
 
-def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any], step: int = -1) -> dict[str, Any]:
+def replay(schedule: list[list[Action]], rows: Iterable[Sequence[Any]]) -> dict[str, Any]:
+    """The simulator (``schedules.execute``, instantaneous point-to-point) run with each rank's measured mean
+    duration per action kind and chunk: what the schedule gives on *these* stages (their real imbalance:
+    the embedding on the first, the head and loss on the last) without the run's waiting, contention and
+    jitter. Returns :func:`timeline_stats` of the replayed timeline and its rows."""
+    acc: dict[tuple[int, str, int], list[float]] = {}
+    for r in rows:
+        acc.setdefault((int(r[0]), str(r[3]), int(r[5])), []).append(r[2] - r[1])
+    mean = {k: sum(v) / len(v) for k, v in acc.items()}
+    ex = execute(schedule, lambda rank, a: mean[(rank, a.kind, a.chunk)], 0.0)
+    out_rows = sorted(([r, t0, t1, a.kind, a.microbatch, a.chunk] for r, t0, t1, a in ex.compute),
+                      key=lambda x: (x[0], x[1]))
+    out = timeline_stats(out_rows, 0.0, max(ex.finish))
+    out["rows"] = out_rows
+    return out
+
+
+def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any],
+                    step: int | None = None) -> dict[str, Any]:
     """Measured against simulated, for ``parallel-lab run``: one pipeline replica (the ranks with dp, cp and
-    tp coordinates 0), step ``step`` (default the last, past the first step's warm-up).
+    tp coordinates 0), step ``step`` (default: the fastest step after the first, whose allocations warm up;
+    the fastest is the one least disturbed by other processes, as ``timeit`` takes the minimum).
 
     * ``bubble_ratio`` and ``idle_fraction``: ``predicted`` by the simulator with the textbook costs
       (F = 1, B = 2, or F = B = W = 1 for ZB-H1; ``(p - 1) / m`` for GPipe and 1F1B), ``measured`` from
-      the timeline (:func:`timeline_stats`), and ``simulated_measured_costs``: the simulator fed this
-      run's mean F, B, W durations, which separates what the schedule does from the machine's noise.
+      the timeline (:func:`timeline_stats`), and ``simulated_measured_costs``: the simulator fed each
+      rank's mean measured F, B, W durations (:func:`replay`), which separates what the schedule does on
+      these stages from the run's contention and jitter.
     * ``peak_inflight``: per pipeline rank, (micro-batch, chunk) pairs alive at once, measured against the
       simulator's count.
     """
@@ -531,21 +551,24 @@ def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any], step: i
     schedule = build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
     mine = sorted((r for r in results if r.coords.get("dp", 0) == 0 and r.coords.get("cp", 0) == 0
                    and r.coords.get("tp", 0) == 0), key=lambda r: r.coords["pp"])
-    records = [r.info["pp"]["steps"][step] for r in mine]
-    meas = measured_step(records)
+    n = len(mine[0].info["pp"]["steps"])
+    if step is None:
+        steps = [measured_step([r.info["pp"]["steps"][i] for r in mine]) for i in range(min(1, n - 1), n)]
+        meas = min(steps, key=lambda x: x["step_time"])
+    else:
+        meas = measured_step([r.info["pp"]["steps"][step] for r in mine])
     split = any(a.kind == "W" for acts in schedule for a in acts)
     costs = mean_costs(meas["rows"], split)
     pred = simulate(schedule, Costs())
-    with_costs = simulate(schedule, Costs(costs["f"], costs["b"], costs["w"])) if costs["f"] and costs["b"] \
-        else None
+    rep = replay(schedule, meas["rows"])
     layers = layers_per_stage(spec, plan)
     return {
         "schedule": plan.schedule, "p": plan.pp, "m": plan.microbatches, "v": plan.interleave,
         "layers_per_stage": layers, "uneven": len(set(layers)) > 1,
         "bubble_ratio": {"predicted": pred.bubble_ratio, "measured": meas["bubble_ratio"],
-                         "simulated_measured_costs": with_costs.bubble_ratio if with_costs else None},
+                         "simulated_measured_costs": rep["bubble_ratio"]},
         "idle_fraction": {"predicted": pred.idle_fraction, "measured": meas["idle_fraction"],
-                          "simulated_measured_costs": with_costs.idle_fraction if with_costs else None},
+                          "simulated_measured_costs": rep["idle_fraction"]},
         "peak_inflight": {"predicted": list(pred.peak_inflight), "measured": meas["inflight_peak"]},
         "step_time_s": meas["step_time"], "mean_costs_s": costs,
         "timeline": meas["rows"],
@@ -559,7 +582,7 @@ def format_pipeline_report(rep: dict[str, Any]) -> str:
     lines = [f"pipeline: {rep['schedule']}, p={rep['p']} stages, m={rep['m']} micro-batches{v}",
              f"blocks per stage {layers}" + (" (uneven)" if rep["uneven"] else "")
              + f"; embedding on stage 0, final norm + head + loss on stage {rep['p'] - 1}",
-             "                 predicted   measured   simulated with measured costs"]
+             "                 predicted   measured   simulated with each rank's measured costs"]
     for key in ("bubble_ratio", "idle_fraction"):
         d = rep[key]
         sim = "" if d["simulated_measured_costs"] is None else f"{d['simulated_measured_costs']:>10.1%}"

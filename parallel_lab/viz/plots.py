@@ -616,6 +616,45 @@ def timelines_figure(simulated: Any, measured: Any = None, *, sim_title: str = "
     return fig
 
 
+def timeline_figures(timeline: Any, step_time: float | None = None) -> dict[str, float]:
+    """``idle_fraction`` and ``bubble_ratio`` of a timeline, as ``simulate.simulate`` defines them: over the
+    window ``[0, step_time]`` (default: first start to last end), ``1 - sum(busy) / (ranks * window)`` and
+    ``(window - busiest rank's busy time) / busiest``."""
+    rows = timeline_rows(timeline)
+    if not rows:
+        return {"idle_fraction": 0.0, "bubble_ratio": 0.0, "window": 0.0}
+    window = step_time if step_time is not None else max(r[2] for r in rows) - min(r[1] for r in rows)
+    busy: dict[int, float] = {}
+    for rank, start, end, *_ in rows:
+        busy[rank] = busy.get(rank, 0.0) + end - start
+    top = max(busy.values())
+    return {"idle_fraction": 1.0 - sum(busy.values()) / (len(busy) * window) if window else 0.0,
+            "bubble_ratio": (window - top) / top if top else 0.0, "window": window}
+
+
+def pipeline_timelines_figure(simulated: Any, measured: Any, *, measured_step_time: float | None = None,
+                              title: str | None = None) -> Figure:
+    """The simulated pipeline timeline above the measured one, each titled with its idle fraction and bubble
+    ratio (:func:`timeline_figures`, the simulator's definitions), so that the bubble the schedule predicts
+    and the one a run shows are read side by side.
+
+    ``simulated``: a ``simulate.SimResult`` (or ``parallel-lab bubble --json``); its ``step_time`` closes the
+    window. ``measured``: rows ``[rank, start, end, kind, microbatch, chunk]`` in seconds from the step's
+    start (``parallel-lab run --json``'s ``pipeline.timeline``) or ``Span`` records; ``measured_step_time``
+    (seconds, e.g. ``pipeline.step_time_s``) closes its window, last sends included.
+    """
+    sim_step = field(simulated, "step_time", None)
+    if sim_step is None and isinstance(simulated, Mapping):
+        sim_step = simulated.get("step_time")
+    s, m = timeline_figures(simulated, sim_step), timeline_figures(measured, measured_step_time)
+    def label(what: str, d: dict[str, float]) -> str:
+        return f"{what}: idle {d['idle_fraction']:.1%} of rank-time, bubble {d['bubble_ratio']:.1%}"
+
+    head = f"{title}: " if title else ""
+    return timelines_figure(simulated, measured, sim_title=head + label("simulated", s),
+                            measured_title=label("measured", m))
+
+
 # --------------------------------------------------------------------------------------------------
 # planner
 # --------------------------------------------------------------------------------------------------
