@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from parallel_lab.ledger import is_frozen
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
@@ -260,7 +260,10 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
         if self.full_recompute and self.training:
-            return checkpoint(self._forward, x, ctx, use_reentrant=False)
+            # the whole block again, as Megatron does: torch would stop at the last tensor backward needs
+            # and skip what follows it (e.g. tensor parallelism's last all-reduce of the block)
+            with set_checkpoint_early_stop(False):
+                return checkpoint(self._forward, x, ctx, use_reentrant=False)
         return self._forward(x, ctx)
 
 

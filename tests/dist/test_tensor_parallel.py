@@ -53,7 +53,7 @@ def _train_rank(grid, spec: ModelSpec, p: Plan, steps: int) -> dict:
     """``steps`` optimizer steps as ``train.train_rank`` runs them, keeping the first step's full logits and
     full gradients (gathered over TP, untraced) for the comparison with the reference."""
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    rt = parallelize(build_model(spec, 0, device=grid.device), grid, p, tracer)
+    rt = parallelize(build_model(spec, 0, recompute=p.recompute, device=grid.device), grid, p, tracer)
     out: dict = {"losses": [], "rank": grid.rank, "tp_rank": grid.tp_rank, "dp_rank": grid.dp_rank}
     for step in range(steps):
         (mb,) = rt.micro_batches(synthetic_batch(spec, p, step, 0))
@@ -154,6 +154,16 @@ def test_tp2_with_dp2_and_sp():
     results = check_against_reference(LLAMA, plan(tp=2, dp=2, sp=True, bucket_mb=0.2))
     dims = {e.dim for e in results[0]["events"]}
     assert dims == {"dp", "tp", "tp_vocab"}
+
+
+def test_full_recompute_repeats_the_forward_collectives():
+    """Each block recomputed whole in backward: its forward all-gathers and reduce-scatters run again (the
+    block's last reduce-scatter too: the model turns off torch's early stop of the recomputation)."""
+    results = check_against_reference(LLAMA, plan(tp=2, sp=True, recompute="full"))
+    bwd = [e for e in results[0]["events"] if e.phase == "backward" and e.dim == "tp"]
+    n = 2 * LLAMA.layers * STEPS
+    assert sum(e.kind == "reduce_scatter" for e in bwd) == 2 * n      # recomputed g-bar, grads of gathers
+    assert sum(e.kind == "all_gather" for e in bwd) == 3 * n           # recomputed gathers, re-gathers, grads
 
 
 def _ops_rank(grid) -> dict:
