@@ -142,3 +142,8 @@ def test_zero3_bf16_mixed_precision():
     assert gathered == {2 * 131_200, 2 * 181_504}                          # bf16 gathers
     want = ledger.state_bytes(LLAMA, p)["parameters"] + ledger.zero3_gathered_bytes(LLAMA, p)
     assert all(r.info["zero"]["peak_parameter_bytes"] == want for r in results)
+
+
+def test_zero3_composes_with_tensor_parallelism():
+    """tp=2 inside, ZeRO-3 over dp=2: units are cut from the TP-local shards (the ledger's local layout)."""
+    run_and_check(LLAMA.with_(layers=2), plan(dp=2, tp=2, zero=3))
