@@ -419,9 +419,9 @@ def check_tp(spec: ModelSpec, plan: Plan) -> None:
                                f"tp={t}; pick seq a multiple of {t * plan.cp}")
     if plan.zero >= 2 and (plan.sp or t > spec.kv_heads):
         raise ParallelLabError(f"tp={t} with {'sp' if plan.sp else f'kv_heads={spec.kv_heads} < tp'} "
-                               f"all-reduces replicated gradients after the data-parallel sync, which "
-                               f"zero={plan.zero} shards; run with zero=0 (DDP) or without sp / with "
-                               f"tp <= kv_heads")
+                               f"all-reduces replicated gradients after the data-parallel sync, whose "
+                               f"result zero={plan.zero} keeps sharded; use zero 0 or 1, or drop sp and "
+                               f"keep tp <= kv_heads")
 
 
 def _split(n: int, t: int, r: int) -> tuple[int, int]:

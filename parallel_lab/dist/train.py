@@ -23,7 +23,9 @@ fixed order, innermost first, each by one small function that edits the runtime:
     apply_dp(...)    dist/data_parallel.py     otherwise: DDP naive / bucketed over the gradient group
 
 A module that is not there yet makes a plan that needs it fail with a ParallelLabError naming the file.
-To plug in, write ``apply_x(rt: Runtime) -> None`` in your file; nothing here needs to change, except
+To plug in, write ``apply_x(rt: Runtime) -> None`` in your file (and optionally ``check_x(spec, plan)``,
+raising ParallelLabError for plans it cannot run, which :func:`check_runnable` calls before any process
+starts); nothing here needs to change, except
 where your parallelism changes what the report predicts (``predicted_activations`` in dist/run.py).
 
 Fields a plug-in may set (defaults in brackets):
@@ -211,7 +213,9 @@ def check_runnable(spec: ModelSpec, plan: Plan) -> None:
                                f"(or fsdp2-mixed with --zero 3)")
     for what in PLUGINS:
         if getattr(plan, what) > (0 if what == "zero" else 1):
-            plugin(what)
+            check = getattr(importlib.import_module(plugin(what).__module__), f"check_{what}", None)
+            if check is not None:                # the plug-in's own limits, e.g. check_tp(spec, plan)
+                check(spec, plan)
 
 
 def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *,
