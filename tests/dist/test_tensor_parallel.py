@@ -156,6 +156,12 @@ def test_tp2_with_dp2_and_sp():
     assert dims == {"dp", "tp", "tp_vocab"}
 
 
+def test_tp2_sp_with_zero1():
+    """ZeRO-1 leaves full averaged gradients in ``p.grad`` after its sync, so SP's all-reduce of the
+    replicated gradients (``rt.finalize_grads``) composes with it (ZeRO-2/3 shard them: refused)."""
+    check_against_reference(LLAMA, plan(tp=2, dp=2, sp=True, zero=1))
+
+
 def test_full_recompute_repeats_the_forward_collectives():
     """Each block recomputed whole in backward: its forward all-gathers and reduce-scatters run again (the
     block's last reduce-scatter too: the model turns off torch's early stop of the recomputation)."""
