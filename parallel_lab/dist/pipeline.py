@@ -255,6 +255,17 @@ class _OpWait:
             self.own.wait()
 
 
+def op_waits(works: Sequence[TracedWork], n_ops: int) -> list[_OpWait]:
+    """One completion per posted op from what ``CommTracer.batch_isend_irecv`` returned: gloo gives one work
+    per op (each op waits its own); NCCL coalesces the batch into one work, returned before the ops' traced
+    events (each op then waits the batch's work and stamps its own event)."""
+    if len(works) == n_ops and all(w.work is not None for w in works):
+        return [_OpWait([], w) for w in works]
+    batch = [w for w in works if w.work is not None]
+    events = [w for w in works if w.event is not None]
+    return [_OpWait(batch, events[j] if j < len(events) else None) for j in range(n_ops)]
+
+
 @dataclass
 class StepRecord:
     """What one executed step looked like on this rank (times in ``perf_counter`` seconds)."""
@@ -430,15 +441,10 @@ class PipelineExecutor:
             else:
                 shape = self.activation_shape(rt, micro_batches[op.microbatch])
                 ops.append(("recv", torch.empty(shape, dtype=dtype, device=device), peer))
-        works = rt.tracer.batch_isend_irecv(ops, "pp")
-        per_op = len(works) == len(ops) and all(w.work is not None for w in works)
-        batch = [] if per_op else [w for w in works if w.work is not None]
-        events = [w for w in works if w.event is not None]
-        for j, (op, (_, tensor, _peer)) in enumerate(zip(a.ops, ops, strict=True)):
-            own = works[j] if per_op else (events[j] if j < len(events) else None)
-            if own is not None and own.event is not None:
-                own.event.phase = "forward" if op.kind in ("SEND_F", "RECV_F") else "backward"
-            done = _OpWait(batch, own)
+        waits = op_waits(rt.tracer.batch_isend_irecv(ops, "pp"), len(ops))
+        for op, (_, tensor, _peer), done in zip(a.ops, ops, waits, strict=True):
+            if done.own is not None and done.own.event is not None:
+                done.own.event.phase = "forward" if op.kind in ("SEND_F", "RECV_F") else "backward"
             if op.is_send:
                 sends.append((done, tensor))
             else:
@@ -515,6 +521,14 @@ def mean_costs(rows: Iterable[Sequence[Any]], split: bool) -> dict[str, float]:
     return {"f": mean.get("F", 0.0), "b": mean.get("B", 0.0), "w": mean.get("W", 0.0) if split else 0.0}
 
 
+def rank_costs(rows: Iterable[Sequence[Any]]) -> list[dict[str, float]]:
+    """Per pipeline rank, the mean measured duration (seconds) of each action kind it ran."""
+    acc: dict[int, dict[str, list[float]]] = {}
+    for r in rows:
+        acc.setdefault(int(r[0]), {}).setdefault(str(r[3]), []).append(r[2] - r[1])
+    return [{k: sum(v) / len(v) for k, v in acc[rank].items()} for rank in sorted(acc)]
+
+
 def replay(schedule: list[list[Action]], rows: Iterable[Sequence[Any]]) -> dict[str, Any]:
     """The simulator (``schedules.execute``, instantaneous point-to-point) run with each rank's measured mean
     duration per action kind and chunk: what the schedule gives on *these* stages (their real imbalance:
@@ -570,7 +584,7 @@ def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any],
         "idle_fraction": {"predicted": pred.idle_fraction, "measured": meas["idle_fraction"],
                           "simulated_measured_costs": rep["idle_fraction"]},
         "peak_inflight": {"predicted": list(pred.peak_inflight), "measured": meas["inflight_peak"]},
-        "step_time_s": meas["step_time"], "mean_costs_s": costs,
+        "step_time_s": meas["step_time"], "mean_costs_s": costs, "rank_costs_s": rank_costs(meas["rows"]),
         "timeline": meas["rows"],
     }
 
@@ -593,4 +607,7 @@ def format_pipeline_report(rep: dict[str, Any]) -> str:
                  f"simulated {rep['peak_inflight']['predicted']}")
     lines.append(f"measured step {rep['step_time_s'] * 1e3:.1f} ms; mean action (ms): F {c['f'] * 1e3:.2f}, "
                  f"B {c['b'] * 1e3:.2f}{w}")
+    per = ", ".join("/".join(f"{d[k] * 1e3:.1f}" for k in ("F", "B", "W") if k in d)
+                    for d in rep["rank_costs_s"])
+    lines.append(f"per stage {'F/B/W' if c['w'] else 'F/B'} (ms): {per}")
     return "\n".join(lines)

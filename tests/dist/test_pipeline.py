@@ -6,10 +6,10 @@ process running the same micro-batches one after another with gradient accumulat
 
 Tolerance (fp32, measured): every pipeline rank runs the same kernels on the same micro-batches, and each
 gradient is accumulated over the micro-batches in the same order as the reference, so the losses came out
-bitwise equal in every configuration below and the gradients too for the llama flavour, including ZB-H1's split
-B/W; gpt differed by at most 1.2e-9 and pp2 x dp2 (the DP all-reduce sums in another order) by 7.5e-9. The
-tests allow ``GRAD_TOL = 1e-6`` absolute (gradients are ~1e-2 .. 1e-5) and ``LOSS_TOL = 1e-6``, ``2e-6`` with
-data parallelism, so that a different but legal summation order does not fail them.
+bitwise equal in every configuration below and the gradients too for the llama flavour, including ZB-H1's
+split B/W; gpt differed by at most 1.2e-9 and pp2 x dp2 (the DP all-reduce sums in another order) by 7.5e-9.
+The tests allow ``GRAD_TOL = 1e-6`` absolute (gradients are ~1e-2 .. 1e-5) and ``LOSS_TOL = 1e-6``, ``2e-6``
+with data parallelism, so that a different but legal summation order does not fail them.
 
 Configurations (a representative subset of p in {2, 4}, m in 1..8, all four schedules; the whole grid is too
 slow on 2 cores): p=2 with gpipe, 1f1b and zb-h1 at m=1 and m=4; interleaved p=2 v=2 m=4; p=4 m=8 with gpipe,
@@ -24,12 +24,13 @@ import pytest
 import torch
 
 from parallel_lab import comm
-from parallel_lab.dist.instruments import compare_calls
+from parallel_lab.dist.instruments import CommEvent, TracedWork, compare_calls
 from parallel_lab.dist.launch import launch
 from parallel_lab.dist.model import build_model, loss_fn, make_context, synthetic_batch
 from parallel_lab.dist.pipeline import (
     layers_per_stage,
     measured_step,
+    op_waits,
     stage_layout,
     timeline_stats,
     weight_split_points,
@@ -240,6 +241,30 @@ def test_stage_layout_and_errors():
     p2 = make_plan(pp=2, grad_accum=2)
     with pytest.raises(Exception, match="untied embeddings"):
         launch(one_step, p2, tied, p2, timeout_s=60)
+
+
+def test_completions_for_per_op_and_coalesced_batches():
+    class Work:
+        def __init__(self):
+            self.waited = 0
+
+        def wait(self):
+            self.waited += 1
+            return True
+
+    def event():
+        return CommEvent(0, "pp", "recv", 4, 2, 0.0, None)
+
+    per_op = [TracedWork(Work(), event()), TracedWork(Work(), event())]            # gloo: a work per op
+    waits = op_waits(per_op, 2)
+    waits[1].wait()
+    assert (per_op[0].work.waited, per_op[1].work.waited) == (0, 1) and per_op[1].event.t_end is not None
+    batch = Work()                                                                  # NCCL: one work per batch
+    coalesced = [TracedWork(batch, None), TracedWork(None, event()), TracedWork(None, event())]
+    waits = op_waits(coalesced, 2)
+    waits[0].wait()
+    assert batch.waited == 1 and coalesced[1].event.t_end is not None and coalesced[2].event.t_end is None
+    assert [w.own for w in waits] == coalesced[1:]
 
 
 def test_timeline_stats_match_the_simulator_definitions():
