@@ -525,17 +525,22 @@ class Zero3(_Zero):
 # Plug-in
 # --------------------------------------------------------------------------------------------------
 
-def apply_zero(rt: Any) -> None:
-    """Set ``rt.dp`` to the ZeRO stage of ``rt.plan`` over the gradient group (``dp``, or ``dp x cp``)."""
-    plan, grid = rt.plan, rt.grid
+def check_zero(spec: Any, plan: Plan) -> None:
+    """Plans this file cannot run (``train.check_runnable`` calls it before any process starts)."""
     if plan.zero not in (1, 2, 3):
         raise ParallelLabError(f"apply_zero needs zero in {{1, 2, 3}}, got zero={plan.zero}")
     if plan.zero == 3 and plan.pp > 1:
-        raise ParallelLabError("zero=3 with pp > 1 is not runnable here (a stage's micro-batches would share "
-                               "one gathered buffer per unit); use zero in {1, 2} with pipelines, or pp=1")
+        raise ParallelLabError("zero=3 with pp > 1 is not runnable here (a stage's micro-batches in flight "
+                               "would share one gathered buffer per unit); use zero in {1, 2} with pp > 1")
     if plan.optimizer == MIXED and plan.zero != 3:
         raise ParallelLabError("optimizer='fsdp2-mixed' is FSDP2's mixed precision and runs with zero=3 "
                                "only; use zero=3, or optimizer='adam-fp32'")
+
+
+def apply_zero(rt: Any) -> None:
+    """Set ``rt.dp`` to the ZeRO stage of ``rt.plan`` over the gradient group (``dp``, or ``dp x cp``)."""
+    plan, grid = rt.plan, rt.grid
+    check_zero(None, plan)
     g = rt.grad_group_size
     index = grid.ranks[grid.grad_group].index(grid.rank)
     if plan.zero == 3:

@@ -22,8 +22,8 @@ from parallel_lab import comm, ledger
 from parallel_lab.dist.launch import launch
 from parallel_lab.dist.model import ADAMW, reference_train
 from parallel_lab.dist.run import predicted_activations
-from parallel_lab.dist.train import global_losses, max_abs_diff, merge_params, train_rank
-from parallel_lab.specs import ModelSpec, Plan
+from parallel_lab.dist.train import check_runnable, global_losses, max_abs_diff, merge_params, train_rank
+from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
@@ -153,3 +153,10 @@ def test_zero3_bf16_mixed_precision():
 def test_zero3_composes_with_tensor_parallelism():
     """tp=2 inside, ZeRO-3 over dp=2: units are cut from the TP-local shards (the ledger's local layout)."""
     run_and_check(LLAMA.with_(layers=2), plan(dp=2, tp=2, zero=3))
+
+
+def test_unrunnable_zero_plans_are_refused_before_launch():
+    with pytest.raises(ParallelLabError, match="zero=3 with pp > 1"):
+        check_runnable(LLAMA, plan(dp=2, pp=2, grad_accum=2, zero=3))
+    with pytest.raises(ParallelLabError, match="fsdp2-mixed"):
+        check_runnable(LLAMA, plan(dp=2, zero=2, optimizer="fsdp2-mixed"))
