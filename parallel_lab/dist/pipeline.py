@@ -499,14 +499,19 @@ def timeline_stats(rows: Iterable[Sequence[Any]], t_start: float | None = None,
 
 
 def measured_step(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One pipeline's step from its ranks' records (``StepRecord.as_dict``): rows shifted to start at 0,
-    the step's window (earliest start to latest end, last sends included) and :func:`timeline_stats`."""
-    t0 = min(rec["t_start"] for rec in records)
+    """One pipeline's step from its ranks' records (``StepRecord.as_dict``), in the simulator's frame: time 0
+    is the first compute action (the first stage's first forward, which waits for nothing), the step ends
+    when the last rank has finished its list and its last send; rows are shifted accordingly, with
+    :func:`timeline_stats` of that window. ``start_skew_s``: how long before that some rank was already
+    in its list, waiting (ranks leave the previous optimizer step at different times; the simulator
+    starts them together, so this wait is reported apart from the bubble)."""
+    t0 = min(row[1] for rec in records for row in rec["rows"])
     t1 = max(rec["t_end"] for rec in records)
     rows = sorted(([row[0], row[1] - t0, row[2] - t0, *row[3:]] for rec in records for row in rec["rows"]),
                   key=lambda x: (x[0], x[1]))
     out = timeline_stats(rows, 0.0, t1 - t0)
     out["rows"] = rows
+    out["start_skew_s"] = t0 - min(rec["t_start"] for rec in records)
     out["inflight_peak"] = [rec["inflight_peak"] for rec in sorted(records, key=lambda x: x["rank"])]
     return out
 
@@ -584,7 +589,8 @@ def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any],
         "idle_fraction": {"predicted": pred.idle_fraction, "measured": meas["idle_fraction"],
                           "simulated_measured_costs": rep["idle_fraction"]},
         "peak_inflight": {"predicted": list(pred.peak_inflight), "measured": meas["inflight_peak"]},
-        "step_time_s": meas["step_time"], "mean_costs_s": costs, "rank_costs_s": rank_costs(meas["rows"]),
+        "step_time_s": meas["step_time"], "start_skew_s": meas["start_skew_s"],
+        "mean_costs_s": costs, "rank_costs_s": rank_costs(meas["rows"]),
         "timeline": meas["rows"],
     }
 
@@ -605,7 +611,8 @@ def format_pipeline_report(rep: dict[str, Any]) -> str:
     w = f", W {c['w'] * 1e3:.2f}" if c["w"] else ""
     lines.append(f"peak in-flight micro-batches per stage: measured {rep['peak_inflight']['measured']}, "
                  f"simulated {rep['peak_inflight']['predicted']}")
-    lines.append(f"measured step {rep['step_time_s'] * 1e3:.1f} ms; mean action (ms): F {c['f'] * 1e3:.2f}, "
+    lines.append(f"measured step {rep['step_time_s'] * 1e3:.1f} ms from the first forward (a rank waited "
+                 f"{rep['start_skew_s'] * 1e3:.1f} ms before it); mean action (ms): F {c['f'] * 1e3:.2f}, "
                  f"B {c['b'] * 1e3:.2f}{w}")
     per = ", ".join("/".join(f"{d[k] * 1e3:.1f}" for k in ("F", "B", "W") if k in d)
                     for d in rep["rank_costs_s"])
