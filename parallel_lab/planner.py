@@ -478,8 +478,11 @@ class _Fast:
         if key in self._state:
             return self._state[key]
         info = self.stage_info(tp, pp, v, stage)
-        full = sum(info["units"])
-        sharded = sum(math.ceil(n / g) for n in info["units"])
+        units, names = info["units"], info["unit_names"]
+        if zero_unit == "root":                        # one unit holding every parameter of the stage
+            units, names = [sum(units)], ["root"]
+        full = sum(units)
+        sharded = sum(math.ceil(n / g) for n in units)
         o = self.o
         state = ((sharded if zero >= 3 else full) * o.param_bytes
                  + (sharded if zero >= 2 else full) * o.grad_bytes
@@ -488,13 +491,11 @@ class _Fast:
         if g > 1 and zero == 0:
             buf = float(info["top2"])                  # bucketed DDP (the planner's dp_kind)
         elif g > 1:
-            padded = [g * math.ceil(n / g) for n in info["units"]]
+            padded = [g * math.ceil(n / g) for n in units]
             if zero in (1, 2):
                 buf = max(padded) * (self.gb + self.pb)
             else:
-                names = info["unit_names"]
-                root = sum(n for u, n in zip(names, padded, strict=True) if u == "root") \
-                    if zero_unit == "block" else 0
+                root = sum(n for u, n in zip(names, padded, strict=True) if u == "root")
                 blocks = sorted((n for u, n in zip(names, padded, strict=True) if u != "root"), reverse=True)
                 buf = root * self.pb + sum(blocks[:2]) * self.pb + max(padded) * self.gb
         self._state[key] = (float(state), float(buf))
@@ -557,18 +558,21 @@ class _Fast:
         return self._tiers[key]
 
     def dp_times(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int,
-                 tier: LinkTier) -> tuple[float, float, float, float, float]:
+                 tier: LinkTier, zero_unit: str = "block") -> tuple[float, float, float, float, float]:
         """(sync, last, gather, first, zero3 per micro-batch) of ``comm._dp/_zero_collectives``."""
-        key = (tp, pp, v, stage, g, zero, tier)
+        key = (tp, pp, v, stage, g, zero, tier, zero_unit)
         if key in self._dp:
             return self._dp[key]
         info = self.stage_info(tp, pp, v, stage)
+        units, names = info["units"], info["unit_names"]
+        if zero_unit == "root":                        # one unit holding every parameter of the stage
+            units, names = [sum(units)], ["root"]
         sync = last = gather = first = z3 = 0.0
         if zero == 0:
             ts = [_t("all_reduce", nb, g, tier) for nb in reversed(info["buckets"][::-1])]
             sync, last = sum(ts), (ts[-1] if ts else 0.0)
         else:
-            padded = [g * math.ceil(n / g) for n in info["units"]]
+            padded = [g * math.ceil(n / g) for n in units]
             if zero in (1, 2):
                 kind = "all_reduce" if zero == 1 else "reduce_scatter"
                 ts = [_t(kind, n * self.gb, g, tier) for n in reversed(padded)]
@@ -578,7 +582,7 @@ class _Fast:
             else:
                 per = [(1 if u == "root" else 2) * _t("all_gather", n * self.pb, g, tier)
                        + _t("reduce_scatter", n * self.gb, g, tier)
-                       for u, n in zip(info["unit_names"], padded, strict=True)]
+                       for u, n in zip(names, padded, strict=True)]
                 z3, first = sum(per), max(per)
         self._dp[key] = (sync, last, gather, first, z3)
         return self._dp[key]
@@ -609,17 +613,17 @@ class _Fast:
         st = self._times_raw(p.dp, p.tp, p.pp, p.cp, p.interleave, p.microbatches, p.micro_batch, p.sp,
                              p.recompute, p.cp_kind, stage)
         st = _StageTimes(st.compute, st.attention, dict(st.comm))
-        self.add_dp(st, p.dp, p.tp, p.pp, p.cp, p.interleave, p.microbatches, p.zero, stage)
+        self.add_dp(st, p.dp, p.tp, p.pp, p.cp, p.interleave, p.microbatches, p.zero, stage, p.zero_unit)
         return st
 
     def add_dp(self, st: _StageTimes, dp: int, tp: int, pp: int, cp: int, v: int, m: int, zero: int,
-               stage: int) -> None:
+               stage: int, zero_unit: str = "block") -> None:
         """Fill the data-parallel fields of ``st`` (and ``st.comm["dp"]``)."""
         g = dp * cp
         if g == 1:
             return
         tier = self.tiers(dp, pp, cp, tp, stage, v)["dp"]
-        sync, last, gather, first, z3 = self.dp_times(tp, pp, v, stage, g, zero, tier)
+        sync, last, gather, first, z3 = self.dp_times(tp, pp, v, stage, g, zero, tier, zero_unit)
         st.dp_sync, st.dp_last, st.dp_gather, st.dp_first, st.zero3 = sync, last, gather, first, z3 * m
         st.comm["dp"] = sync + gather + z3 * m
 

@@ -100,8 +100,8 @@ def test_fast_path_covers_every_knob():
     tied = ModelSpec(layers=8, hidden=512, heads=8, kv_heads=2, ffn=1376, vocab=1000, flavour="llama",
                      tied_embeddings=True)
     plans = [Plan(dp=2, tp=4, pp=2, cp=2, zero=z, sp=True, micro_batch=1, grad_accum=4, seq=1024,
-                  cp_kind=k, recompute="selective")
-             for z in (0, 2, 3) for k in ("ring", "allgather", "ulysses")]
+                  cp_kind=k, recompute="selective", zero_unit=u)
+             for z in (0, 2, 3) for k in ("ring", "allgather", "ulysses") for u in ("block", "root")]
     _check_fast(tied, H100, plans, 1024)
 
 
