@@ -266,6 +266,39 @@ def op_waits(works: Sequence[TracedWork], n_ops: int) -> list[_OpWait]:
     return [_OpWait(batch, events[j] if j < len(events) else None) for j in range(n_ops)]
 
 
+@dataclass(eq=False)
+class _Step:
+    """The state of one step on one rank: posted receives and sends, outputs waiting to be sent, the
+    (mb, chunk) pairs in flight, and what is measured."""
+
+    micro_batches: list[Batch]
+    params: list[Tensor]
+    recvs: dict[tuple[str, int, int], tuple[Tensor, _OpWait]] = field(default_factory=dict)
+    sends: list[tuple[_OpWait, Tensor]] = field(default_factory=list)
+    outbox: dict[tuple[str, int, int], Tensor] = field(default_factory=dict)   # (SEND_F|SEND_B, mb, chunk)
+    live: dict[tuple[int, int], _InFlight] = field(default_factory=dict)
+    alive: weakref.WeakSet = field(default_factory=weakref.WeakSet)            # counts objects really alive
+    contexts: dict[int, AttnContext] = field(default_factory=dict)
+    rows: list[list[Any]] = field(default_factory=list)
+    trace: list[int] = field(default_factory=list)
+    live_peak: int = 0
+    loss: float = 0.0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.params[0].dtype if self.params else torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return self.micro_batches[0].tokens.device
+
+    def take(self, kind: str, a: Action) -> Tensor:
+        """The buffer of a posted receive, once it has arrived."""
+        buf, done = self.recvs.pop((kind, a.microbatch, a.chunk))
+        done.wait()
+        return buf
+
+
 @dataclass
 class StepRecord:
     """What one executed step looked like on this rank (times in ``perf_counter`` seconds)."""
@@ -317,105 +350,86 @@ class PipelineExecutor:
 
     # ---- one step --------------------------------------------------------------------------------
     def __call__(self, rt: Any, micro_batches: list[Batch]) -> float:
+        """Run this rank's list once (one optimizer step's micro-batches); returns the local loss."""
         if len(micro_batches) != self.m:
             raise ParallelLabError(f"the schedule was built for m={self.m} micro-batches, got "
                                    f"{len(micro_batches)}; build the Runtime with grad_accum={self.m}")
-        r = self.layout.rank
-        model = rt.model
-        params = [q for q in model.parameters() if q.requires_grad]
-        dtype = next(model.parameters()).dtype
-        device = rt.grid.device
-        recvs: dict[tuple[str, int, int], tuple[Tensor, _OpWait]] = {}
-        sends: list[tuple[_OpWait, Tensor]] = []
-        outbox: dict[tuple[str, int, int], Tensor] = {}      # ("SEND_F" | "SEND_B", mb, chunk) -> tensor
-        live: dict[tuple[int, int], _InFlight] = {}
-        alive: weakref.WeakSet[_InFlight] = weakref.WeakSet()
-        contexts: dict[int, AttnContext] = {}
-        rows: list[list[Any]] = []
-        trace: list[int] = []
-        live_peak = 0
-        loss_total = 0.0
-
-        def take(kind: str, a: Action) -> Tensor:
-            buf, done = recvs.pop((kind, a.microbatch, a.chunk))
-            done.wait()
-            return buf
-
-        def timed(a: Action):
-            return rt.timeline.span(a.kind, micro_batch=a.microbatch, stage=self.layout.virtual(a.chunk))
-
-        def note(a: Action) -> None:
-            nonlocal live_peak
-            s = rt.timeline.spans[-1]
-            rows.append([r, s.t_start, s.t_end, a.kind, a.microbatch, a.chunk])
-            trace.append(len(alive))
-            if rt.meter is not None:
-                live_peak = max(live_peak, int(rt.meter.live_total))
-
+        st = _Step(micro_batches, [q for q in rt.model.parameters() if q.requires_grad])
+        run = {"P2P": self._p2p, "F": self._forward, "B": self._backward, "W": self._weight}
         t_start = time.perf_counter()
-        with rt.timeline.span("pp_step", kind="pipeline", stage=r):
+        with rt.timeline.span("pp_step", kind="pipeline", stage=self.layout.rank):
             for i, a in enumerate(self.actions):
-                key = (a.microbatch, a.chunk)
-                if a.kind == "P2P":
-                    self._post(rt, a, recvs, sends, outbox, micro_batches, dtype, device)
-                    continue
-                first, last = self.layout.is_first(a.chunk), self.layout.is_last(a.chunk)
-                micro = micro_batches[a.microbatch]
-                if a.kind == "F":
-                    x = None if first else take("RECV_F", a).requires_grad_()
-                    with rt.tracer.phase_as("forward"), timed(a):
-                        ctx = contexts.get(a.microbatch)
-                        if ctx is None:
-                            ctx = contexts[a.microbatch] = make_context(micro.positions, micro.doc_ids)
-                        h0 = None
-                        if first:
-                            h0 = model.embed(micro.tokens, ctx.positions)
-                            x = h0.detach().requires_grad_()
-                        h = x
-                        for block_id in self.layout.chunks[a.chunk]:
-                            h = model.blocks[str(block_id)](h, ctx)
-                        if last:
-                            y = rt.loss(model.head(h), micro) / self.m
-                            loss_total += float(y.detach())
-                        else:
-                            y = h
-                            outbox[("SEND_F", *key)] = h.detach()
-                    live[key] = item = _InFlight(x, y, h0)
-                    alive.add(item)
-                    del item, x, y, h, h0
-                elif a.kind == "B":
-                    dy = None if last else take("RECV_B", a)
-                    rt.dp.set_sync(i == self.last_grad_action)
-                    item = live[key]
-                    with rt.tracer.phase_as("backward"), timed(a):
-                        if key in self.split:
-                            self._input_grad_only(item, dy, params)
-                        else:
-                            torch.autograd.backward(item.y, dy)
-                            if item.h0 is not None:
-                                torch.autograd.backward(item.h0, item.x.grad)
-                        if not first:
-                            outbox[("SEND_B", *key)] = item.x.grad
-                    if key not in self.split:
-                        del live[key]                        # the graph goes: activations freed
-                    del item, dy
-                else:  # W
-                    rt.dp.set_sync(i == self.last_grad_action)
-                    item = live.pop(key)
-                    with rt.tracer.phase_as("backward"), timed(a):
-                        item.weight_pass()
-                    del item
-                note(a)
+                run[a.kind](rt, st, i, a)
+                if a.kind != "P2P":
+                    span = rt.timeline.spans[-1]
+                    st.rows.append([span.stage % self.layout.p, span.t_start, span.t_end, a.kind,
+                                    a.microbatch, a.chunk])
+                    st.trace.append(len(st.alive))               # (mb, chunk) graphs alive after it
+                    if rt.meter is not None:
+                        st.live_peak = max(st.live_peak, int(rt.meter.live_total))
             with rt.tracer.phase_as("backward"):
-                for done, _tensor in sends:
+                for done, _tensor in st.sends:                  # the step ends when all sends are done
                     done.wait()
-        if live or recvs or outbox:
-            raise ParallelLabError(f"pipeline rank {r}: the action list left work behind (in flight "
-                                   f"{sorted(live)}, receives {sorted(recvs)}, unsent {sorted(outbox)}); "
-                                   "check it with schedules.validate")
-        self.records.append(StepRecord(r, t_start, time.perf_counter(), rows, max(trace, default=0),
-                                       live_peak, trace))
-        return loss_total if self.layout.has_head else 0.0
+        if st.live or st.recvs or st.outbox:
+            raise ParallelLabError(f"pipeline rank {self.layout.rank}: the action list left work behind "
+                                   f"(in flight {sorted(st.live)}, receives {sorted(st.recvs)}, unsent "
+                                   f"{sorted(st.outbox)}); check it with schedules.validate")
+        self.records.append(StepRecord(self.layout.rank, t_start, time.perf_counter(), st.rows,
+                                       max(st.trace, default=0), st.live_peak, st.trace))
+        return st.loss if self.layout.has_head else 0.0
+
+    def _span(self, rt: Any, a: Action):
+        return rt.timeline.span(a.kind, micro_batch=a.microbatch, stage=self.layout.virtual(a.chunk))
+
+    def _forward(self, rt: Any, st: _Step, i: int, a: Action) -> None:
+        """F: input (received, or the embedding's output), the chunk's blocks, the head and ``loss / m``."""
+        first, last = self.layout.is_first(a.chunk), self.layout.is_last(a.chunk)
+        micro, model = st.micro_batches[a.microbatch], rt.model
+        x = None if first else st.take("RECV_F", a).requires_grad_()
+        with rt.tracer.phase_as("forward"), self._span(rt, a):
+            ctx = st.contexts.get(a.microbatch)
+            if ctx is None:              # one per micro-batch: its chunks share the rotary tables and mask
+                ctx = st.contexts[a.microbatch] = make_context(micro.positions, micro.doc_ids)
+            h0 = None
+            if first:
+                h0 = model.embed(micro.tokens, ctx.positions)
+                x = h0.detach().requires_grad_()
+            h = x
+            for block_id in self.layout.chunks[a.chunk]:
+                h = model.blocks[str(block_id)](h, ctx)
+            if last:
+                y = rt.loss(model.head(h), micro) / self.m
+                st.loss += float(y.detach())
+            else:
+                y = h
+                st.outbox[("SEND_F", a.microbatch, a.chunk)] = h.detach()
+        item = st.live[(a.microbatch, a.chunk)] = _InFlight(x, y, h0)
+        st.alive.add(item)
+
+    def _backward(self, rt: Any, st: _Step, i: int, a: Action) -> None:
+        """B: the full backward, or only the input gradient when a W of this (mb, chunk) follows."""
+        key = (a.microbatch, a.chunk)
+        dy = None if self.layout.is_last(a.chunk) else st.take("RECV_B", a)
+        rt.dp.set_sync(i == self.last_grad_action)
+        item = st.live[key]
+        with rt.tracer.phase_as("backward"), self._span(rt, a):
+            if key in self.split:
+                self._input_grad_only(item, dy, st.params)
+            else:
+                torch.autograd.backward(item.y, dy)
+                if item.h0 is not None:
+                    torch.autograd.backward(item.h0, item.x.grad)
+            if not self.layout.is_first(a.chunk):
+                st.outbox[("SEND_B", *key)] = item.x.grad
+        if key not in self.split:
+            del st.live[key]                                   # the graph goes: activations freed
+
+    def _weight(self, rt: Any, st: _Step, i: int, a: Action) -> None:
+        """W: the weight gradients a split B left, then the micro-batch's graph is freed."""
+        rt.dp.set_sync(i == self.last_grad_action)
+        item = st.live.pop((a.microbatch, a.chunk))
+        with rt.tracer.phase_as("backward"), self._span(rt, a):
+            item.weight_pass()
 
     def _input_grad_only(self, item: _InFlight, dy: Tensor | None, params: list[Tensor]) -> None:
         """B of a split backward: ``dL/dx`` only, keeping ``dY`` at every split node for W."""
@@ -430,25 +444,24 @@ class PipelineExecutor:
                 h.remove()
         item.held = [(node, ws, caught[node]) for node, ws in points if node in caught]
 
-    def _post(self, rt: Any, a: Action, recvs: dict, sends: list, outbox: dict, micro_batches: list[Batch],
-              dtype: torch.dtype, device: torch.device) -> None:
+    def _p2p(self, rt: Any, st: _Step, i: int, a: Action) -> None:
         """``P2P(ops)``: post all ops together (``batch_isend_irecv``), wait for none."""
         ops: list[tuple[str, Tensor, int]] = []
         for op in a.ops:
             peer = self.pp_ranks[op.peer]
             if op.is_send:
-                ops.append(("send", outbox.pop((op.kind, op.microbatch, op.chunk)).contiguous(), peer))
+                ops.append(("send", st.outbox.pop((op.kind, op.microbatch, op.chunk)).contiguous(), peer))
             else:
-                shape = self.activation_shape(rt, micro_batches[op.microbatch])
-                ops.append(("recv", torch.empty(shape, dtype=dtype, device=device), peer))
+                shape = self.activation_shape(rt, st.micro_batches[op.microbatch])
+                ops.append(("recv", torch.empty(shape, dtype=st.dtype, device=st.device), peer))
         waits = op_waits(rt.tracer.batch_isend_irecv(ops, "pp"), len(ops))
         for op, (_, tensor, _peer), done in zip(a.ops, ops, waits, strict=True):
             if done.own is not None and done.own.event is not None:
                 done.own.event.phase = "forward" if op.kind in ("SEND_F", "RECV_F") else "backward"
             if op.is_send:
-                sends.append((done, tensor))
+                st.sends.append((done, tensor))            # keep the tensor until the send is done
             else:
-                recvs[(op.kind, op.microbatch, op.chunk)] = (tensor, done)
+                st.recvs[(op.kind, op.microbatch, op.chunk)] = (tensor, done)
 
 
 # --------------------------------------------------------------------------------------------------
