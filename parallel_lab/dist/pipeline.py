@@ -548,19 +548,38 @@ def rank_costs(rows: Iterable[Sequence[Any]]) -> list[dict[str, float]]:
 
 
 def replay(schedule: list[list[Action]], rows: Iterable[Sequence[Any]]) -> dict[str, Any]:
-    """The simulator (``schedules.execute``, instantaneous point-to-point) run with each rank's measured mean
-    duration per action kind and chunk: what the schedule gives on *these* stages (their real imbalance:
-    the embedding on the first, the head and loss on the last) without the run's waiting, contention and
-    jitter. Returns :func:`timeline_stats` of the replayed timeline and its rows."""
-    acc: dict[tuple[int, str, int], list[float]] = {}
-    for r in rows:
-        acc.setdefault((int(r[0]), str(r[3]), int(r[5])), []).append(r[2] - r[1])
-    mean = {k: sum(v) / len(v) for k, v in acc.items()}
-    ex = execute(schedule, lambda rank, a: mean[(rank, a.kind, a.chunk)], 0.0)
+    """The simulator (``schedules.execute``, instantaneous point-to-point) run with every action's own
+    measured duration: the step the schedule would take if the ranks never waited for anything but their
+    inputs. What the measured step has beyond it is communication and the executor's overhead; what it
+    has beyond the textbook prediction is the stages' imbalance and the durations' variation (on 2 cores:
+    contention). Returns :func:`timeline_stats` of the replayed timeline, its rows and its step time."""
+    dur = {(int(r[0]), str(r[3]), int(r[4]), int(r[5])): r[2] - r[1] for r in rows}
+    ex = execute(schedule, lambda rank, a: dur[(rank, a.kind, a.microbatch, a.chunk)], 0.0)
     out_rows = sorted(([r, t0, t1, a.kind, a.microbatch, a.chunk] for r, t0, t1, a in ex.compute),
                       key=lambda x: (x[0], x[1]))
     out = timeline_stats(out_rows, 0.0, max(ex.finish))
     out["rows"] = out_rows
+    return out
+
+
+def handoffs(rows: Iterable[Sequence[Any]], p: int) -> list[float]:
+    """Measured point-to-point hand-off times (seconds): from the end of the action that produced a
+    tensor (an F's output, a B's input gradient) to the start of the action on the neighbouring stage that
+    consumed it, counted only where the consumer sat idle waiting for it (so the gap is the message's
+    latency plus the executor's posting and waiting, not queueing behind other work)."""
+    rows = sorted(rows, key=lambda x: (x[0], x[1]))
+    end = {(int(r[0]), str(r[3]), int(r[4]), int(r[5])): r[2] for r in rows}
+    v = 1 + max(int(r[5]) for r in rows)
+    out, last_end = [], {}
+    for rank, start, stop, kind, mb, chunk in ((int(r[0]), r[1], r[2], str(r[3]), int(r[4]), int(r[5]))
+                                              for r in rows):
+        s = chunk * p + rank
+        src = s - 1 if kind == "F" else s + 1
+        if kind in ("F", "B") and 0 <= src < p * v:
+            t = end.get((src % p, kind, mb, src // p))
+            if t is not None and last_end.get(rank, float("-inf")) < t <= start:
+                out.append(start - t)
+        last_end[rank] = stop
     return out
 
 
@@ -570,11 +589,11 @@ def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any],
     tp coordinates 0), step ``step`` (default: the fastest step after the first, whose allocations warm up;
     the fastest is the one least disturbed by other processes, as ``timeit`` takes the minimum).
 
-    * ``bubble_ratio`` and ``idle_fraction``: ``predicted`` by the simulator with the textbook costs
-      (F = 1, B = 2, or F = B = W = 1 for ZB-H1; ``(p - 1) / m`` for GPipe and 1F1B), ``measured`` from
-      the timeline (:func:`timeline_stats`), and ``simulated_measured_costs``: the simulator fed each
-      rank's mean measured F, B, W durations (:func:`replay`), which separates what the schedule does on
-      these stages from the run's contention and jitter.
+    * ``bubble_ratio``, ``idle_fraction`` and ``step_time_s``: ``predicted`` by the simulator with the
+      textbook costs (F = 1, B = 2, or F = B = W = 1 for ZB-H1; ``(p - 1) / m`` for GPipe and 1F1B; no
+      step time), ``measured`` from the timeline (:func:`measured_step`), and ``replayed``: the simulator
+      fed every action's measured duration (:func:`replay`).
+    * ``handoff_s``: median and 90th percentile of the measured hand-offs between stages (:func:`handoffs`).
     * ``peak_inflight``: per pipeline rank, (micro-batch, chunk) pairs alive at once, measured against the
       simulator's count.
     """
@@ -590,20 +609,23 @@ def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any],
     else:
         meas = measured_step([r.info["pp"]["steps"][step] for r in mine])
     split = any(a.kind == "W" for acts in schedule for a in acts)
-    costs = mean_costs(meas["rows"], split)
     pred = simulate(schedule, Costs())
     rep = replay(schedule, meas["rows"])
+    hand = sorted(handoffs(meas["rows"], plan.pp))
     layers = layers_per_stage(spec, plan)
     return {
         "schedule": plan.schedule, "p": plan.pp, "m": plan.microbatches, "v": plan.interleave,
         "layers_per_stage": layers, "uneven": len(set(layers)) > 1,
         "bubble_ratio": {"predicted": pred.bubble_ratio, "measured": meas["bubble_ratio"],
-                         "simulated_measured_costs": rep["bubble_ratio"]},
+                         "replayed": rep["bubble_ratio"]},
         "idle_fraction": {"predicted": pred.idle_fraction, "measured": meas["idle_fraction"],
-                          "simulated_measured_costs": rep["idle_fraction"]},
+                          "replayed": rep["idle_fraction"]},
+        "step_time_s": {"measured": meas["step_time"], "replayed": rep["step_time"]},
+        "start_skew_s": meas["start_skew_s"],
+        "handoff_s": {"median": hand[len(hand) // 2] if hand else None,
+                      "p90": hand[int(0.9 * len(hand))] if hand else None, "count": len(hand)},
         "peak_inflight": {"predicted": list(pred.peak_inflight), "measured": meas["inflight_peak"]},
-        "step_time_s": meas["step_time"], "start_skew_s": meas["start_skew_s"],
-        "mean_costs_s": costs, "rank_costs_s": rank_costs(meas["rows"]),
+        "mean_costs_s": mean_costs(meas["rows"], split), "rank_costs_s": rank_costs(meas["rows"]),
         "timeline": meas["rows"],
     }
 
@@ -611,23 +633,24 @@ def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any],
 def format_pipeline_report(rep: dict[str, Any]) -> str:
     """The text block ``parallel-lab run`` prints for a pipeline."""
     v = f", v={rep['v']} chunks per stage" if rep["v"] > 1 else ""
-    layers = rep["layers_per_stage"]
     lines = [f"pipeline: {rep['schedule']}, p={rep['p']} stages, m={rep['m']} micro-batches{v}",
-             f"blocks per stage {layers}" + (" (uneven)" if rep["uneven"] else "")
+             f"blocks per stage {rep['layers_per_stage']}" + (" (uneven)" if rep["uneven"] else "")
              + f"; embedding on stage 0, final norm + head + loss on stage {rep['p'] - 1}",
-             "                 predicted   measured   simulated with each rank's measured costs"]
+             "               predicted  measured  replayed (simulator fed the measured durations)"]
     for key in ("bubble_ratio", "idle_fraction"):
         d = rep[key]
-        sim = "" if d["simulated_measured_costs"] is None else f"{d['simulated_measured_costs']:>10.1%}"
-        lines.append(f"{key:<15} {d['predicted']:>10.1%} {d['measured']:>10.1%}   {sim}")
-    c = rep["mean_costs_s"]
-    w = f", W {c['w'] * 1e3:.2f}" if c["w"] else ""
+        lines.append(f"{key:<14} {d['predicted']:>9.1%} {d['measured']:>9.1%} {d['replayed']:>9.1%}")
+    st = rep["step_time_s"]
+    lines.append(f"{'step (ms)':<14} {'':>9} {st['measured'] * 1e3:>9.1f} {st['replayed'] * 1e3:>9.1f}")
     lines.append(f"peak in-flight micro-batches per stage: measured {rep['peak_inflight']['measured']}, "
                  f"simulated {rep['peak_inflight']['predicted']}")
-    lines.append(f"measured step {rep['step_time_s'] * 1e3:.1f} ms from the first forward (a rank waited "
-                 f"{rep['start_skew_s'] * 1e3:.1f} ms before it); mean action (ms): F {c['f'] * 1e3:.2f}, "
-                 f"B {c['b'] * 1e3:.2f}{w}")
+    kinds = "F/B/W" if rep["mean_costs_s"]["w"] else "F/B"
     per = ", ".join("/".join(f"{d[k] * 1e3:.1f}" for k in ("F", "B", "W") if k in d)
                     for d in rep["rank_costs_s"])
-    lines.append(f"per stage {'F/B/W' if c['w'] else 'F/B'} (ms): {per}")
+    lines.append(f"mean {kinds} per stage (ms): {per}")
+    h = rep["handoff_s"]
+    if h["count"]:
+        lines.append(f"hand-off between stages (ms): median {h['median'] * 1e3:.2f}, 90th percentile "
+                     f"{h['p90'] * 1e3:.2f} ({h['count']} waits); a rank entered the step "
+                     f"{rep['start_skew_s'] * 1e3:.1f} ms before the first forward")
     return "\n".join(lines)

@@ -28,9 +28,11 @@ from parallel_lab.dist.instruments import CommEvent, TracedWork, compare_calls
 from parallel_lab.dist.launch import launch
 from parallel_lab.dist.model import build_model, loss_fn, make_context, synthetic_batch
 from parallel_lab.dist.pipeline import (
+    handoffs,
     layers_per_stage,
     measured_step,
     op_waits,
+    replay,
     stage_layout,
     timeline_stats,
     weight_split_points,
@@ -276,6 +278,12 @@ def test_timeline_stats_match_the_simulator_definitions():
     recs = [{"rank": r, "t_start": 10.0, "t_end": 10.0 + sim.step_time, "inflight_peak": 0,
              "rows": [[x[0], x[1] + 10.0, x[2] + 10.0, *x[3:]] for x in rows if x[0] == r]} for r in range(3)]
     assert measured_step(recs)["idle_fraction"] == pytest.approx(sim.idle_fraction)
+    # replaying a timeline's own durations gives it back; with zero-latency messages no hand-off waits
+    again = replay(build_schedule("1f1b", 3, 4), rows)
+    assert again["step_time"] == pytest.approx(sim.step_time) and again["rows"] == rows
+    assert set(handoffs(rows, 3)) == {0.0}
+    late = [[x[0], x[1] + 0.25 * (x[0] == 1 and x[3] == "F" and x[4] == 0), *x[2:]] for x in rows]
+    assert 0.25 in handoffs(late, 3)                  # rank 1 waited 0.25 for rank 0's output of mb 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -300,7 +308,9 @@ def test_run_pp4_1f1b_reports_bubble_and_draws_the_timelines():
     assert len(pipe["timeline"]) == 4 * 8 * 2                         # p ranks x m micro-batches x (F, B)
     assert "bubble_ratio" in rep.summary() and "peak in-flight" in rep.summary()
     sim = simulate(build_schedule("1f1b", 4, 8))
-    fig = pipeline_timelines_figure(sim, pipe["timeline"], measured_step_time=pipe["step_time_s"])
+    assert pipe["step_time_s"]["replayed"] <= pipe["step_time_s"]["measured"] * 1.001   # waiting costs time
+    assert pipe["handoff_s"]["count"] > 0 and pipe["handoff_s"]["median"] > 0
+    fig = pipeline_timelines_figure(sim, pipe["timeline"], measured_step_time=pipe["step_time_s"]["measured"])
     sim_ax, meas_ax = fig.axes[:2]
     assert [t.get_text() for t in meas_ax.get_yticklabels()] == [f"rank {r}" for r in range(4)]
     assert f"{pipe['idle_fraction']['measured']:.1%}" in meas_ax.get_title()
