@@ -4,15 +4,20 @@ so the Voila app puts the four of them in tabs.
 
 How they work. Every explorer holds its input widgets in ``.widgets`` (a dict by name), computes its
 result from their values with the analytic core (``compute``), draws the result into one persistent
-matplotlib figure (``.figure``, drawn by the pure functions of :mod:`parallel_lab.viz.plots` into axes
-that are emptied, not rebuilt) and shows it in an ``ipywidgets.Image``: as SVG with text left to the
-browser (a third cheaper to produce than a PNG), or as PNG when a timeline holds thousands of boxes. It
-recomputes only on a widget's change event (sliders have ``continuous_update=False``, so dragging sends
-one event on release).
+matplotlib figure (``.figure``) and shows it as a PNG in an ``ipywidgets.Image``. It recomputes only on a
+widget's change event (sliders have ``continuous_update=False``, so dragging sends one event on release).
 
-Why an Image widget rather than ipympl: the figure is rendered by matplotlib either way (the redraw costs
-the same), but an Image needs no extra front-end extension, and it cannot hit ipympl 0.10's blank-canvas
-problem when the notebook draws while Voila is still executing it (see
+Why a redraw is cheap (goal: under 50 ms from a value change to the new PNG). The figure's axes are built
+once; the pure ``draw_*`` functions of :mod:`parallel_lab.viz.plots` update the artists they made last
+time (bar heights, label texts) on axis ranges taken from a ladder of round numbers, so ticks and labels
+rarely move; and :class:`parallel_lab.viz.frames.Frames` redraws only those changing artists over a cached
+picture of the rest (Agg blitting), then encodes a PNG. Text is what matplotlib draws slowest, and most
+of it (ticks, titles, legends) is in the cached picture. The planner also keeps its search while only the
+plan to show changes, and the pictures' inputs for the plans it has shown.
+
+Why an Image widget rather than ipympl: the figure is rendered by matplotlib either way (ipympl sends
+Agg's PNGs too), but an Image needs no extra front-end extension, and it cannot hit ipympl 0.10's
+blank-canvas problem when the notebook draws while Voila is still executing it (see
 ``shared/reference/voila_browser_notes.md``). Figures are built with ``matplotlib.figure.Figure``, never
 pyplot, so no figure is left open and nothing depends on a backend.
 
@@ -23,7 +28,8 @@ holds the exception, ``.result`` the last valid result. Any other exception is a
 
 Tests and benchmarks drive explorers programmatically: ``ex.widgets["zero"].value = 3`` (one redraw) or
 ``ex.set(zero=3, dp=16)`` (one redraw for several values), then read ``ex.result``, ``ex.verdict``,
-``ex.error`` and the bars of ``ex.figure``. ``ex.last_redraw_s`` is the time of the last refresh.
+``ex.error`` and the bars of ``ex.figure``. ``ex.last_redraw_s`` is the time of the last refresh,
+``ex.timings`` its parts, ``ex.frames`` counts full draws and blitted frames.
 """
 
 from __future__ import annotations
@@ -53,12 +59,12 @@ from ..specs import (
     Plan,
 )
 from . import plots as P
+from .frames import Frames
 
 GB = P.GB
 DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 CUSTOM = "custom"
-DENSE_BOXES = 500             # above this many timeline boxes an explorer sends a PNG instead of an SVG
 DESC = {"description_width": "112px"}
 COL = W.Layout(width="320px")
 ROW_ITEM = W.Layout(width="310px")
@@ -126,13 +132,14 @@ def _line(text: str, color: str = "#1f2328") -> str:
 class Explorer(W.VBox):
     """Widgets in, one figure out. Subclasses define ``compute(values) -> result``, ``make_axes(figure,
     result)``, ``draw(result, axes)`` and ``describe(result) -> html``; ``layout_key(result)`` says when
-    the axes must be rebuilt, ``image_format(result)`` whether to send SVG or PNG.
+    the axes must be rebuilt (otherwise ``draw`` updates the charts already on them).
 
     Attributes for tests and notebooks: ``widgets`` (name -> input widget), ``figure`` (the matplotlib
     figure last drawn), ``image`` (the Image widget showing it), ``status`` (HTML: verdict or error),
     ``result`` (last valid result), ``error`` (the exception of the last refresh, or None), ``verdict``
     (a short string, or None), ``last_redraw_s`` and ``timings`` (the last refresh's compute, artist and
-    render seconds).
+    render seconds, and ``full``: 1.0 if the whole figure was drawn, 0.0 if only what changed),
+    ``frames`` (the :class:`~parallel_lab.viz.frames.Frames` renderer).
     """
 
     figsize: tuple[float, float] = P.FIGSIZE
@@ -142,8 +149,9 @@ class Explorer(W.VBox):
         self.widgets: dict[str, W.ValueWidget] = controls
         self.status = W.HTML(layout=W.Layout(min_height="44px"))
         self.figure = P.new_figure(self.figsize)
+        self.frames = Frames(self.figure)
         width = f"{int(self.figsize[0] * P.DPI)}px"
-        self.image = W.Image(format="svg+xml", layout=W.Layout(width="100%", max_width=width))
+        self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width=width))
         self.result: Any = None
         self.error: BaseException | None = None
         self.verdict: str | None = None
@@ -192,9 +200,9 @@ class Explorer(W.VBox):
             t1 = time.perf_counter()
             self.draw(result, self.axes_for(result))
             t2 = time.perf_counter()
-            fmt = self.image_format(result)
-            image = P.to_svg(self.figure) if fmt == "svg+xml" else P.to_png(self.figure)
-            self.timings = {"compute_s": t1 - t0, "artists_s": t2 - t1, "render_s": time.perf_counter() - t2}
+            image = self.frames.render()
+            self.timings = {"compute_s": t1 - t0, "artists_s": t2 - t1, "render_s": time.perf_counter() - t2,
+                            "full": float(self.frames.last_full)}
             status = self.describe(result)
         except Exception as err:  # noqa: BLE001 - shown in the widget, never as a traceback
             self.error, self.verdict = err, None
@@ -202,25 +210,20 @@ class Explorer(W.VBox):
             self.image.layout.display = "none"
         else:
             self.error, self.result = None, result
-            self.image.format = fmt
             self.image.value = image
             self.image.layout.display = None
             self.status.value = status
         self.last_redraw_s = time.perf_counter() - t0
 
     def axes_for(self, result: Any) -> list[Axes]:
-        """The figure's axes, cleared; rebuilt only when ``layout_key(result)`` changes (a new layout
-        costs more than clearing the old axes)."""
+        """The figure's axes, rebuilt only when ``layout_key(result)`` changes; otherwise the same axes,
+        whose charts the ``draw_*`` functions update in place."""
         key = self.layout_key(result)
         if key != self._axes_key:
             self.figure.clear()
+            self.frames.invalidate()
             self._axes = list(self.make_axes(self.figure, result))
             self._axes_key = key
-        else:
-            for ax in self._axes:
-                P.reset_axes(ax)
-            self.figure.legends.clear()
-            self.figure.texts.clear()
         return self._axes
 
     # ---- subclasses -----------------------------------------------------------------------------
@@ -229,11 +232,6 @@ class Explorer(W.VBox):
 
     def layout_key(self, result: Any) -> Any:
         return None
-
-    def image_format(self, result: Any) -> str:
-        """``svg+xml`` (text drawn by the browser, cheaper to make) unless the figure holds thousands of
-        boxes, where a PNG is smaller and faster."""
-        return "svg+xml"
 
     def make_axes(self, fig: Figure, result: Any) -> Sequence[Axes]:
         raise NotImplementedError
@@ -515,10 +513,8 @@ class CommExplorer(Explorer):
                 "collectives": [c.to_json() for c in rep.collectives]}
         labels = {d: tier_label(r["cluster"], t) for d, t in r["tiers"].items()}
         if not rep.per_step_bytes:
-            a1.text(0.5, 0.5, "no communication: every degree is 1", ha="center", va="center",
-                    transform=a1.transAxes)
-            a1.set_axis_off()
-            a2.set_axis_off()
+            P.draw_message(a1, "no communication: every degree is 1")
+            P.draw_message(a2, "")
             return
         P.draw_comm_bytes(a1, data, title="bytes sent per GPU per step")
         P.draw_comm_time(a2, data, labels, title="time per step, alpha-beta" + (" (TP across nodes)"
@@ -630,10 +626,6 @@ class PipelineExplorer(Explorer):
         return {"name": name, "p": v["stages"], "m": v["microbatches"], "v": vv, "costs": costs, "sim": sim,
                 "formula": formula, "measured": measured}
 
-    def image_format(self, r: dict[str, Any]) -> str:
-        boxes = len(r["sim"].timeline) + len(r["measured"] or [])
-        return "png" if boxes > DENSE_BOXES else "svg+xml"
-
     def layout_key(self, r: dict[str, Any]) -> Any:
         mp = len({row[0] for row in r["measured"]}) if r["measured"] else 0
         return (r["p"], mp)
@@ -656,7 +648,9 @@ class PipelineExplorer(Explorer):
         sim = r["sim"]
         title = (f"simulated {r['name']}: p={r['p']}, m={r['m']}" + (f", v={r['v']}" if r["v"] > 1 else "")
                  + f"; bubble {sim.bubble_ratio:.1%}")
-        P.draw_timeline(axes[0], sim, title=title, time_unit="time (cost units)", step_time=sim.step_time)
+        # a time axis on round numbers: it stays put (and shows the step growing) while m or p change
+        P.draw_timeline(axes[0], sim, title=title, time_unit="time (cost units)", step_time=sim.step_time,
+                        sticky=True)
         if r["measured"]:
             P.draw_timeline(axes[1], r["measured"], title=self._measured_title, time_unit="time (ms)",
                             time_scale=1e3)
@@ -718,6 +712,7 @@ class PlannerExplorer(Explorer):
         c["chosen"] = _int_slider("show plan #", 1, 20, 1)
         self._search_key: Any = None
         self._search: Any = None
+        self._shown: dict[int, dict[str, Any]] = {}      # plan index -> its pictures' inputs
         self._empty_search: Any = None
         self.path = W.Text(value=path, description="plan file", style=DESC, layout=W.Layout(width="520px"))
         self.phase = W.Text(value="", placeholder="pretrain-4k", description="phase", style=DESC,
@@ -753,10 +748,26 @@ class PlannerExplorer(Explorer):
         model, cluster = model_from(v), ClusterSpec.preset(v["cluster"])
         key = (model, cluster, v["gpus"], v["seq"], v["batch_tokens"])
         if key != self._search_key:
+            self._search = None                         # free the old result before the new search
+            self._shown.clear()
             self._search = planner.plan_search(model, cluster, v["gpus"], v["seq"],
                                                global_batch_tokens=v["batch_tokens"])
             self._search_key = key
         return self._search
+
+    def plan_details(self, res: Any, idx: int) -> dict[str, Any]:
+        """The ledger, the communication report and the simulated schedule of plan ``idx`` of ``res``
+        (kept for the plans of the current search that were shown)."""
+        if idx not in self._shown:
+            model, cluster, plan = res.model, res.cluster, res.estimates[idx].plan
+            sim = None
+            if plan.pp > 1 and plan.pp * plan.microbatches * plan.interleave <= MAX_DRAWN_ACTIONS:
+                sim = simulate_mod.simulate(
+                    schedules_mod.build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave),
+                    simulate_mod.Costs(f=1.0, b=2.0 if plan.recompute == "full" else 1.0, w=1.0))
+            self._shown[idx] = {"ledger": ledger_mod.memory(model, plan, cluster),
+                                "report": comm_mod.report(model, plan, cluster), "sim": sim}
+        return self._shown[idx]
 
     def compute(self, v: dict[str, Any]) -> dict[str, Any]:
         self._empty_search = None
@@ -773,19 +784,9 @@ class PlannerExplorer(Explorer):
         idx = min(v["chosen"], shown) - 1
         est = res.estimates[idx]
         plan = est.plan
-        led = ledger_mod.memory(model, plan, cluster)
-        rep = comm_mod.report(model, plan, cluster)
-        sim = None
-        if plan.pp > 1 and plan.pp * plan.microbatches * plan.interleave <= MAX_DRAWN_ACTIONS:
-            sim = simulate_mod.simulate(
-                schedules_mod.build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave),
-                simulate_mod.Costs(f=1.0, b=2.0 if plan.recompute == "full" else 1.0, w=1.0))
         self.verdict = P.plan_label(plan)
-        return {"result": res, "shown": shown, "index": idx, "estimate": est, "plan": plan, "ledger": led,
-                "report": rep, "sim": sim, "model": model, "cluster": cluster}
-
-    def image_format(self, r: dict[str, Any]) -> str:
-        return "png" if r["sim"] is not None and len(r["sim"].timeline) > DENSE_BOXES else "svg+xml"
+        return {"result": res, "shown": shown, "index": idx, "estimate": est, "plan": plan, "model": model,
+                "cluster": cluster, **self.plan_details(res, idx)}
 
     def layout_key(self, r: dict[str, Any]) -> Any:
         return r["plan"].pp > 1
@@ -812,8 +813,7 @@ class PlannerExplorer(Explorer):
                                         "collectives": [c.to_json() for c in rep.collectives]},
                               title="bytes sent per GPU per step")
         else:
-            axes[1].text(0.5, 0.5, "no communication", ha="center", va="center", transform=axes[1].transAxes)
-            axes[1].set_axis_off()
+            P.draw_message(axes[1], "no communication")
         if plan.pp > 1:
             if r["sim"] is not None:
                 P.draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
@@ -821,10 +821,8 @@ class PlannerExplorer(Explorer):
                                       + (f", v={plan.interleave}" if plan.interleave > 1 else "")
                                       + f"; bubble {est.bubble_ratio:.1%}")
             else:
-                axes[2].text(0.5, 0.5, f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}: too many "
-                                       f"actions to draw; bubble {est.bubble_ratio:.1%}", ha="center",
-                             va="center", transform=axes[2].transAxes)
-                axes[2].set_axis_off()
+                P.draw_message(axes[2], f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}: too many "
+                                        f"actions to draw; bubble {est.bubble_ratio:.1%}")
 
     def describe(self, r: dict[str, Any]) -> str:
         res, est, plan = r["result"], r["estimate"], r["plan"]

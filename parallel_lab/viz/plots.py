@@ -5,26 +5,40 @@ either as the library's objects or as the dictionaries that ``parallel-lab ... -
 a :class:`matplotlib.figure.Figure`. Nothing here touches widgets or pyplot's global state, so the same
 pictures serve notebooks, the Voila app and the tests (which read the bars' heights back).
 
-Each ``*_figure`` function has a ``draw_*`` twin that draws into a given ``Axes``: the explorers keep one
-figure and redraw its axes in place, which is three times faster than building a new figure.
+Each ``*_figure`` function has a ``draw_*`` twin that draws into a given ``Axes``. The ``draw_*`` functions
+are *updaters*: called again on the same ``Axes`` with data of the same shape (the same categories, the
+same dimensions, the same ranks), they move the artists they made last time (``set_height``, ``set_y``,
+``set_text``) instead of building new ones; data of another shape empties the ``Axes`` and builds afresh.
+Their axis ranges come from a short ladder of round numbers (:func:`nice_ceil`), so the axes, ticks and
+labels stay put while the data move within a step of it. :class:`parallel_lab.viz.frames.Frames` uses
+both: it redraws only the artists a ``draw_*`` function marks as changing (``Chart.dynamic``) over a
+cached picture of the rest (blitting), which is what makes the explorers' redraws cheap.
 
 Units: GB means 10**9 bytes (as in ``docs/conventions.md``), times are seconds or milliseconds as labelled.
 """
 
 from __future__ import annotations
 
+import functools
 import io
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
+from matplotlib.font_manager import FontProperties
+from matplotlib.legend import Legend
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.path import Path
+from matplotlib.textpath import TextPath
 from matplotlib.ticker import AutoLocator, FuncFormatter, NullLocator, ScalarFormatter
-from matplotlib.transforms import Bbox
+from matplotlib.transforms import Affine2D, Bbox
 
 GB = 1e9
 
@@ -63,6 +77,11 @@ TIER_COLORS: tuple[str, ...] = ("#4c72b0", "#c44e52", "#55a868", "#8172b2")
 
 FIGSIZE = (9.6, 3.9)
 DPI = 100
+#: Axis ends: 1, 1.5, 2, 3, 4, 6, 8 times a power of ten (each step at most 1.5x the one below).
+NICE_STEPS: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0)
+#: The white box behind a bar's value label (it stays readable over the HBM line or a neighbour).
+LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8}
+CHART_ATTR = "_parallel_lab_chart"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -84,29 +103,68 @@ def new_figure(figsize: tuple[float, float] = FIGSIZE, dpi: int = DPI) -> Figure
 
 
 def to_png(fig: Figure) -> bytes:
-    """Render ``fig`` to PNG bytes (what the explorers put into an ``ipywidgets.Image``)."""
+    """Render ``fig`` to PNG bytes (the whole figure, as ``savefig`` draws it)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=fig.dpi, pil_kwargs={"compress_level": 1})
     return buf.getvalue()
 
 
 def to_svg(fig: Figure) -> bytes:
-    """Render ``fig`` to SVG bytes with text kept as text (the browser draws the glyphs), deterministic.
-
-    About a third cheaper than PNG for figures with a few hundred artists, since matplotlib lays text out
-    but does not rasterise it; PNG stays better for figures with thousands of boxes.
-    """
+    """Render ``fig`` to SVG bytes with text kept as text (the browser draws the glyphs), deterministic."""
     buf = io.BytesIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "parallel_lab"}):
         fig.savefig(buf, format="svg", metadata={"Date": None})
     return buf.getvalue()
 
 
-def reset_axes(ax: Axes) -> None:
-    """Empty ``ax`` for a redraw, keeping its tick objects: several times cheaper than ``ax.clear()``.
+def nice_ceil(x: float) -> float:
+    """The smallest of 1, 1.5, 2, 3, 4, 6, 8 x 10^k that is at least ``x`` (1.0 for ``x <= 0``).
 
-    Removes every artist and the legend, forgets the data limits, and restores what the ``draw_*``
-    functions change (titles, labels, linear scales, automatic limits and ticks, tick-label weight).
+    An axis that ends there keeps its ticks while the data move within a step, so a redraw only moves
+    the bars (see ``frames.Frames``), and a round end reads better than 1.18 times the tallest bar.
+    """
+    if not (x > 0 and math.isfinite(x)):
+        return 1.0
+    base = 10.0 ** math.floor(math.log10(x))
+    for step in NICE_STEPS:
+        if step * base >= x * (1 - 1e-9):
+            return step * base
+    return 10 * base
+
+
+def log_bounds(lo: float, hi: float) -> tuple[float, float]:
+    """Log-axis ends from the ladder 1, 3 x 10^k: the largest at or below ``lo``, the smallest at or
+    above ``hi``."""
+    def down(x: float) -> float:
+        base = 10.0 ** math.floor(math.log10(x))
+        return 3 * base if 3 * base <= x * (1 + 1e-9) else base
+
+    def up(x: float) -> float:
+        base = 10.0 ** math.floor(math.log10(x))
+        return base if base >= x * (1 - 1e-9) else 3 * base if 3 * base >= x * (1 - 1e-9) else 10 * base
+
+    return down(lo), up(hi)
+
+
+def sticky_ceil(chart: Chart, name: str, needed: float, keep_above: float = 1 / 4) -> float:
+    """An axis end for ``needed`` that stays where it was while it still fits: the chart's last value for
+    ``name`` if ``needed`` lies between ``keep_above`` times it and it, else :func:`nice_ceil`.
+
+    A learner toggling between two settings then watches bars grow and shrink against the same axis, and
+    the redraw keeps its cached background (``frames.Frames``). A new chart starts from :func:`nice_ceil`.
+    """
+    last = chart.parts.get(name)
+    top = last if last is not None and keep_above * last <= needed <= last else nice_ceil(needed)
+    chart.parts[name] = top
+    return top
+
+
+def reset_axes(ax: Axes) -> None:
+    """Empty ``ax`` for a new chart, keeping its tick objects: several times cheaper than ``ax.clear()``.
+
+    Removes every artist and the legend, forgets the data limits and the retained chart, and restores
+    what the ``draw_*`` functions change (titles, labels, linear scales, automatic limits and ticks,
+    tick-label weight).
     """
     for group in (ax.patches, ax.texts, ax.lines, ax.collections, ax.images, ax.artists):
         for artist in list(group):
@@ -129,6 +187,8 @@ def reset_axes(ax: Axes) -> None:
     ax.set_xlabel("")
     ax.set_ylabel("")
     ax.grid(False)
+    if hasattr(ax, CHART_ATTR):
+        delattr(ax, CHART_ATTR)
 
 
 def fmt_bytes(n: float) -> str:
@@ -162,41 +222,149 @@ def per_gpu_gb(ledger: Any) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------------------------------
+# retained charts and blitted frames
+# --------------------------------------------------------------------------------------------------
+
+class Chart:
+    """What a ``draw_*`` function left on an ``Axes``: its ``kind``, the ``shape`` of the data it was built
+    for, its artists by name (``parts``) and the artists an update moves (``dynamic``), so that the next
+    call with data of the same shape updates them in place. ``frames.Frames`` draws the dynamic artists
+    over a cached picture of everything else, so whatever an update changes must be in ``dynamic`` or be
+    seen by ``frames.static_key`` (limits, ticks, titles, labels, legends, static texts and lines)."""
+
+    __slots__ = ("kind", "shape", "parts", "dynamic")
+
+    def __init__(self, kind: str, shape: Any) -> None:
+        self.kind, self.shape = kind, shape
+        self.parts: dict[str, Any] = {}
+        self.dynamic: list[Artist] = []
+
+
+def chart_on(ax: Axes, kind: str, shape: Any) -> tuple[Chart, bool]:
+    """The chart ``ax`` holds if it is of this ``kind`` and ``shape`` (then ``True``: update it in place);
+    otherwise a new, empty one on an emptied ``ax`` (``False``: build it)."""
+    old = getattr(ax, CHART_ATTR, None)
+    if old is not None and old.kind == kind and old.shape == shape:
+        return old, True
+    if old is not None:
+        reset_axes(ax)
+    chart = Chart(kind, shape)
+    setattr(ax, CHART_ATTR, chart)
+    return chart, False
+
+
+def _set_title(ax: Axes, title: str | None) -> None:
+    if ax.get_title() != (title or ""):
+        ax.set_title(title or "", fontsize=10, y=1.0)          # a fixed height: no per-draw placement
+
+
+def _set_ticks(ax: Axes, chart: Chart, which: str, positions: Sequence[float], labels: Sequence[str]) -> None:
+    """``set_xticks`` / ``set_yticks`` only when the labels changed (it rebuilds the tick objects)."""
+    if chart.parts.get(f"{which}ticks") != (tuple(positions), tuple(labels)):
+        (ax.set_xticks if which == "x" else ax.set_yticks)(list(positions), list(labels))
+        chart.parts[f"{which}ticks"] = (tuple(positions), tuple(labels))
+
+
+def _highlight(ax: Axes, chart: Chart, index: int | None) -> None:
+    """Mark category ``index`` of the x axis: a pale band behind it and its tick label in bold.
+
+    The bold label is a copy of the tick label on a white box, drawn over the normal one: the axis itself
+    (in the cached background) does not change when the highlighted category does.
+    """
+    band, bold = chart.parts.get("band"), chart.parts.get("bold")
+    if band is None:
+        band = ax.axvspan(-0.45, 0.45, color="#ffe9a8", alpha=0.5, zorder=0, gid="current")
+        bold = ax.text(0, 0, "", fontweight="bold", clip_on=False, zorder=3.5, gid="current-label",
+                       bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0})
+        chart.parts.update(band=band, bold=bold)
+        chart.dynamic += [band, bold]
+    ticks = ax.xaxis.get_major_ticks()
+    shown = index is not None and 0 <= index < len(ticks)
+    band.set_visible(shown)
+    bold.set_visible(shown)
+    if shown:
+        band.set_x(index - 0.45)
+        label = ticks[index].label1
+        bold.set_transform(label.get_transform())
+        bold.set(x=index, y=label.get_position()[1], text=ax.xaxis.get_major_formatter()(index, index),
+                 ha=label.get_ha(), va=label.get_va(), fontsize=label.get_fontsize(),
+                 fontfamily=label.get_fontfamily())
+
+
+def draw_message(ax: Axes, text: str) -> None:
+    """``text`` in the middle of an ``ax`` with no axes (e.g. "no communication")."""
+    chart, same = chart_on(ax, "message", None)
+    if not same:
+        chart.parts["text"] = ax.text(0.5, 0.5, "", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+    chart.parts["text"].set_text(text)
+
+
+# --------------------------------------------------------------------------------------------------
 # memory ledger
 # --------------------------------------------------------------------------------------------------
 
-def _stack(ax: Axes, xs: Sequence[float], ledgers: Sequence[Any], width: float) -> list[float]:
-    """Stacked bars of the ledgers' categories at ``xs``; returns the totals in GB.
-
-    A ``None`` ledger (an invalid point of a sweep) gets no bar. Each bar segment gets
-    ``gid = "<category>"`` so that tests can read heights back by category.
-    """
-    totals = [0.0] * len(ledgers)
+def _categories(ledgers: Sequence[Any]) -> list[str]:
     cats: list[str] = []
     for led in ledgers:
         if led is not None:
             cats += [c for c in per_gpu_gb(led) if c not in cats]
+    return cats
+
+
+def _build_stack(ax: Axes, chart: Chart, n: int, cats: Sequence[str], width: float) -> None:
+    """Empty stacked bars at 0..n-1, one series per category; each segment gets ``gid = "<category>"``
+    so that tests can read heights back by category."""
+    bars: dict[str, list[Rectangle]] = {}
     for cat in cats:
-        heights = [per_gpu_gb(led).get(cat, 0.0) if led is not None else 0.0 for led in ledgers]
-        bars = ax.bar(xs, heights, width, bottom=totals, color=CATEGORY_COLORS.get(cat, "#bbbbbb"),
-                      label=CATEGORY_LABELS.get(cat, cat), edgecolor="white", linewidth=0.5)
-        for b in bars:
+        container = ax.bar(range(n), [0.0] * n, width, color=CATEGORY_COLORS.get(cat, "#bbbbbb"),
+                           label=CATEGORY_LABELS.get(cat, cat), edgecolor="white", linewidth=0.5)
+        for b in container:
             b.set_gid(cat)
-        totals = [t + h for t, h in zip(totals, heights, strict=True)]
+        bars[cat] = list(container)
+        chart.dynamic += bars[cat]
+    chart.parts["bars"] = bars
+
+
+def _update_stack(chart: Chart, ledgers: Sequence[Any]) -> list[float]:
+    """Heights of the stacked bars from the ledgers (a ``None`` ledger: no bar); returns totals in GB."""
+    per = [per_gpu_gb(led) if led is not None else {} for led in ledgers]
+    totals = [0.0] * len(ledgers)
+    for cat, bars in chart.parts["bars"].items():
+        for i, b in enumerate(bars):
+            h = per[i].get(cat, 0.0)
+            b.set_y(totals[i])
+            b.set_height(h)
+            b.set_visible(h > 0)                                 # nothing to draw
+            totals[i] += h
     return totals
 
 
-def _hbm_lines(ax: Axes, hbm_gb: float, margin: float, label_x: float | None = None) -> None:
-    """The HBM line (solid) and the usable line after the safety margin (dashed), labelled at ``label_x``
-    (right-aligned; no labels when None)."""
-    ax.axhline(hbm_gb, color="black", linewidth=1.4, gid="hbm")
-    if label_x is not None:
-        ax.text(label_x, hbm_gb, f"HBM {hbm_gb:.4g} GB ", va="bottom", ha="right", fontsize=8.5)
-    if margin > 0:
-        usable = hbm_gb * (1 - margin)
-        ax.axhline(usable, color="black", linewidth=1.0, linestyle="--", gid="usable")
-        if label_x is not None:
-            ax.text(label_x, usable, f"usable {usable:.4g} GB ", va="top", ha="right", fontsize=8.5)
+def _value_labels(ax: Axes, chart: Chart, n: int, **style: Any) -> None:
+    chart.parts["values"] = [ax.text(x, 0.0, "", ha="center", va="bottom", bbox=LABEL_BOX, **style)
+                             for x in range(n)]
+    chart.dynamic += chart.parts["values"]
+
+
+def _hbm_lines(ax: Axes, chart: Chart, margin: bool, labels: bool) -> None:
+    """The HBM line (solid) and the usable line after the safety margin (dashed), optionally labelled."""
+    lines = [ax.axhline(0.0, color="black", linewidth=1.4, gid="hbm")]
+    if margin:
+        lines.append(ax.axhline(0.0, color="black", linewidth=1.0, linestyle="--", gid="usable"))
+    chart.parts["hbm_lines"] = lines
+    chart.dynamic += lines                                   # drawn over the bars
+    if labels:
+        chart.parts["hbm_labels"] = [ax.text(0.0, 0.0, "", va=va, ha="right", fontsize=8.5)
+                                     for va in ("bottom", "top")[: len(lines)]]
+
+
+def _update_hbm(chart: Chart, hbm_gb: float, margin: float, label_x: float | None = None) -> None:
+    ys = [hbm_gb, hbm_gb * (1 - margin)]
+    for line, y in zip(chart.parts["hbm_lines"], ys, strict=False):
+        line.set_ydata([y, y])
+    for text, y, what in zip(chart.parts.get("hbm_labels", []), ys, ("HBM", "usable"), strict=False):
+        text.set_position((label_x, y))
+        text.set_text(f"{what} {y:.4g} GB ")
 
 
 def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, title: str | None = None,
@@ -205,37 +373,40 @@ def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, 
 
     ``ledgers`` is one ledger or a list (e.g. one per pipeline stage). The solid line is the GPU's HBM, the
     dashed one what is usable after the ledger's safety ``margin``. Returns the bars' totals in GB.
+    Updates the bars of an earlier call on ``ax`` in place when the categories and bar count match.
     """
     if not isinstance(ledgers, Sequence) or isinstance(ledgers, Mapping):
         ledgers = [ledgers]
     n = len(ledgers)
     labels = list(labels) if labels is not None else ["per GPU"] * n
-    xs = list(range(n))
-    totals = _stack(ax, xs, ledgers, 0.6)
     hbm = float(field(ledgers[0], "hbm_bytes", 0.0)) / GB
     margin = float(field(ledgers[0], "margin", 0.0) or 0.0)
-    top = max([*totals, hbm]) * 1.18 or 1.0
+    chart, same = chart_on(ax, "memory", (n, tuple(_categories(ledgers)), hbm > 0, margin > 0, legend))
+    if not same:
+        _build_stack(ax, chart, n, chart.shape[1], 0.6)
+        _value_labels(ax, chart, n, fontsize=9 if n == 1 else 8, fontweight="bold")
+        if hbm:
+            _hbm_lines(ax, chart, margin > 0, labels=True)
+        ax.set_ylabel("memory per GPU (GB)")
+        if legend:
+            handles, names = ax.get_legend_handles_labels()     # top of the stack first, as drawn
+            ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+                      frameon=False)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    totals = _update_stack(chart, ledgers)
+    top = sticky_ceil(chart, "top", max([t * 1.1 for t in totals] + [hbm * 1.1]))
     ax.set_ylim(0, top)
     right = n - 0.4 + (0.45 * n + 0.7 if hbm else 0)
     ax.set_xlim(-0.6, right)
     if hbm:
-        _hbm_lines(ax, hbm, margin, right)
-    for x, t in zip(xs, totals, strict=True):
-        ax.text(x, t + top * 0.01, f"{t:.4g} GB" if n == 1 else f"{t:.3g}", ha="center", va="bottom",
-                fontsize=9 if n == 1 else 8, fontweight="bold",
-                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
-    ax.set_xticks(xs, labels)
-    if xlabel:
-        ax.set_xlabel(xlabel)
-    ax.set_ylabel("memory per GPU (GB)")
-    if title:
-        ax.set_title(title, fontsize=10, y=1.0)
-    if legend:
-        handles, names = ax.get_legend_handles_labels()     # top of the stack first, as drawn
-        ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
-                  frameon=False)
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_axisbelow(True)
+        _update_hbm(chart, hbm, margin, right)
+    for x, (text, t) in enumerate(zip(chart.parts["values"], totals, strict=True)):
+        text.set_position((x, t + top * 0.01))
+        text.set_text(f"{t:.4g} GB" if n == 1 else f"{t:.3g}")
+    _set_ticks(ax, chart, "x", range(n), labels)
+    ax.set_xlabel(xlabel or "")
+    _set_title(ax, title)
     return totals
 
 
@@ -244,34 +415,35 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
     """How each category scales while one knob sweeps: stacked bars at each knob value, HBM line across.
 
     ``values[i]`` labels ``ledgers[i]``; a ``None`` ledger is an invalid combination, marked "n/a";
-    ``highlight`` (one of ``values``) marks the current setting.
+    ``highlight`` (one of ``values``) marks the current setting. Updates an earlier sweep on ``ax`` in place.
     """
-    xs = list(range(len(values)))
-    totals = _stack(ax, xs, ledgers, 0.7)
+    n = len(values)
     valid = [led for led in ledgers if led is not None]
     hbm = float(field(valid[0], "hbm_bytes", 0.0)) / GB if valid else 0.0
     margin = float(field(valid[0], "margin", 0.0) or 0.0) if valid else 0.0
-    top = max([*totals, hbm, 1e-9]) * 1.15
+    chart, same = chart_on(ax, "memory_sweep", (n, tuple(_categories(ledgers)), hbm > 0, margin > 0))
+    if not same:
+        _build_stack(ax, chart, n, chart.shape[1], 0.7)
+        _value_labels(ax, chart, n, fontsize=8)
+        if hbm:
+            _hbm_lines(ax, chart, margin > 0, labels=False)
+        ax.set_ylabel("GB per GPU")
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+        ax.set_xlim(-0.5, n - 0.5)
+    totals = _update_stack(chart, ledgers)
+    top = sticky_ceil(chart, "top", max([t * 1.1 for t in totals] + [hbm * 1.05, 1e-9]))
     ax.set_ylim(0, top)
     if hbm:
-        ax.axhline(hbm, color="black", linewidth=1.4, gid="hbm")
-        if margin > 0:
-            ax.axhline(hbm * (1 - margin), color="black", linewidth=1.0, linestyle="--", gid="usable")
-    for x, t, led in zip(xs, totals, ledgers, strict=True):
-        ax.text(x, t + top * 0.01, f"{t:.3g}" if led is not None else "n/a", ha="center", va="bottom",
-                fontsize=8, color="black" if led is not None else "#888888",
-                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
-    ax.set_xticks(xs, [value_fmt.format(v) for v in values])
-    if highlight is not None and highlight in list(values):
-        i = list(values).index(highlight)
-        ax.get_xticklabels()[i].set_fontweight("bold")
-        ax.axvspan(i - 0.45, i + 0.45, color="#ffe9a8", alpha=0.5, zorder=0, gid="current")
+        _update_hbm(chart, hbm, margin)
+    for x, (text, t, led) in enumerate(zip(chart.parts["values"], totals, ledgers, strict=True)):
+        text.set_position((x, t + top * 0.01))
+        text.set_text(f"{t:.3g}" if led is not None else "n/a")
+        text.set_color("black" if led is not None else "#888888")
+    _set_ticks(ax, chart, "x", range(n), [value_fmt.format(v) for v in values])
+    _highlight(ax, chart, list(values).index(highlight) if highlight in list(values) else None)
     ax.set_xlabel(knob)
-    ax.set_ylabel("GB per GPU")
-    if title:
-        ax.set_title(title, fontsize=10, y=1.0)
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_axisbelow(True)
+    _set_title(ax, title)
     return totals
 
 
@@ -286,44 +458,62 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
     from the ledger itself (selective recomputation drops exactly the score term), so the picture shows
     what the ledger computes. ``None`` marks an invalid sequence length (no bars, "n/a").
     """
-    xs = list(range(len(seqs)))
+    n = len(seqs)
     w = 0.38
+    chart, same = chart_on(ax, "activation_terms", (n, hbm_bytes > 0))
+    if not same:
+        color = CATEGORY_COLORS["activations"]
+        b1 = ax.bar([x - w / 2 for x in range(n)], [1.0] * n, w, color=color,
+                    label="everything else (grows like s)")
+        b2 = ax.bar([x + w / 2 for x in range(n)], [1.0] * n, w, color=_lighten(color, 0.55), edgecolor=color,
+                    hatch="//", label="attention scores (grow like s²)")
+        for b in b1:
+            b.set_gid("linear")
+        for b in b2:
+            b.set_gid("quadratic")
+        chart.parts["bars"] = (list(b1), list(b2))
+        chart.dynamic += [*b1, *b2]
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))   # plain numbers, no mathtext
+        ax.yaxis.set_minor_locator(NullLocator())                              # decades only: fewer ticks
+        if hbm_bytes:
+            chart.parts["hbm_lines"] = [ax.axhline(1.0, color="black", linewidth=1.4, gid="hbm")]
+            chart.parts["hbm_label"] = ax.text(-0.45, 1.0, "", ha="left", va="bottom", fontsize=8)
+            chart.dynamic += [*chart.parts["hbm_lines"], chart.parts["hbm_label"]]
+        chart.parts["na"] = [ax.text(x, 1.0, "n/a", ha="center", va="bottom", fontsize=8, color="#888888")
+                             for x in range(n)]
+        chart.dynamic += chart.parts["na"]
+        ax.set_xlim(-0.5, n - 0.5)
+        ax.set_xlabel("sequence length (tokens)")
+        ax.set_ylabel("activations per GPU (GB, log scale)")
+        ax.legend(loc="upper left", fontsize=8, frameon=False)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
     lin = [v / GB if v else float("nan") for v in linear_bytes]
     quad = [v / GB if v else float("nan") for v in quadratic_bytes]
-    b1 = ax.bar([x - w / 2 for x in xs], lin, w, color=CATEGORY_COLORS["activations"],
-                label="everything else (grows like s)")
-    b2 = ax.bar([x + w / 2 for x in xs], quad, w, color=_lighten(CATEGORY_COLORS["activations"], 0.55),
-                edgecolor=CATEGORY_COLORS["activations"], hatch="//", label="attention scores (grow like s²)")
-    for b in b1:
-        b.set_gid("linear")
-    for b in b2:
-        b.set_gid("quadratic")
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))   # plain numbers, no mathtext
-    ax.yaxis.set_minor_locator(NullLocator())                              # decades only: fewer ticks
+    for bars, hs in zip(chart.parts["bars"], (lin, quad), strict=True):
+        for b, h in zip(bars, hs, strict=True):
+            b.set_height(h)
     finite = [v for v in lin + quad if v == v and v > 0]
-    lo = min(finite, default=1e-3) / 3
-    hi = max(finite + [hbm_bytes / GB], default=1.0) * 8
+    # room above the tallest bar for the legend (at least 4x on the log axis); kept while within a decade
+    need_lo, need_hi = min(finite, default=1e-3) / 2, max(finite + [hbm_bytes / GB], default=1.0) * 4
+    last = chart.parts.get("ylog")
+    if last is not None and need_lo / 10 <= last[0] <= need_lo and need_hi <= last[1] <= need_hi * 10:
+        lo, hi = last
+    else:
+        lo, hi = log_bounds(need_lo, need_hi)
+    chart.parts["ylog"] = (lo, hi)
     ax.set_ylim(lo, hi)
     if hbm_bytes:
-        ax.axhline(hbm_bytes / GB, color="black", linewidth=1.4, gid="hbm")
-        ax.text(-0.45, hbm_bytes / GB, f"HBM {hbm_bytes / GB:.4g} GB", ha="left", va="bottom", fontsize=8)
-    for x, v in zip(xs, linear_bytes, strict=True):
-        if v is None:
-            ax.text(x, lo * 1.5, "n/a", ha="center", va="bottom", fontsize=8, color="#888888")
-    ax.set_xlim(-0.5, len(xs) - 0.5)
-    ax.set_xticks(xs, [f"{s // 1024}K" if s % 1024 == 0 else str(s) for s in seqs])
-    if highlight is not None and highlight in list(seqs):
-        i = list(seqs).index(highlight)
-        ax.get_xticklabels()[i].set_fontweight("bold")
-        ax.axvspan(i - 0.45, i + 0.45, color="#ffe9a8", alpha=0.5, zorder=0, gid="current")
-    ax.set_xlabel("sequence length (tokens)")
-    ax.set_ylabel("activations per GPU (GB, log scale)")
-    ax.legend(loc="upper left", fontsize=8, frameon=False)
-    if title:
-        ax.set_title(title, fontsize=10, y=1.0)
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_axisbelow(True)
+        _update_hbm(chart, hbm_bytes / GB, 0.0)
+        chart.parts["hbm_label"].set_position((-0.45, hbm_bytes / GB))
+        chart.parts["hbm_label"].set_text(f"HBM {hbm_bytes / GB:.4g} GB")
+    for x, (text, v) in enumerate(zip(chart.parts["na"], linear_bytes, strict=True)):
+        text.set_visible(v is None)
+        text.set_position((x, lo * 1.5))
+    _set_ticks(ax, chart, "x", range(n), [f"{s // 1024}K" if s % 1024 == 0 else str(s) for s in seqs])
+    _highlight(ax, chart, list(seqs).index(highlight) if highlight in list(seqs) else None)
+    _set_title(ax, title)
 
 
 def memory_axes(fig: Figure) -> tuple[Axes, Axes]:
@@ -333,10 +523,18 @@ def memory_axes(fig: Figure) -> tuple[Axes, Axes]:
     return fig.add_subplot(gs[0]), fig.add_subplot(gs[1])
 
 
-def category_legend(fig: Figure, categories: Sequence[str] = CATEGORIES) -> None:
-    """One legend of the ledger's categories at the figure's right edge."""
+def category_legend(fig: Figure, categories: Sequence[str] = CATEGORIES) -> Legend:
+    """One legend of the ledger's categories at the figure's right edge (kept if it already shows them)."""
+    names = [CATEGORY_LABELS[c] for c in reversed(categories)]
+    for leg in fig.legends:
+        if leg.get_gid() == "categories":
+            if [t.get_text() for t in leg.get_texts()] == names:
+                return leg
+            leg.remove()
     handles = [Patch(color=CATEGORY_COLORS[c], label=CATEGORY_LABELS[c]) for c in reversed(categories)]
-    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.85, 0.9), fontsize=8, frameon=False)
+    leg = fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.85, 0.9), fontsize=8, frameon=False)
+    leg.set_gid("categories")
+    return leg
 
 
 def memory_figure(ledger: Any, *, title: str | None = None) -> Figure:
@@ -381,50 +579,59 @@ def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[
     Per dimension the bar's height is the report's ``per_step_bytes[dim]``. When the report lists its
     collectives with ``wire_bytes`` (bytes sent for all ``count`` calls, as ``Collective.to_json`` gives
     them) and they add up to ``per_step_bytes``, the bar is split by kind; otherwise it is one colour.
-    Returns ``{dim: GB}``.
+    Returns ``{dim: GB}``. Updates an earlier call on ``ax`` in place when dimensions and kinds match.
     """
     per_dim = {d: float(v) / GB for d, v in (field(report, "per_step_bytes") or {}).items()}
-    dims = [d for d in per_dim]
-    xs = list(range(len(dims)))
+    dims = list(per_dim)
     by_kind: dict[str, dict[str, float]] = {}
     for r in _collective_rows(report):
         if r["dim"] in per_dim and r["wire_bytes"] is not None:
             by_kind.setdefault(r["kind"], {}).setdefault(r["dim"], 0.0)
             by_kind[r["kind"]][r["dim"]] += float(r["wire_bytes"]) / GB
-    bottoms = [0.0] * len(dims)
-    split_ok = by_kind and all(
+    split_ok = bool(by_kind) and all(
         abs(sum(k.get(d, 0.0) for k in by_kind.values()) - per_dim[d]) <= 1e-6 * max(per_dim[d], 1e-12)
         for d in dims)
-    if split_ok:
-        for kind, vals in by_kind.items():
-            h = [vals.get(d, 0.0) for d in dims]
-            if not any(h):
-                continue                                    # e.g. recv: its bytes are counted at the sender
-            bars = ax.bar(xs, h, 0.6, bottom=bottoms, color=COLLECTIVE_COLORS.get(kind, "#bbbbbb"),
+    # e.g. recv: its bytes are counted at the sender, so it gets no bar
+    kinds = [k for k, vals in by_kind.items() if any(vals.get(d, 0.0) for d in dims)] if split_ok else []
+    n = len(dims)
+    chart, same = chart_on(ax, "comm_bytes", (tuple(dims), tuple(kinds)))
+    if not same:
+        series: list[tuple[list[Rectangle], list[str]]] = []
+        for kind in kinds:
+            bars = ax.bar(range(n), [0.0] * n, 0.6, color=COLLECTIVE_COLORS.get(kind, "#bbbbbb"),
                           label=kind.replace("_", "-"), edgecolor="white", linewidth=0.5)
-            for b, d in zip(bars, dims, strict=True):
-                b.set_gid(f"{d}:{kind}")
-            bottoms = [a + b for a, b in zip(bottoms, h, strict=True)]
-        n_kinds = len(ax.get_legend_handles_labels()[0])
-        ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=min(n_kinds, 3), columnspacing=1.0,
-                  handlelength=1.2)
-    else:
-        bars = ax.bar(xs, [per_dim[d] for d in dims], 0.6, color=[DIM_COLORS.get(d, "#bbbbbb") for d in dims])
-        for b, d in zip(bars, dims, strict=True):
-            b.set_gid(d)
-        bottoms = [per_dim[d] for d in dims]
-    top = max([*bottoms, 1e-12]) * (1.4 if split_ok else 1.18)    # room for the legend above the bars
+            series.append((list(bars), [kind] * n))
+        if kinds:
+            ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=min(len(kinds), 3),
+                      columnspacing=1.0, handlelength=1.2)
+        else:
+            bars = ax.bar(range(n), [0.0] * n, 0.6, color=[DIM_COLORS.get(d, "#bbbbbb") for d in dims])
+            series.append((list(bars), [""] * n))
+        for bars, ks in series:
+            for b, d, k in zip(bars, dims, ks, strict=True):
+                b.set_gid(f"{d}:{k}" if k else d)
+            chart.dynamic += bars
+        chart.parts["series"] = [bars for bars, _ in series]
+        _value_labels(ax, chart, n, fontsize=8.5)
+        ax.set_xlabel("parallel dimension")
+        ax.set_ylabel("GB sent per GPU per step")
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+        _set_ticks(ax, chart, "x", range(n), dims)
+    bottoms = [0.0] * n
+    for bars, kind in zip(chart.parts["series"], kinds or [None], strict=True):
+        for i, (b, d) in enumerate(zip(bars, dims, strict=True)):
+            h = by_kind[kind].get(d, 0.0) if kind is not None else per_dim[d]
+            b.set_y(bottoms[i])
+            b.set_height(h)
+            bottoms[i] += h
+    top = sticky_ceil(chart, "top", max([*bottoms, 1e-12]) * (1.4 if kinds else 1.18))   # legend room
     ax.set_ylim(0, top)
-    for x, d in zip(xs, dims, strict=True):
-        ax.text(x, per_dim[d] + top * 0.01, fmt_bytes(per_dim[d] * GB), ha="center", va="bottom",
-                fontsize=8.5)
-    ax.set_xticks(xs, dims)
-    ax.set_xlabel("parallel dimension")
-    ax.set_ylabel("GB sent per GPU per step")
-    if title:
-        ax.set_title(title, fontsize=10, y=1.0)
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_axisbelow(True)
+    ax.set_xlim(-0.5, n - 0.5)
+    for x, (text, d) in enumerate(zip(chart.parts["values"], dims, strict=True)):
+        text.set_position((x, per_dim[d] + top * 0.01))
+        text.set_text(fmt_bytes(per_dim[d] * GB))
+    _set_title(ax, title)
     return per_dim
 
 
@@ -433,32 +640,50 @@ def draw_comm_time(ax: Axes, report: Any, tiers: Mapping[str, str] | None = None
     """Time per step per dimension (ms, alpha-beta model), coloured by the link tier it lands on.
 
     ``tiers`` maps a dimension to its tier's label (e.g. ``{"tp": "nvlink4 450 GB/s"}``); without it the
-    report's ``tiers`` field is used when present. Returns ``{dim: seconds}``.
+    report's ``tiers`` field is used when present. Returns ``{dim: seconds}``. The tiers' legend sits in a
+    band kept free below the bars. Updates an earlier call on ``ax`` in place when the dimensions match.
     """
     times = {d: float(v) for d, v in (field(report, "time_s") or {}).items()}
     tiers = dict(tiers or field(report, "tiers") or {})
     dims = list(times)
+    n = len(dims)
     tier_names = list(dict.fromkeys(str(tiers.get(d, "?")) for d in dims))
     color = {t: TIER_COLORS[i % len(TIER_COLORS)] for i, t in enumerate(tier_names)}
-    ys = list(range(len(dims)))
-    bars = ax.barh(ys, [times[d] * 1e3 for d in dims], 0.6,
-                   color=[color[str(tiers.get(d, "?"))] for d in dims])
-    for b, d in zip(bars, dims, strict=True):
-        b.set_gid(d)
-    right = max([times[d] * 1e3 for d in dims] + [1e-9])
-    ax.set_xlim(0, right * 1.45)
-    for y, d in zip(ys, dims, strict=True):
-        ax.text(times[d] * 1e3 + right * 0.02, y, fmt_seconds(times[d]), va="center", fontsize=8.5)
-    ax.set_yticks(ys, dims)
-    ax.set_ylim(len(dims) - 0.5, -0.5)                         # first dimension on top
-    ax.set_xlabel("time per step (ms)")
+    chart, same = chart_on(ax, "comm_time", (tuple(dims), bool(tiers)))
+    if not same:
+        bars = ax.barh(range(n), [0.0] * n, 0.6)
+        for b, d in zip(bars, dims, strict=True):
+            b.set_gid(d)
+        chart.parts["bars"] = list(bars)
+        chart.dynamic += list(bars)
+        chart.parts["values"] = [ax.text(0.0, y, "", va="center", fontsize=8.5) for y in range(n)]
+        chart.dynamic += chart.parts["values"]
+        ax.set_xlabel("time per step (ms)")
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_axisbelow(True)
+        _set_ticks(ax, chart, "y", range(n), dims)
+    ms = [times[d] * 1e3 for d in dims]
+    for b, d, w in zip(chart.parts["bars"], dims, ms, strict=True):
+        b.set_width(w)
+        b.set_facecolor(color[str(tiers.get(d, "?"))])
+    right = sticky_ceil(chart, "right", max(ms + [1e-9]) * 1.45)       # room for the labels beside
+    ax.set_xlim(0, right)
+    for text, y, d, w in zip(chart.parts["values"], range(n), dims, ms, strict=True):
+        text.set_position((w + right * 0.02, y))
+        text.set_text(fmt_seconds(times[d]))
+    band = 0.0
     if tiers:
-        ax.legend(handles=[Patch(color=color[t], label=t) for t in tier_names], loc="lower right",
-                  fontsize=8, frameon=False, title="link tier", title_fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=10, y=1.0)
-    ax.grid(axis="x", alpha=0.3)
-    ax.set_axisbelow(True)
+        if chart.parts.get("tiers") != tier_names:
+            ax.legend(handles=[Patch(color=color[t], label=t) for t in tier_names], loc="lower right",
+                      fontsize=8, frameon=False, title="link tier", title_fontsize=8)
+            chart.parts["tiers"] = tier_names
+        # a band below the last bar as tall as the legend (title + one row per tier, 8 pt rows)
+        fig = ax.get_figure()
+        axes_pt = ax.get_position().height * fig.get_size_inches()[1] * 72 if fig else 200.0
+        frac = min(0.6, (len(tier_names) + 1) * 13.0 / max(axes_pt, 1.0))
+        band = n * frac / (1 - frac)
+    ax.set_ylim(n - 0.5 + band, -0.5)                         # first dimension on top
+    _set_title(ax, title)
     return times
 
 
@@ -523,24 +748,51 @@ def timeline_rows(timeline: Any) -> list[tuple[int, float, float, str, int, int]
     return rows
 
 
+@functools.lru_cache(maxsize=1024)
+def _label_path(text: str, size: float) -> Path:
+    """``text`` as a path in points, centred on (0, 0) (cached: micro-batch numbers repeat)."""
+    path = TextPath((0, 0), text, size=size, prop=FontProperties(size=size))
+    box = path.get_extents()
+    return path.transformed(Affine2D().translate(-(box.x0 + box.x1) / 2, -(box.y0 + box.y1) / 2))
+
+
 def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_unit: str = "time",
                   time_scale: float = 1.0, label_microbatches: bool | None = None,
-                  step_time: float | None = None) -> dict[str, Any]:
+                  step_time: float | None = None, sticky: bool = False) -> dict[str, Any]:
     """One row per rank: forward / backward / weight-gradient actions as coloured boxes on a hatched grey
-    band, so that idle gaps (the bubble) stay visible. Later chunks (interleaving) are drawn lighter.
+    band, so that idle gaps (the bubble) stay visible. Later chunks (interleaving) are drawn lighter;
+    each box wide enough shows its micro-batch number.
 
     ``time_scale`` multiplies the times (e.g. 1e3 for seconds -> ms) and ``time_unit`` labels the x axis.
     ``step_time`` (unscaled) extends the idle band when the step ends after the last compute action (a
-    last send still in flight). Returns ``{"ranks", "makespan", "busy": {rank: busy time}}``, scaled.
+    last send still in flight). The time axis ends with the step, or with ``sticky=True`` at a round
+    number kept while the step fits (:func:`sticky_ceil`): an explorer's axis then stays put, and the
+    learner sees the step grow or shrink as the schedule changes.
+    Returns ``{"ranks", "makespan", "busy": {rank: busy time}}``, scaled. Boxes are one collection per
+    (kind, chunk, rank) with ``gid = "F:0:2"``, idle bands ``"idle:2"``, the numbers ``"microbatch-labels"``.
+    Updates an earlier timeline on ``ax`` in place when the ranks match.
     """
     rows = timeline_rows(timeline)
     ranks = sorted({r[0] for r in rows})
     t0 = min((r[1] for r in rows), default=0.0)
     makespan = (max([r[2] for r in rows] + [t0 + (step_time or 0.0)], default=0.0) - t0) * time_scale
     height = 0.72
+    chart, same = chart_on(ax, "timeline", tuple(ranks))
+    for coll in chart.parts.get("collections", []):
+        coll.remove()                                           # boxes are cheap to make anew
+    colls: list[Any] = []
+
+    def boxes(spans: Sequence[tuple[float, float]], rank: int, **style: Any) -> PolyCollection:
+        y0, y1 = rank - height / 2, rank + height / 2
+        verts = [((s, y0), (s, y1), (s + w, y1), (s + w, y0)) for s, w in spans]
+        coll = PolyCollection(verts, **style)
+        ax.add_collection(coll, autolim=False)
+        colls.append(coll)
+        return coll
+
     for rank in ranks:
-        ax.broken_barh([(0.0, makespan)], (rank - height / 2, height), facecolor="#f2f2f2",
-                       edgecolor="#c8c8c8", hatch="////", linewidth=0.0, gid=f"idle:{rank}")
+        boxes([(0.0, makespan)], rank, facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", linewidth=0.0,
+              gid=f"idle:{rank}")
     busy: dict[int, float] = dict.fromkeys(ranks, 0.0)
     groups: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
     for rank, start, end, kind, _mb, chunk in rows:
@@ -557,33 +809,48 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
         for rank in ranks:
             mine = [(s, w) for s, w, r in spans if r == rank]
             if mine:
-                ax.broken_barh(mine, (rank - height / 2, height), facecolor=color, edgecolor="white",
-                               linewidth=0.0 if dense else 0.6, gid=f"{key}:{chunk}:{rank}")
+                boxes(mine, rank, facecolor=color, edgecolor="white", linewidth=0.0 if dense else 0.6,
+                      gid=f"{key}:{chunk}:{rank}")
+    right = sticky_ceil(chart, "right", makespan * 1.01) if sticky else (makespan * 1.01 or 1.0)
     if label_microbatches is None:
         label_microbatches = 0 < len(rows) <= 160
+    shown = []
     if label_microbatches and makespan > 0:
-        min_w = makespan / 70
-        for rank, start, end, kind, mb, _chunk in rows:
-            w = (end - start) * time_scale
-            if w >= min_w and kind_key(kind) != "other":
-                ax.text((start - t0) * time_scale + w / 2, rank, str(mb), ha="center", va="center",
-                        fontsize=7, color="white")
-    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
-    ax.set_ylim(max(ranks, default=0) + 0.6, min(ranks, default=0) - 0.6)
-    ax.set_xlim(0, makespan * 1.01 or 1.0)
+        min_w = right / 70
+        shown = [(((start - t0) + (end - start) / 2) * time_scale, rank, str(mb))
+                 for rank, start, end, kind, mb, _chunk in rows
+                 if (end - start) * time_scale >= min_w and kind_key(kind) != "other"]
+    if shown:
+        # the numbers as glyph outlines in one collection: one draw call instead of one text per box
+        fig = ax.get_figure()
+        labels = PathCollection([_label_path(s, 7.0) for _, _, s in shown],
+                                offsets=[(x, y) for x, y, _ in shown], offset_transform=ax.transData,
+                                facecolor="white", edgecolor="none", linewidth=0.0, zorder=3,
+                                gid="microbatch-labels")
+        labels.set_transform(Affine2D().scale(1 / 72) + fig.dpi_scale_trans)      # points -> pixels
+        ax.add_collection(labels, autolim=False)
+        colls.append(labels)
+    chart.parts["collections"] = colls
+    chart.dynamic = [*colls, ax.title]                          # titles of timelines carry their numbers
+    if not same:
+        ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+        ax.set_ylim(max(ranks, default=0) + 0.6, min(ranks, default=0) - 0.6)
+    ax.set_xlim(0, right)
     ax.set_xlabel(time_unit)
     present = [k for k in ("F", "B", "W") if any(g[0] == k for g in groups)]
-    handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in present]
-    if 0 < max_chunk <= 3:
-        handles += [Patch(facecolor=_lighten(KIND_COLORS["F"], 0.45 * c / max_chunk), label=f"chunk {c}")
-                    for c in range(max_chunk + 1)]
-    elif max_chunk > 3:
-        handles.append(Patch(facecolor=_lighten(KIND_COLORS["F"], 0.45),
-                             label=f"lighter: later chunk (v={max_chunk + 1})"))
-    handles.append(Patch(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", label="idle"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
-    if title:
-        ax.set_title(title, fontsize=10, y=1.0)
+    legend_key = (tuple(present), max_chunk)
+    if chart.parts.get("legend") != legend_key:
+        handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in present]
+        if 0 < max_chunk <= 3:
+            handles += [Patch(facecolor=_lighten(KIND_COLORS["F"], 0.45 * c / max_chunk), label=f"chunk {c}")
+                        for c in range(max_chunk + 1)]
+        elif max_chunk > 3:
+            handles.append(Patch(facecolor=_lighten(KIND_COLORS["F"], 0.45),
+                                 label=f"lighter: later chunk (v={max_chunk + 1})"))
+        handles.append(Patch(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", label="idle"))
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+        chart.parts["legend"] = legend_key
+    _set_title(ax, title)
     return {"ranks": ranks, "makespan": makespan, "busy": busy}
 
 
