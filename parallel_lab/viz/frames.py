@@ -199,12 +199,13 @@ class Frames:
     def invalidate(self) -> None:
         self._backgrounds.clear()
 
-    def render(self) -> bytes:
-        """The figure as it is now, as PNG bytes."""
+    def render(self, *, full: bool = False) -> bytes:
+        """The figure as it is now, as PNG bytes (``full=True``: draw the background again, e.g. to check
+        that a cached one was right)."""
         fig, canvas = self.figure, self.figure.canvas
         dynamic = dynamic_artists(fig)
         key = static_key(fig, {id(a) for a in dynamic})
-        background = self._backgrounds.get(key)
+        background = None if full else self._backgrounds.get(key)
         if background is None:
             for a in dynamic:
                 a.set_animated(True)                     # Agg's draw leaves animated artists out
