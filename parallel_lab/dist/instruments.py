@@ -329,8 +329,10 @@ class SavedTensorMeter:
             loss = loss_fn(model(x), y); loss.backward()
         meter.peak["activations"], meter.forward_bytes["blocks.1"], meter.peak_total
 
-    ``model``: its parameters are excluded (looked up at every save, so parameters re-materialised by
-    ZeRO-3 are excluded too); :meth:`exclude` adds other storages that are not activations. Scopes:
+    ``model``: its parameters are excluded (their storages are looked up again whenever a scope starts and
+    at ``__enter__``, after the hooks of other plug-ins that gather parameters, so parameters
+    re-materialised by ZeRO-3 are excluded too; looking them up at every save doubled a tiny model's
+    forward time); :meth:`exclude` adds other storages that are not activations. Scopes:
     a module whose name is in ``scopes`` (exact, or a prefix ending in ".": ``"blocks."`` gives
     ``blocks.0``, ``blocks.1``...) starts a scope when its forward begins; the scope lasts until the next
     one starts. ``forward_bytes[scope]`` counts storages newly charged in that scope (first save wins);
@@ -343,6 +345,7 @@ class SavedTensorMeter:
         self._excluded: set[tuple[int, str]] = set()
         self._charged: dict[tuple[int, str], list] = {}   # key -> [nbytes, refs, category]
         self.scope, self.category = "activations", "activations"
+        self._param_keys: set[tuple[int, str]] = set()
         self.forward_bytes: Counter = Counter()
         self.live: Counter = Counter()
         self.peak: Counter = Counter()
@@ -368,7 +371,12 @@ class SavedTensorMeter:
     def _enter_scope(self, name: str, category: str):
         def hook(module: nn.Module, args: Any) -> None:
             self.scope, self.category = name, category
+            self._refresh_parameters()
         return hook
+
+    def _refresh_parameters(self) -> None:
+        if self.model is not None:
+            self._param_keys = {_storage_key(p) for p in self.model.parameters()}
 
     def remove(self) -> None:
         for h in self._handles:
@@ -387,11 +395,7 @@ class SavedTensorMeter:
             self._excluded.discard(_storage_key(t))
 
     def _is_excluded(self, key: tuple[int, str]) -> bool:
-        if key in self._excluded:
-            return True
-        if self.model is not None:
-            return any(_storage_key(p) == key for p in self.model.parameters())
-        return False
+        return key in self._excluded or key in self._param_keys
 
     # ---- hooks -----------------------------------------------------------------------------------
     def _pack(self, t: Tensor) -> _Saved:
@@ -436,6 +440,7 @@ class SavedTensorMeter:
 
     def __enter__(self) -> SavedTensorMeter:
         self.scope, self.category = "activations", "activations"
+        self._refresh_parameters()
         self._hooks = saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
