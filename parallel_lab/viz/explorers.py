@@ -765,8 +765,10 @@ class PlannerExplorer(Explorer):
                 sim = simulate_mod.simulate(
                     schedules_mod.build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave),
                     simulate_mod.Costs(f=1.0, b=2.0 if plan.recompute == "full" else 1.0, w=1.0))
-            self._shown[idx] = {"ledger": ledger_mod.memory(model, plan, cluster),
-                                "report": comm_mod.report(model, plan, cluster), "sim": sim}
+            rep = comm_mod.report(model, plan, cluster)
+            self._shown[idx] = {"ledger": ledger_mod.memory(model, plan, cluster), "report": rep, "sim": sim,
+                                "comm": {"per_step_bytes": rep.per_step_bytes,
+                                         "collectives": [c.to_json() for c in rep.collectives]}}
         return self._shown[idx]
 
     def compute(self, v: dict[str, Any]) -> dict[str, Any]:
@@ -807,11 +809,8 @@ class PlannerExplorer(Explorer):
         est, plan = r["estimate"], r["plan"]
         P.draw_memory(axes[0], r["ledger"], ["per GPU"], title=f"plan #{r['index'] + 1}: memory")
         P.category_legend(self.figure, [c for c in P.CATEGORIES if c in r["ledger"].per_gpu_bytes])
-        rep = r["report"]
-        if rep.per_step_bytes:
-            P.draw_comm_bytes(axes[1], {"per_step_bytes": rep.per_step_bytes,
-                                        "collectives": [c.to_json() for c in rep.collectives]},
-                              title="bytes sent per GPU per step")
+        if r["report"].per_step_bytes:
+            P.draw_comm_bytes(axes[1], r["comm"], title="bytes sent per GPU per step")
         else:
             P.draw_message(axes[1], "no communication")
         if plan.pp > 1:

@@ -21,14 +21,17 @@ a pixel from where Agg would put it): a full draw then costs about half as much.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from matplotlib.artist import Artist
+from matplotlib.axes import Axes
 from matplotlib.axis import Axis
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
@@ -37,6 +40,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.spines import Spine
 from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from .plots import CHART_ATTR
 
@@ -145,31 +149,33 @@ def _artist_key(a: Artist) -> Any:
     return (id(a), a.get_visible())
 
 
-def static_key(fig: Figure, dynamic: set[int]) -> tuple:
-    """A key of everything in ``fig`` that is not in ``dynamic`` (artists' ids): the figure's size, each
-    axes' place, limits, scales, ticks, titles, labels, legends and static artists, and the figure's
-    legends and texts. Two states with the same key have the same background."""
-    key: list[Any] = [tuple(fig.get_size_inches()), fig.dpi]
-    for ax in fig.axes:
-        chart = getattr(ax, CHART_ATTR, None)
-        key += [id(ax), ax.get_position().bounds, ax.axison, ax.get_visible(), ax.get_xlim(), ax.get_ylim(),
-                (chart.kind, chart.shape) if chart else None]
-        key += [_artist_key(a) for a in ax.get_children()
-                if id(a) not in dynamic and a is not ax.patch and not isinstance(a, Spine)]
-    key += [_artist_key(a) for a in (*fig.legends, *fig.texts)]
-    return tuple(key)
+def axes_key(ax: Axes, dynamic: set[int]) -> tuple:
+    """A key of everything ``ax`` shows that is not in ``dynamic`` (artists' ids): its place, limits,
+    scales, ticks, titles, labels, legend and static artists. Same key, same picture of the axes."""
+    chart = getattr(ax, CHART_ATTR, None)
+    return (id(ax), ax.get_position().bounds, ax.axison, ax.get_visible(), ax.get_xlim(), ax.get_ylim(),
+            (chart.kind, chart.shape) if chart else None,
+            *(_artist_key(a) for a in ax.get_children()
+              if id(a) not in dynamic and a is not ax.patch and not isinstance(a, Spine)))
 
 
-def dynamic_artists(fig: Figure) -> list[Artist]:
-    """The artists the charts on ``fig`` move on an update, axes by axes in drawing (z) order. The spines
-    of those axes come with them: bars start on the axis line, which is drawn over them."""
-    out: list[Artist] = []
+def figure_key(fig: Figure) -> tuple:
+    """A key of what ``fig`` shows outside its axes: size, dpi, where the axes are, its legends and texts."""
+    places = tuple((id(ax), ax.get_position().bounds) for ax in fig.axes)
+    others = (_artist_key(a) for a in (*fig.legends, *fig.texts))
+    return (tuple(fig.get_size_inches()), fig.dpi, places, *others)
+
+
+def dynamic_artists(fig: Figure) -> dict[Axes, list[Artist]]:
+    """The artists the charts on ``fig`` move on an update, per axes in drawing (z) order. The spines of
+    those axes come with them: bars start on the axis line, which is drawn over them."""
+    out: dict[Axes, list[Artist]] = {}
     for ax in fig.axes:
         chart = getattr(ax, CHART_ATTR, None)
-        if chart is None or not chart.dynamic:
-            continue
-        arts = list(chart.dynamic) + (list(ax.spines.values()) if ax.axison and ax.get_frame_on() else [])
-        out += sorted(arts, key=lambda a: a.get_zorder())
+        arts = list(chart.dynamic) if chart is not None else []
+        if arts and ax.axison and ax.get_frame_on():
+            arts += ax.spines.values()
+        out[ax] = sorted(arts, key=lambda a: a.get_zorder())
     return out
 
 
@@ -177,13 +183,25 @@ def dynamic_artists(fig: Figure) -> list[Artist]:
 # frames
 # --------------------------------------------------------------------------------------------------
 
+Rect = tuple[int, int, int, int]
+
+
+def _overlap(a: Rect, b: Rect) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
 class Frames:
     """PNG frames of one figure, redrawing only what changed since an earlier frame (blitting).
 
+    The background is kept in pieces: the figure without its axes (legends, suptitle), and one *tile* per
+    axes (the axes' static part over that, cropped to the axes' tight box), each under its key
+    (:func:`figure_key`, :func:`axes_key`). A change of one axes' limits or title thus redraws that axes
+    only. The last ``keep`` tiles per axes are kept. If two axes' tiles overlap (a crowded layout), frames
+    fall back to one background for the whole figure, still cached by key.
+
     Gives the figure a :class:`StampCanvas`. :meth:`render` returns the figure as it is now;
-    ``full_draws`` and ``blits`` count the two kinds of frames, ``last_full`` says which the last one
-    was. ``keep`` backgrounds are kept (each ``4 * width * height`` bytes, ~1.5 MB at 960 x 390).
-    Call :meth:`invalidate` after rebuilding the figure's axes.
+    ``full_draws`` counts frames that drew some background, ``blits`` frames made from cached pieces
+    only; ``last_full`` says which the last one was. Call :meth:`invalidate` after rebuilding the axes.
     """
 
     def __init__(self, figure: Figure, *, keep: int = 8, compress_level: int = 1) -> None:
@@ -191,44 +209,106 @@ class Frames:
         self.figure = figure
         self.keep = keep
         self.compress_level = compress_level
-        self._backgrounds: OrderedDict[tuple, Any] = OrderedDict()
+        self.tiled = True
+        self._pieces: OrderedDict[tuple, tuple[Any, Rect]] = OrderedDict()
         self.full_draws = 0
         self.blits = 0
         self.last_full = False
 
     def invalidate(self) -> None:
-        self._backgrounds.clear()
+        self._pieces.clear()
 
     def render(self, *, full: bool = False) -> bytes:
-        """The figure as it is now, as PNG bytes (``full=True``: draw the background again, e.g. to check
-        that a cached one was right)."""
+        """The figure as it is now, as PNG bytes (``full=True``: draw all of the background again, e.g. to
+        check that the cached pieces were right)."""
         fig, canvas = self.figure, self.figure.canvas
         dynamic = dynamic_artists(fig)
-        key = static_key(fig, {id(a) for a in dynamic})
-        background = None if full else self._backgrounds.get(key)
-        if background is None:
-            for a in dynamic:
-                a.set_animated(True)                     # Agg's draw leaves animated artists out
+        ids = {id(a) for arts in dynamic.values() for a in arts}
+        if full:
+            self._pieces.clear()
+        drew = self._tiles(dynamic, ids) if self.tiled else self._whole(dynamic, ids)
+        renderer = canvas.get_renderer()
+        for arts in dynamic.values():
+            for a in arts:
+                a.draw(renderer)
+        self.last_full = drew
+        self.full_draws += drew
+        self.blits += not drew
+        return png_bytes(np.asarray(canvas.buffer_rgba()), self.compress_level)
+
+    def _piece(self, key: tuple, draw: Any) -> tuple[tuple[Any, Rect], bool]:
+        """The cached piece for ``key`` restored onto the canvas, or ``draw()``'s new one (drawn there)."""
+        piece = self._pieces.get(key)
+        if piece is not None:
+            self._pieces.move_to_end(key)
+            self.figure.canvas.restore_region(piece[0])
+            return piece, False
+        piece = self._pieces[key] = draw()
+        limit = self.keep * (len(self.figure.axes) + 1)
+        while len(self._pieces) > limit:
+            self._pieces.popitem(last=False)
+        return piece, True
+
+    def _tiles(self, dynamic: dict[Axes, list[Artist]], ids: set[int]) -> bool:
+        fig, canvas = self.figure, self.figure.canvas
+        fkey = figure_key(fig)
+
+        def draw_base() -> tuple[Any, Rect]:
+            shown = [ax.get_visible() for ax in fig.axes]
+            for ax in fig.axes:
+                ax.set_visible(False)
             try:
                 canvas.draw()
             finally:
-                for a in dynamic:
-                    a.set_animated(False)
-            background = canvas.copy_from_bbox(fig.bbox)
-            self._backgrounds[key] = background
-            while len(self._backgrounds) > self.keep:
-                self._backgrounds.popitem(last=False)
-            self.full_draws += 1
-            self.last_full = True
-        else:
-            self._backgrounds.move_to_end(key)
-            canvas.restore_region(background)
-            self.blits += 1
-            self.last_full = False
+                for ax, v in zip(fig.axes, shown, strict=True):
+                    ax.set_visible(v)
+            return canvas.copy_from_bbox(fig.bbox), (0, 0, 0, 0)
+
+        _, drew = self._piece(("base", fkey), draw_base)
         renderer = canvas.get_renderer()
-        for a in dynamic:
-            a.draw(renderer)
-        return png_bytes(np.asarray(canvas.buffer_rgba()), self.compress_level)
+        rects: list[Rect] = []
+        for ax, arts in dynamic.items():
+            def draw_tile(ax: Axes = ax, arts: list[Artist] = arts) -> tuple[Any, Rect]:
+                with _animated(arts):
+                    ax.apply_aspect()
+                    ax.draw(renderer)
+                    box = ax.get_tightbbox(renderer) or ax.bbox
+                w, h = canvas.get_width_height(physical=True)
+                rect = (max(0, math.floor(box.x0) - 1), max(0, math.floor(box.y0) - 1),
+                        min(w, math.ceil(box.x1) + 1), min(h, math.ceil(box.y1) + 1))
+                return canvas.copy_from_bbox(Bbox.from_extents(*rect)), rect
+
+            (_, rect), new = self._piece(("axes", fkey, axes_key(ax, ids)), draw_tile)
+            drew |= new
+            if any(_overlap(rect, other) for other in rects):
+                self.tiled = False                       # crowded: one background for the whole figure
+                self._pieces.clear()
+                return self._whole(dynamic, ids)
+            rects.append(rect)
+        return drew
+
+    def _whole(self, dynamic: dict[Axes, list[Artist]], ids: set[int]) -> bool:
+        fig, canvas = self.figure, self.figure.canvas
+
+        def draw_all() -> tuple[Any, Rect]:
+            with _animated([a for arts in dynamic.values() for a in arts]):
+                canvas.draw()
+            return canvas.copy_from_bbox(fig.bbox), (0, 0, 0, 0)
+
+        key = ("whole", figure_key(fig), *(axes_key(ax, ids) for ax in fig.axes))
+        return self._piece(key, draw_all)[1]
+
+
+@contextlib.contextmanager
+def _animated(artists: list[Artist]) -> Iterator[None]:
+    """Agg's draw leaves animated artists out: the background without the dynamic artists."""
+    for a in artists:
+        a.set_animated(True)
+    try:
+        yield
+    finally:
+        for a in artists:
+            a.set_animated(False)
 
 
 def png_bytes(rgba: np.ndarray, compress_level: int = 1) -> bytes:

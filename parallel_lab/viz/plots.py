@@ -26,10 +26,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib
+import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.collections import PathCollection
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
@@ -734,7 +735,12 @@ def timeline_rows(timeline: Any) -> list[tuple[int, float, float, str, int, int]
         timeline = timeline.timeline
     rows = []
     for r in timeline or []:
-        if isinstance(r, Sequence) and not isinstance(r, str):
+        if isinstance(r, (list, tuple)):
+            rank, start, end, kind, mb, chunk = (list(r) + [0, 0])[:6]
+        elif hasattr(r, "start") and hasattr(r, "rank"):             # the simulator's interval
+            rank, start, end, kind = r.rank, r.start, r.end, r.kind
+            mb, chunk = getattr(r, "microbatch", 0), getattr(r, "chunk", 0)
+        elif isinstance(r, Sequence) and not isinstance(r, str):
             rank, start, end, kind, mb, chunk = (list(r) + [0, 0])[:6]
         elif hasattr(r, "t_start"):                                  # a measured Span
             if field(r, "kind") != "compute":
@@ -746,6 +752,25 @@ def timeline_rows(timeline: Any) -> list[tuple[int, float, float, str, int, int]
             kind, mb, chunk = field(r, "kind"), field(r, "microbatch", 0), field(r, "chunk", 0)
         rows.append((int(rank), float(start), float(end), str(kind), int(mb or 0), int(chunk or 0)))
     return rows
+
+
+_BOX_CODES = np.array([Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY], Path.code_type)
+
+
+def _boxes_path(spans: Sequence[tuple[float, float]], y0: float, y1: float) -> Path:
+    """Rectangles ``[start, start + width] x [y0, y1]`` as one compound path (a subpath per box)."""
+    sw = np.asarray(spans, dtype=float).reshape(-1, 2)
+    x0, x1 = sw[:, 0], sw[:, 0] + sw[:, 1]
+    verts = np.empty((len(sw), 5, 2))
+    verts[:, :, 0] = np.stack([x0, x0, x1, x1, x0], axis=1)
+    verts[:, :, 1] = (y0, y1, y1, y0, y0)
+    return Path(verts.reshape(-1, 2), np.tile(_BOX_CODES, len(sw)))
+
+
+def n_boxes(collection: Any) -> int:
+    """How many boxes a timeline collection draws (one closed subpath each)."""
+    paths = collection.get_paths()
+    return sum(int((p.codes == Path.MOVETO).sum()) if p.codes is not None else 1 for p in paths)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -769,7 +794,8 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     number kept while the step fits (:func:`sticky_ceil`): an explorer's axis then stays put, and the
     learner sees the step grow or shrink as the schedule changes.
     Returns ``{"ranks", "makespan", "busy": {rank: busy time}}``, scaled. Boxes are one collection per
-    (kind, chunk, rank) with ``gid = "F:0:2"``, idle bands ``"idle:2"``, the numbers ``"microbatch-labels"``.
+    (kind, chunk, rank) with ``gid = "F:0:2"`` (one compound path: count its boxes with :func:`n_boxes`),
+    idle bands ``"idle:2"``, the numbers ``"microbatch-labels"``.
     Updates an earlier timeline on ``ax`` in place when the ranks match.
     """
     rows = timeline_rows(timeline)
@@ -778,21 +804,28 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     makespan = (max([r[2] for r in rows] + [t0 + (step_time or 0.0)], default=0.0) - t0) * time_scale
     height = 0.72
     chart, same = chart_on(ax, "timeline", tuple(ranks))
-    for coll in chart.parts.get("collections", []):
-        coll.remove()                                           # boxes are cheap to make anew
-    colls: list[Any] = []
+    old: dict[str, PathCollection] = chart.parts.get("collections", {})
+    colls: dict[str, PathCollection] = {}
 
-    def boxes(spans: Sequence[tuple[float, float]], rank: int, **style: Any) -> PolyCollection:
-        y0, y1 = rank - height / 2, rank + height / 2
-        verts = [((s, y0), (s, y1), (s + w, y1), (s + w, y0)) for s, w in spans]
-        coll = PolyCollection(verts, **style)
-        ax.add_collection(coll, autolim=False)
-        colls.append(coll)
+    def collection(gid: str, paths: list[Path], **style: Any) -> PathCollection:
+        """The collection ``gid`` of the last update with new paths, or a new one."""
+        coll = old.pop(gid, None)
+        if coll is None:
+            coll = PathCollection(paths, gid=gid, **style)
+            ax.add_collection(coll, autolim=False)
+        else:
+            coll.set_paths(paths)
+            coll.set(**style)
+        colls[gid] = coll
         return coll
 
+    def boxes(spans: Sequence[tuple[float, float]], rank: int, gid: str, **style: Any) -> None:
+        """The ``(start, width)`` boxes of one row as one path of closed rectangles (one draw call)."""
+        collection(gid, [_boxes_path(spans, rank - height / 2, rank + height / 2)], **style)
+
     for rank in ranks:
-        boxes([(0.0, makespan)], rank, facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", linewidth=0.0,
-              gid=f"idle:{rank}")
+        boxes([(0.0, makespan)], rank, f"idle:{rank}", facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////",
+              linewidth=0.0)
     busy: dict[int, float] = dict.fromkeys(ranks, 0.0)
     groups: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
     for rank, start, end, kind, _mb, chunk in rows:
@@ -809,8 +842,8 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
         for rank in ranks:
             mine = [(s, w) for s, w, r in spans if r == rank]
             if mine:
-                boxes(mine, rank, facecolor=color, edgecolor="white", linewidth=0.0 if dense else 0.6,
-                      gid=f"{key}:{chunk}:{rank}")
+                boxes(mine, rank, f"{key}:{chunk}:{rank}", facecolor=color, edgecolor="white",
+                      linewidth=0.0 if dense else 0.6)
     right = sticky_ceil(chart, "right", makespan * 1.01) if sticky else (makespan * 1.01 or 1.0)
     if label_microbatches is None:
         label_microbatches = 0 < len(rows) <= 160
@@ -822,16 +855,15 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
                  if (end - start) * time_scale >= min_w and kind_key(kind) != "other"]
     if shown:
         # the numbers as glyph outlines in one collection: one draw call instead of one text per box
-        fig = ax.get_figure()
-        labels = PathCollection([_label_path(s, 7.0) for _, _, s in shown],
-                                offsets=[(x, y) for x, y, _ in shown], offset_transform=ax.transData,
-                                facecolor="white", edgecolor="none", linewidth=0.0, zorder=3,
-                                gid="microbatch-labels")
-        labels.set_transform(Affine2D().scale(1 / 72) + fig.dpi_scale_trans)      # points -> pixels
-        ax.add_collection(labels, autolim=False)
-        colls.append(labels)
+        labels = collection("microbatch-labels", [_label_path(s, 7.0) for _, _, s in shown],
+                            facecolor="white", edgecolor="none", linewidth=0.0, zorder=3)
+        labels.set_offsets([(x, y) for x, y, _ in shown])
+        labels.set_offset_transform(ax.transData)
+        labels.set_transform(Affine2D().scale(1 / 72) + ax.get_figure().dpi_scale_trans)   # points -> pixels
+    for coll in old.values():
+        coll.remove()                                           # kinds or chunks that are gone
     chart.parts["collections"] = colls
-    chart.dynamic = [*colls, ax.title]                          # titles of timelines carry their numbers
+    chart.dynamic = [*colls.values(), ax.title]                 # titles of timelines carry their numbers
     if not same:
         ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
         ax.set_ylim(max(ranks, default=0) + 0.6, min(ranks, default=0) - 0.6)

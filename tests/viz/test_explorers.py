@@ -9,6 +9,7 @@ import pytest
 from parallel_lab import comm, ledger
 from parallel_lab.schedules import build_schedule
 from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from parallel_lab.viz import plots as P
 from parallel_lab.viz.explorers import CommExplorer, MemoryExplorer, PipelineExplorer
 
 GB = 1e9
@@ -164,7 +165,7 @@ def _boxes(ax) -> dict[str, int]:
     for c in ax.collections:
         gid = c.get_gid() or ""
         if not gid.startswith(("idle", "microbatch-labels")):
-            out[gid[0]] = out.get(gid[0], 0) + len(c.get_paths())
+            out[gid[0]] = out.get(gid[0], 0) + P.n_boxes(c)
     return out
 
 
@@ -214,7 +215,6 @@ def test_pipeline_measured_timeline_beside_the_simulated_one():
 def test_planner_table_chosen_plan_and_bubble():
     from parallel_lab.planner import plan_search
     from parallel_lab.simulate import Costs, bubble_formula
-    from parallel_lab.viz import plots as P
     from parallel_lab.viz.explorers import PlannerExplorer
 
     ex = PlannerExplorer(model="llama2-70b", gpus=16, seq=4096, batch_tokens="1M")

@@ -87,7 +87,7 @@ def test_timeline_draws_every_action_once(name, v):
     sim = simulate(build_schedule(name, p, m, v), Costs())
     fig = P.timeline_figure(sim)
     ax = fig.axes[0]
-    boxes = {c.get_gid(): len(c.get_paths()) for c in ax.collections}
+    boxes = {c.get_gid(): P.n_boxes(c) for c in ax.collections}
     per_kind: dict[str, int] = {}
     for gid, n in boxes.items():
         if not gid.startswith("idle"):
@@ -98,7 +98,7 @@ def test_timeline_draws_every_action_once(name, v):
     assert sum(1 for g in boxes if g.startswith("idle")) == p          # one hatched band per rank
     # the same picture from `parallel-lab bubble --json`'s rows
     fig2 = P.timeline_figure(sim.to_dict()["timeline"])
-    assert {c.get_gid(): len(c.get_paths()) for c in fig2.axes[0].collections} == boxes
+    assert {c.get_gid(): P.n_boxes(c) for c in fig2.axes[0].collections} == boxes
 
 
 def test_timeline_busy_time_gives_the_bubble():
