@@ -54,9 +54,13 @@ Measurement. Every ``F``/``B``/``W`` is a ``Span`` of ``rt.timeline`` (name = ki
 per step :class:`StepRecord`: the rows ``[rank, start, end, kind, microbatch, chunk]`` (the simulator's
 timeline format), when the step started and ended, and the peak number of in-flight ``(mb, chunk)``
 pairs, *counted from the objects alive* (a ``WeakSet`` of the per-micro-batch graphs, so a leaked
-reference would show), beside the saved-tensor meter's live bytes. :func:`timeline_stats` turns rows into
-the simulator's figures (``bubble_ratio``, ``idle_fraction``) so that the measured and simulated timelines
-are compared with the same definitions.
+reference would show), beside the saved-tensor meter's live bytes; they reach the caller as
+``RankResult.info["pp"]``. :func:`timeline_stats` turns rows into the simulator's figures
+(``bubble_ratio``, ``idle_fraction``), so that measured and simulated timelines are compared with the same
+definitions; :func:`pipeline_report` (what ``parallel-lab run`` prints) adds the simulator *replaying*
+every measured duration (:func:`replay`: what the schedule explains) and the hand-off times between
+stages (:func:`handoffs`: what the messages cost). ``viz.plots.pipeline_timelines_figure`` draws the
+simulated and the measured timeline together.
 """
 
 from __future__ import annotations
