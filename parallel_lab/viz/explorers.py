@@ -400,7 +400,7 @@ class MemoryExplorer(Explorer):
                                 title="the ledger as dp grows (other degrees fixed)")
         else:
             P.draw_activation_terms(a2, r["sweep_values"], r["linear_bytes"], r["quadratic_bytes"],
-                                    hbm_bytes=r["cluster"].hbm_bytes, highlight=plan.seq,
+                                    hbm_bytes=r["cluster"].hbm_bytes, highlight=plan.seq, legend_outside=True,
                                     title="activations, no recomputation (stage 0)")
         P.category_legend(fig)
 

@@ -32,6 +32,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PathCollection
 from matplotlib.colors import to_rgb
+from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.legend import Legend
@@ -254,6 +255,19 @@ def chart_on(ax: Axes, kind: str, shape: Any) -> tuple[Chart, bool]:
     return chart, False
 
 
+def _bars(ax: Axes, xs: Sequence[float], width: float, *, horizontal: bool = False, label: str | None = None,
+          **style: Any) -> list[Rectangle]:
+    """Empty bars (height 0) centred on ``xs``, like ``ax.bar`` / ``ax.barh`` but without updating the data
+    limits for each bar (the charts set their limits themselves): several times cheaper to build."""
+    rects = [Rectangle((0.0, x - width / 2), 0.0, width) if horizontal else
+             Rectangle((x - width / 2, 0.0), width, 0.0) for x in xs]
+    for r in rects:
+        r.set(**style)
+        ax.add_artist(r)
+    ax.add_container(BarContainer(rects, orientation="horizontal" if horizontal else "vertical", label=label))
+    return rects
+
+
 def _set_title(ax: Axes, title: str | None) -> None:
     if ax.get_title() != (title or ""):
         ax.set_title(title or "", fontsize=10, y=1.0)          # a fixed height: no per-draw placement
@@ -318,11 +332,8 @@ def _build_stack(ax: Axes, chart: Chart, n: int, cats: Sequence[str], width: flo
     so that tests can read heights back by category."""
     bars: dict[str, list[Rectangle]] = {}
     for cat in cats:
-        container = ax.bar(range(n), [0.0] * n, width, color=CATEGORY_COLORS.get(cat, "#bbbbbb"),
-                           label=CATEGORY_LABELS.get(cat, cat), edgecolor="white", linewidth=0.5)
-        for b in container:
-            b.set_gid(cat)
-        bars[cat] = list(container)
+        bars[cat] = _bars(ax, range(n), width, label=CATEGORY_LABELS.get(cat, cat), gid=cat,
+                          facecolor=CATEGORY_COLORS.get(cat, "#bbbbbb"), edgecolor="white", linewidth=0.5)
         chart.dynamic += bars[cat]
     chart.parts["bars"] = bars
 
@@ -450,29 +461,28 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
 
 def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[float | None],
                           quadratic_bytes: Sequence[float | None], *, hbm_bytes: float = 0.0,
-                          title: str | None = None, highlight: int | None = None) -> None:
+                          title: str | None = None, highlight: int | None = None,
+                          legend_outside: bool = False) -> None:
     """Activations over sequence length: the part linear in s beside the attention scores, on a log axis.
 
     Korthikanti et al. 2022: per layer ``s b h (34 + 5 a s / h)`` bytes; ``34 s b h`` grows linearly,
     ``5 a s^2 b`` (the attention scores, softmax and dropout) quadratically. On the log axis each doubling
     of s lifts the first pair of bars by one step and the second by two. The explorer takes the two parts
     from the ledger itself (selective recomputation drops exactly the score term), so the picture shows
-    what the ledger computes. ``None`` marks an invalid sequence length (no bars, "n/a").
+    what the ledger computes. ``None`` marks an invalid sequence length (no bars, "n/a"). The legend sits
+    in the upper left corner, or right of the axes with ``legend_outside`` (an explorer's choice: nothing
+    it redraws then passes over the legend).
     """
     n = len(seqs)
     w = 0.38
-    chart, same = chart_on(ax, "activation_terms", (n, hbm_bytes > 0))
+    chart, same = chart_on(ax, "activation_terms", (n, hbm_bytes > 0, legend_outside))
     if not same:
         color = CATEGORY_COLORS["activations"]
-        b1 = ax.bar([x - w / 2 for x in range(n)], [1.0] * n, w, color=color,
-                    label="everything else (grows like s)")
-        b2 = ax.bar([x + w / 2 for x in range(n)], [1.0] * n, w, color=_lighten(color, 0.55), edgecolor=color,
-                    hatch="//", label="attention scores (grow like s²)")
-        for b in b1:
-            b.set_gid("linear")
-        for b in b2:
-            b.set_gid("quadratic")
-        chart.parts["bars"] = (list(b1), list(b2))
+        b1 = _bars(ax, [x - w / 2 for x in range(n)], w, label="everything else (grows like s)", gid="linear",
+                   facecolor=color, edgecolor=color)
+        b2 = _bars(ax, [x + w / 2 for x in range(n)], w, label="attention scores (grow like s²)",
+                   gid="quadratic", facecolor=_lighten(color, 0.55), edgecolor=color, hatch="//")
+        chart.parts["bars"] = (b1, b2)
         chart.dynamic += [*b1, *b2]
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))   # plain numbers, no mathtext
@@ -487,7 +497,12 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
         ax.set_xlim(-0.5, n - 0.5)
         ax.set_xlabel("sequence length (tokens)")
         ax.set_ylabel("activations per GPU (GB, log scale)")
-        ax.legend(loc="upper left", fontsize=8, frameon=False)
+        if legend_outside:
+            handles, _ = ax.get_legend_handles_labels()
+            ax.legend(handles, ["everything else\n(grows like s)", "attention scores\n(grow like s²)"],
+                      loc="upper left", bbox_to_anchor=(1.02, 0.45), fontsize=8, frameon=False)
+        else:
+            ax.legend(loc="upper left", fontsize=8, frameon=False)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     lin = [v / GB if v else float("nan") for v in linear_bytes]
@@ -496,8 +511,9 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
         for b, h in zip(bars, hs, strict=True):
             b.set_height(h)
     finite = [v for v in lin + quad if v == v and v > 0]
-    # room above the tallest bar for the legend (at least 4x on the log axis); kept while within a decade
-    need_lo, need_hi = min(finite, default=1e-3) / 2, max(finite + [hbm_bytes / GB], default=1.0) * 4
+    # room above the tallest bar (for the legend inside: 4x on the log axis); kept while within a decade
+    need_lo = min(finite, default=1e-3) / 2
+    need_hi = max(finite + [hbm_bytes / GB], default=1.0) * (2 if legend_outside else 4)
     last = chart.parts.get("ylog")
     if last is not None and need_lo / 10 <= last[0] <= need_lo and need_hi <= last[1] <= need_hi * 10:
         lo, hi = last
@@ -599,15 +615,17 @@ def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[
     if not same:
         series: list[tuple[list[Rectangle], list[str]]] = []
         for kind in kinds:
-            bars = ax.bar(range(n), [0.0] * n, 0.6, color=COLLECTIVE_COLORS.get(kind, "#bbbbbb"),
-                          label=kind.replace("_", "-"), edgecolor="white", linewidth=0.5)
-            series.append((list(bars), [kind] * n))
+            bars = _bars(ax, range(n), 0.6, label=kind.replace("_", "-"),
+                         facecolor=COLLECTIVE_COLORS.get(kind, "#bbbbbb"), edgecolor="white", linewidth=0.5)
+            series.append((bars, [kind] * n))
         if kinds:
             ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=min(len(kinds), 3),
                       columnspacing=1.0, handlelength=1.2)
         else:
-            bars = ax.bar(range(n), [0.0] * n, 0.6, color=[DIM_COLORS.get(d, "#bbbbbb") for d in dims])
-            series.append((list(bars), [""] * n))
+            bars = _bars(ax, range(n), 0.6)
+            for b, d in zip(bars, dims, strict=True):
+                b.set_facecolor(DIM_COLORS.get(d, "#bbbbbb"))
+            series.append((bars, [""] * n))
         for bars, ks in series:
             for b, d, k in zip(bars, dims, ks, strict=True):
                 b.set_gid(f"{d}:{k}" if k else d)
@@ -652,11 +670,11 @@ def draw_comm_time(ax: Axes, report: Any, tiers: Mapping[str, str] | None = None
     color = {t: TIER_COLORS[i % len(TIER_COLORS)] for i, t in enumerate(tier_names)}
     chart, same = chart_on(ax, "comm_time", (tuple(dims), bool(tiers)))
     if not same:
-        bars = ax.barh(range(n), [0.0] * n, 0.6)
+        bars = _bars(ax, range(n), 0.6, horizontal=True)
         for b, d in zip(bars, dims, strict=True):
             b.set_gid(d)
-        chart.parts["bars"] = list(bars)
-        chart.dynamic += list(bars)
+        chart.parts["bars"] = bars
+        chart.dynamic += bars
         chart.parts["values"] = [ax.text(0.0, y, "", va="center", fontsize=8.5) for y in range(n)]
         chart.dynamic += chart.parts["values"]
         ax.set_xlabel("time per step (ms)")
@@ -793,9 +811,10 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     last send still in flight). The time axis ends with the step, or with ``sticky=True`` at a round
     number kept while the step fits (:func:`sticky_ceil`): an explorer's axis then stays put, and the
     learner sees the step grow or shrink as the schedule changes.
-    Returns ``{"ranks", "makespan", "busy": {rank: busy time}}``, scaled. Boxes are one collection per
-    (kind, chunk, rank) with ``gid = "F:0:2"`` (one compound path: count its boxes with :func:`n_boxes`),
-    idle bands ``"idle:2"``, the numbers ``"microbatch-labels"``.
+    Returns ``{"ranks", "makespan", "busy": {rank: busy time}}``, scaled. The boxes are one collection per
+    kind (``gid`` ``"F"``, ``"B"``, ``"W"``) holding one path of boxes per (chunk, rank) (count them with
+    :func:`n_boxes`); the idle bands are the collection ``"idle"`` (one path per rank), the numbers
+    ``"microbatch-labels"``.
     Updates an earlier timeline on ``ax`` in place when the ranks match.
     """
     rows = timeline_rows(timeline)
@@ -819,31 +838,29 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
         colls[gid] = coll
         return coll
 
-    def boxes(spans: Sequence[tuple[float, float]], rank: int, gid: str, **style: Any) -> None:
-        """The ``(start, width)`` boxes of one row as one path of closed rectangles (one draw call)."""
-        collection(gid, [_boxes_path(spans, rank - height / 2, rank + height / 2)], **style)
+    def row(spans: Sequence[tuple[float, float]], rank: int) -> Path:
+        """The ``(start, width)`` boxes of one row as one path of closed rectangles."""
+        return _boxes_path(spans, rank - height / 2, rank + height / 2)
 
-    for rank in ranks:
-        boxes([(0.0, makespan)], rank, f"idle:{rank}", facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////",
-              linewidth=0.0)
+    collection("idle", [row([(0.0, makespan)], rank) for rank in ranks], facecolor="#f2f2f2",
+               edgecolor="#c8c8c8", hatch="////", linewidth=0.0)
     busy: dict[int, float] = dict.fromkeys(ranks, 0.0)
-    groups: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
+    groups: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
     for rank, start, end, kind, _mb, chunk in rows:
         key = kind_key(kind)
         if key == "other" and end <= start:
             continue
-        span = ((start - t0) * time_scale, (end - start) * time_scale, rank)
-        groups.setdefault((key, chunk), []).append(span)
+        span = ((start - t0) * time_scale, (end - start) * time_scale)
+        groups.setdefault((key, chunk, rank), []).append(span)
         busy[rank] += (end - start) * time_scale
-    max_chunk = max((c for _, c in groups), default=0)
+    max_chunk = max((c for _, c, _ in groups), default=0)
     dense = len(rows) > 60 * max(len(ranks), 1)              # thin boxes: no white edges between them
-    for (key, chunk), spans in sorted(groups.items()):
-        color = _lighten(KIND_COLORS[key], 0.45 * chunk / max(max_chunk, 1))
-        for rank in ranks:
-            mine = [(s, w) for s, w, r in spans if r == rank]
-            if mine:
-                boxes(mine, rank, f"{key}:{chunk}:{rank}", facecolor=color, edgecolor="white",
-                      linewidth=0.0 if dense else 0.6)
+    for kind in ("F", "B", "W", "other"):
+        mine = sorted((c, r) for k, c, r in groups if k == kind)
+        if mine:                                       # one path per (chunk, rank), later chunks lighter
+            colors = [_lighten(KIND_COLORS[kind], 0.45 * c / max(max_chunk, 1)) for c, _ in mine]
+            collection(kind, [row(groups[kind, c, r], r) for c, r in mine], facecolor=colors,
+                       edgecolor="white", linewidth=0.0 if dense else 0.6)
     right = sticky_ceil(chart, "right", makespan * 1.01) if sticky else (makespan * 1.01 or 1.0)
     if label_microbatches is None:
         label_microbatches = 0 < len(rows) <= 160
@@ -869,7 +886,7 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
         ax.set_ylim(max(ranks, default=0) + 0.6, min(ranks, default=0) - 0.6)
     ax.set_xlim(0, right)
     ax.set_xlabel(time_unit)
-    present = [k for k in ("F", "B", "W") if any(g[0] == k for g in groups)]
+    present = [k for k in ("F", "B", "W") if k in colls]
     legend_key = (tuple(present), max_chunk)
     if chart.parts.get("legend") != legend_key:
         handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in present]
