@@ -77,30 +77,59 @@ from parallel_lab.specs import CP_KINDS, ParallelLabError
 NEG_INF = float("-inf")
 #: Largest tile (tokens) of the blockwise kernel; tiles never cross a chunk boundary.
 DEFAULT_TILE = 512
-BALANCES = ("zigzag", "contiguous")
+BALANCES = ("zigzag", "contiguous", "work")
+#: ``balance="work"`` deals ``2 * cp * WORK_PIECES`` chunks by attention work.
+WORK_PIECES = 2
 
 
 # --------------------------------------------------------------------------------------------------
 # Which tokens a rank holds (load balance)
 # --------------------------------------------------------------------------------------------------
 
-def rank_index(seq: int, cp: int, rank: int, balance: str = "zigzag") -> Tensor:
-    """Indices into the full sequence of the ``seq / cp`` tokens rank ``rank`` holds, in local order.
+def _chunks(seq: int, n: int, members: Sequence[int]) -> Tensor:
+    c = seq // n
+    return torch.cat([torch.arange(i * c, (i + 1) * c) for i in members])
 
-    ``zigzag`` (Llama 3): chunks ``rank`` and ``2 cp - 1 - rank`` of ``2 cp`` equal chunks.
-    ``contiguous``: the ``rank``-th of ``cp`` equal slices (unbalanced under a causal mask).
+
+def rank_indices(seq: int, cp: int, balance: str = "zigzag", doc_ids: Tensor | None = None,
+                 causal: bool = True, pieces: int = WORK_PIECES) -> list[Tensor]:
+    """For each of the ``cp`` ranks, the indices into the full sequence of the ``seq / cp`` tokens it holds,
+    in local order (increasing position).
+
+    ``zigzag`` (Llama 3): of ``2 cp`` equal chunks, rank ``i`` holds chunks ``i`` and ``2 cp - 1 - i``.
+    ``contiguous``: the ``i``-th of ``cp`` equal slices (unbalanced under a causal mask).
+    ``work``: ``2 cp pieces`` equal chunks dealt by attention work, largest first, each to the rank with
+    the least work so far that still has room (every rank gets as many tokens). The work of a chunk is
+    the (query, key) pairs its queries may attend, with the documents ``doc_ids (b, seq)`` of the
+    micro-batch. Without documents and with ``pieces=1`` this deals exactly the zigzag; with documents it
+    keeps the work balanced where the zigzag does not (a rank's chunks may fall in short documents).
     """
     if balance not in BALANCES:
         raise ParallelLabError(f"balance={balance!r}; pick one of {', '.join(BALANCES)}")
-    if seq % (2 * cp):
-        raise ParallelLabError(f"seq={seq} is not divisible by 2*cp={2 * cp}; "
-                               f"pick seq a multiple of {2 * cp}")
+    n = 2 * cp * (pieces if balance == "work" else 1)
+    if seq % n:
+        raise ParallelLabError(f"seq={seq} is not divisible by {n} (balance={balance!r} cuts the sequence "
+                               f"into {n} chunks); pick seq a multiple of {n}")
     if balance == "contiguous":
-        n = seq // cp
-        return torch.arange(rank * n, (rank + 1) * n)
-    c = seq // (2 * cp)
-    first, second = rank, 2 * cp - 1 - rank
-    return torch.cat([torch.arange(first * c, (first + 1) * c), torch.arange(second * c, (second + 1) * c)])
+        return [_chunks(seq, cp, [r]) for r in range(cp)]
+    if balance == "zigzag":
+        return [_chunks(seq, n, [r, n - 1 - r]) for r in range(cp)]
+    pos, c = torch.arange(seq), seq // n
+    docs = [None if doc_ids is None else doc_ids[:, i * c:(i + 1) * c] for i in range(n)]
+    work = [allowed_pairs(pos[i * c:(i + 1) * c], pos, docs[i], doc_ids, causal) for i in range(n)]
+    load, members = [0] * cp, [[] for _ in range(cp)]
+    for i in sorted(range(n), key=lambda i: (-work[i], i)):
+        r = min((r for r in range(cp) if len(members[r]) < n // cp), key=lambda r: (load[r], r))
+        members[r].append(i)
+        load[r] += work[i]
+    return [_chunks(seq, n, sorted(m)) for m in members]
+
+
+def rank_index(seq: int, cp: int, rank: int, balance: str = "zigzag") -> Tensor:
+    """The indices of rank ``rank`` for a layout that does not depend on documents (zigzag, contiguous)."""
+    if balance == "work":
+        raise ParallelLabError("balance='work' depends on the documents of the micro-batch; use rank_indices")
+    return rank_indices(seq, cp, balance)[rank]
 
 
 def allowed_pairs(q_pos: Tensor, k_pos: Tensor, q_doc: Tensor | None = None, k_doc: Tensor | None = None,
@@ -126,8 +155,7 @@ def work_per_rank(seq: int, cp: int, balance: str = "zigzag", doc_ids: Tensor | 
     """
     pos = torch.arange(seq)
     out = []
-    for r in range(cp):
-        idx = rank_index(seq, cp, r, balance)
+    for idx in rank_indices(seq, cp, balance, doc_ids, causal):
         q_doc = None if doc_ids is None else doc_ids[:, idx]
         out.append(allowed_pairs(pos[idx], pos, q_doc, doc_ids, causal))
     return out
@@ -175,13 +203,16 @@ class Tokens:
     tiles: list[Tile]
 
     @classmethod
-    def of(cls, positions: Tensor, doc_ids: Tensor | None, tile: int) -> Tokens:
-        """Tiles: runs of consecutive positions (chunk boundaries cut them), then pieces of ``<= tile``."""
+    def of(cls, positions: Tensor, doc_ids: Tensor | None, tile: int, chunk: int | None = None) -> Tokens:
+        """Tiles of at most ``tile`` tokens that never cross a multiple of ``chunk`` (the load-balancing
+        chunks: two adjacent chunks on one rank stay two tiles, so ranks cut the same tiles) or a jump
+        in the positions."""
         pos = positions.tolist()
         docs = None if doc_ids is None else doc_ids.cpu()
+        chunk = chunk or len(pos)
         tiles, start = [], 0
         for i in range(1, len(pos) + 1):
-            if i == len(pos) or pos[i] != pos[i - 1] + 1 or i - start == tile:
+            if i == len(pos) or pos[i] != pos[i - 1] + 1 or i - start == tile or i % chunk == 0:
                 dmin = dmax = None
                 if docs is not None:
                     dmin = tuple(docs[:, start:i].min(1).values.tolist())
@@ -191,9 +222,9 @@ class Tokens:
         return cls(positions, doc_ids, tiles)
 
     @classmethod
-    def cat(cls, parts: Sequence[Tokens], tile: int) -> Tokens:
+    def cat(cls, parts: Sequence[Tokens], tile: int, chunk: int | None = None) -> Tokens:
         docs = None if parts[0].doc_ids is None else torch.cat([p.doc_ids for p in parts], dim=1)
-        return cls.of(torch.cat([p.positions for p in parts]), docs, tile)
+        return cls.of(torch.cat([p.positions for p in parts]), docs, tile, chunk)
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -263,12 +294,12 @@ class OnlineSoftmax:
         m_old = self.m[:, :, a:z]
         m_new = torch.maximum(m_old, scores.amax(-1))
         ref = m_new.masked_fill(m_new == NEG_INF, 0.0)         # rows with nothing visible yet: avoid inf-inf
-        p = torch.exp(scores - ref[..., None])
+        p = scores.sub_(ref[..., None]).exp_()                  # in place: the caller's scores are scratch
         alpha = torch.exp(m_old - ref)
         b, g, tq, r, tk = p.shape
-        self.l[:, :, a:z] = self.l[:, :, a:z] * alpha + p.sum(-1)
+        self.l[:, :, a:z].mul_(alpha).add_(p.sum(-1))
         pv = torch.matmul(p.view(b, g, tq * r, tk), v.to(p.dtype)).view(b, g, tq, r, -1)
-        self.acc[:, :, a:z] = self.acc[:, :, a:z] * alpha[..., None] + pv
+        self.acc[:, :, a:z].mul_(alpha[..., None]).add_(pv)
         self.m[:, :, a:z] = m_new
 
     def finish(self) -> tuple[Tensor, Tensor]:
@@ -308,7 +339,7 @@ def attend_forward(state: OnlineSoftmax, qg: Tensor, k: Tensor, v: Tensor, q: To
             scores = torch.matmul(q_t, k_t.transpose(-1, -2)).view(b, g, qt.stop - qt.start, r, -1)
             scores = scores.float()
             if mask is not None:
-                scores = scores + mask
+                scores.add_(mask)
             state.update(qt.start, qt.stop, scores, v[:, :, kt.start:kt.stop])
             if stats is not None:
                 stats.tiles_computed += 1
@@ -337,10 +368,10 @@ def attend_backward(qg: Tensor, k: Tensor, v: Tensor, dog: Tensor, lse: Tensor, 
             k_t, v_t = k[:, :, kt.start:kt.stop], v[:, :, kt.start:kt.stop]
             scores = torch.matmul(q_t, k_t.transpose(-1, -2)).view(b, g, z - a, r, -1).float()
             if mask is not None:
-                scores = scores + mask
-            p = torch.exp(scores - lse_t)                                        # (b, g, tq, r, tk)
-            dp = torch.matmul(do_t, v_t.transpose(-1, -2)).view(p.shape)
-            ds = (p * (dp - delta_t)).view(b, g, (z - a) * r, -1)
+                scores.add_(mask)
+            p = scores.sub_(lse_t).exp_()                                        # (b, g, tq, r, tk)
+            dp = torch.matmul(do_t, v_t.transpose(-1, -2)).view(p.shape).float()
+            ds = dp.sub_(delta_t).mul_(p).view(b, g, (z - a) * r, -1)          # P * (dP - delta)
             p = p.view(ds.shape)
             dv[:, :, kt.start:kt.stop] += torch.matmul(p.transpose(-1, -2), do_t.float())
             dk[:, :, kt.start:kt.stop] += torch.matmul(ds.transpose(-1, -2), q_t.float())
@@ -410,9 +441,12 @@ class CPGroup:
                                              group=self.group)
 
     def wait(self, works: Sequence[TracedWork], phase: str) -> None:
+        """Wait for the transfers (each once: waiting twice on a gloo receive blocks until the next one)."""
         t0 = time.perf_counter()
         for w in works:
-            w.wait()
+            if not getattr(w, "waited", False):
+                w.wait()
+                w.waited = True
         self.stats.wait_s[phase] += time.perf_counter() - t0
 
     def timed(self, phase: str) -> _Timer:
@@ -663,31 +697,41 @@ class ContextParallel:
         if balance not in BALANCES:
             raise ParallelLabError(f"balance={balance!r}; pick one of {', '.join(BALANCES)}")
         self.kind, self.grp, self.balance, self.tile = kind, grp, balance, tile
-        self._full: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self.n_chunks = 2 * grp.size * (WORK_PIECES if balance == "work" else 1)
+        self._full: dict[int, tuple[Tensor, Tensor | None, list[Tensor]]] = {}
 
-    def index(self, seq: int, rank: int | None = None) -> Tensor:
-        return rank_index(seq, self.grp.size, self.grp.index if rank is None else rank, self.balance)
+    def indices(self, seq: int, doc_ids: Tensor | None = None, causal: bool = True) -> list[Tensor]:
+        """Every rank's token indices (:func:`rank_indices`; ``work`` balance uses the documents)."""
+        docs = None if doc_ids is None else doc_ids.cpu()
+        return rank_indices(seq, self.grp.size, self.balance, docs, causal)
 
-    def _remember(self, local_positions: Tensor, positions: Tensor, doc_ids: Tensor | None) -> None:
-        key = id(local_positions)
-        self._full[key] = (positions, doc_ids)
-        weakref.finalize(local_positions, self._full.pop, key, None)
+    def index(self, seq: int, doc_ids: Tensor | None = None, causal: bool = True) -> Tensor:
+        """This rank's token indices."""
+        return self.indices(seq, doc_ids, causal)[self.grp.index]
+
+    def _cut(self, positions: Tensor, doc_ids: Tensor | None, causal: bool) -> tuple[Tensor, Tensor | None]:
+        """This rank's positions and documents; remembers the full ones and every rank's indices for the
+        core, under the local positions tensor (forgotten when it is freed)."""
+        every = [i.to(positions.device) for i in self.indices(len(positions), doc_ids, causal)]
+        idx = every[self.grp.index]
+        local_pos = positions[idx]
+        key = id(local_pos)
+        self._full[key] = (positions, doc_ids, every)
+        weakref.finalize(local_pos, self._full.pop, key, None)
+        return local_pos, None if doc_ids is None else doc_ids[:, idx]
 
     def shard_micro(self, batch: Batch) -> Batch:
-        """This rank's chunks of every sequence of the micro-batch, with their positions and documents."""
-        idx = self.index(batch.tokens.shape[1]).to(batch.tokens.device)
-        docs = None if batch.doc_ids is None else batch.doc_ids[:, idx]
-        local = Batch(batch.tokens[:, idx], batch.targets[:, idx], batch.positions[idx], docs)
-        self._remember(local.positions, batch.positions, batch.doc_ids)
-        return local
+        """This rank's chunks of every sequence of the micro-batch, with their positions and documents
+        (the model's attention is causal)."""
+        pos, docs = self._cut(batch.positions, batch.doc_ids, causal=True)
+        idx = self._full[id(pos)][2][self.grp.index]
+        return Batch(batch.tokens[:, idx], batch.targets[:, idx], pos, docs)
 
     def local_context(self, positions: Tensor, doc_ids: Tensor | None = None,
                       causal: bool = True) -> AttnContext:
         """The attention context of this rank for a full sequence (tests and benchmarks use it)."""
-        idx = self.index(len(positions)).to(positions.device)
-        ctx = make_context(positions[idx], None if doc_ids is None else doc_ids[:, idx], causal)
-        self._remember(ctx.positions, positions, doc_ids)
-        return ctx
+        pos, docs = self._cut(positions, doc_ids, causal)
+        return make_context(pos, docs, causal)
 
     def view(self, ctx: AttnContext) -> SeqView:
         """The tokens of the queries and of every rank's block, built once per forward (``ctx.cache``)."""
@@ -698,12 +742,11 @@ class ContextParallel:
                 raise ParallelLabError(
                     "the context-parallel attention core got positions that ContextParallel.shard_micro did "
                     "not cut; pass micro-batches through rt.shard_micro (or ContextParallel.local_context)")
-            pos, docs = full
-            blocks = []
-            for j in range(self.grp.size):
-                idx = self.index(len(pos), j).to(pos.device)
-                blocks.append(Tokens.of(pos[idx], None if docs is None else docs[:, idx], self.tile))
-            ctx.cache[key] = SeqView(blocks[self.grp.index], blocks, Tokens.cat(blocks, self.tile))
+            pos, docs, every = full
+            chunk = len(pos) // self.n_chunks
+            blocks = [Tokens.of(pos[idx], None if docs is None else docs[:, idx], self.tile, chunk)
+                      for idx in every]
+            ctx.cache[key] = SeqView(blocks[self.grp.index], blocks, Tokens.cat(blocks, self.tile, chunk))
         return ctx.cache[key]
 
 
