@@ -713,6 +713,8 @@ class PlannerExplorer(Explorer):
         self._search_key: Any = None
         self._search: Any = None
         self._shown: dict[int, dict[str, Any]] = {}      # plan index -> its pictures' inputs
+        self._schedules: dict[tuple, Any] = {}            # (schedule, p, m, v, b) -> simulated timeline
+        self._drawn_timeline: Any = None                  # (simulation, title, axes) on the figure now
         self._empty_search: Any = None
         self.path = W.Text(value=path, description="plan file", style=DESC, layout=W.Layout(width="520px"))
         self.phase = W.Text(value="", placeholder="pretrain-4k", description="phase", style=DESC,
@@ -750,6 +752,7 @@ class PlannerExplorer(Explorer):
         if key != self._search_key:
             self._search = None                         # free the old result before the new search
             self._shown.clear()
+            self._schedules.clear()
             self._search = planner.plan_search(model, cluster, v["gpus"], v["seq"],
                                                global_batch_tokens=v["batch_tokens"])
             self._search_key = key
@@ -762,9 +765,15 @@ class PlannerExplorer(Explorer):
             model, cluster, plan = res.model, res.cluster, res.estimates[idx].plan
             sim = None
             if plan.pp > 1 and plan.pp * plan.microbatches * plan.interleave <= MAX_DRAWN_ACTIONS:
-                sim = simulate_mod.simulate(
-                    schedules_mod.build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave),
-                    simulate_mod.Costs(f=1.0, b=2.0 if plan.recompute == "full" else 1.0, w=1.0))
+                # plans that differ only in tp, cp, dp or ZeRO share their schedule: simulate it once
+                b = 2.0 if plan.recompute == "full" else 1.0
+                key = (plan.schedule, plan.pp, plan.microbatches, plan.interleave, b)
+                if key not in self._schedules:
+                    actions = schedules_mod.build_schedule(plan.schedule, plan.pp, plan.microbatches,
+                                                           plan.interleave)
+                    costs = simulate_mod.Costs(f=1.0, b=b, w=1.0)
+                    self._schedules[key] = simulate_mod.simulate(actions, costs)
+                sim = self._schedules[key]
             rep = comm_mod.report(model, plan, cluster)
             self._shown[idx] = {"ledger": ledger_mod.memory(model, plan, cluster), "report": rep, "sim": sim,
                                 "comm": {"per_step_bytes": rep.per_step_bytes,
@@ -808,6 +817,7 @@ class PlannerExplorer(Explorer):
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
         est, plan = r["estimate"], r["plan"]
         P.draw_memory(axes[0], r["ledger"], ["per GPU"], title=f"plan #{r['index'] + 1}: memory")
+        P.dynamic_title(axes[0])                        # the plan number changes with every choice
         P.category_legend(self.figure, [c for c in P.CATEGORIES if c in r["ledger"].per_gpu_bytes])
         if r["report"].per_step_bytes:
             P.draw_comm_bytes(axes[1], r["comm"], title="bytes sent per GPU per step")
@@ -815,13 +825,17 @@ class PlannerExplorer(Explorer):
             P.draw_message(axes[1], "no communication")
         if plan.pp > 1:
             if r["sim"] is not None:
-                P.draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
-                                title=f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}"
-                                      + (f", v={plan.interleave}" if plan.interleave > 1 else "")
-                                      + f"; bubble {est.bubble_ratio:.1%}")
+                title = (f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}"
+                         + (f", v={plan.interleave}" if plan.interleave > 1 else "")
+                         + f"; bubble {est.bubble_ratio:.1%}")
+                if self._drawn_timeline != (r["sim"], title, axes[2]):     # plans often share a schedule
+                    P.draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
+                                    title=title)
+                    self._drawn_timeline = (r["sim"], title, axes[2])
             else:
                 P.draw_message(axes[2], f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}: too many "
                                         f"actions to draw; bubble {est.bubble_ratio:.1%}")
+                self._drawn_timeline = None
 
     def describe(self, r: dict[str, Any]) -> str:
         res, est, plan = r["result"], r["estimate"], r["plan"]

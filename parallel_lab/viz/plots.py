@@ -165,8 +165,7 @@ def reset_axes(ax: Axes) -> None:
     """Empty ``ax`` for a new chart, keeping its tick objects: several times cheaper than ``ax.clear()``.
 
     Removes every artist and the legend, forgets the data limits and the retained chart, and restores
-    what the ``draw_*`` functions change (titles, labels, linear scales, automatic limits and ticks,
-    tick-label weight).
+    what the ``draw_*`` functions change (titles, labels, linear scales, automatic limits and ticks).
     """
     for group in (ax.patches, ax.texts, ax.lines, ax.collections, ax.images, ax.artists):
         for artist in list(group):
@@ -183,8 +182,6 @@ def reset_axes(ax: Axes) -> None:
             (ax.set_xscale if axis is ax.xaxis else ax.set_yscale)("linear")
         axis.set_major_locator(AutoLocator())
         axis.set_major_formatter(ScalarFormatter())
-        for label in axis.get_ticklabels():
-            label.set_fontweight("normal")
     ax.set_title("")
     ax.set_xlabel("")
     ax.set_ylabel("")
@@ -253,6 +250,14 @@ def chart_on(ax: Axes, kind: str, shape: Any) -> tuple[Chart, bool]:
     chart = Chart(kind, shape)
     setattr(ax, CHART_ATTR, chart)
     return chart, False
+
+
+def dynamic_title(ax: Axes) -> None:
+    """Redraw the title of the chart on ``ax`` with every frame (for a title that changes with every
+    update, e.g. a number), instead of treating it as part of the cached background."""
+    chart = getattr(ax, CHART_ATTR, None)
+    if chart is not None and ax.title not in chart.dynamic:
+        chart.dynamic.append(ax.title)
 
 
 def _bars(ax: Axes, xs: Sequence[float], width: float, *, horizontal: bool = False, label: str | None = None,
