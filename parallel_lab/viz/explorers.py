@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import html
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,6 +66,7 @@ GB = P.GB
 DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 CUSTOM = "custom"
+LAYOUTS_KEPT = 3              # figures kept for recent layouts (e.g. the planner with and without pp)
 DESC = {"description_width": "112px"}
 COL = W.Layout(width="320px")
 ROW_ITEM = W.Layout(width="310px")
@@ -160,6 +162,7 @@ class Explorer(W.VBox):
         self._hold = False
         self._axes: list[Axes] = []
         self._axes_key: Any = object()
+        self._layouts: OrderedDict[Any, tuple[Figure, Frames, list[Axes]]] = OrderedDict()
         panel = W.HBox([W.VBox(list(col), layout=COL) for col in columns],
                        layout=W.Layout(flex_flow="row wrap"))
         super().__init__([panel, self.status, self.image, *extra])
@@ -216,13 +219,23 @@ class Explorer(W.VBox):
         self.last_redraw_s = time.perf_counter() - t0
 
     def axes_for(self, result: Any) -> list[Axes]:
-        """The figure's axes, rebuilt only when ``layout_key(result)`` changes; otherwise the same axes,
-        whose charts the ``draw_*`` functions update in place."""
+        """The axes for ``layout_key(result)``: the same axes while the key stays (the ``draw_*`` functions
+        update their charts in place), else those of the figure kept for that key (the last
+        ``LAYOUTS_KEPT`` layouts keep their figure, charts and cached frames), else a new figure."""
         key = self.layout_key(result)
         if key != self._axes_key:
-            self.figure.clear()
-            self.frames.invalidate()
-            self._axes = list(self.make_axes(self.figure, result))
+            layout = self._layouts.pop(key, None)
+            if layout is None:
+                if not self._layouts and not self.figure.axes:
+                    figure, frames = self.figure, self.frames          # the first layout: the figure made
+                else:
+                    figure = P.new_figure(self.figsize)
+                    frames = Frames(figure)
+                layout = (figure, frames, list(self.make_axes(figure, result)))
+            self._layouts[key] = layout                                # most recent last
+            while len(self._layouts) > LAYOUTS_KEPT:
+                self._layouts.popitem(last=False)
+            self.figure, self.frames, self._axes = layout
             self._axes_key = key
         return self._axes
 

@@ -196,18 +196,21 @@ class Frames:
     The background is kept in pieces: the figure without its axes (legends, suptitle), and one *tile* per
     axes (the axes' static part over that, cropped to the axes' tight box), each under its key
     (:func:`figure_key`, :func:`axes_key`). A change of one axes' limits or title thus redraws that axes
-    only. The last ``keep`` tiles per axes are kept. If two axes' tiles overlap (a crowded layout), frames
-    fall back to one background for the whole figure, still cached by key.
+    only. The last ``keep`` tiles per axes and ``keep_bases`` figure backgrounds are kept (a background is
+    ``4 * width * height`` bytes, 1.5 MB at 960 x 390; a tile a part of it). If two axes' tiles overlap (a
+    crowded layout), frames fall back to one background for the whole figure, still cached by key.
 
     Gives the figure a :class:`StampCanvas`. :meth:`render` returns the figure as it is now;
     ``full_draws`` counts frames that drew some background, ``blits`` frames made from cached pieces
     only; ``last_full`` says which the last one was. Call :meth:`invalidate` after rebuilding the axes.
     """
 
-    def __init__(self, figure: Figure, *, keep: int = 8, compress_level: int = 1) -> None:
+    def __init__(self, figure: Figure, *, keep: int = 6, keep_bases: int = 2,
+                 compress_level: int = 1) -> None:
         StampCanvas(figure)
         self.figure = figure
         self.keep = keep
+        self.keep_bases = keep_bases
         self.compress_level = compress_level
         self.tiled = True
         self._pieces: OrderedDict[tuple, tuple[Any, Rect]] = OrderedDict()
@@ -244,9 +247,11 @@ class Frames:
             self.figure.canvas.restore_region(piece[0])
             return piece, False
         piece = self._pieces[key] = draw()
-        limit = self.keep * (len(self.figure.axes) + 1)
-        while len(self._pieces) > limit:
-            self._pieces.popitem(last=False)
+        kind = key[0]                                    # "base", "axes" or "whole"
+        limit = self.keep * len(self.figure.axes) if kind == "axes" else self.keep_bases
+        same = [k for k in self._pieces if k[0] == kind]
+        for k in same[: max(0, len(same) - limit)]:      # the least recently used first
+            del self._pieces[k]
         return piece, True
 
     def _tiles(self, dynamic: dict[Axes, list[Artist]], ids: set[int]) -> bool:

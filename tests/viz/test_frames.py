@@ -37,7 +37,7 @@ CHANGES = {
     "pipeline": (lambda: PipelineExplorer(schedule="1f1b", stages=4, microbatches=8),
                  [("microbatches", 9), ("microbatches", 16), ("schedule", "zb-h1"), ("microbatches", 8),
                   ("schedule", "interleaved"), ("stages", 2), ("schedule", "gpipe"), ("b", 2.0),
-                  ("microbatches", 40)]),
+                  ("microbatches", 40), ("stages", 4), ("schedule", "1f1b")]),
 }
 
 
@@ -58,6 +58,16 @@ def test_planner_frames_while_choosing_plans():
     for k in (2, 3, 1, 4, 2):
         ex.widgets["chosen"].value = k
         check_frame_is_a_full_draw(ex)
+
+
+def test_a_layout_seen_before_keeps_its_figure():
+    ex = PipelineExplorer(schedule="1f1b", stages=4, microbatches=8)
+    four = ex.figure
+    ex.widgets["stages"].value = 2                        # two rows: another layout, another figure
+    assert ex.figure is not four and len(ex.figure.axes[0].get_yticks()) == 2
+    ex.widgets["stages"].value = 4
+    assert ex.figure is four and ex.timings["full"] == 0.0   # its charts and frames were kept
+    check_frame_is_a_full_draw(ex)
 
 
 def test_a_change_within_the_axes_is_blitted():
