@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from parallel_lab.dist.context_parallel import (
+    DEFAULT_TILE,
     ContextParallel,
     ContextParallelAttention,
     CPGroup,
@@ -41,6 +42,7 @@ from parallel_lab.specs import ModelSpec, Plan
 
 SPEC = ModelSpec.preset("tiny-llama")
 SEQ, ROUNDS, WARMUP = 8192, 3, 1
+TILE = DEFAULT_TILE
 CEILING = "2 ranks, half the heads each, no communication"
 
 
@@ -61,11 +63,11 @@ def _bench_rank(grid: Grid) -> dict:
     pos = torch.arange(SEQ)
     tracer = CommTracer(grid.rank, grid.groups_by_dim(), enabled=False)
     one = CPGroup(tracer, [grid.rank], 0, None)                      # the reference: a ring of one rank
-    ref = ContextParallel("ring", one)
+    ref = ContextParallel("ring", one, tile=TILE)
     groups = {kind: CPGroup(tracer, grid.ranks["cp"], grid.cp_rank, grid.groups["cp"]) for kind in
               ("ring", "allgather", "ulysses", "ring, no overlap")}
     groups["ring, no overlap"].overlap = False
-    cps = {kind: ContextParallel(kind.split(",")[0], grp) for kind, grp in groups.items()}
+    cps = {kind: ContextParallel(kind.split(",")[0], grp, tile=TILE) for kind, grp in groups.items()}
     times: dict[str, list[float]] = {k: [] for k in ("1 rank", "torch sdpa, 1 rank", CEILING, *cps)}
     half = slice(grid.rank * SPEC.heads // 2, (grid.rank + 1) * SPEC.heads // 2)   # half the heads
     half_kv = slice(grid.rank * SPEC.kv_heads // 2, (grid.rank + 1) * SPEC.kv_heads // 2)

@@ -76,7 +76,7 @@ from parallel_lab.specs import CP_KINDS, ParallelLabError
 
 NEG_INF = float("-inf")
 #: Largest tile (tokens) of the blockwise kernel; tiles never cross a chunk boundary.
-DEFAULT_TILE = 512
+DEFAULT_TILE = 256
 BALANCES = ("zigzag", "contiguous", "work")
 #: ``balance="work"`` deals ``2 * cp * WORK_PIECES`` chunks by attention work.
 WORK_PIECES = 2

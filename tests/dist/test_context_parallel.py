@@ -207,8 +207,10 @@ def test_training_dp2_cp2_gpt_syncs_gradients_over_dp_x_cp():
     assert dp_calls == {4}
 
 
-def test_run_report_for_cp2():
-    plan = Plan(cp=2, cp_kind="ulysses", **{**RUN_DEFAULTS, "seq": 64, "micro_batch": 2})
+@pytest.mark.parametrize("kind,recompute", [("ulysses", "none"), ("ring", "selective")])
+def test_run_report_for_cp2(kind, recompute):
+    # selective recomputation reruns the attention core, and with it the core's communication
+    plan = Plan(cp=2, cp_kind=kind, recompute=recompute, **{**RUN_DEFAULTS, "seq": 64, "micro_batch": 2})
     j = run(LLAMA.with_(layers=2), plan, steps=2).to_json()
     assert j["comm"]["cp"]["measured_bytes"] == j["comm"]["cp"]["predicted_bytes"] > 0
     assert j["memory"]["activations"]["measured_bytes"] == j["memory"]["activations"]["predicted_bytes"]
