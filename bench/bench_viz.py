@@ -2,10 +2,13 @@
 
 Each explorer gets 50 value changes, set the way the browser sets them (``widget.value = x``, which fires
 the change event and runs the whole refresh synchronously: the analytic core, the matplotlib artists, the
-Agg render and the PNG handed to the Image widget). Printed per explorer: median and p95 wall time, the
-median split into compute / artists / render, and the median CPU time of the process (less sensitive to
-other work on the machine). Goal: p95 under 50 ms. The browser's own work (sending the PNG over the
-websocket, decoding it) comes on top and is not measured here.
+Agg frame and the PNG handed to the Image widget). Printed per explorer: median and p95 wall time, median
+and p95 CPU time of the process (less sensitive to other work on the machine), ``full``: how many of the
+changes drew some background (axes, ticks, legends) instead of only the artists that move
+(``viz.frames.Frames``), and the median split into compute / artists / render. The explorers are fresh,
+so the first visit of each setting is in the sample. "new search": every change runs a planner search
+(the explorer keeps the current search only). Goal: p95 under 50 ms. The browser's own work (sending the
+PNG over the websocket, decoding it) comes on top and is not measured here.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib
 import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
@@ -108,14 +107,6 @@ def to_png(fig: Figure) -> bytes:
     """Render ``fig`` to PNG bytes (the whole figure, as ``savefig`` draws it)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=fig.dpi, pil_kwargs={"compress_level": 1})
-    return buf.getvalue()
-
-
-def to_svg(fig: Figure) -> bytes:
-    """Render ``fig`` to SVG bytes with text kept as text (the browser draws the glyphs), deterministic."""
-    buf = io.BytesIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "parallel_lab"}):
-        fig.savefig(buf, format="svg", metadata={"Date": None})
     return buf.getvalue()
 
 
