@@ -6,17 +6,23 @@ bars and numbers, so :class:`Frames` does the classic animation trick (blitting)
 
 1. the charts of :mod:`parallel_lab.viz.plots` say which of their artists an update moves
    (``Chart.dynamic``: bars, value labels, timeline boxes);
-2. the rest of the figure (the *background*: axes, ticks, titles, legends) is drawn once and kept, under a
-   key of what it shows (:func:`static_key`: limits, tick labels, texts, legends...); the last few
-   backgrounds are kept, so going back to an earlier setting costs no full draw either;
+2. the rest (the *background*: axes, ticks, titles, legends) is drawn once and kept in pieces, the figure
+   without its axes and one tile per axes, each under a key of what it shows (:func:`figure_key`,
+   :func:`axes_key`: limits, tick locator and labels, texts, legends...). A change of one axes' limits
+   redraws that tile only, and the last few tiles per axes are kept, so going back to an earlier
+   setting costs no background drawing at all;
 3. a frame is the background with the dynamic artists drawn over it in z-order, encoded as PNG.
 
-A full draw and a blitted frame are made the same way (background, then dynamic artists), so they are
-the same picture pixel for pixel; ``tests/viz/test_frames.py`` checks that after a series of changes.
+A frame with fresh pieces and one with cached pieces are made the same way, so they are the same picture
+pixel for pixel; ``tests/viz/test_frames.py`` checks that after series of changes, and that the frames
+match matplotlib's own drawing of the figure. The keys see what the charts change between updates; an
+artist changed in place outside that (say, a static text's alignment) needs a new chart or
+:meth:`Frames.invalidate`. A static artist must not lie over a dynamic one of lower z-order (the
+dynamic one would be drawn over it): the charts keep legends out of the way of what they redraw.
 
 Text that is drawn again looks the same, so :class:`TextStampRenderer` renders each distinct text (string,
 font, size, colour, angle) once and stamps its pixels afterwards, at whole-pixel positions (at most half
-a pixel from where Agg would put it): a full draw then costs about half as much.
+a pixel from where Agg would put it): drawing a background then costs about half as much.
 """
 
 from __future__ import annotations
@@ -74,7 +80,9 @@ class TextStampRenderer(RendererAgg):
                prop.get_stretch(), prop.get_size_in_points(), prop.get_file(), angle, self.dpi,
                tuple(gc.get_rgb()), gc.get_alpha(), gc.get_antialiased())
         stamp = self.stamps.get(key)
-        if stamp is None:
+        if stamp is not None:
+            self.stamps.move_to_end(key)                 # least recently used texts go first
+        else:
             stamp = self.stamps[key] = self._render_stamp(gc, s, prop, angle, mtext)
             while len(self.stamps) > TEXT_STAMPS:
                 self.stamps.popitem(last=False)
@@ -128,7 +136,7 @@ class StampCanvas(FigureCanvasAgg):
 # --------------------------------------------------------------------------------------------------
 
 def _artist_key(a: Artist) -> Any:
-    """What a static artist shows, for :func:`static_key` (identity plus the properties our charts set)."""
+    """What a static artist shows, for :func:`axes_key` (identity plus the properties the charts set)."""
     if isinstance(a, Axis):                             # ticks follow from limits, locator and formatter
         loc, fmt = a.get_major_locator(), a.get_major_formatter()
         func = getattr(fmt, "func", None)

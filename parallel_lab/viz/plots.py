@@ -9,10 +9,11 @@ Each ``*_figure`` function has a ``draw_*`` twin that draws into a given ``Axes`
 are *updaters*: called again on the same ``Axes`` with data of the same shape (the same categories, the
 same dimensions, the same ranks), they move the artists they made last time (``set_height``, ``set_y``,
 ``set_text``) instead of building new ones; data of another shape empties the ``Axes`` and builds afresh.
-Their axis ranges come from a short ladder of round numbers (:func:`nice_ceil`), so the axes, ticks and
-labels stay put while the data move within a step of it. :class:`parallel_lab.viz.frames.Frames` uses
-both: it redraws only the artists a ``draw_*`` function marks as changing (``Chart.dynamic``) over a
-cached picture of the rest (blitting), which is what makes the explorers' redraws cheap.
+Their axis ranges come from a short ladder of round numbers (:func:`nice_ceil`) and stay where they are
+while the data still fit (:func:`sticky_ceil`), so the axes, ticks and labels rarely move.
+:class:`parallel_lab.viz.frames.Frames` uses both: it redraws only the artists a ``draw_*`` function
+marks as changing (``Chart.dynamic``) over a cached picture of the rest (blitting), which is what makes
+the explorers' redraws cheap.
 
 Units: GB means 10**9 bytes (as in ``docs/conventions.md``), times are seconds or milliseconds as labelled.
 """
@@ -212,7 +213,7 @@ def per_gpu_gb(ledger: Any) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------------------------------
-# retained charts and blitted frames
+# retained charts
 # --------------------------------------------------------------------------------------------------
 
 class Chart:
@@ -220,7 +221,7 @@ class Chart:
     for, its artists by name (``parts``) and the artists an update moves (``dynamic``), so that the next
     call with data of the same shape updates them in place. ``frames.Frames`` draws the dynamic artists
     over a cached picture of everything else, so whatever an update changes must be in ``dynamic`` or be
-    seen by ``frames.static_key`` (limits, ticks, titles, labels, legends, static texts and lines)."""
+    seen by ``frames.axes_key`` (limits, ticks, titles, labels, legends, static texts and lines)."""
 
     __slots__ = ("kind", "shape", "parts", "dynamic")
 
