@@ -125,12 +125,12 @@ def main() -> None:
     for kind in ("ring", "allgather", "ulysses", "ring, no overlap"):
         print(f"{'2 ranks, ' + kind:<44} {med[kind]:8.3f} s   speed-up {base / med[kind]:.2f}x "
               f"({base / med[kind] / ceiling:.0%} of the ceiling)")
-    print("\nring overlap, per rank and round (seconds): computing / blocked waiting for a transfer")
+    print("\nring overlap, per rank and round: seconds computing / seconds blocked waiting for a transfer")
     for kind in ("ring", "ring, no overlap"):
         for r, res in enumerate(results):
             comp, wait = res["stats"][kind]
             f, b = (f"{comp[p] / ROUNDS:.3f} / {wait[p] / ROUNDS:.4f}" for p in ("forward", "backward"))
-            print(f"  {kind:<17} rank {r}: forward {f}   backward {b}")
+            print(f"  {kind:<17} rank {r}: forward {f};  backward {b}")
     work = work_per_rank(SEQ, 2, "zigzag")
     print(f"\nwork per rank (allowed query/key pairs): zigzag {work}, contiguous "
           f"{work_per_rank(SEQ, 2, 'contiguous')}; ring kernel computed pairs per rank "
