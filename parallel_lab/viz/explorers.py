@@ -151,7 +151,8 @@ class Explorer(W.VBox):
         self.widgets: dict[str, W.ValueWidget] = controls
         self.status = W.HTML(layout=W.Layout(min_height="44px"))
         self.figure = P.new_figure(self.figsize)
-        self.frames = Frames(self.figure)
+        self._stamps: OrderedDict[Any, Any] = OrderedDict()      # texts rendered once, for all layouts
+        self.frames = Frames(self.figure, stamps=self._stamps)
         width = f"{int(self.figsize[0] * P.DPI)}px"
         self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width=width))
         self.result: Any = None
@@ -230,7 +231,7 @@ class Explorer(W.VBox):
                     figure, frames = self.figure, self.frames          # the first layout: the figure made
                 else:
                     figure = P.new_figure(self.figsize)
-                    frames = Frames(figure)
+                    frames = Frames(figure, stamps=self._stamps)
                 layout = (figure, frames, list(self.make_axes(figure, result)))
             self._layouts[key] = layout                                # most recent last
             while len(self._layouts) > LAYOUTS_KEPT:

@@ -118,15 +118,18 @@ class TextStampRenderer(RendererAgg):
 
 
 class StampCanvas(FigureCanvasAgg):
-    """An Agg canvas whose renderer is a :class:`TextStampRenderer` (texts kept across renderers)."""
+    """An Agg canvas whose renderer is a :class:`TextStampRenderer`; ``stamps`` (the rendered texts) may be
+    shared by several canvases, e.g. the figures of one explorer."""
+
+    def __init__(self, figure: Figure, stamps: OrderedDict[Any, Any] | None = None) -> None:
+        super().__init__(figure)
+        self.stamps: OrderedDict[Any, Any] = OrderedDict() if stamps is None else stamps
 
     def get_renderer(self) -> RendererAgg:
         w, h = self.get_width_height(physical=True)
         key = (w, h, self.figure.dpi)
         if getattr(self, "_stamp_key", None) != key:
-            if not hasattr(self, "_stamps"):
-                self._stamps: OrderedDict[Any, Any] = OrderedDict()
-            self.renderer = TextStampRenderer(w, h, self.figure.dpi, self._stamps)
+            self.renderer = TextStampRenderer(w, h, self.figure.dpi, self.stamps)
             self._stamp_key = key
         return self.renderer
 
@@ -208,14 +211,15 @@ class Frames:
     ``4 * width * height`` bytes, 1.5 MB at 960 x 390; a tile a part of it). If two axes' tiles overlap (a
     crowded layout), frames fall back to one background for the whole figure, still cached by key.
 
-    Gives the figure a :class:`StampCanvas`. :meth:`render` returns the figure as it is now;
+    Gives the figure a :class:`StampCanvas` (with the rendered texts ``stamps``, if given: figures that
+    show the same labels can share them). :meth:`render` returns the figure as it is now;
     ``full_draws`` counts frames that drew some background, ``blits`` frames made from cached pieces
     only; ``last_full`` says which the last one was. Call :meth:`invalidate` after rebuilding the axes.
     """
 
-    def __init__(self, figure: Figure, *, keep: int = 6, keep_bases: int = 2,
-                 compress_level: int = 1) -> None:
-        StampCanvas(figure)
+    def __init__(self, figure: Figure, *, keep: int = 6, keep_bases: int = 2, compress_level: int = 1,
+                 stamps: OrderedDict[Any, Any] | None = None) -> None:
+        StampCanvas(figure, stamps)
         self.figure = figure
         self.keep = keep
         self.keep_bases = keep_bases
