@@ -6,9 +6,11 @@ Agg frame and the PNG handed to the Image widget). Printed per explorer: median 
 and p95 CPU time of the process (less sensitive to other work on the machine), ``full``: how many of the
 changes drew some background (axes, ticks, legends) instead of only the artists that move
 (``viz.frames.Frames``), and the median split into compute / artists / render. The explorers are fresh,
-so the first visit of each setting is in the sample. "new search": every change runs a planner search
-(the explorer keeps the current search only). Goal: p95 under 50 ms. The browser's own work (sending the
-PNG over the websocket, decoding it) comes on top and is not measured here.
+so the first visit of each setting is in the sample. "second view" and "stages" change the charts'
+structure (another chart on an axes; another figure for each number of stages, the last 3 kept).
+"new search": every change runs a planner search (the explorer keeps the current search only).
+Goal: p95 under 50 ms. The browser's own work (sending the PNG over the websocket, decoding it) comes on
+top and is not measured here.
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ def cases() -> list[tuple[str, Callable[[], Any], list[tuple[str, Any]]]]:
         ("PipelineExplorer", lambda: PipelineExplorer(schedule="1f1b", stages=4, microbatches=8),
          _cycle([("microbatches", m) for m in (9, 10, 11, 12, 13, 14, 15, 16, 8)]
                 + [("schedule", "zb-h1"), ("schedule", "gpipe"), ("schedule", "1f1b")])),
+        ("MemoryExplorer (second view)", lambda: MemoryExplorer(),
+         _cycle([("sweep", w) for w in ("sequence", "dp", "ZeRO stage")])),
+        ("PipelineExplorer (stages 2..8)", lambda: PipelineExplorer(stages=4, microbatches=8),
+         _cycle([("stages", p) for p in (5, 6, 7, 8, 2, 3, 4)])),
         ("PlannerExplorer (show plan #k)", lambda: PlannerExplorer(),
          _cycle([("chosen", k) for k in (2, 3, 4, 5, 6, 7, 8, 1)])),
         ("PlannerExplorer (new search)", lambda: PlannerExplorer(),
