@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .schedules import peak_activation_units
+from .schedules import head_inflight, peak_activation_units
 from .specs import (
     ClusterSpec,
     ModelSpec,
@@ -325,11 +325,12 @@ def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") 
     """The head's logits and what cross-entropy keeps, on the last stage.
 
     Per micro-batch: the logits in the compute dtype plus the fp32 log-probabilities that cross-entropy
-    saves for backward, both vocabulary-parallel: ``(s/cp) b ceil(V/tp) (d + 4)``. GPipe (p > 1) keeps
-    them for all ``m`` micro-batches (every forward runs before the first backward), other schedules for one.
+    saves for backward, both vocabulary-parallel: ``(s/cp) b ceil(V/tp) (d + 4)``, times the micro-batches
+    the last stage keeps at once (``schedules.head_inflight``: GPipe ``m``, ZB-H1 ``min(p, m)`` until the
+    delayed W, 1F1B and interleaved 1).
     """
     model.require_shape("logits memory")
-    kept = plan.microbatches if plan.schedule == "gpipe" and plan.pp > 1 else 1
+    kept = head_inflight(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
     if formula == "per-op":
         return float(sum(e["bytes"] for e in _per_op(model, plan)["head"])) * kept
     vocab_local = math.ceil(model.vocab / plan.tp)

@@ -65,7 +65,7 @@ from typing import Any
 from . import comm as comm_mod
 from . import ledger
 from .flops import flops_per_token, matmul_params, step_flops
-from .schedules import peak_activation_units
+from .schedules import head_inflight, peak_activation_units
 from .simulate import Costs, bubble_formula
 from .specs import (
     CP_KINDS,
@@ -601,7 +601,7 @@ class _Fast:
                * self.fl.n_layers(p.pp, p.interleave, stage) * inflight)
         logits = 0.0
         if stage == p.pp - 1:
-            kept = p.microbatches if p.schedule == "gpipe" and p.pp > 1 else 1
+            kept = head_inflight(p.schedule, p.pp, p.microbatches, p.interleave)
             logits = self.logits_per_mb(p.tp, p.cp, p.micro_batch) * kept
         return state + act + logits + buf + self.act_buffers(p.tp, p.sp, p.cp, p.micro_batch, p.pp, p.cp_kind)
 
@@ -876,7 +876,7 @@ class _Search:
         timed_v: dict[int, list[tuple[_StageTimes, tuple[float, float, float, float]]]] = {}
         for (sched, v), layers_x_inflight in scheds.items():
             act = [apl * n + abuf for n in layers_x_inflight]
-            act[-1] += lpm * (m if sched == "gpipe" and pp > 1 else 1)        # the last stage's logits
+            act[-1] += lpm * head_inflight(sched, pp, m, v)                  # the last stage's logits
             bubble = _bubble(sched, pp, m, v, recompute)
             variant = None
             for zero in fam.zeros:

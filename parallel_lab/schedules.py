@@ -422,6 +422,25 @@ def peak_inflight(name: str, p: int, m: int, v: int = 1, stage: int = 0) -> int:
     raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULES)}")
 
 
+def head_inflight(name: str, p: int, m: int, v: int = 1) -> int:
+    """Micro-batches whose head (logits and loss) the last pipeline rank keeps alive at once.
+
+    The head lives in the last chunk of the last rank. GPipe runs every forward before any backward, so
+    it keeps ``m``; ZB-H1 keeps a micro-batch's graph until its delayed W, ``min(p, m)``; 1F1B and
+    interleaved 1F1B run each last-chunk forward straight into its backward: 1. Without a pipeline: 1.
+    Checked against the action lists (:func:`inflight_trace` of the last chunk) in tests/test_schedules.py.
+    """
+    if p == 1:
+        return 1
+    if name == "gpipe":
+        return m
+    if name == "zb-h1":
+        return min(p, m)
+    if name in ("1f1b", "interleaved"):
+        return 1
+    raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULES)}")
+
+
 def peak_activation_units(name: str, p: int, m: int, v: int = 1, stage: int = 0) -> float:
     """Peak activation memory of pipeline rank ``stage`` in units of one micro-batch's activations of the
     whole stage (all its ``v`` chunks): ``peak_inflight / v``, each chunk holding ``1/v`` of the layers.

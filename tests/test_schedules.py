@@ -12,6 +12,8 @@ from parallel_lab.schedules import (
     W,
     build_schedule,
     execute,
+    head_inflight,
+    inflight_trace,
     interleaved_order,
     peak_activation_units,
     peak_inflight,
@@ -258,3 +260,18 @@ def test_input_recv_names_the_posted_receive():
                     assert key in posted and key not in used
                     used.add(key)
             assert used == posted
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved", "zb-h1"])
+def test_head_inflight_equals_the_last_chunk_of_the_lists(name):
+    """The ledger's logits factor (GPipe m, ZB-H1 min(p, m), 1F1B and interleaved 1) is what the last
+    rank's list keeps alive in its last chunk (the one holding the head)."""
+    for p in (2, 3, 4, 8):
+        for m in (1, 2, 3, 4, 8, 16):
+            for v in ((1, 2, 4) if name == "interleaved" else (1,)):
+                if name == "interleaved" and m % p:
+                    continue
+                acts = build_schedule(name, p, m, v)[p - 1]
+                last = [a for a in acts if a.is_compute and a.chunk == v - 1]
+                assert head_inflight(name, p, m, v) == max(inflight_trace(last)), (name, p, m, v)
+    assert head_inflight(name, 1, 8) == 1

@@ -39,7 +39,7 @@ from parallel_lab.dist.train import (
     merge_params,
     train_rank,
 )
-from parallel_lab.schedules import build_schedule, inflight_trace
+from parallel_lab.schedules import head_inflight
 from parallel_lab.specs import ModelSpec, Plan, stage_layers
 
 STATE = ("parameters", "gradients", "optimizer_states")
@@ -66,20 +66,11 @@ def predicted_activations(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
 
 def predicted_logits_and_loss(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
     """Per-op bytes of the final norm, head and loss of one micro-batch (last stage only), times the
-    micro-batches whose head the last stage holds at once (:func:`head_inflight`)."""
+    micro-batches whose head the last stage holds at once (``schedules.head_inflight``)."""
     if stage != plan.pp - 1:
         return 0
-    return activations.per_op_bytes(spec, plan)["logits_and_loss"] * head_inflight(plan)
-
-
-def head_inflight(plan: Plan) -> int:
-    """Peak number of micro-batches alive in the model's last chunk (the head's), read off the schedule's
-    list for the last pipeline rank: GPipe ``m``, 1F1B and interleaved 1, ZB-H1 ``min(p, m)`` (kept until
-    the delayed W, the lifetime ``schedules.py`` counts); 1 without a pipeline."""
-    if plan.pp == 1:
-        return 1
-    acts = build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave)[plan.pp - 1]
-    return max(inflight_trace([a for a in acts if a.is_compute and a.chunk == plan.interleave - 1]))
+    kept = head_inflight(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
+    return activations.per_op_bytes(spec, plan)["logits_and_loss"] * kept
 
 
 @dataclass
