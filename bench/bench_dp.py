@@ -8,35 +8,16 @@ With 4 ranks the 2 cores of this machine are oversubscribed, so those figures ar
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
-import torch.distributed as dist
 
+from bench.common import our_step, side_by_side, slowest_rank_median
 from parallel_lab.dist.grid import Grid
-from parallel_lab.dist.instruments import CommTracer
 from parallel_lab.dist.launch import launch
 from parallel_lab.dist.model import build_model, loss_fn, make_optimizer, synthetic_batch
-from parallel_lab.dist.train import parallelize
 from parallel_lab.specs import ModelSpec, Plan
 
 SPEC = ModelSpec.preset("tiny-llama")
 WARMUP, STEPS = 3, 21
-
-
-def _ours(grid: Grid, plan: Plan):
-    tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    rt = parallelize(build_model(SPEC, device=grid.device), grid, plan, tracer)
-
-    def step(batch):
-        rt.dp.zero_grad()
-        rt.dp.set_sync(True)
-        loss_fn(rt.model(batch.tokens, batch.positions), batch.targets).backward()
-        rt.dp.finish()
-        rt.dp.step()
-        rt.tracer.clear()
-    return step
 
 
 def _torch_ddp(grid: Grid, plan: Plan):
@@ -52,28 +33,18 @@ def _torch_ddp(grid: Grid, plan: Plan):
 
 
 def _bench_rank(grid: Grid, plan: Plan) -> dict[str, list[float]]:
-    impls = {"ours bucketed": _ours(grid, plan), "ours naive": _ours(grid, plan.with_(dp_kind="naive")),
+    steps = {"ours bucketed": our_step(grid, SPEC, plan),
+             "ours naive": our_step(grid, SPEC, plan.with_(dp_kind="naive")),
              "torch DDP": _torch_ddp(grid, plan)}
     batch = synthetic_batch(SPEC, plan, 0).rows(grid.dp_rank * plan.micro_batch,
                                                 (grid.dp_rank + 1) * plan.micro_batch)
-    times: dict[str, list[float]] = {k: [] for k in impls}
-    names = list(impls)
-    for i in range(WARMUP + STEPS):
-        for name in names[i % 3:] + names[:i % 3]:          # rotate the order: no one always goes first
-            step = impls[name]
-            dist.barrier()
-            t0 = time.perf_counter()
-            step(batch)
-            if i >= WARMUP:
-                times[name].append(time.perf_counter() - t0)
+    times, _ = side_by_side({k: (lambda i, f=f: f(batch)) for k, f in steps.items()}, WARMUP, STEPS)
     return times
 
 
 def measure(world: int) -> dict[str, float]:
     plan = Plan(dp=world, micro_batch=4, seq=128, optimizer="adam-fp32", dtype="fp32")
-    per_rank = launch(_bench_rank, plan, plan, timeout_s=600)
-    return {name: statistics.median(max(r[name][i] for r in per_rank) for i in range(STEPS))
-            for name in per_rank[0]}
+    return slowest_rank_median(launch(_bench_rank, plan, plan, timeout_s=600))
 
 
 def main() -> None:

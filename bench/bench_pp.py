@@ -11,19 +11,14 @@ machine are oversubscribed, so those figures are noisier.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
+from bench.common import our_runtime, side_by_side, slowest_rank_median
 from parallel_lab.dist.grid import Grid
-from parallel_lab.dist.instruments import CommTracer
 from parallel_lab.dist.launch import launch
 from parallel_lab.dist.model import build_model, loss_fn, make_context, make_optimizer, synthetic_batch
 from parallel_lab.dist.pipeline import keep_stage, stage_layout
-from parallel_lab.dist.train import parallelize
 from parallel_lab.specs import ModelSpec, Plan
 
 SPEC = ModelSpec.preset("tiny-llama")
@@ -47,8 +42,7 @@ class _Stage(nn.Module):
 
 
 def _ours(grid: Grid, plan: Plan):
-    tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    rt = parallelize(build_model(SPEC, device=grid.device), grid, plan, tracer)
+    rt = our_runtime(grid, SPEC, plan)
     micro = rt.micro_batches(synthetic_batch(SPEC, plan, 0))
 
     def step() -> None:
@@ -56,7 +50,7 @@ def _ours(grid: Grid, plan: Plan):
         rt.forward_backward(rt, micro)
         rt.dp.finish()
         rt.dp.step()
-        tracer.clear()
+        rt.tracer.clear()
         rt.timeline.spans.clear()
     return step
 
@@ -85,26 +79,15 @@ def _torch_1f1b(grid: Grid, plan: Plan):
 
 
 def _bench_rank(grid: Grid, plan: Plan) -> dict[str, list[float]]:
-    impls = {"ours 1F1B": _ours(grid, plan), "torch Schedule1F1B": _torch_1f1b(grid, plan)}
-    names = list(impls)
-    times: dict[str, list[float]] = {k: [] for k in impls}
-    for i in range(WARMUP + STEPS):
-        for name in names[i % 2:] + names[:i % 2]:             # alternate which one goes first
-            dist.barrier()
-            t0 = time.perf_counter()
-            impls[name]()
-            if i >= WARMUP:
-                times[name].append(time.perf_counter() - t0)
+    steps = {"ours 1F1B": _ours(grid, plan), "torch Schedule1F1B": _torch_1f1b(grid, plan)}
+    times, _ = side_by_side({k: (lambda i, f=f: f()) for k, f in steps.items()}, WARMUP, STEPS)
     return times
 
 
 def measure(p: int) -> dict[str, float]:
     plan = Plan(pp=p, grad_accum=M, micro_batch=4, seq=128, schedule="1f1b", optimizer="adam-fp32",
                 dtype="fp32")
-    per_rank = launch(_bench_rank, plan, plan, timeout_s=600)
-    return {name: statistics.median(max(r[name][i] for r in per_rank) for i in range(STEPS))
-            for name in per_rank[0]}
-
+    return slowest_rank_median(launch(_bench_rank, plan, plan, timeout_s=600))
 
 def main() -> None:
     print(f"{SPEC.summary()}; seq 128, micro-batch 4, m={M}, AdamW; median of {STEPS} steps")

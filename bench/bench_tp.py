@@ -16,38 +16,14 @@ With 4 ranks the 2 cores of this machine are oversubscribed, so those figures ar
 
 from __future__ import annotations
 
-import statistics
-import time
-
-import torch.distributed as dist
-
+from bench.common import our_step, side_by_side, slowest_rank_median
 from parallel_lab.dist.grid import Grid
-from parallel_lab.dist.instruments import CommTracer
 from parallel_lab.dist.launch import launch
 from parallel_lab.dist.model import build_model, loss_fn, make_optimizer, synthetic_batch
-from parallel_lab.dist.train import parallelize
 from parallel_lab.specs import ModelSpec, Plan
 
 SPEC = ModelSpec.preset("tiny-llama")
 WARMUP, STEPS = 3, 15
-
-
-def _ours(grid: Grid, spec: ModelSpec, plan: Plan):
-    tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    rt = parallelize(build_model(spec, device=grid.device), grid, plan, tracer)
-
-    def step(batch) -> float:
-        rt.dp.zero_grad()
-        rt.dp.set_sync(True)
-        loss = rt.loss(rt.model(batch.tokens, batch.positions), batch)
-        loss.backward()
-        rt.dp.finish()
-        for fn in rt.finalize_grads:
-            fn()
-        rt.dp.step()
-        rt.tracer.clear()
-        return loss.item()
-    return step
 
 
 def _torch_tp(grid: Grid, spec: ModelSpec, plan: Plan):
@@ -82,21 +58,11 @@ def _torch_tp(grid: Grid, spec: ModelSpec, plan: Plan):
     return step
 
 
-def _bench_rank(grid: Grid, spec: ModelSpec, plan: Plan) -> dict[str, list[float]]:
-    impls = {"ours tp": _ours(grid, spec, plan), "ours tp+sp": _ours(grid, spec, plan.with_(sp=True)),
+def _bench_rank(grid: Grid, spec: ModelSpec, plan: Plan) -> dict[str, dict[str, list]]:
+    steps = {"ours tp": our_step(grid, spec, plan), "ours tp+sp": our_step(grid, spec, plan.with_(sp=True)),
              "torch parallelize_module": _torch_tp(grid, spec, plan)}
-    names = list(impls)
-    times: dict[str, list[float]] = {k: [] for k in impls}
-    losses: dict[str, list[float]] = {k: [] for k in impls}
-    for i in range(WARMUP + STEPS):
-        batch = synthetic_batch(spec, plan, i)
-        for name in names[i % 3:] + names[:i % 3]:          # rotate the order: no one always goes first
-            dist.barrier()
-            t0 = time.perf_counter()
-            loss = impls[name](batch)
-            if i >= WARMUP:
-                times[name].append(time.perf_counter() - t0)
-            losses[name].append(loss)
+    rounds = {k: (lambda i, f=f: f(synthetic_batch(spec, plan, i))) for k, f in steps.items()}
+    times, losses = side_by_side(rounds, WARMUP, STEPS)
     return {"times": times, "losses": losses}
 
 
@@ -104,11 +70,9 @@ def measure(world: int) -> tuple[ModelSpec, dict[str, float], float]:
     spec = SPEC if world == 2 else SPEC.with_(kv_heads=world, name=f"tiny-llama, kv_heads={world}")
     plan = Plan(tp=world, micro_batch=4, seq=128, optimizer="adam-fp32", dtype="fp32")
     per_rank = launch(_bench_rank, plan, spec, plan, timeout_s=600)
-    names = list(per_rank[0]["times"])
-    med = {n: statistics.median(max(r["times"][n][i] for r in per_rank) for i in range(STEPS)) for n in names}
+    med = slowest_rank_median([r["times"] for r in per_rank])
     ours, theirs = per_rank[0]["losses"]["ours tp"], per_rank[0]["losses"]["torch parallelize_module"]
     return spec, med, max(abs(a - b) for a, b in zip(ours, theirs, strict=True))
-
 
 def main() -> None:
     print(f"seq 128, micro-batch 4, AdamW; median of {STEPS} steps (slowest rank)")

@@ -11,36 +11,17 @@ oversubscribed, so those figures are noisier. FSDP2's parameters are DTensors: t
 
 from __future__ import annotations
 
-import statistics
-import time
-
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from bench.common import our_step, side_by_side, slowest_rank_median
 from parallel_lab.dist.grid import Grid
-from parallel_lab.dist.instruments import CommTracer
 from parallel_lab.dist.launch import launch
 from parallel_lab.dist.model import build_model, loss_fn, make_optimizer, synthetic_batch
-from parallel_lab.dist.train import parallelize
 from parallel_lab.specs import ModelSpec, Plan
 
 SPEC = ModelSpec.preset("tiny-llama")
 WARMUP, STEPS = 3, 15
-
-
-def _ours(grid: Grid, plan: Plan):
-    tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    rt = parallelize(build_model(SPEC, device=grid.device), grid, plan, tracer)
-
-    def step(batch):
-        rt.dp.zero_grad()
-        rt.dp.set_sync(True)
-        loss_fn(rt.model(batch.tokens, batch.positions), batch.targets).backward()
-        rt.dp.finish()
-        rt.dp.step()
-        rt.tracer.clear()
-    return step
 
 
 def _fsdp2(grid: Grid, plan: Plan, per_block: bool):
@@ -60,29 +41,18 @@ def _fsdp2(grid: Grid, plan: Plan, per_block: bool):
 
 
 def _bench_rank(grid: Grid, plan: Plan) -> dict[str, list[float]]:
-    impls = {"ours per block": _ours(grid, plan), "FSDP2 per block": _fsdp2(grid, plan, True),
-             "ours root only": _ours(grid, plan.with_(zero_unit="root")),
+    steps = {"ours per block": our_step(grid, SPEC, plan), "FSDP2 per block": _fsdp2(grid, plan, True),
+             "ours root only": our_step(grid, SPEC, plan.with_(zero_unit="root")),
              "FSDP2 root only": _fsdp2(grid, plan, False)}
     batch = synthetic_batch(SPEC, plan, 0).rows(grid.dp_rank * plan.micro_batch,
                                                 (grid.dp_rank + 1) * plan.micro_batch)
-    times: dict[str, list[float]] = {k: [] for k in impls}
-    names = list(impls)
-    for i in range(WARMUP + STEPS):
-        k = i % len(names)
-        for name in names[k:] + names[:k]:                 # rotate the order: no one always goes first
-            dist.barrier()
-            t0 = time.perf_counter()
-            impls[name](batch)
-            if i >= WARMUP:
-                times[name].append(time.perf_counter() - t0)
+    times, _ = side_by_side({k: (lambda i, f=f: f(batch)) for k, f in steps.items()}, WARMUP, STEPS)
     return times
 
 
 def measure(world: int) -> dict[str, float]:
     plan = Plan(dp=world, zero=3, micro_batch=4, seq=128, optimizer="adam-fp32", dtype="fp32")
-    per_rank = launch(_bench_rank, plan, plan, timeout_s=900)
-    return {name: statistics.median(max(r[name][i] for r in per_rank) for i in range(STEPS))
-            for name in per_rank[0]}
+    return slowest_rank_median(launch(_bench_rank, plan, plan, timeout_s=900))
 
 
 def main() -> None:

@@ -126,14 +126,23 @@ def ddp_buckets(model: ModelSpec, plan: Plan, stage: int = 0,
     torch's DDP there is no special small first bucket. Gradient bytes: 2 per element for bf16-gradient
     optimizers (adam-mixed, adam-8bit, adafactor), else 4.
     """
-    cap = plan.bucket_mb * 1e6
     gb = _grad_comm_bytes(plan)
+    items = [(name, numel * gb) for name, numel in reversed(_trainable(model, plan, stage, frozen))]
+    return pack_buckets(items, plan.bucket_mb * 1e6)
+
+
+def pack_buckets(items: list[tuple[str, int]], cap_bytes: float) -> list[list[tuple[str, int]]]:
+    """Cut ``(name, bytes)`` items, already in all-reduce order, into buckets of at most ``cap_bytes``:
+    a bucket closes when the next item would overflow it, and always holds at least one item.
+
+    The one definition of the bucket rule: :func:`ddp_buckets` predicts with it and the runnable
+    ``dist.data_parallel.BucketedDDP`` builds its buckets with it.
+    """
     buckets: list[list[tuple[str, int]]] = []
     current: list[tuple[str, int]] = []
     size = 0
-    for name, numel in reversed(_trainable(model, plan, stage, frozen)):
-        nbytes = numel * gb
-        if current and size + nbytes > cap:
+    for name, nbytes in items:
+        if current and size + nbytes > cap_bytes:
             buckets.append(current)
             current, size = [], 0
         current.append((name, nbytes))

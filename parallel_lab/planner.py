@@ -394,6 +394,13 @@ def _t(kind: str, message: float, n: int, tier: LinkTier) -> float:
     return comm_mod.collective_time(kind, message, n, tier)
 
 
+def _zero_units(info: dict[str, Any], zero_unit: str) -> tuple[list[int], list[str]]:
+    """Sizes and names of a stage's ZeRO units: one per block plus the root, or one root unit."""
+    if zero_unit == "root":
+        return [sum(info["units"])], ["root"]
+    return info["units"], info["unit_names"]
+
+
 class _Fast:
     """Memory and communication of a plan from cached pieces.
 
@@ -478,9 +485,7 @@ class _Fast:
         if key in self._state:
             return self._state[key]
         info = self.stage_info(tp, pp, v, stage)
-        units, names = info["units"], info["unit_names"]
-        if zero_unit == "root":                        # one unit holding every parameter of the stage
-            units, names = [sum(units)], ["root"]
+        units, names = _zero_units(info, zero_unit)
         full = sum(units)
         sharded = sum(math.ceil(n / g) for n in units)
         o = self.o
@@ -564,9 +569,7 @@ class _Fast:
         if key in self._dp:
             return self._dp[key]
         info = self.stage_info(tp, pp, v, stage)
-        units, names = info["units"], info["unit_names"]
-        if zero_unit == "root":                        # one unit holding every parameter of the stage
-            units, names = [sum(units)], ["root"]
+        units, names = _zero_units(info, zero_unit)
         sync = last = gather = first = z3 = 0.0
         if zero == 0:
             ts = [_t("all_reduce", nb, g, tier) for nb in reversed(info["buckets"][::-1])]

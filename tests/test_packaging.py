@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,13 @@ def test_console_script_and_readme_commands():
     assert data["project"]["scripts"]["parallel-lab"] == "parallel_lab.cli:main"
     readme = (ROOT / "README.md").read_text()
     assert "make app" in readme and "make test" in readme
+
+
+def test_make_test_collects_every_test_directory():
+    """pytest skips directories named ``dist`` by default; the multi-process tests live in tests/dist, so
+    the suite that `make test` runs must collect them (and every other tests/ subdirectory)."""
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    collected = {line.split("::")[0] for line in p.stdout.splitlines() if "::" in line}
+    dirs = {str(f.parent.relative_to(ROOT)) for f in (ROOT / "tests").rglob("test_*.py")}
+    assert dirs <= {str(Path(c).parent) for c in collected}, p.stdout[-2000:]

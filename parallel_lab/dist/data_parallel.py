@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from parallel_lab.comm import pack_buckets
 from parallel_lab.dist.instruments import CommTracer, TracedWork, measure_state
 from parallel_lab.dist.model import make_optimizer
 from parallel_lab.specs import Plan
@@ -121,21 +122,11 @@ Named = list[tuple[str, nn.Parameter]]
 
 
 def bucket_plan(named: Named, bucket_mb: float) -> list[Named]:
-    """Group ``named`` (registration order) into buckets by the rule of the module docstring."""
-    cap = bucket_mb * 1e6
-    buckets: list[Named] = []
-    current: Named = []
-    size = 0
-    for name, p in reversed(named):
-        nb = p.numel() * p.element_size()
-        if current and size + nb > cap:
-            buckets.append(current)
-            current, size = [], 0
-        current.append((name, p))
-        size += nb
-    if current:
-        buckets.append(current)
-    return buckets
+    """Group ``named`` (registration order) into buckets by ``comm.pack_buckets``, the rule the prediction
+    uses: reverse registration order, a bucket closes before it would exceed ``bucket_mb`` MB."""
+    by_name = dict(named)
+    items = [(name, p.numel() * p.element_size()) for name, p in reversed(named)]
+    return [[(name, by_name[name]) for name, _ in bucket] for bucket in pack_buckets(items, bucket_mb * 1e6)]
 
 
 class BucketedDDP(LocalGrads):

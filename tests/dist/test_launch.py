@@ -88,20 +88,20 @@ def test_the_same_launch_runs_under_torchrun(tmp_path):
     from pathlib import Path
 
     script = tmp_path / "two_launches.py"
-    script.write_text(
-        "import json\n"
+    script.write_text(                                   # one file per process: their stdout would interleave
+        "import json, os, sys\n"
         "from parallel_lab.dist.launch import hello, launch\n"
         "if __name__ == '__main__':\n"
         "    a = launch(hello, 2)\n"
         "    b = launch(hello, 2)\n"
-        "    print(json.dumps([a, b]))\n")
+        "    with open(os.path.join(sys.argv[1], 'rank' + os.environ['RANK'] + '.json'), 'w') as f:\n"
+        "        json.dump([a, b], f)\n")
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--standalone", "--nproc-per-node=2", str(script)]
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node=2", str(script), str(tmp_path)]
     repo = Path(__file__).resolve().parents[2]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=repo)
     assert p.returncode == 0, p.stderr[-2000:]
-    outs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("[")]
-    assert len(outs) == 2
-    for a, b in outs:                                    # each process filled only its own entry
+    outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for rank, (a, b) in enumerate(outs):                 # each process filled only its own entry
         mine = [i for i, r in enumerate(a) if r is not None]
-        assert len(mine) == 1 and a[mine[0]]["rank_sum"] == b[mine[0]]["rank_sum"] == 1
+        assert mine == [rank] and a[rank]["rank_sum"] == b[rank]["rank_sum"] == 1
