@@ -105,10 +105,10 @@ class RunReport:
         for i, (a, b) in enumerate(zip(self.losses, self.reference_losses, strict=True)):
             lines.append(f"{i:>4}  {a:>15.6f}  {b:>16.6f}  {a - b:>10.2e}")
         lines.append(f"largest parameter difference after {self.steps} steps: {self.max_abs_param_diff:.2e}")
-        lines += ["", "communication payload, all ranks and steps (bytes)", "dim   measured      predicted"]
+        lines += ["", "communication payload, all ranks and steps (bytes)", "dim           measured     predicted"]
         for dim, c in self.comm.items():
             ok = "ok" if c["measured_bytes"] == c["predicted_bytes"] else "DIFFERENT"
-            lines.append(f"{dim:<5} {c['measured_bytes']:>12,}  {c['predicted_bytes']:>12,}  {ok}")
+            lines.append(f"{dim:<8} {c['measured_bytes']:>13,} {c['predicted_bytes']:>13,}  {ok}")
         if not self.comm:
             lines.append("(none: a single rank per gradient group)")
         lines += ["", "memory per rank (bytes)", "category           measured      predicted"]
