@@ -78,8 +78,10 @@ class LocalGrads:
         return measure_state(self.model.parameters(), self.optimizer, [p.grad for p in self.params])
 
     def local_parameters(self) -> dict[str, Tensor]:
-        """This rank's parameters by name, as full (un-sharded by ZeRO) tensors; untraced."""
-        return {n: p.detach() for n, p in self.model.named_parameters()}
+        """This rank's parameters by name, as full (un-sharded by ZeRO) tensors; untraced. Mixed precision:
+        the fp32 master copies (``MasterAdamW``), the weights the bf16 parameters are rounded from."""
+        masters = self.optimizer.master_of() if hasattr(self.optimizer, "master_of") else {}
+        return {n: masters.get(id(p), p).detach() for n, p in self.model.named_parameters()}
 
 
 class NaiveDDP(LocalGrads):

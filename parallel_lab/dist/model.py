@@ -503,8 +503,12 @@ def make_optimizer(params: Iterable[Tensor], plan: Plan) -> torch.optim.Optimize
         return torch.optim.AdamW(params, foreach=False, **ADAMW)
     if plan.optimizer == "sgd-momentum":
         return torch.optim.SGD(params, foreach=False, **SGD)
+    if plan.optimizer == "adam-mixed":                        # fp32 master copies of (bf16) parameters
+        from parallel_lab.dist.mixed_precision import MasterAdamW
+
+        return MasterAdamW(params, **ADAMW)
     raise ParallelLabError(f"optimizer={plan.optimizer!r} is not runnable here; the runnable optimizers are "
-                           f"adam-fp32 and sgd-momentum (fp32 compute on CPU)")
+                           f"adam-fp32, sgd-momentum (fp32 compute on CPU) and adam-mixed (bf16 with fp32 master)")
 
 
 @dataclass
@@ -514,20 +518,39 @@ class ReferenceResult:
 
 
 def reference_train(spec: ModelSpec, plan: Plan, steps: int, seed: int = 0, frozen: Iterable[str] = (),
-                    packed: bool = False) -> ReferenceResult:
+                    packed: bool = False, mixed: bool = False) -> ReferenceResult:
     """Single process, whole global batch at once: loss = mean over all its tokens; ``steps`` optimizer steps.
 
-    Returns the loss of each step (before its update) and the final parameters by name.
+    Returns the loss of each step (before its update) and the final parameters by name. fp32 AdamW for
+    every Adam layout (adam-fp32, adam-mixed, fsdp2-mixed: the fp32 arithmetic the mixed runs approximate).
+
+    ``mixed=True`` (an ``adam-mixed`` plan): the arithmetic of a mixed-precision data-parallel run in one
+    process (dist/mixed_precision.py): bf16 model, fp32 master weights and AdamW, and the global batch as
+    ``dp * grad_accum`` micro-batches of ``micro_batch`` sequences, each backward of ``loss / n`` adding
+    its bf16 gradient into ``p.grad``, so that the gradient is rounded as a data-parallel run rounds it
+    (bitwise equal for two micro-batches). The parameters returned are the fp32 masters.
     """
     model = build_model(spec, seed, recompute="none")
+    if mixed:
+        model.to(torch.bfloat16)
     freeze(model, frozen)
-    opt = make_optimizer(model.parameters(), plan)
+    if mixed and plan.optimizer != "adam-mixed":
+        raise ParallelLabError(f"mixed=True is the reference of optimizer='adam-mixed', not {plan.optimizer!r}")
+    fp32 = plan.with_(optimizer="adam-fp32") if plan.optimizer == "adam-mixed" and not mixed else plan
+    opt = make_optimizer(model.parameters(), fp32)
+    n = plan.global_batch // plan.micro_batch if mixed else 1
     losses = []
     for step in range(steps):
         batch = synthetic_batch(spec, plan, step, seed, packed=packed)
-        loss = loss_fn(model(batch.tokens, batch.positions, batch.doc_ids), batch.targets)
-        loss.backward()
+        total = 0.0
+        for i in range(n):
+            mb = batch if n == 1 else batch.rows(i * plan.micro_batch, (i + 1) * plan.micro_batch)
+            loss = loss_fn(model(mb.tokens, mb.positions, mb.doc_ids), mb.targets) / n
+            loss.backward()
+            total += loss.item()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return ReferenceResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+        losses.append(total)
+    masters = opt.master_of() if mixed else {}
+    return ReferenceResult(losses, {name: masters.get(id(p), p).detach().clone()
+                                    for name, p in model.named_parameters()})

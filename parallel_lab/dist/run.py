@@ -4,7 +4,8 @@
 with gloo here, GPUs with nccl where present), trains the same steps in one process
 (:func:`~parallel_lab.dist.model.reference_train`), and reports:
 
-* ``losses`` (the mean over the ranks that own a loss) and ``reference_losses``;
+* ``losses`` (the mean over the ranks that own a loss) and ``reference_losses`` (``adam-mixed``: the
+  single-process run with the same bf16 arithmetic, ``reference_train(..., mixed=True)``);
 * ``max_abs_param_diff``: the largest difference between the parallel run's final parameters (rebuilt
   from the ranks, untraced) and the reference's;
 * ``comm[dim]``: ``measured_bytes``, the payload (``message_bytes``) of every traced call summed over ranks
@@ -30,6 +31,7 @@ from parallel_lab import activations, comm, ledger
 from parallel_lab.dist.grid import coords
 from parallel_lab.dist.instruments import payload_by_dim
 from parallel_lab.dist.launch import launch
+from parallel_lab.dist.mixed_precision import is_mixed
 from parallel_lab.dist.model import reference_train
 from parallel_lab.dist.train import (
     RankResult,
@@ -166,7 +168,8 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close("(reference in one process...)")
-    ref = reference_train(spec, plan, steps, seed, frozen=frozen, packed=packed)
+    # adam-mixed: the reference does the same bf16 arithmetic in one process (dist/mixed_precision.py)
+    ref = reference_train(spec, plan, steps, seed, frozen=frozen, packed=packed, mixed=is_mixed(plan))
 
     measured = payload_by_dim(e for r in results for e in r.events)
     predicted: dict[str, int] = {}

@@ -76,6 +76,7 @@ from torch import Tensor, nn
 from parallel_lab.dist.data_parallel import LocalGrads, apply_dp
 from parallel_lab.dist.grid import Grid
 from parallel_lab.dist.instruments import CommEvent, CommTracer, SavedTensorMeter, Span, Timeline
+from parallel_lab.dist.mixed_precision import check_mixed, is_mixed, to_compute_dtype
 from parallel_lab.dist.model import Batch, build_model, freeze, loss_fn, synthetic_batch
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
@@ -203,14 +204,19 @@ class RankResult:
 def check_runnable(spec: ModelSpec, plan: Plan) -> None:
     """Errors for plans the runnable code cannot execute (clear message, before any process starts)."""
     plan.validate(spec)
-    # FSDP2-style mixed precision (fp32 shards and AdamW, bf16 gathers and compute) is ZeRO-3's (dist/zero.py)
+    # FSDP2-style mixed precision (fp32 shards and AdamW, bf16 gathers and compute) is ZeRO-3's (dist/zero.py);
+    # the ZeRO paper's (bf16 parameters and gradients, fp32 master and AdamW) is DDP's and ZeRO-1/2's
+    # (dist/mixed_precision.py)
+    check_mixed(spec, plan)
     mixed = plan.zero == 3 and plan.optimizer == "fsdp2-mixed" and plan.dtype in ("fp32", "bf16")
+    mixed = mixed or is_mixed(plan)
     if plan.dtype != "fp32" and not mixed:
         raise ParallelLabError(f"dtype={plan.dtype!r}: the runnable implementations compute in fp32 (CPU "
-                               f"default); use --dtype fp32 (or bf16 with --zero 3 --optimizer fsdp2-mixed)")
+                               f"default); use --dtype fp32 (or bf16 with --optimizer adam-mixed, or with "
+                               f"--zero 3 --optimizer fsdp2-mixed)")
     if plan.optimizer not in ("adam-fp32", "sgd-momentum") and not mixed:
         raise ParallelLabError(f"optimizer={plan.optimizer!r} is not runnable; use adam-fp32 or sgd-momentum "
-                               f"(or fsdp2-mixed with --zero 3)")
+                               f"(or adam-mixed with --dtype bf16, or fsdp2-mixed with --zero 3)")
     for what in PLUGINS:
         if getattr(plan, what) > (0 if what == "zero" else 1):
             check = getattr(importlib.import_module(plugin(what).__module__), f"check_{what}", None)
@@ -223,6 +229,7 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
     """Train ``steps`` optimizer steps of ``plan`` on this rank; see the module docstring."""
     check_runnable(spec, plan)
     model = build_model(spec, seed, recompute=plan.recompute, device=grid.device)
+    to_compute_dtype(model, plan)               # adam-mixed: bf16 parameters (dist/mixed_precision.py)
     freeze(model, frozen)
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
     rt = parallelize(model, grid, plan, tracer)

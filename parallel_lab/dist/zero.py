@@ -52,7 +52,9 @@ whole padded model. Gathered buffers are excluded from the saved-tensor meter (`
 Mixed precision (ZeRO-3, ``optimizer="fsdp2-mixed"``, ``dtype="bf16"``; FSDP2's ``MixedPrecisionPolicy``
 with ``param_dtype=bf16, reduce_dtype=fp32``): fp32 shards, fp32 gradient shards and fp32 AdamW; each
 unit is cast to bf16 and gathered in bf16 (2 bytes per element), the block computes in bf16, and its
-bf16 flat gradient is cast to fp32 before the reduce-scatter. Other stages and optimizers run in fp32.
+bf16 flat gradient is cast to fp32 before the reduce-scatter. ZeRO-1/2 with ``optimizer="adam-mixed"``
+(the ZeRO paper's layout, ``dist/mixed_precision.py``): bf16 parameters and gradients (bf16 all-reduce /
+reduce-scatter and all-gather), a persistent fp32 master shard per unit (``Zero12.shards``) and fp32 AdamW.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from torch import Tensor, nn
 
 from parallel_lab.dist.data_parallel import LocalGrads, trainable
 from parallel_lab.dist.instruments import TracedWork, measure_state, optimizer_state_tensors, storage_bytes
+from parallel_lab.dist.mixed_precision import is_mixed
 from parallel_lab.dist.model import ADAMW, make_optimizer
 from parallel_lab.specs import ParallelLabError, Plan
 
@@ -160,9 +163,19 @@ class _Zero(LocalGrads):
         self.info: dict[str, Any] = {"units": {u.name: u.numel for u in self.units}}
 
     def _optimizer(self, params: list[Tensor]) -> torch.optim.Optimizer:
-        if self.plan.optimizer == MIXED:            # fp32 master shards and AdamW states
+        if self.plan.optimizer == MIXED or is_mixed(self.plan):      # fp32 master shards and AdamW states
             return torch.optim.AdamW(params, foreach=False, **ADAMW)
         return make_optimizer(params, self.plan)
+
+    def _gather_shards(self) -> dict[str, Tensor]:
+        """Full fp32 parameters by name, all-gathered from the units' shards (untraced: reporting)."""
+        out: dict[str, Tensor] = {}
+        group = self.tracer.group("dp")
+        for u, shard in zip(self.units, self.shards, strict=True):
+            full = torch.empty(u.padded, dtype=torch.float32, device=self.device)
+            _untraced_all_gather(full, shard.detach(), group=group)
+            out.update({n: v.clone() for n, v in zip(u.names, u.split(full), strict=True)})
+        return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -177,8 +190,13 @@ class Zero12(_Zero):
         self.stage = stage
         # One optimizer per unit: its single parameter is the unit's shard, whose data is set for the step
         # only (a view of nothing between steps), so the states are S_u elements and the step can go unit
-        # by unit, each followed by that unit's all-gather.
-        self.shards = [nn.Parameter(torch.empty(0, device=self.device)) for _ in self.units]
+        # by unit, each followed by that unit's all-gather. Mixed precision (dist/mixed_precision.py): the
+        # shard is the unit's persistent fp32 master shard, and gradients are bf16 like the parameters.
+        self.mixed = is_mixed(plan)
+        self.dtype = self.params[0].dtype if self.params else torch.float32    # parameters' and gradients'
+        with torch.no_grad():
+            self.shards = [nn.Parameter(u.owned(u.params, torch.float32, self.device) if self.mixed
+                                        else torch.empty(0, device=self.device)) for u in self.units]
         self.optimizers = [self._optimizer([s]) for s in self.shards]
         self.grad_shards: list[Tensor | None] = [None] * len(self.units)
         self._unit_of = {id(p): i for i, u in enumerate(self.units) for p in u.params}
@@ -204,7 +222,7 @@ class Zero12(_Zero):
         self._complete()
         self._next += 1
         u = self.units[i]
-        flat = u.flatten([p.grad for p in u.params], torch.float32, self.device)
+        flat = u.flatten([p.grad for p in u.params], self.dtype, self.device)
         flat.div_(self.group_size)                     # average: divide first, then sum over the group
         if self.stage == 1:
             work = self.tracer.all_reduce(flat, "dp", async_op=True)
@@ -246,20 +264,22 @@ class Zero12(_Zero):
     def step(self) -> None:
         for i, u in enumerate(self.units):
             shard = self.shards[i]
-            shard.data = u.owned(u.params, torch.float32, self.device)
+            if not self.mixed:                         # fp32: the shard is cut from the parameters
+                shard.data = u.owned(u.params, torch.float32, self.device)
             if self.stage == 1:
                 shard.grad = u.owned([p.grad for p in u.params], torch.float32, self.device)
             else:
                 g = self.grad_shards[i]
-                shard.grad = g if g is not None else torch.zeros_like(shard.data)
+                shard.grad = g.float() if g is not None else torch.zeros_like(shard.data)
             self.optimizers[i].step()
-            full = torch.empty(u.padded, dtype=torch.float32, device=self.device)
-            self.tracer.all_gather(full, shard.data, "dp")
+            full = torch.empty(u.padded, dtype=self.dtype, device=self.device)
+            self.tracer.all_gather(full, shard.detach().to(self.dtype), "dp")   # bf16 when mixed
             with torch.no_grad():
                 for p, v in zip(u.params, u.split(full), strict=True):
                     p.copy_(v)
             shard.grad = None
-            shard.data = torch.empty(0, device=self.device)
+            if not self.mixed:
+                shard.data = torch.empty(0, device=self.device)
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -271,6 +291,15 @@ class Zero12(_Zero):
         grads = [p.grad for p in self.params] if self.stage == 1 else self.grad_shards
         out = measure_state(self.model.parameters(), None, grads)
         out["optimizer_states"] = sum(storage_bytes(optimizer_state_tensors(o)) for o in self.optimizers)
+        if self.mixed:                                 # the fp32 master shards: 4 of the 12 bytes
+            out["optimizer_states"] += storage_bytes(self.shards)
+        return out
+
+    def local_parameters(self) -> dict[str, Tensor]:
+        """Full parameters by name; mixed precision: the fp32 masters, gathered from the shards."""
+        out = {n: p.detach() for n, p in self.model.named_parameters()}
+        if self.mixed:
+            out.update(self._gather_shards())
         return out
 
     def remove_hooks(self) -> None:
@@ -509,11 +538,7 @@ class Zero3(_Zero):
     def local_parameters(self) -> dict[str, Tensor]:
         """Full parameters by name, all-gathered from the shards (untraced: reporting, not training)."""
         out = {n: p.detach() for n, p in self.model.named_parameters()}
-        group = self.tracer.group("dp")
-        for u, shard in zip(self.units, self.shards, strict=True):
-            full = torch.empty(u.padded, dtype=torch.float32, device=self.device)
-            _untraced_all_gather(full, shard.detach(), group=group)
-            out.update({n: v.clone() for n, v in zip(u.names, u.split(full), strict=True)})
+        out.update(self._gather_shards())
         return out
 
     def remove_hooks(self) -> None:
