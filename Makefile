@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/ruff check parallel_lab tests bench exercises
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 app: $(STAMP)
@@ -34,7 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 lint: $(STAMP)
-	$(BIN)/ruff check parallel_lab tests bench exercises
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

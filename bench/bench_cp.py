@@ -27,16 +27,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from parallel_lab.dist.context_parallel import (
+from parallel_lab.distributed.context_parallel import (
     DEFAULT_TILE,
     ContextParallel,
     ContextParallelAttention,
     CPGroup,
     work_per_rank,
 )
-from parallel_lab.dist.grid import Grid
-from parallel_lab.dist.instruments import CommTracer
-from parallel_lab.dist.launch import launch
+from parallel_lab.distributed.grid import Grid
+from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.launch import launch
 from parallel_lab.specs import ModelSpec, Plan
 
 SPEC = ModelSpec.preset("tiny-llama")

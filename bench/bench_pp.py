@@ -15,10 +15,10 @@ import torch
 from torch import Tensor, nn
 
 from bench.common import our_runtime, side_by_side, slowest_rank_median
-from parallel_lab.dist.grid import Grid
-from parallel_lab.dist.launch import launch
-from parallel_lab.dist.model import build_model, loss_fn, make_context, make_optimizer, synthetic_batch
-from parallel_lab.dist.pipeline import keep_stage, stage_layout
+from parallel_lab.distributed.grid import Grid
+from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.model import build_model, loss_fn, make_context, make_optimizer, synthetic_batch
+from parallel_lab.distributed.pipeline import keep_stage, stage_layout
 from parallel_lab.specs import ModelSpec, Plan
 
 SPEC = ModelSpec.preset("tiny-llama")

@@ -14,10 +14,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from parallel_lab.dist.grid import Grid
-from parallel_lab.dist.instruments import CommTracer
-from parallel_lab.dist.model import Batch, build_model
-from parallel_lab.dist.train import Runtime, parallelize
+from parallel_lab.distributed.grid import Grid
+from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.model import Batch, build_model
+from parallel_lab.distributed.train import Runtime, parallelize
 from parallel_lab.specs import ModelSpec, Plan
 
 

@@ -3,7 +3,7 @@
 Layer 1 (this package's top level) is pure Python and never imports torch: specifications
 (:mod:`~parallel_lab.specs`), the memory ledger (:mod:`~parallel_lab.ledger`), communication per step
 (:mod:`~parallel_lab.comm`) and FLOPs (:mod:`~parallel_lab.flops`). The runnable implementations live in
-``parallel_lab.dist`` (imports torch) and the plots and widgets in ``parallel_lab.viz``.
+``parallel_lab.distributed`` (imports torch) and the plots and widgets in ``parallel_lab.viz``.
 
     >>> from parallel_lab import ModelSpec, Plan, memory
     >>> led = memory(ModelSpec.from_params(7e9), Plan(dp=8, zero=2))

@@ -2,9 +2,9 @@
 
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Sec. 4.1)
 count, per transformer layer, ``s b h (34 + 5 a s / h)`` bytes for 2-byte activations. This module
-derives the same kind of figure op by op, for the runnable model ``parallel_lab.dist.model`` exactly as
+derives the same kind of figure op by op, for the runnable model ``parallel_lab.distributed.model`` exactly as
 torch stores it, for any dtype and both block flavours, so that a learner can see *which* tensor costs
-what and the measured bytes (``dist.instruments.SavedTensorMeter``) can be compared with a prediction
+what and the measured bytes (``distributed.instruments.SavedTensorMeter``) can be compared with a prediction
 tensor by tensor.
 
 Every entry is one *storage* kept alive for backward (torch often saves one tensor for several ops, e.g.
@@ -155,7 +155,7 @@ def _cp_core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
 
 
 def _core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
-    """The attention core softmax(q k^T / sqrt(d) + mask) v as written in dist.model.DotProductAttention
+    """The attention core softmax(q k^T / sqrt(d) + mask) v as written in distributed.model.DotProductAttention
     (``cp = 1``); with context parallelism, the cores of ``dist/context_parallel.py`` (:func:`_cp_core`).
     """
     if plan.cp > 1:

@@ -560,7 +560,7 @@ def _plan_from_file(path: str) -> tuple[ModelSpec | None, Plan]:
 
 
 def _run(args: argparse.Namespace) -> Output:
-    from .dist.run import RUN_DEFAULTS, run
+    from .distributed.run import RUN_DEFAULTS, run
 
     if args.steps < 1:
         raise ParallelLabError(f"--steps {args.steps} must be >= 1")

@@ -2,7 +2,7 @@
 
 :func:`collectives` lists the calls one rank makes, as :class:`Collective` records with the fields of
 docs/conventions.md (``dim, kind, message_bytes, group_size``, plus ``count``, ``phase`` and ``note``), so
-that the runnable code (``parallel_lab.dist``) can be compared with it call by call. One function per
+that the runnable code (``parallel_lab.distributed``) can be compared with it call by call. One function per
 parallelism builds its part, so each can be read (and adjusted to the runnable code) on its own:
 :func:`_dp_collectives`, :func:`_zero_collectives`, :func:`_tp_collectives`, :func:`_tp_vocab_collectives`,
 :func:`_pp_collectives`, :func:`_cp_collectives`.
@@ -136,7 +136,7 @@ def pack_buckets(items: list[tuple[str, int]], cap_bytes: float) -> list[list[tu
     a bucket closes when the next item would overflow it, and always holds at least one item.
 
     The one definition of the bucket rule: :func:`ddp_buckets` predicts with it and the runnable
-    ``dist.data_parallel.BucketedDDP`` builds its buckets with it.
+    ``distributed.data_parallel.BucketedDDP`` builds its buckets with it.
     """
     buckets: list[list[tuple[str, int]]] = []
     current: list[tuple[str, int]] = []

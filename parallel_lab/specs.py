@@ -5,7 +5,7 @@ a machine or a parallel plan. Each is validated when it is built, and every viol
 :class:`ParallelLabError` with a message that names the bad value and says how to fix it.
 
 Parameter layout. :meth:`ModelSpec.parameter_shapes` lists every parameter of the decoder, by name and
-shape, in the order the runnable reference model (``parallel_lab.dist.model``) registers them. The
+shape, in the order the runnable reference model (``parallel_lab.distributed.model``) registers them. The
 parameter count, the sharded state memory of ZeRO and the DDP bucket plan are all computed from this one
 list, and a test checks that the torch model has exactly these names and shapes.
 """
@@ -168,7 +168,7 @@ class ModelSpec:
             )
 
     def parameter_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Every parameter as ``(name, shape)``, in the registration order of ``dist.model.Transformer``.
+        """Every parameter as ``(name, shape)``, in the registration order of ``distributed.model.Transformer``.
 
         Linear weights are ``(out_features, in_features)`` as in ``torch.nn.Linear``.
         """

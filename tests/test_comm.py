@@ -195,7 +195,7 @@ def test_pipeline_point_to_point_per_stage():
 
 @pytest.mark.parametrize("kind,per_layer_fwd", [("ring", 3), ("allgather", 1), ("ulysses", 2)])
 def test_context_parallel_calls_per_layer(kind, per_layer_fwd):
-    # K and V travel as one message (dist/context_parallel.py; tests/dist/test_context_parallel.py traces it)
+    # K and V travel as one message (dist/context_parallel.py; tests/distributed/test_context_parallel.py traces it)
     m = ModelSpec.preset("llama3-8b")
     cp = 4
     colls = collectives(m, Plan(cp=cp, seq=8192, cp_kind=kind))

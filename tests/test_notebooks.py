@@ -55,5 +55,5 @@ def test_notebook_executes(path):
         for figure in ("112.00 GB", "38.50", "26.25", "14.00", "104.15 GB", "18.25 GB", "1.07 GB"):
             assert figure in text, figure
         assert "linear x2, scores x4" in text
-        if "ZeRO-0 on 2 ranks" in text:       # the real run happened (torch and parallel_lab.dist present)
+        if "ZeRO-0 on 2 ranks" in text:       # the real run happened (torch and parallel_lab.distributed present)
             assert "measured state bytes per parameter per rank: 16.00" in text

@@ -741,7 +741,7 @@ def timeline_rows(timeline: Any) -> list[tuple[int, float, float, str, int, int]
 
     Accepts ``parallel-lab bubble --json``'s ``timeline`` list (or the dictionary holding it), the
     simulator's result (``simulate.SimResult``, whose intervals have these attributes), and the spans the
-    runnable code records (``dist.instruments.Span``: ``rank, kind, name, t_start, t_end, micro_batch``;
+    runnable code records (``distributed.instruments.Span``: ``rank, kind, name, t_start, t_end, micro_batch``;
     only ``kind == "compute"`` spans are kept, named ``F``, ``B`` or ``W``).
     """
     if isinstance(timeline, Mapping):

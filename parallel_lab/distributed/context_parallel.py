@@ -41,7 +41,7 @@ whichever rank holds the key. Document masks break the zigzag's perfect balance 
 in short documents has less work); :func:`work_per_rank` measures how much, and ``balance="work"``
 (:func:`rank_indices`) deals ``4 cp`` smaller chunks by their attention work under the micro-batch's
 documents instead: on a packed batch of 4 x 1024 tokens over 4 ranks the busiest rank's work falls from
-1.27 to 1.03 times the mean (tests/dist/test_context_parallel.py). :func:`apply_cp` uses the zigzag, the
+1.27 to 1.03 times the mean (tests/distributed/test_context_parallel.py). :func:`apply_cp` uses the zigzag, the
 scheme Llama 3 describes (the plan has no field for the choice).
 
 All three compute with the same blockwise kernel (:func:`attend_forward`, :func:`attend_backward`): the
@@ -74,8 +74,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from parallel_lab.dist.instruments import CommTracer, TracedWork
-from parallel_lab.dist.model import AttnContext, Batch, make_context, repeat_kv
+from parallel_lab.distributed.instruments import CommTracer, TracedWork
+from parallel_lab.distributed.model import AttnContext, Batch, make_context, repeat_kv
 from parallel_lab.specs import CP_KINDS, ParallelLabError
 
 NEG_INF = float("-inf")

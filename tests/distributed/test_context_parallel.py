@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from parallel_lab import comm
-from parallel_lab.dist.context_parallel import (
+from parallel_lab.distributed.context_parallel import (
     ContextParallel,
     ContextParallelAttention,
     CPGroup,
@@ -30,14 +30,14 @@ from parallel_lab.dist.context_parallel import (
     rank_indices,
     work_per_rank,
 )
-from parallel_lab.dist.instruments import CommTracer, compare_calls
-from parallel_lab.dist.launch import launch
-from parallel_lab.dist.model import DotProductAttention, SyntheticData, make_context, reference_train
-from parallel_lab.dist.run import RUN_DEFAULTS, predicted_activations, run
-from parallel_lab.dist.train import global_losses, max_abs_diff, merge_params, train_rank
+from parallel_lab.distributed.instruments import CommTracer, compare_calls
+from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.model import DotProductAttention, SyntheticData, make_context, reference_train
+from parallel_lab.distributed.run import RUN_DEFAULTS, predicted_activations, run
+from parallel_lab.distributed.train import global_losses, max_abs_diff, merge_params, train_rank
 from parallel_lab.specs import CP_KINDS, ModelSpec, ParallelLabError, Plan
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
 ATTN_TOL, LOSS_TOL, PARAM_TOL = 1e-5, 1e-5, 5e-5
 LLAMA = ModelSpec.preset("tiny-llama")                    # 4 heads, 2 kv heads, head_dim 32

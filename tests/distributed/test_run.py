@@ -7,11 +7,11 @@ import json
 import pytest
 from conftest import run_cli
 
-from parallel_lab.dist import train
-from parallel_lab.dist.run import RUN_DEFAULTS, predicted_activations, run
+from parallel_lab.distributed import train
+from parallel_lab.distributed.run import RUN_DEFAULTS, predicted_activations, run
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
 
 def test_run_report_for_dp2():

@@ -31,13 +31,19 @@ import pytest
 import torch
 
 from parallel_lab import comm, ledger
-from parallel_lab.dist.launch import launch
-from parallel_lab.dist.model import ADAMW, init_weights, reference_train
-from parallel_lab.dist.run import predicted_activations
-from parallel_lab.dist.train import check_runnable, global_losses, max_abs_diff, merge_params, train_rank
+from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.model import ADAMW, init_weights, reference_train
+from parallel_lab.distributed.run import predicted_activations
+from parallel_lab.distributed.train import (
+    check_runnable,
+    global_losses,
+    max_abs_diff,
+    merge_params,
+    train_rank,
+)
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
 STEPS = 3
 LLAMA = ModelSpec.preset("tiny-llama").with_(layers=2)      # units: root 131,200 + 2 blocks of 181,504

@@ -36,8 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from parallel_lab.comm import pack_buckets
-from parallel_lab.dist.instruments import CommTracer, TracedWork, measure_state
-from parallel_lab.dist.model import make_optimizer
+from parallel_lab.distributed.instruments import CommTracer, TracedWork, measure_state
+from parallel_lab.distributed.model import make_optimizer
 from parallel_lab.specs import Plan
 
 

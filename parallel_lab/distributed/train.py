@@ -1,6 +1,6 @@
 """One rank's training loop, and the composition of the parallelisms of a Plan.
 
-:func:`train_rank` is what :func:`~parallel_lab.dist.launch.launch` runs on every rank::
+:func:`train_rank` is what :func:`~parallel_lab.distributed.launch.launch` runs on every rank::
 
     results = launch(train_rank, plan, spec, plan, steps=3, seed=0)
 
@@ -73,11 +73,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from parallel_lab.dist.data_parallel import LocalGrads, apply_dp
-from parallel_lab.dist.grid import Grid
-from parallel_lab.dist.instruments import CommEvent, CommTracer, SavedTensorMeter, Span, Timeline
-from parallel_lab.dist.mixed_precision import check_mixed, is_mixed, to_compute_dtype
-from parallel_lab.dist.model import Batch, build_model, freeze, loss_fn, synthetic_batch
+from parallel_lab.distributed.data_parallel import LocalGrads, apply_dp
+from parallel_lab.distributed.grid import Grid
+from parallel_lab.distributed.instruments import CommEvent, CommTracer, SavedTensorMeter, Span, Timeline
+from parallel_lab.distributed.mixed_precision import check_mixed, is_mixed, to_compute_dtype
+from parallel_lab.distributed.model import Batch, build_model, freeze, loss_fn, synthetic_batch
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 
@@ -140,7 +140,7 @@ def sequential_forward_backward(rt: Runtime, micro_batches: list[Batch]) -> floa
 # Composition
 # --------------------------------------------------------------------------------------------------
 
-PLUGINS = {  # plan field -> (module in parallel_lab.dist, function, issue that adds it)
+PLUGINS = {  # plan field -> (module in parallel_lab.distributed, function, issue that adds it)
     "tp": ("tensor_parallel", "apply_tp", "tensor parallelism"),
     "cp": ("context_parallel", "apply_cp", "context parallelism"),
     "pp": ("pipeline", "apply_pp", "pipeline parallelism"),
@@ -151,7 +151,7 @@ PLUGINS = {  # plan field -> (module in parallel_lab.dist, function, issue that 
 def plugin(what: str) -> Callable[[Runtime], None]:
     """The ``apply_*`` function for ``what`` (tp, cp, pp, zero), or a clear error if its file is missing."""
     module, fn, title = PLUGINS[what]
-    name = f"parallel_lab.dist.{module}"
+    name = f"parallel_lab.distributed.{module}"
     if importlib.util.find_spec(name) is None:
         raise ParallelLabError(f"{what} > {1 if what != 'zero' else 0} needs dist/{module}.py ({title}), "
                                f"which is not in this version of parallel_lab; run with {what}="

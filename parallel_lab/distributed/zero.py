@@ -66,10 +66,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from parallel_lab.dist.data_parallel import LocalGrads, trainable
-from parallel_lab.dist.instruments import TracedWork, measure_state, optimizer_state_tensors, storage_bytes
-from parallel_lab.dist.mixed_precision import is_mixed
-from parallel_lab.dist.model import ADAMW, make_optimizer
+from parallel_lab.distributed.data_parallel import LocalGrads, trainable
+from parallel_lab.distributed.instruments import (
+    TracedWork,
+    measure_state,
+    optimizer_state_tensors,
+    storage_bytes,
+)
+from parallel_lab.distributed.mixed_precision import is_mixed
+from parallel_lab.distributed.model import ADAMW, make_optimizer
 from parallel_lab.specs import ParallelLabError, Plan
 
 # ``all_gather_single`` is the 2.13 name; older torch has ``all_gather_into_tensor``.

@@ -19,13 +19,19 @@ from collections import Counter
 import pytest
 
 from parallel_lab import comm, ledger
-from parallel_lab.dist.launch import launch
-from parallel_lab.dist.model import ADAMW, reference_train
-from parallel_lab.dist.run import predicted_activations
-from parallel_lab.dist.train import check_runnable, global_losses, max_abs_diff, merge_params, train_rank
+from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.model import ADAMW, reference_train
+from parallel_lab.distributed.run import predicted_activations
+from parallel_lab.distributed.train import (
+    check_runnable,
+    global_losses,
+    max_abs_diff,
+    merge_params,
+    train_rank,
+)
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
 LOSS_TOL, PARAM_TOL = 2e-6, 2e-5
 LLAMA = ModelSpec.preset("tiny-llama")                   # 4 blocks: units root 131,200 + 4 x 181,504

@@ -55,8 +55,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parallel_lab.dist.grid import all_groups
-from parallel_lab.dist.instruments import CommTracer
+from parallel_lab.distributed.grid import all_groups
+from parallel_lab.distributed.instruments import CommTracer
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, divisors
 
 # --------------------------------------------------------------------------------------------------

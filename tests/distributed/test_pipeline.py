@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from parallel_lab import comm
-from parallel_lab.dist.instruments import CommEvent, TracedWork, compare_calls
-from parallel_lab.dist.launch import launch
-from parallel_lab.dist.model import build_model, loss_fn, make_context, synthetic_batch
-from parallel_lab.dist.pipeline import (
+from parallel_lab.distributed.instruments import CommEvent, TracedWork, compare_calls
+from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.model import build_model, loss_fn, make_context, synthetic_batch
+from parallel_lab.distributed.pipeline import (
     handoffs,
     layers_per_stage,
     measured_step,
@@ -37,13 +37,13 @@ from parallel_lab.dist.pipeline import (
     timeline_stats,
     weight_split_points,
 )
-from parallel_lab.dist.run import predicted_activations, run
-from parallel_lab.dist.train import CommTracer, parallelize
+from parallel_lab.distributed.run import predicted_activations, run
+from parallel_lab.distributed.train import CommTracer, parallelize
 from parallel_lab.schedules import build_schedule
 from parallel_lab.simulate import simulate
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(150)]
 
 LOSS_TOL, GRAD_TOL, DP_TOL = 1e-6, 1e-6, 2e-6
 LLAMA = ModelSpec.preset("tiny-llama")                       # 4 blocks

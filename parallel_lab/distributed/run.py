@@ -1,8 +1,8 @@
 """``parallel-lab run``: train the tiny model under a plan on real ranks; measurement beside prediction.
 
-:func:`run` launches :func:`~parallel_lab.dist.train.train_rank` on ``plan.world`` ranks (CPU processes
+:func:`run` launches :func:`~parallel_lab.distributed.train.train_rank` on ``plan.world`` ranks (CPU processes
 with gloo here, GPUs with nccl where present), trains the same steps in one process
-(:func:`~parallel_lab.dist.model.reference_train`), and reports:
+(:func:`~parallel_lab.distributed.model.reference_train`), and reports:
 
 * ``losses`` (the mean over the ranks that own a loss) and ``reference_losses`` (``adam-mixed``: the
   single-process run with the same bf16 arithmetic, ``reference_train(..., mixed=True)``);
@@ -14,7 +14,7 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
 * ``wall_s``: seconds from launching the ranks to having all their results;
-* ``pipeline`` (``pp > 1``, ``dist.pipeline.pipeline_report``): bubble ratio and idle fraction predicted by
+* ``pipeline`` (``pp > 1``, ``distributed.pipeline.pipeline_report``): bubble ratio and idle fraction predicted by
   the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
   measured against simulated, blocks per stage, mean F/B/W times and the measured timeline rows.
 """
@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parallel_lab import activations, comm, ledger
-from parallel_lab.dist.grid import coords
-from parallel_lab.dist.instruments import payload_by_dim
-from parallel_lab.dist.launch import launch
-from parallel_lab.dist.mixed_precision import is_mixed
-from parallel_lab.dist.model import reference_train
-from parallel_lab.dist.train import (
+from parallel_lab.distributed.grid import coords
+from parallel_lab.distributed.instruments import payload_by_dim
+from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.mixed_precision import is_mixed
+from parallel_lab.distributed.model import reference_train
+from parallel_lab.distributed.train import (
     RankResult,
     check_runnable,
     global_losses,
@@ -122,7 +122,7 @@ class RunReport:
             gap = f"{(m - p) / p:+.2%}" if p else ""
             lines.append(f"{cat:<17} {m:>12,}  {p:>12,}  {gap}")
         if "pipeline" in self.extra:
-            from parallel_lab.dist.pipeline import format_pipeline_report
+            from parallel_lab.distributed.pipeline import format_pipeline_report
 
             lines += ["", format_pipeline_report(self.extra["pipeline"])]
         lines.append(f"\nwall time of the parallel run: {self.wall_s:.2f} s")
@@ -192,7 +192,7 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
                                  "predicted_bytes": max(predicted_logits_and_loss(spec, plan, s)
                                                         for s in stages)}}
     if plan.pp > 1:
-        from parallel_lab.dist.pipeline import pipeline_report
+        from parallel_lab.distributed.pipeline import pipeline_report
 
         extra["pipeline"] = pipeline_report(spec, plan, results)
     return RunReport(spec, plan, steps, global_losses(results), ref.losses,

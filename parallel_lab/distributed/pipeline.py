@@ -75,8 +75,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, Node
 
-from parallel_lab.dist.instruments import TracedWork
-from parallel_lab.dist.model import AttnContext, Batch, make_context
+from parallel_lab.distributed.instruments import TracedWork
+from parallel_lab.distributed.model import AttnContext, Batch, make_context
 from parallel_lab.schedules import Action, build_schedule, execute, split_backward, validate
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, chunk_layers
 
@@ -144,7 +144,7 @@ def layers_per_stage(spec: ModelSpec, plan: Plan) -> list[int]:
 
 
 def keep_stage(model: nn.Module, layout: StageLayout) -> nn.Module:
-    """Delete the pieces of ``model`` (a ``dist.model.Transformer``) that ``layout`` does not hold."""
+    """Delete the pieces of ``model`` (a ``distributed.model.Transformer``) that ``layout`` does not hold."""
     keep = {str(i) for i in layout.layers}
     for name in [n for n in model.blocks if n not in keep]:
         del model.blocks[name]

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parallel_lab.dist.grid import all_groups, coords, group_of, mesh
-from parallel_lab.dist.launch import launch
+from parallel_lab.distributed.grid import all_groups, coords, group_of, mesh
+from parallel_lab.distributed.launch import launch
 from parallel_lab.specs import Plan
 
 
@@ -56,7 +56,7 @@ def _sum_over_groups(grid):
     return out, grid.pp_prev, grid.pp_next, grid.coords
 
 
-@pytest.mark.dist
+@pytest.mark.distributed
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("plan", [Plan(dp=2, tp=2), Plan(pp=2, cp=2)], ids=["dp2tp2", "pp2cp2"])
 def test_process_groups_reduce_over_their_members(plan):

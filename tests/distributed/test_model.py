@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parallel_lab.dist.model import (
+from parallel_lab.distributed.model import (
     SyntheticData,
     build_model,
     init_weights,

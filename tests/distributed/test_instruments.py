@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab.comm import Collective
-from parallel_lab.dist.instruments import (
+from parallel_lab.distributed.instruments import (
     CommEvent,
     CommTracer,
     SavedTensorMeter,
@@ -17,7 +17,7 @@ from parallel_lab.dist.instruments import (
     memtracker_snapshot,
     payload_by_dim,
 )
-from parallel_lab.dist.launch import launch
+from parallel_lab.distributed.launch import launch
 from parallel_lab.specs import ModelSpec, Plan
 
 
@@ -56,7 +56,7 @@ def _every_call(grid):
     return tr.events, x, gathered, shard, a2a, b, got
 
 
-@pytest.mark.dist
+@pytest.mark.distributed
 @pytest.mark.timeout(60)
 def test_traced_message_bytes_follow_the_conventions():
     out = launch(_every_call, Plan(cp=2), timeout_s=60)      # dp (= dp x cp) and cp groups of 2
@@ -122,7 +122,7 @@ def test_saved_tensor_meter_counts_storages_once_skips_parameters_and_tracks_the
 
 
 def test_memtracker_agrees_on_model_state():
-    from parallel_lab.dist.model import build_model, loss_fn, make_optimizer, synthetic_batch
+    from parallel_lab.distributed.model import build_model, loss_fn, make_optimizer, synthetic_batch
 
     spec = ModelSpec.preset("tiny-llama").with_(layers=1)
     plan = Plan(micro_batch=1, seq=16, optimizer="adam-fp32", dtype="fp32")

@@ -1,7 +1,7 @@
 """Start one process per rank, run a function on each, and bring the results (or the first error) back.
 
 ``launch(fn, plan, *args, **kwargs)`` calls ``fn(grid, *args, **kwargs)`` on every rank of
-``plan.world`` ranks, where ``grid`` is the rank's :class:`~parallel_lab.dist.grid.Grid` (coordinates,
+``plan.world`` ranks, where ``grid`` is the rank's :class:`~parallel_lab.distributed.grid.Grid` (coordinates,
 process groups, device), and returns the ranks' return values in rank order. ``fn`` must live in an
 importable module (a function defined in a notebook cannot be pickled under spawn).
 
@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from parallel_lab.dist.grid import Grid
+from parallel_lab.distributed.grid import Grid
 from parallel_lab.specs import ParallelLabError, Plan
 
 DEFAULT_TIMEOUT_S = 300.0

@@ -504,7 +504,7 @@ def make_optimizer(params: Iterable[Tensor], plan: Plan) -> torch.optim.Optimize
     if plan.optimizer == "sgd-momentum":
         return torch.optim.SGD(params, foreach=False, **SGD)
     if plan.optimizer == "adam-mixed":                        # fp32 master copies of (bf16) parameters
-        from parallel_lab.dist.mixed_precision import MasterAdamW
+        from parallel_lab.distributed.mixed_precision import MasterAdamW
 
         return MasterAdamW(params, **ADAMW)
     raise ParallelLabError(f"optimizer={plan.optimizer!r} is not runnable here; the runnable optimizers are "

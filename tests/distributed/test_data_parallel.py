@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from parallel_lab import comm, ledger
-from parallel_lab.dist.data_parallel import bucket_plan
-from parallel_lab.dist.instruments import compare_calls
-from parallel_lab.dist.launch import launch
-from parallel_lab.dist.model import build_model, reference_train
-from parallel_lab.dist.train import global_losses, max_abs_diff, merge_params, train_rank
+from parallel_lab.distributed.data_parallel import bucket_plan
+from parallel_lab.distributed.instruments import compare_calls
+from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.model import build_model, reference_train
+from parallel_lab.distributed.train import global_losses, max_abs_diff, merge_params, train_rank
 from parallel_lab.specs import ModelSpec, Plan
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
 LOSS_TOL, PARAM_TOL = 2e-6, 2e-5
 LLAMA = ModelSpec.preset("tiny-llama").with_(layers=2)

@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab import comm, ledger
-from parallel_lab.dist.instruments import CommTracer, compare_calls
-from parallel_lab.dist.launch import launch
-from parallel_lab.dist.model import build_model, loss_fn, reference_train, synthetic_batch
-from parallel_lab.dist.run import predicted_activations
-from parallel_lab.dist.tensor_parallel import (
+from parallel_lab.distributed.instruments import CommTracer, compare_calls
+from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.model import build_model, loss_fn, reference_train, synthetic_batch
+from parallel_lab.distributed.run import predicted_activations
+from parallel_lab.distributed.tensor_parallel import (
     TPGroup,
     check_tp,
     copy_to_tp,
@@ -28,10 +28,10 @@ from parallel_lab.dist.tensor_parallel import (
     reduce_from_tp,
     reduce_scatter_to_sequence_parallel,
 )
-from parallel_lab.dist.train import check_runnable, parallelize
+from parallel_lab.distributed.train import check_runnable, parallelize
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(150)]
 
 LOGIT_TOL, LOSS_TOL, GRAD_REL_TOL, GRAD_ABS_TOL, PARAM_TOL = 3e-6, 3e-6, 5e-6, 1e-9, 1e-4
 LLAMA = ModelSpec.preset("tiny-llama").with_(layers=2)        # heads 4, kv_heads 2: tp=4 replicates kv heads
