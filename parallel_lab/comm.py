@@ -59,6 +59,8 @@ class Collective:
     count: int = 1
     phase: str = "backward"
     note: str = ""
+    #: the ZeRO/FSDP unit a dp call moves (``"root"``, ``"blocks.3"``, ...); ``None`` for every other call
+    unit: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -208,18 +210,18 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
     backward_order = list(reversed(padded))
     if plan.zero in (1, 2):
         kind = "all_reduce" if plan.zero == 1 else "reduce_scatter"
-        out += [Collective("dp", kind, padded[u] * gb, g, 1, "backward", f"grad of unit {u}")
+        out += [Collective("dp", kind, padded[u] * gb, g, 1, "backward", f"grad of unit {u}", u)
                 for u in backward_order]
-        out += [Collective("dp", "all_gather", padded[u] * pb, g, 1, "step", f"updated params of unit {u}")
+        out += [Collective("dp", "all_gather", padded[u] * pb, g, 1, "step", f"updated params of unit {u}", u)
                 for u in padded]
         return out
     for u in padded:
         n_gather = 1 if u == "root" else 2
-        out.append(Collective("dp", "all_gather", padded[u] * pb, g, m, "forward", f"params of unit {u}"))
+        out.append(Collective("dp", "all_gather", padded[u] * pb, g, m, "forward", f"params of unit {u}", u))
         if n_gather == 2:
             out.append(Collective("dp", "all_gather", padded[u] * pb, g, m, "backward",
-                                  f"params of unit {u} again"))
-    out += [Collective("dp", "reduce_scatter", padded[u] * gb, g, m, "backward", f"grad of unit {u}")
+                                  f"params of unit {u} again", u))
+    out += [Collective("dp", "reduce_scatter", padded[u] * gb, g, m, "backward", f"grad of unit {u}", u)
             for u in backward_order]
     return out
 

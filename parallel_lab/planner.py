@@ -325,7 +325,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
             t = c.count * comm_mod.collective_time(c.kind, c.message_bytes, c.group_size, tier)
             if plan.zero == 3:
                 st.zero3 += t
-                unit = c.note.split("unit ")[1].split()[0]          # comm's notes name the unit
+                unit = c.unit
                 units[unit] = units.get(unit, 0.0) + t / c.count
             elif c.phase == "step":
                 st.dp_gather += t
