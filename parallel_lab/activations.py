@@ -61,6 +61,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from parallel_lab import layout
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 MASK_BYTES = 1     # torch.native_dropout keeps a bool mask
@@ -109,15 +110,13 @@ class LocalDims:
 def _local_dims(model: ModelSpec, plan: Plan) -> LocalDims:
     """Local sizes under TP (heads, kv heads, ffn / tp), SP (norm region seq / tp) and CP (seq / cp)."""
     tp, cp = plan.tp, plan.cp
-    if model.heads % tp or model.ffn % tp:
-        raise ParallelLabError(f"tp={tp} must divide heads={model.heads} and ffn={model.ffn}")
+    layout.check_tp(model, tp)
     if plan.seq % cp:
         raise ParallelLabError(f"cp={cp} must divide seq={plan.seq}")
     s = plan.seq // cp
     s_n = s // tp if plan.sp else s
-    kv_local = model.kv_heads // tp if model.kv_heads >= tp else 1   # replicated kv heads when tp > kv_heads
     return LocalDims(b=plan.micro_batch, s=s, s_n=s_n, h=model.hidden, d=model.head_dim,
-                     heads=model.heads // tp, kv_heads=kv_local, ffn=model.ffn // tp)
+                     heads=model.heads // tp, kv_heads=layout.kv_heads_local(model, tp), ffn=model.ffn // tp)
 
 
 def _norm(model: ModelSpec, op: str, t: LocalDims, a: int, stat: int) -> list[Saved]:
@@ -161,13 +160,18 @@ def _core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
     if plan.cp > 1:
         return _cp_core(model, plan, t, a)
     s_k = t.s
+    # repeat_kv expands a key/value head to the query heads it serves and reshapes; with one kv head on this
+    # rank the reshape is a view of the unrepeated tensor, and with a micro-batch of 1 so is matmul's own
+    # flattening to (b * heads, s, d): what is saved is then the unrepeated storage. Otherwise it is a copy.
+    kv_saved = 1 if t.b == 1 and t.kv_heads == 1 else t.heads
+    what = "(one kv head, a view of the unrepeated tensor)" if kv_saved < t.heads else "(repeated to all heads)"
     qkv = [Saved("core.qk", "q / sqrt(d)", (t.b, t.heads, t.s, t.d), a),
-           Saved("core.qk", "k^T (repeated to all heads)", (t.b, t.heads, t.d, s_k), a)]
+           Saved("core.qk", f"k^T {what}", (t.b, kv_saved, t.d, s_k), a)]
     probs = [Saved("core.softmax", "probabilities", (t.b, t.heads, t.s, s_k), a)]
     if model.dropout > 0:
         probs += [Saved("core.dropout", "mask", (t.b, t.heads, t.s, s_k), MASK_BYTES),
                   Saved("core.pv", "dropped probabilities", (t.b, t.heads, t.s, s_k), a)]
-    v = [Saved("core.pv", "v (repeated to all heads)", (t.b, t.heads, s_k, t.d), a)]
+    v = [Saved("core.pv", f"v {what}", (t.b, kv_saved, s_k, t.d), a)]
     return qkv + probs + v
 
 

@@ -21,20 +21,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from .ledger import (
-    _grad_comm_bytes,
-    _kv_local,
-    _param_comm_bytes,
-    _stage_or_all,
+from .layout import (  # noqa: F401  (pack_buckets, ddp_buckets, rank_of, group_ranks, tier_of: re-exported)
+    ddp_buckets,
+    grad_comm_bytes,
+    group_ranks,
+    group_tier,
     is_frozen,
-    local_parameters,
+    kv_width_local,
+    pack_buckets,
+    param_comm_bytes,
+    q_width_local,
+    rank_of,
     shard_group,
+    stage_blocks,
+    stage_params,
+    tier_of,
+    trainable,
     unit_sizes,
+    vocab_local,
 )
-from .specs import ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan, stage_layers
+from .specs import ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 DIMS = ("dp", "tp", "tp_vocab", "pp", "cp")
@@ -102,56 +111,12 @@ class Collective:
 # --------------------------------------------------------------------------------------------------
 
 def _n_layers(model: ModelSpec, plan: Plan, stage: int) -> int:
-    return len(stage_layers(model.layers, plan.pp, plan.interleave, stage))
+    return stage_blocks(model.layers, plan.pp, plan.interleave, stage)
 
 
 def _act_bytes(model: ModelSpec, plan: Plan) -> int:
     """``(s/cp) b h d``: one activation tensor of the local sequence."""
     return (plan.seq // plan.cp) * plan.micro_batch * model.hidden * plan.dtype_bytes
-
-
-def _trainable(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[tuple[str, int]]:
-    """``(name, local elements)`` of this rank's trainable parameters, in registration order."""
-    if not model.shape_known:
-        return [("<all parameters>", model.n_params)]
-    return [(p.name, p.numel) for p in local_parameters(model, plan, stage) if not is_frozen(p.name, frozen)]
-
-
-def ddp_buckets(model: ModelSpec, plan: Plan, stage: int = 0,
-                frozen: tuple[str, ...] = ()) -> list[list[tuple[str, int]]]:
-    """DDP's gradient buckets: lists of ``(name, gradient bytes)``, in the order they are all-reduced.
-
-    The rule (the runnable DDP implements the same): walk the trainable parameters in *reverse*
-    registration order (the order their gradients become ready in backward); a bucket closes when adding
-    the next parameter would make it exceed ``bucket_mb * 10**6`` bytes, except that a bucket always
-    holds at least one parameter (a parameter larger than the cap gets a bucket of its own). Unlike
-    torch's DDP there is no special small first bucket. Gradient bytes: 2 per element for bf16-gradient
-    optimizers (adam-mixed, adam-8bit, adafactor), else 4.
-    """
-    gb = _grad_comm_bytes(plan)
-    items = [(name, numel * gb) for name, numel in reversed(_trainable(model, plan, stage, frozen))]
-    return pack_buckets(items, plan.bucket_mb * 1e6)
-
-
-def pack_buckets(items: list[tuple[str, int]], cap_bytes: float) -> list[list[tuple[str, int]]]:
-    """Cut ``(name, bytes)`` items, already in all-reduce order, into buckets of at most ``cap_bytes``:
-    a bucket closes when the next item would overflow it, and always holds at least one item.
-
-    The one definition of the bucket rule: :func:`ddp_buckets` predicts with it and the runnable
-    ``distributed.data_parallel.BucketedDDP`` builds its buckets with it.
-    """
-    buckets: list[list[tuple[str, int]]] = []
-    current: list[tuple[str, int]] = []
-    size = 0
-    for name, nbytes in items:
-        if current and size + nbytes > cap_bytes:
-            buckets.append(current)
-            current, size = [], 0
-        current.append((name, nbytes))
-        size += nbytes
-    if current:
-        buckets.append(current)
-    return buckets
 
 
 # --------------------------------------------------------------------------------------------------
@@ -168,10 +133,10 @@ def _dp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str,
     g = shard_group(plan)
     if g == 1 or plan.zero:
         return []
-    gb = _grad_comm_bytes(plan)
+    gb = grad_comm_bytes(plan)
     if plan.dp_kind == "naive":
         return [Collective("dp", "all_reduce", numel * gb, g, 1, "backward", f"grad {name}")
-                for name, numel in reversed(_trainable(model, plan, stage, frozen))]
+                for name, numel in reversed(trainable(model, plan, stage, frozen))]
     out = []
     for i, bucket in enumerate(ddp_buckets(model, plan, stage, frozen)):
         first, last = bucket[0][0], bucket[-1][0]
@@ -202,7 +167,7 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
     g = shard_group(plan)
     if g == 1 or not plan.zero:
         return []
-    gb, pb = _grad_comm_bytes(plan), _param_comm_bytes(plan)
+    gb, pb = grad_comm_bytes(plan), param_comm_bytes(plan)
     units = unit_sizes(model, plan, stage, frozen)
     padded = {u: g * math.ceil(n / g) for u, n in units.items()}
     m = plan.microbatches
@@ -246,39 +211,53 @@ def _tp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str,
     t = plan.tp
     if t == 1 or not model.shape_known:
         return []
-    L, m, M = _n_layers(model, plan, stage), plan.microbatches, _act_bytes(model, plan)
-    n = 2 * L * m
-    out: list[Collective] = []
+    out = scaled(tp_layer_collectives(model, plan), _n_layers(model, plan, stage) * plan.microbatches)
+    return out + tp_step_collectives(model, plan, stage, frozen)
+
+
+def scaled(colls: list[Collective], k: int) -> list[Collective]:
+    """``colls`` made ``k`` times as often (one layer's calls -> a stage's, one micro-batch's -> a step's)."""
+    return [replace(c, count=c.count * k) for c in colls]
+
+
+def tp_layer_collectives(model: ModelSpec, plan: Plan) -> list[Collective]:
+    """The TP calls of one transformer block for one micro-batch (see :func:`_tp_collectives`)."""
+    t, M = plan.tp, _act_bytes(model, plan)
+    if t == 1:
+        return []
     if not plan.sp:
-        fwd = [Collective("tp", "all_reduce", M, t, n, "forward", "g: after attention wo and MLP down/proj")]
-        out += fwd
-        out.append(Collective("tp", "all_reduce", M, t, n, "backward",
-                              "f: grads at attention and MLP inputs"))
+        fwd = [Collective("tp", "all_reduce", M, t, 2, "forward", "g: after attention wo and MLP down/proj")]
+        bwd = [Collective("tp", "all_reduce", M, t, 2, "backward", "f: grads at attention and MLP inputs")]
     else:
-        fwd = [Collective("tp", "all_gather", M, t, n, "forward", "g: SP gather before attention and MLP"),
-               Collective("tp", "reduce_scatter", M, t, n, "forward",
-                          "g-bar: after attention wo and MLP down")]
-        out += fwd
-        out += [Collective("tp", "reduce_scatter", M, t, n, "backward", "grads of the forward all_gathers"),
-                Collective("tp", "all_gather", M, t, n, "backward", "grads of the forward reduce_scatters"),
-                Collective("tp", "all_gather", M, t, n, "backward",
-                           "SP: the saved input shard gathered again for the weight gradients")]
+        fwd = [Collective("tp", "all_gather", M, t, 2, "forward", "g: SP gather before attention and MLP"),
+               Collective("tp", "reduce_scatter", M, t, 2, "forward", "g-bar: after attention wo and MLP down")]
+        bwd = [Collective("tp", "reduce_scatter", M, t, 2, "backward", "grads of the forward all_gathers"),
+               Collective("tp", "all_gather", M, t, 2, "backward", "grads of the forward reduce_scatters"),
+               Collective("tp", "all_gather", M, t, 2, "backward",
+                          "SP: the saved input shard gathered again for the weight gradients")]
+    out = fwd + bwd
     if plan.recompute == "full":
-        out += [Collective(c.dim, c.kind, c.message_bytes, c.group_size, c.count, "backward",
-                           "recomputed forward: " + c.note) for c in fwd]
-    gb = _grad_comm_bytes(plan)
-    params = [p for p in local_parameters(model, plan, stage) if not is_frozen(p.name, frozen)]
-    if plan.sp:
-        rep = sum(p.numel for p in params if p.tp_replicated)
-        if rep:
-            out.append(Collective("tp", "all_reduce", rep * gb, t, 1, "backward",
-                                  "SP: grads of TP-replicated parameters (norms, row-parallel biases, "
-                                  "position embedding)"))
-    if t > model.kv_heads:
-        kv = sum(p.numel for p in params if p.name.split(".")[-2] in ("wk", "wv"))
-        if kv:
-            out.append(Collective("tp", "all_reduce", kv * gb, t // model.kv_heads, 1, "backward",
-                                  "GQA: grads of kv heads replicated over tp/kv_heads ranks"))
+        out += [replace(c, phase="backward", note="recomputed forward: " + c.note) for c in fwd]
+    return out
+
+
+def tp_step_collectives(model: ModelSpec, plan: Plan, stage: int = 0,
+                        frozen: tuple[str, ...] = ()) -> list[Collective]:
+    """The TP calls made once per step: SP's all-reduce of the TP-replicated parameters' gradients, and the
+    all-reduce of replicated key/value heads' gradients when ``tp > kv_heads``."""
+    t = plan.tp
+    if t == 1:
+        return []
+    gb = grad_comm_bytes(plan)
+    params = stage_params(model, plan, stage, tuple(frozen))
+    out = []
+    if plan.sp and params.tp_replicated:
+        out.append(Collective("tp", "all_reduce", params.tp_replicated * gb, t, 1, "backward",
+                              "SP: grads of TP-replicated parameters (norms, row-parallel biases, "
+                              "position embedding)"))
+    if t > model.kv_heads and params.kv:
+        out.append(Collective("tp", "all_reduce", params.kv * gb, t // model.kv_heads, 1, "backward",
+                              "GQA: grads of kv heads replicated over tp/kv_heads ranks"))
     return out
 
 
@@ -340,7 +319,7 @@ def _pp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str,
         out += [Collective("pp", "recv", M, 2, recvs * m, "forward", "activation from the previous stage"),
                 Collective("pp", "send", M, 2, recvs * m, "backward", "gradient to the previous stage")]
     if model.tied_embeddings and stage in (0, p - 1) and not is_frozen("tok_emb.weight", frozen):
-        emb = math.ceil(model.vocab / plan.tp) * model.hidden * _grad_comm_bytes(plan)
+        emb = vocab_local(model, plan.tp) * model.hidden * grad_comm_bytes(plan)
         out.append(Collective("pp", "all_reduce", emb, 2, 1, "backward",
                               "tied embedding grad (first + last stage)"))
     return out
@@ -364,58 +343,78 @@ def _cp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str,
     Full recomputation, and selective recomputation (which recomputes the attention core, and with it
     the core's communication), repeat the forward's traffic during backward.
     """
-    c = plan.cp
-    if c == 1 or not model.shape_known:
+    if plan.cp == 1 or not model.shape_known:
         return []
-    L, m = _n_layers(model, plan, stage), plan.microbatches
-    n = L * m
+    return scaled(cp_layer_collectives(model, plan), _n_layers(model, plan, stage) * plan.microbatches)
+
+
+def cp_layer_collectives(model: ModelSpec, plan: Plan) -> list[Collective]:
+    """The CP calls of one transformer block for one micro-batch (see :func:`_cp_collectives`)."""
+    c = plan.cp
+    if c == 1:
+        return []
     s, b, d = plan.seq // c, plan.micro_batch, plan.dtype_bytes
-    kv = _kv_local(model, plan.tp)
-    q = model.heads * model.head_dim // plan.tp
+    kv = kv_width_local(model, plan.tp)
+    q = q_width_local(model, plan.tp)
     Mkv = 2 * s * b * kv * d
-    out: list[Collective] = []
     if plan.cp_kind == "ring":
-        fwd = [Collective("cp", "send", Mkv, 2, (c - 1) * n, "forward", "ring: K/V block to the next rank"),
-               Collective("cp", "recv", Mkv, 2, (c - 1) * n, "forward", "ring: K/V block from the previous")]
-        bwd = [Collective("cp", "send", Mkv, 2, (c - 1) * n, "backward", "ring: K/V block again"),
-               Collective("cp", "recv", Mkv, 2, (c - 1) * n, "backward", "ring: K/V block again"),
-               Collective("cp", "send", Mkv, 2, (c - 1) * n, "backward", "ring: dK/dV accumulator"),
-               Collective("cp", "recv", Mkv, 2, (c - 1) * n, "backward", "ring: dK/dV accumulator")]
+        fwd = [Collective("cp", "send", Mkv, 2, c - 1, "forward", "ring: K/V block to the next rank"),
+               Collective("cp", "recv", Mkv, 2, c - 1, "forward", "ring: K/V block from the previous")]
+        bwd = [Collective("cp", "send", Mkv, 2, c - 1, "backward", "ring: K/V block again"),
+               Collective("cp", "recv", Mkv, 2, c - 1, "backward", "ring: K/V block again"),
+               Collective("cp", "send", Mkv, 2, c - 1, "backward", "ring: dK/dV accumulator"),
+               Collective("cp", "recv", Mkv, 2, c - 1, "backward", "ring: dK/dV accumulator")]
     elif plan.cp_kind == "allgather":
-        fwd = [Collective("cp", "all_gather", c * Mkv, c, n, "forward", "gather K and V")]
-        bwd = [Collective("cp", "reduce_scatter", c * Mkv, c, n, "backward", "dK and dV")]
+        fwd = [Collective("cp", "all_gather", c * Mkv, c, 1, "forward", "gather K and V")]
+        bwd = [Collective("cp", "reduce_scatter", c * Mkv, c, 1, "backward", "dK and dV")]
     else:
         kv_heads_local = kv // model.head_dim
         kv_rep = kv * (c // math.gcd(kv_heads_local, c))
         Mqkv, Mq = s * b * (q + 2 * kv_rep) * d, s * b * q * d
-        fwd = [Collective("cp", "all_to_all", Mqkv, c, n, "forward", "Q, K, V to head-sharded"),
-               Collective("cp", "all_to_all", Mq, c, n, "forward", "output back to sequence-sharded")]
-        bwd = [Collective("cp", "all_to_all", Mq, c, n, "backward", "output grad to head-sharded"),
-               Collective("cp", "all_to_all", Mqkv, c, n, "backward", "dQ, dK, dV back")]
-    out += fwd + bwd
+        fwd = [Collective("cp", "all_to_all", Mqkv, c, 1, "forward", "Q, K, V to head-sharded"),
+               Collective("cp", "all_to_all", Mq, c, 1, "forward", "output back to sequence-sharded")]
+        bwd = [Collective("cp", "all_to_all", Mq, c, 1, "backward", "output grad to head-sharded"),
+               Collective("cp", "all_to_all", Mqkv, c, 1, "backward", "dQ, dK, dV back")]
+    out = fwd + bwd
     if plan.recompute in ("full", "selective"):
-        out += [Collective(x.dim, x.kind, x.message_bytes, x.group_size, x.count, "backward",
-                           "recomputed forward: " + x.note) for x in fwd]
+        out += [replace(x, phase="backward", note="recomputed forward: " + x.note) for x in fwd]
     return out
 
 
-PARTS = (_dp_collectives, _zero_collectives, _tp_collectives, _tp_vocab_collectives, _pp_collectives,
-         _cp_collectives)
+#: Each dim's collectives, one function per parallelism (dp has two: DDP and ZeRO).
+PARTS = (("dp", _dp_collectives), ("dp", _zero_collectives), ("tp", _tp_collectives),
+         ("tp_vocab", _tp_vocab_collectives), ("pp", _pp_collectives), ("cp", _cp_collectives))
 
 
 # --------------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------------
 
+def _stages(plan: Plan, stage: int | None) -> list[int]:
+    if stage is None:
+        return list(range(plan.pp))
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < plan.pp:
+        raise ParallelLabError(f"stage={stage!r} is not a pipeline stage of pp={plan.pp}; pick 0..{plan.pp - 1}")
+    return [stage]
+
+
 def _stage_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[Collective]:
-    return [c for part in PARTS for c in part(model, plan, stage, frozen) if c.count]
+    return [c for _, part in PARTS for c in part(model, plan, stage, frozen) if c.count]
+
+
+def stage_collectives(model: ModelSpec, plan: Plan, stage: int = 0, *, dims: Iterable[str] = DIMS,
+                      frozen: Iterable[str] = ()) -> list[Collective]:
+    """The collectives of dims ``dims`` one rank of ``stage`` makes per step, for a plan already validated
+    (:func:`collectives` validates and picks the stage; the planner calls this one, memoised)."""
+    want, frozen = set(dims), tuple(frozen)
+    return [c for dim, part in PARTS if dim in want for c in part(model, plan, stage, frozen) if c.count]
 
 
 def _busiest(model: ModelSpec, plan: Plan, stage: int | None,
              frozen: tuple[str, ...]) -> tuple[int, list[Collective]]:
     plan.validate(model)
     frozen = tuple(frozen)
-    options = [(s, _stage_collectives(model, plan, s, frozen)) for s in _stage_or_all(plan, stage)]
+    options = [(s, _stage_collectives(model, plan, s, frozen)) for s in _stages(plan, stage)]
     return max(options, key=lambda sc: sum(c.wire_bytes for c in sc[1]))
 
 
@@ -465,36 +464,6 @@ def collective_time(kind: str, message_bytes: float, group_size: int, tier: Link
     return ring_steps(kind, group_size) * tier.latency + wire / tier.bandwidth
 
 
-def rank_of(plan: Plan, dp: int = 0, pp: int = 0, cp: int = 0, tp: int = 0) -> int:
-    """Global rank of grid coordinates in the placement ``arange(world).view(dp, pp, cp, tp)``."""
-    return ((dp * plan.pp + pp) * plan.cp + cp) * plan.tp + tp
-
-
-def group_ranks(plan: Plan, dim: str, stage: int = 0) -> list[int]:
-    """The ranks of the ``dim`` group that contains grid point ``(dp=0, pp=stage, cp=0, tp=0)``.
-
-    ``dp``: the ``dp x cp`` gradient group; ``tp``/``tp_vocab``: the TP group; ``cp``: the CP group;
-    ``pp``: this stage and its pipeline neighbours.
-    """
-    if dim == "dp":
-        return [rank_of(plan, i, stage, j, 0) for i in range(plan.dp) for j in range(plan.cp)]
-    if dim in ("tp", "tp_vocab"):
-        return [rank_of(plan, 0, stage, 0, k) for k in range(plan.tp)]
-    if dim == "cp":
-        return [rank_of(plan, 0, stage, j, 0) for j in range(plan.cp)]
-    if dim == "pp":
-        near = {stage, (stage - 1) % plan.pp, (stage + 1) % plan.pp} if plan.interleave > 1 else \
-            {s for s in (stage - 1, stage, stage + 1) if 0 <= s < plan.pp}
-        return sorted(rank_of(plan, 0, s, 0, 0) for s in near)
-    raise ParallelLabError(f"dim {dim!r} is not known; pick one of {', '.join(DIMS)}")
-
-
-def tier_of(cluster: ClusterSpec, ranks: list[int]) -> LinkTier:
-    """``intra`` when all ranks share one node (``rank // gpus_per_node``), else ``inter``."""
-    nodes = {r // cluster.gpus_per_node for r in ranks}
-    return cluster.intra if len(nodes) <= 1 else cluster.inter
-
-
 @dataclass
 class CommReport:
     """Collectives of one rank for one step, with wire bytes, payload bytes and time per dimension."""
@@ -519,7 +488,7 @@ def report(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None, sta
     """:func:`collectives` with wire bytes and alpha-beta time per dimension on ``cluster`` (h100-sxm)."""
     cluster = cluster or ClusterSpec.preset("h100-sxm")
     st, colls = _busiest(model, plan, stage, tuple(frozen))
-    tiers = {dim: tier_of(cluster, group_ranks(plan, dim, st)) for dim in per_step_bytes(colls)}
+    tiers = {dim: group_tier(cluster, plan, dim, st) for dim in per_step_bytes(colls)}
     time_s: dict[str, float] = {}
     for c in colls:
         time_s[c.dim] = time_s.get(c.dim, 0.0) + c.count * collective_time(c.kind, c.message_bytes,

@@ -30,20 +30,27 @@ Models" (Sec. 4, Table 2), generalised as documented in :func:`activation_bytes_
 
 from __future__ import annotations
 
-import functools
-import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .schedules import head_inflight, peak_activation_units
-from .specs import (
-    ClusterSpec,
-    ModelSpec,
-    ParallelLabError,
-    Plan,
+from . import activations
+from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: re-exported, their home is layout)
+    LocalParam,
+    bucket_bytes,
+    grad_comm_bytes,
+    is_frozen,
+    kv_width_local,
+    local_parameters,
+    param_comm_bytes,
+    q_width_local,
+    shard_group,
     stage_layers,
+    stage_params,
+    unit_sizes,
 )
+from .schedules import head_inflight, peak_activation_units
+from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "logits_and_loss", "comm_buffers")
 DEFAULT_CLUSTER = "h100-sxm"
@@ -51,98 +58,6 @@ DEFAULT_CLUSTER = "h100-sxm"
 MASK_BYTES = 1
 #: Cross-entropy works in fp32: the log-probabilities it keeps for backward are 4 bytes each.
 LOSS_BYTES = 4
-
-
-# --------------------------------------------------------------------------------------------------
-# The parameters one GPU holds
-# --------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class LocalParam:
-    """One parameter tensor as one GPU holds it: ``numel`` local elements, its ZeRO ``unit``, and whether
-    it is replicated (not split) across the TP group."""
-
-    name: str
-    numel: int
-    unit: str
-    tp_replicated: bool
-
-
-def _tp_rows(model: ModelSpec, leaf: str, fan_out: int, tp: int) -> int:
-    """Local output rows of a column-parallel weight ``leaf`` (``wk``/``wv`` follow the GQA rule)."""
-    if leaf in ("wk", "wv") and tp > model.kv_heads:
-        return model.head_dim
-    return fan_out // tp
-
-
-def local_parameters(model: ModelSpec, plan: Plan, stage: int = 0) -> list[LocalParam]:
-    """The parameters of pipeline stage ``stage`` on one TP rank, in registration order.
-
-    Units: ``blocks.{i}`` per block and ``root`` for the rest (``zero_unit="block"``), or a single ``root``
-    (``zero_unit="root"``). Formulas: see the module docstring.
-    """
-    model.require_shape("the per-tensor parameter layout")
-    return list(_local_parameters(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage))
-
-
-@functools.lru_cache(maxsize=256)
-def _local_parameters(model: ModelSpec, tp: int, pp: int, interleave: int, zero_unit: str,
-                      stage: int) -> tuple[LocalParam, ...]:
-    plan = Plan(tp=tp, pp=pp, interleave=interleave, zero_unit=zero_unit,
-                schedule="interleaved" if interleave > 1 else "1f1b", grad_accum=pp)
-    tp, v = plan.tp, model.vocab
-    layers = set(stage_layers(model.layers, plan.pp, plan.interleave, stage))
-    first, last = stage == 0, stage == plan.pp - 1
-    out: list[LocalParam] = []
-    for name, shape in model.parameter_shapes():
-        parts = name.split(".")
-        if parts[0] == "blocks":
-            layer = int(parts[1])
-            if layer not in layers:
-                continue
-            unit = f"blocks.{layer}" if plan.zero_unit == "block" else "root"
-            module, leaf, kind = parts[2], parts[3], parts[-1]
-            if module in ("attn_norm", "mlp_norm"):
-                numel, rep = math.prod(shape), True
-            elif leaf in ("wq", "wk", "wv", "fc", "gate", "up"):            # column-parallel
-                rows = _tp_rows(model, leaf, shape[0], tp)
-                numel, rep = (rows * shape[1] if kind == "weight" else rows), tp == 1
-            else:                                                           # row-parallel wo, proj, down
-                numel, rep = (shape[0] * (shape[1] // tp), tp == 1) if kind == "weight" else (shape[0], True)
-            out.append(LocalParam(name, numel, unit, rep))
-            continue
-        on_stage = {"tok_emb": first, "pos_emb": first, "final_norm": last, "lm_head": last}[parts[0]]
-        if not on_stage:
-            continue
-        if parts[0] in ("tok_emb", "lm_head"):
-            numel, rep = math.ceil(v / tp) * shape[1], tp == 1
-        else:
-            numel, rep = math.prod(shape), True
-        out.append(LocalParam(name, numel, "root", rep))
-    if model.tied_embeddings and plan.pp > 1 and last:
-        out.append(LocalParam("tok_emb.weight", math.ceil(v / tp) * model.hidden, "root", tp == 1))
-    return tuple(out)
-
-
-def unit_sizes(model: ModelSpec, plan: Plan, stage: int = 0, frozen: tuple[str, ...] = ()) -> dict[str, int]:
-    """Trainable local elements per ZeRO unit of ``stage`` (in registration order; empty units dropped)."""
-    if not model.shape_known:
-        return {"root": model.n_params}
-    sizes: dict[str, int] = {}
-    for p in local_parameters(model, plan, stage):
-        if not is_frozen(p.name, frozen):
-            sizes[p.unit] = sizes.get(p.unit, 0) + p.numel
-    return {u: n for u, n in sizes.items() if n}
-
-
-def is_frozen(name: str, frozen: tuple[str, ...] | list[str]) -> bool:
-    """A parameter is frozen when its name equals an entry of ``frozen`` or starts with ``entry + "."``."""
-    return any(name == f or name.startswith(f.rstrip(".") + ".") for f in frozen)
-
-
-def shard_group(plan: Plan) -> int:
-    """Ranks a ZeRO unit is sharded over: the gradient-sync group ``dp * cp``."""
-    return plan.dp * plan.cp
 
 
 # --------------------------------------------------------------------------------------------------
@@ -158,7 +73,8 @@ def _stage_or_all(plan: Plan, stage: int | None) -> list[int]:
     return [stage]
 
 
-def _state_of_stage(model: ModelSpec, plan: Plan, stage: int) -> dict[str, float]:
+def stage_state_bytes(model: ModelSpec, plan: Plan, stage: int) -> dict[str, float]:
+    """:func:`state_bytes` of one stage, for a plan already validated (the planner calls it memoised)."""
     o = plan.optim
     g = shard_group(plan)
     units = list(unit_sizes(model, plan, stage).values())
@@ -180,18 +96,13 @@ def state_bytes(model: ModelSpec, plan: Plan, stage: int | None = None) -> dict[
     ``P = 7e9``, ``dp = 8``, adam-mixed: 112.0, 38.5, 26.25, 14.0 GB for ZeRO 0..3.
     """
     plan.validate(model)
-    per = [_state_of_stage(model, plan, s) for s in _stage_or_all(plan, stage)]
+    per = [stage_state_bytes(model, plan, s) for s in _stage_or_all(plan, stage)]
     return max(per, key=lambda d: sum(d.values()))
 
 
 # --------------------------------------------------------------------------------------------------
 # Activations (Korthikanti et al. 2022)
 # --------------------------------------------------------------------------------------------------
-
-def _kv_local(model: ModelSpec, tp: int) -> int:
-    """Width of the keys (or values) one TP rank holds."""
-    return model.head_dim if tp > model.kv_heads else model.kv_dim // tp
-
 
 def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     """Bytes one transformer block saves for backward for one micro-batch on one GPU, by part.
@@ -234,7 +145,7 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
         return {"layer_input": s * b * h * d / sp}
     drop = model.dropout > 0
     mask = MASK_BYTES if drop else 0
-    q_local, kv_local, f_local = model.heads * model.head_dim / t, _kv_local(model, t), model.ffn / t
+    q_local, kv_local, f_local = q_width_local(model, t), kv_width_local(model, t), model.ffn / t
     sb = s * b
     terms = {
         "norm_inputs": 2 * sb * h * d / sp,
@@ -269,15 +180,8 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, *, formula: str = "
 
 
 def _per_op(model: ModelSpec, plan: Plan, layers: int | None = None) -> dict[str, Any]:
-    """Lazy hook to ``parallel_lab.activations.per_op_bytes`` (owned by the runnable core); it returns
-    ``per_block_bytes`` and the ``block``/``shared``/``embedding``/``head`` entries of one micro-batch."""
-    try:
-        activations = importlib.import_module(f"{__package__}.activations")
-    except ImportError as e:
-        raise ParallelLabError(
-            "the per-op activation model (parallel_lab/activations.py) is not available in this version; "
-            f"use --activation-model korthikanti ({e})"
-        ) from None
+    """``parallel_lab.activations.per_op_bytes``: ``per_block_bytes`` and the ``block``/``shared``/
+    ``embedding``/``head`` entries of one micro-batch."""
     return activations.per_op_bytes(model, plan, layers=layers)
 
 
@@ -338,102 +242,99 @@ def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") 
     return per_mb * kept
 
 
-def _grad_comm_bytes(plan: Plan) -> int:
-    """Bytes per element of the gradients that are communicated (bf16 for the 2-byte-gradient layouts)."""
-    return 2 if plan.optim.grad_bytes == 2 else 4
-
-
-def _param_comm_bytes(plan: Plan) -> int:
-    """Bytes per element of gathered parameters (FSDP2 mixed precision gathers compute-dtype copies)."""
-    return plan.dtype_bytes if plan.optimizer == "fsdp2-mixed" else plan.optim.param_bytes
-
-
-def _ddp_buckets(model: ModelSpec, plan: Plan, stage: int) -> list[int]:
-    """Bucket sizes (bytes) of bucketed DDP; the rule is in :func:`parallel_lab.comm.ddp_buckets`."""
-    from .comm import ddp_buckets
-
-    return [sum(nbytes for _, nbytes in bucket) for bucket in ddp_buckets(model, plan, stage)]
-
-
 def zero3_gathered_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
     """Peak bytes of gathered (unsharded) parameters of ZeRO-3 on one rank of ``stage``.
 
     Per block units: the root unit (gathered when forward starts, kept until its gradient is complete)
     plus the two largest block units (the one computing and the next one, prefetched); with
     ``zero_unit="root"``: the whole padded model. Units padded to ``g * ceil(n / g)`` elements, in the
-    gathered dtype (``_param_comm_bytes``). 0 without ZeRO-3. ``dist/zero.py`` measures this peak.
+    gathered dtype (``layout.param_comm_bytes``). 0 without ZeRO-3. ``distributed/zero.py`` measures this peak.
     """
     g = shard_group(plan)
     if plan.zero != 3 or g == 1:
         return 0
     padded = {u: g * math.ceil(n / g) for u, n in unit_sizes(model, plan, stage).items()}
     blocks = sorted((n for u, n in padded.items() if u != "root"), reverse=True)
-    return (padded.get("root", 0) + sum(blocks[:2])) * _param_comm_bytes(plan)
+    return (padded.get("root", 0) + sum(blocks[:2])) * param_comm_bytes(plan)
 
 
 def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[float | None, list[str]]:
-    """Transient communication buffers at the peak, with one note per part.
+    """Transient communication buffers at the peak, with one note per part: the model-state part
+    (:func:`state_buffer_bytes`) plus the activation part (:func:`activation_buffer_bytes`).
+
+    Returns ``(None, notes)`` when the buffers cannot be computed (ZeRO on a bare parameter count).
+    """
+    state, notes = state_buffer_bytes(model, plan, stage)
+    if state is None:
+        return None, notes
+    return state + (activation_buffer_bytes(model, plan) if model.shape_known else 0.0), notes
+
+
+def state_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[float | None, list[str]]:
+    """The data-parallel buffers of ``stage`` at the peak (they depend on its parameters only).
 
     * bucketed DDP: the flat buffers of two buckets (one being all-reduced while the next fills);
     * ZeRO-1/2: the largest unit's padded flat gradient (the all-reduce / reduce-scatter input) and its
       padded flat parameters (the all-gather output);
     * ZeRO-3: the gathered root unit (kept from the start of forward to the end of backward), plus two
       gathered block units (the one in use and the prefetched next one), plus the largest unit's full
-      gradient awaiting its reduce-scatter;
-    * SP: one all-gathered ``s b h`` input (the activation formula stores only the sharded copy);
-    * PP: one received and one sent activation (``s b h``, split by tp with SP);
-    * CP: ring: double-buffered K and V blocks; all-gather: the gathered K and V; Ulysses: the
-      all-to-all outputs of Q, K and V.
-
-    Returns ``(None, notes)`` when the buffers cannot be computed (ZeRO on a bare parameter count).
+      gradient awaiting its reduce-scatter.
     """
     notes: list[str] = []
     total = 0.0
     g = shard_group(plan)
-    gb, pb = _grad_comm_bytes(plan), _param_comm_bytes(plan)
-    if g > 1 and plan.zero == 0:
-        buckets = _ddp_buckets(model, plan, stage) if model.shape_known else None
-        if plan.dp_kind == "bucketed":
-            if buckets is None:
-                size = min(plan.bucket_mb * 1e6, model.n_params * gb)
-                buckets = [int(size)] * 2
-            top = sorted(buckets, reverse=True)[:2]
-            total += sum(top)
-            notes.append(f"comm_buffers: {len(top)} DDP bucket(s) of {plan.bucket_mb:g} MB cap in flight")
+    gb, pb = grad_comm_bytes(plan), param_comm_bytes(plan)
+    if g > 1 and plan.zero == 0 and plan.dp_kind == "bucketed":
+        if model.shape_known:
+            buckets = list(bucket_bytes(model, plan, stage))
+        else:
+            buckets = [int(min(plan.bucket_mb * 1e6, model.n_params * gb))] * 2
+        top = sorted(buckets, reverse=True)[:2]
+        total += sum(top)
+        notes.append(f"comm_buffers: {len(top)} DDP bucket(s) of {plan.bucket_mb:g} MB cap in flight")
     if g > 1 and plan.zero:
-        units = unit_sizes(model, plan, stage)
-        padded = {u: g * math.ceil(n / g) for u, n in units.items()}
         if not model.shape_known:
             notes.append(f"comm_buffers: not computed; a bare parameter count has no ZeRO-{plan.zero} units "
                          "(give the shape)")
             return None, notes
-        elif plan.zero in (1, 2):
-            big = max(padded.values())
+        big = max(g * math.ceil(n / g) for n in unit_sizes(model, plan, stage).values())
+        if plan.zero in (1, 2):
             total += big * (gb + pb)
             notes.append("comm_buffers: the largest unit's flat gradient and gathered parameters")
         else:
-            total += zero3_gathered_bytes(model, plan, stage) + max(padded.values()) * gb
+            total += zero3_gathered_bytes(model, plan, stage) + big * gb
             if plan.zero_unit == "root":
                 notes.append("comm_buffers: ZeRO-3 with a single root unit gathers the whole model at once "
                              "(no peak saving) + its full gradient before the reduce_scatter")
             else:
                 notes.append("comm_buffers: ZeRO-3 gathered root unit + 2 gathered blocks (prefetch) + one "
                              "unit's full gradient before its reduce_scatter")
-    if model.shape_known:
-        d, s, b, h = plan.dtype_bytes, plan.seq / plan.cp, plan.micro_batch, model.hidden
-        if plan.sp:
-            total += s * b * h * d
-        if plan.pp > 1:
-            total += 2 * s * b * h * d / (plan.tp if plan.sp else 1)
-        if plan.cp > 1:
-            kv = _kv_local(model, plan.tp)
-            if plan.cp_kind == "ring":
-                total += 2 * 2 * s * b * kv * d
-            elif plan.cp_kind == "allgather":
-                total += 2 * plan.seq * b * kv * d
-            else:
-                total += s * b * (model.hidden / plan.tp + 2 * kv) * d
     return total, notes
+
+
+def activation_buffer_bytes(model: ModelSpec, plan: Plan) -> float:
+    """The activation-sized buffers in flight (the same on every stage):
+
+    * SP: one all-gathered ``s b h`` input (the activation formula stores only the sharded copy);
+    * PP: one received and one sent activation (``s b h``, split by tp with SP);
+    * CP: ring: double-buffered K and V blocks; all-gather: the gathered K and V; Ulysses: the
+      all-to-all outputs of Q, K and V.
+    """
+    d, s, b, h = plan.dtype_bytes, plan.seq / plan.cp, plan.micro_batch, model.hidden
+    total = 0.0
+    if plan.sp:
+        total += s * b * h * d
+    if plan.pp > 1:
+        total += 2 * s * b * h * d / (plan.tp if plan.sp else 1)
+    if plan.cp > 1:
+        kv = kv_width_local(model, plan.tp)
+        if plan.cp_kind == "ring":
+            total += 2 * 2 * s * b * kv * d
+        elif plan.cp_kind == "allgather":
+            total += 2 * plan.seq * b * kv * d
+        else:
+            total += s * b * (q_width_local(model, plan.tp) + 2 * kv) * d
+    return total
 
 
 # --------------------------------------------------------------------------------------------------
@@ -473,7 +374,7 @@ class MemoryLedger:
 
 def _ledger_of_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec, activation_model: str,
                      stage: int, margin: float) -> MemoryLedger:
-    per = dict(_state_of_stage(model, plan, stage))
+    per = dict(stage_state_bytes(model, plan, stage))
     notes: list[str] = []
     if model.shape_known:
         per["activations"] = activation_bytes(model, plan, stage, formula=activation_model)

@@ -58,24 +58,27 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from functools import cache, lru_cache
+from dataclasses import dataclass, field
+from functools import cache
+from operator import attrgetter
 from typing import Any
 
 from . import comm as comm_mod
-from . import ledger
-from .flops import flops_per_token, matmul_params, step_flops
+from . import layout, ledger
+from .flops import flops_per_token, step_flops
 from .schedules import head_inflight, peak_activation_units
-from .simulate import Costs, bubble_formula
-from .specs import (
-    CP_KINDS,
-    ClusterSpec,
-    LinkTier,
-    ModelSpec,
-    ParallelLabError,
-    Plan,
-    divisors,
-    stage_layers,
+from .specs import CP_KINDS, ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan, divisors
+from .steptime import (
+    DpTimes,
+    StageFlops,
+    StageTimes,
+    bubble,
+    combine,
+    critical_path,
+    dp_exposed,
+    dp_times,
+    plan_bubble,
+    stages_to_check,
 )
 
 REASONS = ("divisibility", "batch", "tp_across_nodes", "oom")
@@ -231,162 +234,54 @@ class Estimate:
         return out
 
 
-@dataclass
-class _StageTimes:
-    """Seconds of one pipeline stage for one step (inputs of :func:`_combine`)."""
-
-    compute: float
-    attention: float
-    comm: dict[str, float]
-    dp_sync: float = 0.0        # gradient synchronisation (zero 0, 1, 2)
-    dp_last: float = 0.0        # its last collective, which has no backward left to hide behind
-    dp_gather: float = 0.0      # ZeRO-1/2: all-gather of the updated parameters after the step
-    dp_first: float = 0.0       # its first collective; ZeRO-3: the largest unit's gathers + reduce-scatter
-    zero3: float = 0.0          # ZeRO-3: all its traffic (every micro-batch)
-
-
-def _costs(recompute: str) -> Costs:
-    """F : B : W for the bubble: backward twice the forward, split evenly; full recompute adds a forward."""
-    return Costs(1.0, 2.0 if recompute == "full" else 1.0, 1.0)
-
-
-#: (forward, backward) shares of a micro-batch's compute, from :func:`_costs`.
-_SHARES = {r: (c.f / (c.f + c.b + c.w), (c.b + c.w) / (c.f + c.b + c.w))
-           for r, c in ((r, _costs(r)) for r in ("none", "selective", "full"))}
-
-
-def _dp_exposed(zero: int, compute: float, m: int, recompute: str, sync: float, last: float, gather: float,
-                first: float, zero3: float) -> float:
-    """The data-parallel time left on the critical path (module docstring)."""
-    if zero == 3:
-        return max(first, zero3 - compute) if zero3 else 0.0
-    f_share, b_share = _SHARES[recompute]
-    per_mb = compute / m
-    dp = max(last, sync - per_mb * b_share) if sync else 0.0
-    if gather:
-        dp += max(first, gather - per_mb * f_share)
-    return dp
-
-
-def _core(st: _StageTimes, cp_kind: str, bubble_ratio: float) -> tuple[float, float, float, float]:
-    """(per-micro-batch critical path times the pipeline factor, + PP) and its parts: tp, exposed cp, pp."""
-    tp = st.comm.get("tp", 0.0) + st.comm.get("tp_vocab", 0.0)
-    cp = st.comm.get("cp", 0.0)
-    cp_exp = max(0.0, cp - st.attention) if cp_kind == "ring" else cp
-    pp = st.comm.get("pp", 0.0)
-    return (st.compute + tp + cp_exp) * (1.0 + bubble_ratio) + pp, tp, cp_exp, pp
-
-
-def _combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float,
-             stages: list[_StageTimes]) -> tuple[float, dict[str, float], dict[str, float], float]:
-    """The step-time model of the module docstring; the stage with the longest step sets it.
-
-    Returns (step time, comm time per dim, exposed time per dim, compute) of that stage."""
-    best: tuple[float, dict[str, float], dict[str, float], float] | None = None
-    for st in stages:
-        core, tp, cp_exp, pp = _core(st, cp_kind, bubble_ratio)
-        dp = _dp_exposed(zero, st.compute, m, recompute, st.dp_sync, st.dp_last, st.dp_gather, st.dp_first,
-                         st.zero3)
-        step = core + dp
-        if best is None or step > best[0]:
-            best = (step, st.comm, {"tp": tp, "cp": cp_exp, "pp": pp, "dp": dp}, st.compute)
-    assert best is not None
-    return best
-
-
-def _stages_to_check(pp: int) -> list[int]:
-    """Stage 0 holds the most layers (chunks get the extra layers first), the embedding and the most
-    in-flight micro-batches; the last stage the head and the logits. No middle stage exceeds both."""
-    return sorted({0, pp - 1})
-
-
 def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: float = 0.1,
              bubble_ratio: float | None = None) -> Estimate:
     """Estimate one plan with ``ledger.memory`` and ``comm.report`` themselves (the slow, reference path).
 
-    Memory is the ledger's largest stage; times follow the module docstring. ``bubble_ratio`` replaces the
-    schedule's closed form, for a what-if the Plan cannot express (Llama 3 405B's interleaving of 126
-    layers in 128 chunks, two of which hold only the embedding and the head)."""
+    Memory is the ledger's largest stage; times follow :mod:`parallel_lab.steptime`. ``bubble_ratio``
+    replaces the schedule's closed form, for a what-if the Plan cannot express (Llama 3 405B's interleaving
+    of 126 layers in 128 chunks, two of which hold only the embedding and the head)."""
     plan.validate(model, cluster=cluster)
     led = ledger.memory(model, plan, cluster, margin=margin)
     rate = cluster.mfu_achievable * cluster.peak_flops
     tok = plan.micro_batch * plan.microbatches * plan.seq / (plan.tp * plan.cp)
-    fl = _Flops(model, plan.seq)
+    fl = StageFlops(model, plan.seq)
     stages = []
-    for s in _stages_to_check(plan.pp):
+    for s in stages_to_check(plan.pp):
         rep = comm_mod.report(model, plan, cluster, stage=s)
-        st = _StageTimes(fl.stage(plan.pp, plan.interleave, s, plan.recompute) * tok / rate,
-                         fl.attention(plan.pp, plan.interleave, s) * tok / rate, dict(rep.time_s))
-        tier = comm_mod.tier_of(cluster, comm_mod.group_ranks(plan, "dp", s))
-        units: dict[str, float] = {}
-        for c in rep.collectives:
-            if c.dim != "dp":
-                continue
-            t = c.count * comm_mod.collective_time(c.kind, c.message_bytes, c.group_size, tier)
-            if plan.zero == 3:
-                st.zero3 += t
-                unit = c.unit
-                units[unit] = units.get(unit, 0.0) + t / c.count
-            elif c.phase == "step":
-                st.dp_gather += t
-                st.dp_first = st.dp_first or t
-            else:
-                st.dp_sync += t
-                st.dp_last = t
-        if units:
-            st.dp_first = max(units.values())
-        stages.append(st)
-    bubble = _bubble(plan.schedule, plan.pp, plan.microbatches, plan.interleave, plan.recompute) \
-        if bubble_ratio is None else bubble_ratio
+        tier = layout.group_tier(cluster, plan, "dp", s)
+        stages.append(StageTimes(fl.stage(plan.pp, plan.interleave, s, plan.recompute) * tok / rate,
+                                 fl.attention(plan.pp, plan.interleave, s) * tok / rate, dict(rep.time_s),
+                                 dp_times(rep.collectives, tier, plan.zero, plan.microbatches)))
+    bub = plan_bubble(plan) if bubble_ratio is None else bubble_ratio
     mf = step_flops(model, plan).model_flops_per_step
-    step, comm_s, exposed, compute = _combine(plan.zero, plan.cp_kind, plan.microbatches, plan.recompute,
-                                              bubble, stages)
+    step, comm_s, exposed, compute = combine(plan.zero, plan.cp_kind, plan.microbatches, plan.recompute, bub,
+                                             stages)
     mfu = mf / (step * plan.world * cluster.peak_flops)
-    return Estimate(plan.to_dict(), led.total_bytes, cluster.hbm_bytes * (1 - margin), compute, bubble,
+    return Estimate(plan.to_dict(), led.total_bytes, cluster.hbm_bytes * (1 - margin), compute, bub,
                     dict(comm_s), exposed, step, mfu, _plan=plan)
 
 
-def plan_bubble(plan: Plan) -> float:
-    """The pipeline bubble ratio the planner assumes for ``plan`` (0 without a pipeline)."""
-    return _bubble(plan.schedule, plan.pp, plan.microbatches, plan.interleave, plan.recompute)
-
-
-@lru_cache(maxsize=4096)
-def _bubble(schedule: str, pp: int, m: int, v: int, recompute: str) -> float:
-    return 0.0 if pp == 1 else bubble_formula(schedule, pp, m, v, _costs(recompute))
-
-
-class _Flops:
-    """Hardware FLOPs per token of a pipeline stage (``flops.py``'s formula, split by stage)."""
-
-    def __init__(self, model: ModelSpec, seq: int) -> None:
-        n_blocks, n_head = matmul_params(model)
-        q = model.heads * model.head_dim
-        self.model = model
-        self.per_layer = 6.0 * n_blocks / model.layers + 12.0 * q * seq
-        attn_fwd = 4.0 * q * seq
-        self.extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks / model.layers + attn_fwd}
-        self.head = 6.0 * n_head
-        self.attn = 12.0 * q * seq
-        self._nl: dict[tuple[int, int, int], int] = {}
-
-    def n_layers(self, pp: int, v: int, stage: int) -> int:
-        key = (pp, v, stage)
-        if key not in self._nl:
-            self._nl[key] = len(stage_layers(self.model.layers, pp, v, stage))
-        return self._nl[key]
-
-    def stage(self, pp: int, v: int, stage: int, recompute: str) -> float:
-        head = self.head if stage == pp - 1 else 0.0
-        return self.n_layers(pp, v, stage) * (self.per_layer + self.extra[recompute]) + head
-
-    def attention(self, pp: int, v: int, stage: int) -> float:
-        return self.n_layers(pp, v, stage) * self.attn
-
-
 # --------------------------------------------------------------------------------------------------
-# The fast path: the ledger's and the comm module's formulas, with what depends on few degrees cached
+# The fast path: the ledger's and comm's own functions, memoised on the few quantities each depends on
 # --------------------------------------------------------------------------------------------------
+
+def _time(colls: list[comm_mod.Collective], tier: LinkTier) -> float:
+    """Seconds of ``colls`` on ``tier`` (comm's alpha-beta model, as ``comm.report`` sums it)."""
+    return sum(c.count * _t(c.kind, c.message_bytes, c.group_size, tier) for c in colls)
+
+
+def _variant(plan: Plan, **changes: Any) -> Plan:
+    """``dataclasses.replace(plan, **changes)`` without re-running ``Plan.__post_init__``'s checks.
+
+    The fast path builds some 10^4 plans that differ from a validated one in a few degrees chosen by the
+    search (whose validity the search itself checked) or that stand for one pipeline stage; validating each
+    again costs more than the estimate. Nothing outside the planner's memo functions sees these plans."""
+    new = object.__new__(Plan)
+    new.__dict__.update(plan.__dict__)
+    new.__dict__.update(changes)
+    return new
+
 
 @cache
 def _t(kind: str, message: float, n: int, tier: LinkTier) -> float:
@@ -394,306 +289,176 @@ def _t(kind: str, message: float, n: int, tier: LinkTier) -> float:
     return comm_mod.collective_time(kind, message, n, tier)
 
 
-def _zero_units(info: dict[str, Any], zero_unit: str) -> tuple[list[int], list[str]]:
-    """Sizes and names of a stage's ZeRO units: one per block plus the root, or one root unit."""
-    if zero_unit == "root":
-        return [sum(info["units"])], ["root"]
-    return info["units"], info["unit_names"]
-
-
 class _Fast:
-    """Memory and communication of a plan from cached pieces.
-
-    Term by term the same as ``ledger._ledger_of_stage`` and ``comm._*_collectives``; tests compare
-    :meth:`memory` with ``ledger.memory`` and :meth:`times` with ``comm.report`` plan by plan.
+    """Memory and step times of a plan from the ledger's and comm's own functions, each memoised on the
+    few quantities it depends on: a pipeline stage's parameters on ``(tp, pp, interleave, stage)`` (the
+    layout caches them by block count, embedding and head), the activations on ``(tp, sp, cp,
+    micro_batch, recompute)``, one block's TP and CP calls for one micro-batch on the same, scaled by the
+    stage's blocks and micro-batches exactly as comm scales them. Tests compare :meth:`memory` with
+    ``ledger.memory`` and :meth:`times` with ``comm.report`` plan by plan.
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, seq: int, c: Constraints) -> None:
         self.model, self.cluster, self.seq, self.c = model, cluster, seq, c
         self.base = Plan(seq=seq, optimizer=c.optimizer, dtype=c.dtype, cp_kind=c.cp_kind)
-        self.d = self.base.dtype_bytes
-        self.gb = ledger._grad_comm_bytes(self.base)
-        self.pb = ledger._param_comm_bytes(self.base)
-        self.o = self.base.optim
-        self.fl = _Flops(model, seq)
+        self.fl = StageFlops(model, seq)
         self.rate = cluster.mfu_achievable * cluster.peak_flops
-        self._stage: dict[tuple, dict[str, Any]] = {}
-        self._state: dict[tuple, tuple[float, float]] = {}
-        self._dp: dict[tuple, tuple[float, float, float, float, float]] = {}
-        self._act: dict[tuple, float] = {}
-        self._logit: dict[tuple, float] = {}
-        self._tiers: dict[tuple, dict[str, LinkTier]] = {}
-        self._times: dict[tuple, _StageTimes] = {}
+        self._memo: dict[tuple, Any] = {}
 
-    # ---- pieces that depend on few degrees --------------------------------------------------------
-    def stage_info(self, tp: int, pp: int, v: int, stage: int) -> dict[str, Any]:
-        """Per (tp, pp, v, stage): ZeRO unit sizes, DDP buckets, SP-replicated and GQA kv numels.
+    def _once(self, key: tuple, compute: Any) -> Any:
+        memo = self._memo
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
 
-        Every block has the same parameters, so a stage is known by its block count and whether it holds
-        the embedding (first) or the head (last): that is the cache key."""
-        key = (tp, self.fl.n_layers(pp, v, stage), stage == 0, stage == pp - 1)
-        if key in self._stage:
-            return self._stage[key]
-        params = self._stage_parameters(tp, pp, v, stage)
-        units: dict[str, int] = {}
-        for p in params:
-            units[p.unit] = units.get(p.unit, 0) + p.numel
-        cap = self.base.bucket_mb * 1e6
-        buckets: list[int] = []
-        size = 0
-        for p in reversed(params):                       # comm.ddp_buckets' rule
-            nbytes = p.numel * self.gb
-            if size and size + nbytes > cap:
-                buckets.append(size)
-                size = 0
-            size += nbytes
-        if size:
-            buckets.append(size)
-        info = {
-            "units": [n for n in units.values() if n],
-            "unit_names": [u for u, n in units.items() if n],
-            "buckets": buckets,
-            "top2": sum(sorted(buckets, reverse=True)[:2]),
-            "rep": sum(p.numel for p in params if p.tp_replicated),
-            "kv": sum(p.numel for p in params if p.name.split(".")[-2] in ("wk", "wv")),
-        }
-        self._stage[key] = info
-        return info
+    def _stage_plan(self, tp: int, pp: int, v: int, **kw: Any) -> Plan:
+        """A plan with the stage layout of ``(tp, pp, v)`` (for the functions that read only that)."""
+        return _variant(self.base, tp=tp, pp=pp, interleave=v, grad_accum=pp,
+                       schedule="interleaved" if v > 1 else "1f1b", **kw)
 
-    def _stage_parameters(self, tp: int, pp: int, v: int, stage: int) -> list[ledger.LocalParam]:
-        """``ledger.local_parameters`` of the stage, computed on a copy of the model cut to the stage's
-        block count (every block has the same parameters; the ledger walks every layer of the model, which
-        costs milliseconds for 126 layers). Block names are renumbered from 0; the tests compare with the
-        ledger."""
-        n = self.fl.n_layers(pp, v, stage)
-        first, last = stage == 0, stage == pp - 1
-        cut = self.model.with_(layers=n)
-        one = replace(self.base, tp=tp, pp=1, grad_accum=1)
-        params = [p for p in ledger.local_parameters(cut, one, 0)
-                  if (first or p.name.split(".")[0] not in ("tok_emb", "pos_emb"))
-                  and (last or p.name.split(".")[0] not in ("final_norm", "lm_head"))]
-        if self.model.tied_embeddings and pp > 1 and last:   # the last stage's copy of the embedding
-            plan = replace(self.base, tp=tp, pp=pp, interleave=v, grad_accum=pp,
-                           schedule="interleaved" if v > 1 else "1f1b")
-            params.append(ledger.local_parameters(self.model, plan, stage)[-1])
-        return params
+    def _edge_plan(self, first: bool, last: bool, **kw: Any) -> tuple[Plan, int]:
+        """A plan and stage whose stage holds the embedding iff ``first`` and the head iff ``last``."""
+        pp = 1 if first and last else (2 if first != last else 3)
+        stage = 0 if first else (pp - 1 if last else 1)
+        return _variant(self.base, pp=pp, grad_accum=pp, **kw), stage
 
+    # ---- memory (ledger) ----------------------------------------------------------------------------
     def state_and_buffers(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int,
-                          zero_unit: str = "block") -> tuple[float, float]:
-        """Model-state bytes and the ZeRO/DDP part of the comm buffers (``ledger`` formulas)."""
-        key = (tp, pp, v, stage, g, zero, zero_unit)
-        if key in self._state:
-            return self._state[key]
-        info = self.stage_info(tp, pp, v, stage)
-        units, names = _zero_units(info, zero_unit)
-        full = sum(units)
-        sharded = sum(math.ceil(n / g) for n in units)
-        o = self.o
-        state = ((sharded if zero >= 3 else full) * o.param_bytes
-                 + (sharded if zero >= 2 else full) * o.grad_bytes
-                 + (sharded if zero >= 1 else full) * o.optim_bytes)
-        buf = 0.0
-        if g > 1 and zero == 0:
-            buf = float(info["top2"])                  # bucketed DDP (the planner's dp_kind)
-        elif g > 1:
-            padded = [g * math.ceil(n / g) for n in units]
-            if zero in (1, 2):
-                buf = max(padded) * (self.gb + self.pb)
-            else:
-                root = sum(n for u, n in zip(names, padded, strict=True) if u == "root")
-                blocks = sorted((n for u, n in zip(names, padded, strict=True) if u != "root"), reverse=True)
-                buf = root * self.pb + sum(blocks[:2]) * self.pb + max(padded) * self.gb
-        self._state[key] = (float(state), float(buf))
-        return self._state[key]
+                          zero_unit: str = "block", dp_kind: str = "bucketed") -> tuple[float, float]:
+        """``ledger.stage_state_bytes`` and ``ledger.state_buffer_bytes`` of the stage."""
+        def compute() -> tuple[float, float]:
+            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, dp_kind=dp_kind)
+            buf, _ = ledger.state_buffer_bytes(self.model, plan, stage)
+            return float(sum(ledger.stage_state_bytes(self.model, plan, stage).values())), float(buf or 0.0)
+        return self._once(("state", tp, pp, v, stage, g, zero, zero_unit, dp_kind), compute)
 
     def act_per_layer(self, tp: int, sp: bool, cp: int, mb: int, recompute: str) -> float:
-        key = (tp, sp, cp, mb, recompute)
-        if key not in self._act:
-            plan = replace(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, recompute=recompute)
-            self._act[key] = ledger.activation_bytes_per_layer(self.model, plan)
-        return self._act[key]
+        return self._once(("act", tp, sp, cp, mb, recompute), lambda: ledger.activation_bytes_per_layer(
+            self.model, _variant(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, recompute=recompute)))
 
     def logits_per_mb(self, tp: int, cp: int, mb: int) -> float:
-        key = (tp, cp, mb)
-        if key not in self._logit:
-            plan = replace(self.base, tp=tp, cp=cp, micro_batch=mb)
-            self._logit[key] = ledger.logits_bytes(self.model, plan)
-        return self._logit[key]
+        return self._once(("logits", tp, cp, mb), lambda: ledger.logits_bytes(
+            self.model, _variant(self.base, tp=tp, cp=cp, micro_batch=mb)))
 
     def act_buffers(self, tp: int, sp: bool, cp: int, mb: int, pp: int, cp_kind: str) -> float:
-        """The activation part of ``ledger.comm_buffer_bytes`` (SP gather, PP send/receive, CP blocks)."""
-        d, s, h = self.d, self.seq / cp, self.model.hidden
-        total = 0.0
-        if sp:
-            total += s * mb * h * d
-        if pp > 1:
-            total += 2 * s * mb * h * d / (tp if sp else 1)
-        if cp > 1:
-            kv = ledger._kv_local(self.model, tp)
-            if cp_kind == "ring":
-                total += 2 * 2 * s * mb * kv * d
-            elif cp_kind == "allgather":
-                total += 2 * self.seq * mb * kv * d
-            else:
-                total += s * mb * (h / tp + 2 * kv) * d
-        return total
+        return self._once(("abuf", tp, sp, cp, mb, pp > 1, cp_kind), lambda: ledger.activation_buffer_bytes(
+            self.model, _variant(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, pp=min(pp, 2), cp_kind=cp_kind)))
 
-    def tiers(self, dp: int, pp: int, cp: int, tp: int, stage: int, v: int = 1) -> dict[str, LinkTier]:
-        """Link tier per dim, as ``comm.tier_of(cluster, comm.group_ranks(plan, dim, stage))``.
-
-        In the placement ``arange(world).view(dp, pp, cp, tp)`` ranks increase along every dim, and nodes
-        are runs of ``gpus_per_node`` consecutive ranks, so a group shares one node exactly when its
-        lowest and highest ranks do (checked against ``comm`` in tests)."""
-        key = (dp, pp, cp, tp, stage, v > 1)
-        if key not in self._tiers:
-            def rank(i: int, s: int, j: int, k: int) -> int:
-                return ((i * pp + s) * cp + j) * tp + k
-
-            if v > 1:    # interleaved: chunks wrap around from the last stage to the first
-                near = [(stage - 1) % pp, stage, (stage + 1) % pp]
-            else:
-                near = [x for x in (stage - 1, stage, stage + 1) if 0 <= x < pp]
-            spans = {"dp": (rank(0, stage, 0, 0), rank(dp - 1, stage, cp - 1, 0)),
-                     "tp": (rank(0, stage, 0, 0), rank(0, stage, 0, tp - 1)),
-                     "cp": (rank(0, stage, 0, 0), rank(0, stage, cp - 1, 0)),
-                     "pp": (rank(0, min(near), 0, 0), rank(0, max(near), 0, 0))}
-            n = self.cluster.gpus_per_node
-            self._tiers[key] = {dim: self.cluster.intra if lo // n == hi // n else self.cluster.inter
-                                for dim, (lo, hi) in spans.items()}
-        return self._tiers[key]
-
-    def dp_times(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int,
-                 tier: LinkTier, zero_unit: str = "block") -> tuple[float, float, float, float, float]:
-        """(sync, last, gather, first, zero3 per micro-batch) of ``comm._dp/_zero_collectives``."""
-        key = (tp, pp, v, stage, g, zero, tier, zero_unit)
-        if key in self._dp:
-            return self._dp[key]
-        info = self.stage_info(tp, pp, v, stage)
-        units, names = _zero_units(info, zero_unit)
-        sync = last = gather = first = z3 = 0.0
-        if zero == 0:
-            ts = [_t("all_reduce", nb, g, tier) for nb in reversed(info["buckets"][::-1])]
-            sync, last = sum(ts), (ts[-1] if ts else 0.0)
-        else:
-            padded = [g * math.ceil(n / g) for n in units]
-            if zero in (1, 2):
-                kind = "all_reduce" if zero == 1 else "reduce_scatter"
-                ts = [_t(kind, n * self.gb, g, tier) for n in reversed(padded)]
-                sync, last = sum(ts), ts[-1]
-                gs = [_t("all_gather", n * self.pb, g, tier) for n in padded]
-                gather, first = sum(gs), gs[0]
-            else:
-                per = [(1 if u == "root" else 2) * _t("all_gather", n * self.pb, g, tier)
-                       + _t("reduce_scatter", n * self.gb, g, tier)
-                       for u, n in zip(names, padded, strict=True)]
-                z3, first = sum(per), max(per)
-        self._dp[key] = (sync, last, gather, first, z3)
-        return self._dp[key]
-
-    # ---- a whole plan -------------------------------------------------------------------------------
     def memory(self, plan: Plan, stage: int) -> float:
         """Bytes of stage ``stage`` per GPU, as ``ledger.memory(model, plan, stage=stage).total_bytes``."""
         p = plan
-        g = p.dp * p.cp
-        state, buf = self.state_and_buffers(p.tp, p.pp, p.interleave, stage, g, p.zero, p.zero_unit)
-        if g > 1 and p.zero == 0 and p.dp_kind == "naive":
-            buf = 0.0
+        state, buf = self.state_and_buffers(p.tp, p.pp, p.interleave, stage, p.dp * p.cp, p.zero, p.zero_unit,
+                                            p.dp_kind)
         inflight = 1.0 if p.pp == 1 else \
             peak_activation_units(p.schedule, p.pp, p.microbatches, p.interleave, stage)
         act = (self.act_per_layer(p.tp, p.sp, p.cp, p.micro_batch, p.recompute)
                * self.fl.n_layers(p.pp, p.interleave, stage) * inflight)
         logits = 0.0
         if stage == p.pp - 1:
-            kept = head_inflight(p.schedule, p.pp, p.microbatches, p.interleave)
-            logits = self.logits_per_mb(p.tp, p.cp, p.micro_batch) * kept
+            logits = self.logits_per_mb(p.tp, p.cp, p.micro_batch) * head_inflight(
+                p.schedule, p.pp, p.microbatches, p.interleave)
         return state + act + logits + buf + self.act_buffers(p.tp, p.sp, p.cp, p.micro_batch, p.pp, p.cp_kind)
 
-    def times(self, plan: Plan, stage: int) -> _StageTimes:
+    # ---- times (comm) -------------------------------------------------------------------------------
+    def tiers(self, dp: int, pp: int, cp: int, tp: int, stage: int, v: int = 1) -> dict[str, LinkTier]:
+        """Link tier per dim: ``layout.group_tier`` of each group of ``stage``."""
+        key = ("tiers", dp, pp, cp, tp, stage, v > 1)
+        memo = self._memo
+        if key not in memo:
+            grid = layout.GridShape(dp, pp, cp, tp, v)
+            memo[key] = {dim: layout.group_tier(self.cluster, grid, dim, stage) for dim in ("dp", "tp", "cp", "pp")}
+        return memo[key]
+
+    def dp_times(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int, tier: LinkTier,
+                 zero_unit: str = "block") -> DpTimes:
+        """``steptime.dp_times`` of comm's dp collectives of the stage (ZeRO-3's per micro-batch)."""
+        def compute() -> DpTimes:
+            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit)
+            colls = comm_mod.stage_collectives(self.model, plan, stage, dims=("dp",))
+            return dp_times(colls, tier, zero, plan.microbatches)
+        return self._once(("dp", tp, pp, v, stage, g, zero, tier.name, zero_unit), compute)
+
+    def _per_mb_and_step(self, dim: str, plan: Plan, stage: int, tier: LinkTier) -> tuple[float, float]:
+        """(seconds per micro-batch, seconds once per step) of comm's ``dim`` calls: counts are affine in
+        the number of micro-batches ``m``, so two evaluations (``m0`` and ``2 m0``) separate them exactly."""
+        m0 = plan.grad_accum
+        one = _time(comm_mod.stage_collectives(self.model, plan, stage, dims=(dim,)), tier)
+        two = _time(comm_mod.stage_collectives(self.model, _variant(plan, grad_accum=2 * m0), stage, dims=(dim,)),
+                    tier)
+        return (two - one) / m0, 2 * one - two
+
+    def times_raw(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
+                  cp_kind: str, stage: int) -> StageTimes:
+        """Compute and the TP, CP and PP times of one stage (no DP fields; see :meth:`add_dp`)."""
+        key = ("times", dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
+        memo = self._memo
+        if key not in memo:
+            memo[key] = self._times_raw(dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
+        return memo[key]
+
+    def _times_raw(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
+                   cp_kind: str, stage: int) -> StageTimes:
+        # comm's TP, PP and CP calls see a micro-batch only through its local tokens (seq / cp) * micro_batch:
+        # the memo keys use that product, and the plans stand for it with micro_batch = 1 (tests compare
+        # every figure with comm.report, so a change in comm that broke this would be caught)
+        tiers = self.tiers(dp, pp, c, t, stage, v)
+        L = self.fl.n_layers(pp, v, stage)
+        first, last = stage == 0, stage == pp - 1
+        tokens = (self.seq // c) * mb
+        memo, out = self._memo, {}
+        if t > 1:
+            tt = tiers["tp"]
+            key = ("tp_layer", t, sp, recompute, tokens, tt.name)
+            if key not in memo:
+                memo[key] = _time(comm_mod.tp_layer_collectives(self.model, _variant(
+                    self.base, tp=t, sp=sp, recompute=recompute, seq=tokens, micro_batch=1)), tt)
+            layer = memo[key]
+            key = ("tp_step", t, sp, pp, v, stage, tt.name)
+            if key not in memo:
+                memo[key] = _time(comm_mod.tp_step_collectives(self.model, self._stage_plan(t, pp, v, sp=sp),
+                                                               stage), tt)
+            out["tp"] = L * m * layer + memo[key]
+            key = ("tp_vocab", t, sp, tokens, first, last, tt.name)
+            if key not in memo:
+                plan, s = self._edge_plan(first, last, tp=t, sp=sp, seq=tokens, micro_batch=1)
+                memo[key] = self._per_mb_and_step("tp_vocab", plan, s, tt)
+            per_mb, once = memo[key]
+            out["tp_vocab"] = m * per_mb + once
+        if pp > 1:
+            tpp = tiers["pp"]
+            key = ("pp", t, sp, tokens, v, first, last, tpp.name)
+            if key not in memo:
+                plan, s = self._edge_plan(first, last, tp=t, sp=sp, seq=tokens, micro_batch=1, interleave=v,
+                                          schedule="interleaved" if v > 1 else "1f1b")
+                memo[key] = self._per_mb_and_step("pp", plan, s, tpp)
+            per_mb, once = memo[key]
+            out["pp"] = m * per_mb + once
+        if c > 1:
+            tc = tiers["cp"]
+            key = ("cp_layer", t, c, tokens, recompute, cp_kind, tc.name)
+            if key not in memo:
+                memo[key] = _time(comm_mod.cp_layer_collectives(self.model, _variant(
+                    self.base, tp=t, cp=c, seq=tokens * c, micro_batch=1, recompute=recompute,
+                    cp_kind=cp_kind)), tc)
+            out["cp"] = L * m * memo[key]
+        tok = mb * m * self.seq / (t * c)
+        return StageTimes(self.fl.stage(pp, v, stage, recompute) * tok / self.rate,
+                          self.fl.attention(pp, v, stage) * tok / self.rate, out)
+
+    def times(self, plan: Plan, stage: int) -> StageTimes:
         """Seconds of stage ``stage``: compute, and per dim ``comm.report(..., stage=stage).time_s``."""
         p = plan
         if p.dp * p.cp > 1 and p.zero == 0 and p.dp_kind == "naive":
             raise ParallelLabError("the planner's fast path models bucketed DDP only; use evaluate()")
-        st = self._times_raw(p.dp, p.tp, p.pp, p.cp, p.interleave, p.microbatches, p.micro_batch, p.sp,
-                             p.recompute, p.cp_kind, stage)
-        st = _StageTimes(st.compute, st.attention, dict(st.comm))
-        self.add_dp(st, p.dp, p.tp, p.pp, p.cp, p.interleave, p.microbatches, p.zero, stage, p.zero_unit)
+        st = self.times_raw(p.dp, p.tp, p.pp, p.cp, p.interleave, p.microbatches, p.micro_batch, p.sp,
+                            p.recompute, p.cp_kind, stage)
+        st = StageTimes(st.compute, st.attention, dict(st.comm))
+        g = p.dp * p.cp
+        if g > 1:
+            tier = self.tiers(p.dp, p.pp, p.cp, p.tp, stage, p.interleave)["dp"]
+            st.dp = self.dp_times(p.tp, p.pp, p.interleave, stage, g, p.zero, tier, p.zero_unit)
+            st.comm["dp"] = st.dp.total(p.microbatches)
         return st
-
-    def add_dp(self, st: _StageTimes, dp: int, tp: int, pp: int, cp: int, v: int, m: int, zero: int,
-               stage: int, zero_unit: str = "block") -> None:
-        """Fill the data-parallel fields of ``st`` (and ``st.comm["dp"]``)."""
-        g = dp * cp
-        if g == 1:
-            return
-        tier = self.tiers(dp, pp, cp, tp, stage, v)["dp"]
-        sync, last, gather, first, z3 = self.dp_times(tp, pp, v, stage, g, zero, tier, zero_unit)
-        st.dp_sync, st.dp_last, st.dp_gather, st.dp_first, st.zero3 = sync, last, gather, first, z3 * m
-        st.comm["dp"] = sync + gather + z3 * m
-
-    def times_raw(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
-                  cp_kind: str, stage: int) -> _StageTimes:
-        """Compute and the TP, CP and PP times of one stage (no DP fields; see :meth:`add_dp`)."""
-        key = (dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
-        if key in self._times:
-            return self._times[key]
-        self._times[key] = self._times_raw(dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
-        return self._times[key]
-
-    def _times_raw(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
-                   cp_kind: str, stage: int) -> _StageTimes:
-        model = self.model
-        tiers = self.tiers(dp, pp, c, t, stage, v)
-        L = self.fl.n_layers(pp, v, stage)
-        M = (self.seq // c) * mb * model.hidden * self.d
-        full = recompute == "full"
-        out: dict[str, float] = {}
-        info = self.stage_info(t, pp, v, stage)
-        if t > 1:
-            tt = tiers["tp"]
-            ar = _t("all_reduce", M, t, tt)
-            pair = _t("all_gather", M, t, tt) + _t("reduce_scatter", M, t, tt)
-            one = pair if sp else ar
-            tp = 2 * L * m * one * (3 if full else 2)
-            if sp:                             # backward all-gathers each region's saved input shard again
-                tp += 2 * L * m * _t("all_gather", M, t, tt)
-            if sp and info["rep"]:
-                tp += _t("all_reduce", info["rep"] * self.gb, t, tt)
-            if t > model.kv_heads and info["kv"]:
-                tp += _t("all_reduce", info["kv"] * self.gb, t // model.kv_heads, tt)
-            out["tp"] = tp
-            tv = m * one if stage == 0 else 0.0
-            if stage == pp - 1:
-                ce = (self.seq // c) * mb * comm_mod.CE_BYTES
-                tv += m * one + 3 * m * _t("all_reduce", ce, t, tt)
-            out["tp_vocab"] = tv
-        if pp > 1:
-            Mp = M // (t if sp else 1)
-            n_msgs = (v - (1 if stage == pp - 1 else 0)) + (v - (1 if stage == 0 else 0))
-            out["pp"] = n_msgs * m * _t("send", Mp, 2, tiers["pp"])
-            if model.tied_embeddings and stage in (0, pp - 1):
-                emb = math.ceil(model.vocab / t) * model.hidden * self.gb
-                out["pp"] += _t("all_reduce", emb, 2, tiers["pp"])
-        if c > 1:
-            tc = tiers["cp"]
-            n = L * m
-            kv = ledger._kv_local(model, t)
-            Mkv = 2 * (self.seq // c) * mb * kv * self.d                 # K and V in one message
-            if cp_kind == "ring":
-                snd = _t("send", Mkv, 2, tc)
-                fwd = (c - 1) * n * snd
-                cp = fwd + 2 * (c - 1) * n * snd
-            elif cp_kind == "allgather":
-                fwd = n * _t("all_gather", c * Mkv, c, tc)
-                cp = fwd + n * _t("reduce_scatter", c * Mkv, c, tc)
-            else:
-                Mq = (self.seq // c) * mb * (model.heads * model.head_dim // t) * self.d
-                kv_rep = Mkv * (c // math.gcd(kv // model.head_dim, c))
-                fwd = n * (_t("all_to_all", Mq + kv_rep, c, tc) + _t("all_to_all", Mq, c, tc))
-                cp = 2 * fwd
-            out["cp"] = cp + (fwd if recompute != "none" else 0.0)
-        tok = mb * m * self.seq / (t * c)
-        return _StageTimes(self.fl.stage(pp, v, stage, recompute) * tok / self.rate,
-                           self.fl.attention(pp, v, stage) * tok / self.rate, out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -775,7 +540,7 @@ class RankedPlans(Sequence):
     building the :class:`Estimate` (fields, per-dim dicts) only for the plans looked at keeps the search
     fast."""
 
-    def __init__(self, records: list[tuple], build: Any) -> None:
+    def __init__(self, records: list[_Record], build: Any) -> None:
         self._records = records
         self._build = build
         self._built: dict[int, Estimate] = {}
@@ -807,7 +572,7 @@ class _Family:
     tiers: list[LinkTier]          # the DP group's tier, per stage
     zeros: list[int]
     _state: dict[tuple[int, int], list[float]] = field(default_factory=dict)
-    _dp: dict[tuple[int, int], list[tuple[float, ...]]] = field(default_factory=dict)
+    _dp: dict[tuple[int, int], list[DpTimes]] = field(default_factory=dict)
 
     def state(self, fast: _Fast, v: int, zero: int) -> list[float]:
         """Per stage: model-state bytes plus the ZeRO/DDP communication buffers."""
@@ -818,14 +583,47 @@ class _Family:
                                 for s in self.stages]
         return self._state[key]
 
-    def dp_times(self, fast: _Fast, v: int, zero: int) -> list[tuple[float, ...]]:
+    def dp_times(self, fast: _Fast, v: int, zero: int) -> list[DpTimes]:
         """Per stage: :meth:`_Fast.dp_times` (zeros without data parallelism)."""
         key = (v, zero)
         if key not in self._dp:
             g = self.dp * self.cp
-            self._dp[key] = [fast.dp_times(self.tp, self.pp, v, s, g, zero, tier) if g > 1 else (0.0,) * 5
+            self._dp[key] = [fast.dp_times(self.tp, self.pp, v, s, g, zero, tier) if g > 1 else DpTimes()
                              for s, tier in zip(self.stages, self.tiers, strict=True)]
         return self._dp[key]
+
+
+@dataclass(slots=True)
+class _Variant:
+    """One (family, micro-batch, schedule, recomputation, SP) choice: everything but the ZeRO stage."""
+
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    m: int
+    schedule: str
+    interleave: int
+    recompute: str
+    sp: bool
+    bubble: float
+    stages: list[StageTimes]                         # per checked stage, no DP fields
+    cores: list[tuple[float, float, float, float]]   # steptime.critical_path with this bubble
+
+
+@dataclass(slots=True)
+class _Record:
+    """One fitting plan: its step time and memory (the sort key), and where to rebuild its Estimate."""
+
+    step: float
+    memory: float
+    order: int
+    variant: _Variant
+    zero: int
+    stage_index: int            # the checked stage that sets the step time
+    dp_exposed: float
+    dp: DpTimes
 
 
 class _Search:
@@ -838,8 +636,7 @@ class _Search:
         self.usable = cluster.hbm_bytes * (1 - c.margin)
         self.model_flops = flops_per_token(model, seq) * batch * seq
         self.common = {"seq": seq, "optimizer": c.optimizer, "dtype": c.dtype, "cp_kind": c.cp_kind}
-        # one record per fitting plan: (step, memory, n, variant, zero, stage index, dp exposed, dp times)
-        self.records: list[tuple] = []
+        self.records: list[_Record] = []
         self.candidates = 0
 
     def family(self, tp: int, cp: int, pp: int, dp: int) -> int:
@@ -847,7 +644,7 @@ class _Search:
         many fit."""
         c, fast = self.c, self.fast
         before = len(self.records)
-        stages = _stages_to_check(pp)
+        stages = stages_to_check(pp)
         fam = _Family(tp, cp, pp, dp, stages, [fast.tiers(dp, pp, cp, tp, s)["dp"] for s in stages],
                       [z for z in c.options("zero", c.zero_stages) if z == 0 or dp > 1])
         per_replica = self.batch // dp
@@ -876,11 +673,11 @@ class _Search:
         apl = fast.act_per_layer(tp, sp, cp, mb, recompute)
         abuf = fast.act_buffers(tp, sp, cp, mb, pp, c.cp_kind)
         lpm = fast.logits_per_mb(tp, cp, mb)
-        timed_v: dict[int, list[tuple[_StageTimes, tuple[float, float, float, float]]]] = {}
+        timed_v: dict[int, list[StageTimes]] = {}
         for (sched, v), layers_x_inflight in scheds.items():
             act = [apl * n + abuf for n in layers_x_inflight]
             act[-1] += lpm * head_inflight(sched, pp, m, v)                  # the last stage's logits
-            bubble = _bubble(sched, pp, m, v, recompute)
+            bub = bubble(sched, pp, m, v, recompute)
             variant = None
             for zero in fam.zeros:
                 self.candidates += 1
@@ -891,36 +688,35 @@ class _Search:
                 if mem > self.usable:
                     continue
                 if variant is None:
-                    timed = timed_v.get(v)
-                    if timed is None:      # TP, CP, PP and compute are the same for every schedule
-                        sts = [fast.times_raw(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
-                               for s in fam.stages]
-                        timed = timed_v[v] = [(st, _core(st, c.cp_kind, 0.0)) for st in sts]
-                    cores = [((st.compute + k[1] + k[2]) * (1.0 + bubble) + k[3], k[1], k[2], k[3])
-                             for st, k in timed]
-                    variant = (tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bubble, timed, cores)
+                    sts = timed_v.get(v)
+                    if sts is None:      # TP, CP, PP and compute are the same for every schedule
+                        sts = timed_v[v] = [fast.times_raw(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
+                                            for s in fam.stages]
+                    variant = _Variant(tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub, sts,
+                                       [critical_path(st, c.cp_kind, bub) for st in sts])
                 best = None
                 for i, dpt in enumerate(fam.dp_times(fast, v, zero)):
-                    st, core = variant[11][i][0], variant[12][i]
-                    dpe = _dp_exposed(zero, st.compute, m, recompute, *dpt[:4], dpt[4] * m)
-                    if best is None or core[0] + dpe > best[0]:
-                        best = (core[0] + dpe, i, dpe, dpt)
+                    dpe = dp_exposed(zero, variant.stages[i].compute, m, recompute, dpt)
+                    step = variant.cores[i][0] + dpe
+                    if best is None or step > best[0]:
+                        best = (step, i, dpe, dpt)
                 assert best is not None
-                self.records.append((best[0], mem, len(self.records), variant, zero, *best[1:]))
+                self.records.append(_Record(best[0], mem, len(self.records), variant, zero, *best[1:]))
 
-    def build(self, record: tuple) -> Estimate:
+    def build(self, record: _Record) -> Estimate:
         """The :class:`Estimate` of one record (see :meth:`family`)."""
-        step, mem, _, variant, zero, i, dpe, dpt = record
-        tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bubble, timed, cores = variant
-        st, core = timed[i][0], cores[i]
+        v = record.variant
+        st, core = v.stages[record.stage_index], v.cores[record.stage_index]
         comm_s = dict(st.comm)
-        if dp * cp > 1:
-            comm_s["dp"] = dpt[0] + dpt[2] + dpt[4] * m
-        fields = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero": zero, "sp": sp, "micro_batch": mb,
-                  "grad_accum": m, "recompute": recompute, "schedule": sched, "interleave": v, **self.common}
-        exposed = {"tp": core[1], "cp": core[2], "pp": core[3], "dp": dpe}
-        mfu = self.model_flops / (step * self.gpus * self.cluster.peak_flops)
-        return Estimate(fields, mem, self.usable, st.compute, bubble, comm_s, exposed, step, mfu)
+        if v.dp * v.cp > 1:
+            comm_s["dp"] = record.dp.total(v.m)
+        fields = {"dp": v.dp, "tp": v.tp, "pp": v.pp, "cp": v.cp, "zero": record.zero, "sp": v.sp,
+                  "micro_batch": v.micro_batch, "grad_accum": v.m, "recompute": v.recompute,
+                  "schedule": v.schedule, "interleave": v.interleave, **self.common}
+        exposed = {"tp": core[1], "cp": core[2], "pp": core[3], "dp": record.dp_exposed}
+        mfu = self.model_flops / (record.step * self.gpus * self.cluster.peak_flops)
+        return Estimate(fields, record.memory, self.usable, st.compute, v.bubble, comm_s, exposed, record.step,
+                        mfu)
 
 
 def plan_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, *,
@@ -961,7 +757,7 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, *,
     finally:
         if collecting:
             gc.enable()
-    estimates = RankedPlans(sorted(search.records, key=lambda r: r[:3]), search.build)
+    estimates = RankedPlans(sorted(search.records, key=attrgetter("step", "memory", "order")), search.build)
     reasons = {r: rejected[r] for r in REASONS if rejected[r]}
     return PlannerResult(estimates, reasons, families, search.candidates, time.perf_counter() - t0, model,
                          cluster, gpus, seq, batch, c.margin)

@@ -16,6 +16,13 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
+from . import layout
+from .errors import ParallelLabError
+from .layout import chunk_layers, divisors, fmt_set, stage_layers
+
+__all__ = ["ParallelLabError", "divisors", "chunk_layers", "stage_layers", "ModelSpec", "ClusterSpec", "LinkTier",
+           "OptimizerSpec", "Plan", "GB", "GiB"]
+
 Flavour = Literal["gpt", "llama"]
 Recompute = Literal["none", "selective", "full"]
 
@@ -23,17 +30,7 @@ GB = 10**9
 GiB = 2**30
 
 
-class ParallelLabError(ValueError):
-    """The one error type of parallel_lab: an invalid model, cluster or plan, named with its fix."""
-
-
-def divisors(n: int) -> list[int]:
-    """All positive divisors of ``n`` in increasing order (used to suggest valid degrees)."""
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _fmt_set(values: list[int]) -> str:
-    return "{" + ", ".join(str(v) for v in values) + "}"
+_fmt_set = fmt_set
 
 
 def _positive_int(owner: str, name: str, value: Any) -> None:
@@ -546,23 +543,7 @@ class Plan:
         if self.tp > 1 or self.cp > 1 or self.pp > 1:
             model.require_shape("tensor, pipeline or context parallelism")
         if model.shape_known:
-            if model.heads % self.tp:
-                raise ParallelLabError(
-                    f"tp={self.tp} does not divide heads={model.heads}; "
-                    f"pick tp in {_fmt_set(divisors(model.heads))}"
-                )
-            if model.ffn % self.tp:
-                raise ParallelLabError(
-                    f"tp={self.tp} does not divide ffn={model.ffn}; "
-                    f"pick tp in {_fmt_set(divisors(model.ffn))}"
-                )
-            if self.tp > model.kv_heads and self.tp % model.kv_heads:
-                kv = model.kv_heads
-                ok = [d for d in divisors(model.heads) if d % kv == 0 or kv % d == 0]
-                raise ParallelLabError(
-                    f"tp={self.tp} exceeds kv_heads={kv} and is not a multiple of it, so "
-                    f"key/value heads cannot be replicated evenly; pick tp in {_fmt_set(ok)}"
-                )
+            layout.check_tp(model, self.tp)
             chunks = self.pp * self.interleave
             if chunks > model.layers:
                 raise ParallelLabError(
@@ -604,36 +585,3 @@ class Plan:
                 f"all-reduces every layer, keep tp <= {cluster.gpus_per_node}"
             )
         return self
-
-
-# --------------------------------------------------------------------------------------------------
-# Pipeline layer split (shared by the ledger, comm, and the runnable pipeline)
-# --------------------------------------------------------------------------------------------------
-
-def chunk_layers(layers: int, pp: int, interleave: int = 1) -> list[list[int]]:
-    """The layer ids of each of the ``pp * interleave`` model chunks, in model order.
-
-    Contiguous split; when ``layers`` is not divisible, the first ``layers % chunks`` chunks get one extra
-    layer (as ``numpy.array_split``). Chunk ``c`` runs on pipeline stage ``c % pp`` (Megatron's interleaved
-    placement: stage ``r`` holds chunks ``r, r + pp, r + 2 pp, ...``). Embeddings live on stage 0 with
-    chunk 0; the final norm and the head on the stage of the last chunk, ``pp - 1``.
-    """
-    chunks = pp * interleave
-    if chunks < 1 or chunks > layers:
-        raise ParallelLabError(f"pp*interleave = {pp}*{interleave} = {chunks} chunks cannot split "
-                               f"layers={layers}; "
-                               f"pick pp*interleave in 1..{layers}")
-    q, r = divmod(layers, chunks)
-    out, start = [], 0
-    for c in range(chunks):
-        n = q + (1 if c < r else 0)
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
-
-
-def stage_layers(layers: int, pp: int, interleave: int = 1, stage: int = 0) -> list[int]:
-    """The layer ids that pipeline stage ``stage`` holds (all its chunks), in model order."""
-    if not 0 <= stage < pp:
-        raise ParallelLabError(f"stage={stage} is not a pipeline stage; pick stage in 0..{pp - 1}")
-    return [i for c, ids in enumerate(chunk_layers(layers, pp, interleave)) if c % pp == stage for i in ids]

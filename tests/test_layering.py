@@ -67,3 +67,69 @@ def test_layer1_sources_import_no_heavy_packages(path):
             continue
         bad = FORBIDDEN & set(roots)
         assert not bad, f"{path.name}:{node.lineno} imports {bad}; layer 1 must stay pure Python"
+
+
+# ---- no import cycles anywhere in parallel_lab ------------------------------------------------------------
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or \
+        (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """parallel_lab modules ``path`` imports, at module level or inside functions (not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _is_type_checking(node)
+            for n in ast.walk(node)}
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            targets = [prefix] + [f"{prefix}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in modules:
+                t = t.rpartition(".")[0]
+            if t and t != me and t != "parallel_lab":
+                out.add(t)
+    return out
+
+
+def test_no_module_of_parallel_lab_is_imported_in_a_cycle():
+    paths = sorted(PKG.rglob("*.py"))
+    modules = {_module_name(p) for p in paths}
+    graph = {_module_name(p): _imports(p, modules) for p in paths}
+    assert graph["parallel_lab.ledger"] >= {"parallel_lab.layout", "parallel_lab.activations"}   # the walk sees
+    state: dict[str, int] = {}                                                                   # what it should
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])

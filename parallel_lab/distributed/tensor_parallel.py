@@ -55,6 +55,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from parallel_lab import layout
 from parallel_lab.distributed.grid import all_groups
 from parallel_lab.distributed.instruments import CommTracer
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, divisors
@@ -399,16 +400,7 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor, start: int, tp
 def check_tp(spec: ModelSpec, plan: Plan) -> None:
     """What the runnable TP needs beyond ``Plan.validate``; a ParallelLabError naming the fix otherwise."""
     t = plan.tp
-    if spec.heads % t:
-        raise ParallelLabError(f"tp={t} does not divide heads={spec.heads}; pick tp in "
-                               f"{{{', '.join(map(str, divisors(spec.heads)))}}}")
-    if t <= spec.kv_heads and spec.kv_heads % t or t > spec.kv_heads and t % spec.kv_heads:
-        ok = [d for d in divisors(spec.heads) if spec.kv_heads % d == 0 or d % spec.kv_heads == 0]
-        raise ParallelLabError(f"tp={t} cannot split kv_heads={spec.kv_heads} (nor replicate them evenly); "
-                               f"pick tp in {{{', '.join(map(str, ok))}}}")
-    if spec.ffn % t:
-        raise ParallelLabError(f"tp={t} does not divide ffn={spec.ffn}; pick tp in "
-                               f"{{{', '.join(map(str, divisors(spec.ffn)))}}}")
+    layout.check_tp(spec, t)              # heads, kv heads and ffn: the one rule of the analytic core
     if spec.vocab % t:
         raise ParallelLabError(f"tp={t} does not divide vocab={spec.vocab}: the runnable vocabulary-parallel "
                                f"embedding needs equal shards; pick tp in "

@@ -1,0 +1,447 @@
+"""What one rank holds: the one home of every rule that says how a plan cuts the model and the machine.
+
+Tensor parallelism (Megatron, Shoeybi et al. 2019): column-parallel ``wq, wk, wv, fc | gate, up`` keep
+``fan_out / tp`` output rows, row-parallel ``wo, proj | down`` keep ``fan_in / tp`` input columns; norms,
+row-parallel biases and gpt's position embedding are replicated. ``tp`` must divide ``heads`` and ``ffn``;
+grouped-query key/value heads are split when ``tp`` divides ``kv_heads`` and replicated (each rank keeps the
+one head its query heads use, ``tp / kv_heads`` copies of each) when ``kv_heads`` divides ``tp``. No other
+``tp`` can cut them evenly. The embedding and the head keep ``ceil(vocab / tp)`` rows (vocabulary padded).
+
+ZeRO and FSDP (Rajbhandari et al. 2020): a *unit* of ``n`` trainable elements is padded to ``g ceil(n/g)``
+and rank ``r`` of the gradient-sync group (``g = dp * cp``) owns ``[r S, (r+1) S)``, ``S = ceil(n/g)``.
+DDP buckets: gradients in reverse registration order, a bucket closes before it would exceed the cap.
+The 4-D grid: ``arange(world).view(dp, pp, cp, tp)``; nodes are runs of ``gpus_per_node`` consecutive
+ranks, so a group is on one node exactly when its lowest and highest ranks are (``tier_of``).
+Pipeline stages: contiguous chunks, the first ``layers % chunks`` one layer longer; chunk ``c`` on stage
+``c % pp`` (Megatron's interleaving). docs/conventions.md is the contract these rules implement.
+The ledger, comm, activations, the planner and every runnable parallelism take their rules from here.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from .errors import ParallelLabError
+
+if TYPE_CHECKING:                                   # annotations only: specs imports this module
+    from .specs import ClusterSpec, LinkTier, ModelSpec, Plan
+
+
+# --------------------------------------------------------------------------------------------------
+# Divisors (the suggestions every divisibility error makes)
+# --------------------------------------------------------------------------------------------------
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of ``n`` in increasing order (used to suggest valid degrees)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def fmt_set(values: list[int], limit: int = 12) -> str:
+    """``{1, 2, 4}``; long lists are cut to their first and last values."""
+    if len(values) > limit:
+        head, tail = values[: limit - 2], values[-2:]
+        return "{" + ", ".join(map(str, head)) + ", ..., " + ", ".join(map(str, tail)) + "}"
+    return "{" + ", ".join(str(v) for v in values) + "}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Tensor parallelism: heads, kv heads, rows
+# --------------------------------------------------------------------------------------------------
+
+def kv_splits(kv_heads: int, tp: int) -> bool:
+    """Whether ``tp`` ranks can hold the key/value heads evenly: split (``tp | kv``) or replicated (``kv | tp``)."""
+    return kv_heads % tp == 0 or tp % kv_heads == 0
+
+
+def valid_tp(model: ModelSpec) -> list[int]:
+    """Every TP degree that splits ``model``'s heads, kv heads and ffn evenly."""
+    return [t for t in divisors(model.heads)
+            if model.ffn % t == 0 and kv_splits(model.kv_heads, t)]
+
+
+def check_tp(model: ModelSpec, tp: int) -> None:
+    """Raise a ParallelLabError naming the fix when ``tp`` cannot cut ``model`` (module docstring)."""
+    if model.heads % tp:
+        raise ParallelLabError(f"tp={tp} does not divide heads={model.heads}; pick tp in {fmt_set(valid_tp(model))}")
+    if model.ffn % tp:
+        raise ParallelLabError(f"tp={tp} does not divide ffn={model.ffn}; pick tp in {fmt_set(valid_tp(model))}")
+    if not kv_splits(model.kv_heads, tp):
+        raise ParallelLabError(
+            f"tp={tp} cannot split kv_heads={model.kv_heads} (it neither divides them nor is a multiple of "
+            f"them, so key/value heads cannot be split or replicated evenly); pick tp in {fmt_set(valid_tp(model))}")
+
+
+def kv_heads_local(model: ModelSpec, tp: int) -> int:
+    """Key/value heads one TP rank holds: ``kv_heads / tp``, or 1 (replicated) when ``tp > kv_heads``."""
+    return model.kv_heads // tp if tp <= model.kv_heads else 1
+
+
+def kv_replicas(model: ModelSpec, tp: int) -> int:
+    """TP ranks that hold the same key/value head (1 when the heads are split)."""
+    return tp // model.kv_heads if tp > model.kv_heads else 1
+
+
+def kv_width_local(model: ModelSpec, tp: int) -> int:
+    """Width of the keys (or values) one TP rank holds: ``kv_heads_local * head_dim``."""
+    return kv_heads_local(model, tp) * model.head_dim
+
+
+def q_width_local(model: ModelSpec, tp: int) -> int:
+    """Width of the queries (and of the attention output) one TP rank holds."""
+    return model.heads // tp * model.head_dim
+
+
+def vocab_local(model: ModelSpec, tp: int) -> int:
+    """Vocabulary rows of the embedding (and the head) on one TP rank: ``ceil(vocab / tp)``."""
+    return math.ceil(model.vocab / tp)
+
+
+COLUMN_PARALLEL = ("wq", "wk", "wv", "fc", "gate", "up")
+ROW_PARALLEL = ("wo", "proj", "down")
+
+
+def column_rows(model: ModelSpec, leaf: str, fan_out: int, tp: int) -> int:
+    """Local output rows of the column-parallel weight ``leaf`` (``wk``/``wv`` follow the kv-head rule)."""
+    if leaf in ("wk", "wv"):
+        return kv_width_local(model, tp)
+    return fan_out // tp
+
+
+# --------------------------------------------------------------------------------------------------
+# Pipeline stages
+# --------------------------------------------------------------------------------------------------
+
+def chunk_layers(layers: int, pp: int, interleave: int = 1) -> list[list[int]]:
+    """The layer ids of each of the ``pp * interleave`` model chunks, in model order.
+
+    Contiguous split; when ``layers`` is not divisible, the first ``layers % chunks`` chunks get one extra
+    layer (as ``numpy.array_split``). Chunk ``c`` runs on pipeline stage ``c % pp``. Embeddings live on
+    stage 0 with chunk 0; the final norm and the head on the stage of the last chunk, ``pp - 1``.
+    """
+    chunks = pp * interleave
+    if chunks < 1 or chunks > layers:
+        raise ParallelLabError(f"pp*interleave = {pp}*{interleave} = {chunks} chunks cannot split "
+                               f"layers={layers}; pick pp*interleave in 1..{layers}")
+    q, r = divmod(layers, chunks)
+    out, start = [], 0
+    for c in range(chunks):
+        n = q + (1 if c < r else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def stage_layers(layers: int, pp: int, interleave: int = 1, stage: int = 0) -> list[int]:
+    """The layer ids that pipeline stage ``stage`` holds (all its chunks), in model order."""
+    if not 0 <= stage < pp:
+        raise ParallelLabError(f"stage={stage} is not a pipeline stage; pick stage in 0..{pp - 1}")
+    if interleave == 1:                              # closed form: one chunk per stage
+        q, r = divmod(layers, pp)
+        if pp > layers:
+            chunk_layers(layers, pp, interleave)     # raises with the message
+        start = stage * q + min(stage, r)
+        return list(range(start, start + q + (1 if stage < r else 0)))
+    return [i for c, ids in enumerate(chunk_layers(layers, pp, interleave)) if c % pp == stage for i in ids]
+
+
+def stage_blocks(layers: int, pp: int, interleave: int = 1, stage: int = 0) -> int:
+    """How many transformer blocks stage ``stage`` holds."""
+    return len(stage_layers(layers, pp, interleave, stage))
+
+
+# --------------------------------------------------------------------------------------------------
+# The parameters one rank holds
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LocalParam:
+    """One parameter tensor as one GPU holds it: ``numel`` local elements, its ZeRO ``unit``, and whether
+    it is replicated (not split) across the TP group."""
+
+    name: str
+    numel: int
+    unit: str
+    tp_replicated: bool
+
+
+def _local(model: ModelSpec, name: str, shape: tuple[int, ...], tp: int) -> tuple[int, bool]:
+    """``(local elements, replicated across TP)`` of one parameter of the full model."""
+    parts = name.split(".")
+    if parts[0] == "blocks":
+        module, leaf, kind = parts[2], parts[3], parts[-1]
+        if module in ("attn_norm", "mlp_norm"):
+            return math.prod(shape), True
+        if leaf in COLUMN_PARALLEL:
+            rows = column_rows(model, leaf, shape[0], tp)
+            return (rows * shape[1] if kind == "weight" else rows), tp == 1
+        if kind == "weight":                                             # row-parallel wo, proj, down
+            return shape[0] * (shape[1] // tp), tp == 1
+        return shape[0], True                                           # row-parallel bias: replicated
+    if parts[0] in ("tok_emb", "lm_head"):
+        return vocab_local(model, tp) * shape[1], tp == 1
+    return math.prod(shape), True                                       # pos_emb, final_norm
+
+
+def local_parameters(model: ModelSpec, plan: Plan, stage: int = 0) -> list[LocalParam]:
+    """The parameters of pipeline stage ``stage`` on one TP rank, in registration order.
+
+    Units: ``blocks.{i}`` per block and ``root`` for the rest (``zero_unit="block"``), or a single ``root``
+    (``zero_unit="root"``). With tied embeddings and ``pp > 1`` the last stage keeps its own copy of the
+    embedding for the head (Megatron), whose gradient is all-reduced with stage 0's.
+    """
+    model.require_shape("the per-tensor parameter layout")
+    return list(_local_parameters(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage))
+
+
+@functools.lru_cache(maxsize=256)
+def _local_parameters(model: ModelSpec, tp: int, pp: int, interleave: int, zero_unit: str,
+                      stage: int) -> tuple[LocalParam, ...]:
+    layers = set(stage_layers(model.layers, pp, interleave, stage))
+    first, last = stage == 0, stage == pp - 1
+    on_stage = {"tok_emb": first, "pos_emb": first, "final_norm": last, "lm_head": last}
+    out: list[LocalParam] = []
+    for name, shape in model.parameter_shapes():
+        parts = name.split(".")
+        if parts[0] == "blocks":
+            layer = int(parts[1])
+            if layer not in layers:
+                continue
+            unit = f"blocks.{layer}" if zero_unit == "block" else "root"
+        elif on_stage[parts[0]]:
+            unit = "root"
+        else:
+            continue
+        numel, rep = _local(model, name, shape, tp)
+        out.append(LocalParam(name, numel, unit, rep))
+    if model.tied_embeddings and pp > 1 and last:
+        out.append(LocalParam("tok_emb.weight", vocab_local(model, tp) * model.hidden, "root", tp == 1))
+    return tuple(out)
+
+
+def is_frozen(name: str, frozen: tuple[str, ...] | list[str]) -> bool:
+    """A parameter is frozen when its name equals an entry of ``frozen`` or starts with ``entry + "."``."""
+    return any(name == f or name.startswith(f.rstrip(".") + ".") for f in frozen)
+
+
+def trainable(model: ModelSpec, plan: Plan, stage: int = 0, frozen: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+    """``(name, local elements)`` of this rank's trainable parameters, in registration order."""
+    if not model.shape_known:
+        return [("<all parameters>", model.n_params)]
+    return [(p.name, p.numel) for p in local_parameters(model, plan, stage) if not is_frozen(p.name, frozen)]
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """What one TP rank of one pipeline stage holds, as sizes: everything the ledger, comm and the planner
+    need about its parameters. A stage is known by ``(tp, blocks, first, last)`` and the ZeRO unit rule:
+    every block has the same parameters (so the planner memoises on exactly these)."""
+
+    units: tuple[tuple[str, int], ...]      # (unit, trainable local elements), registration order, non-empty
+    numels: tuple[int, ...]                 # every local tensor's elements, registration order
+    tp_replicated: int                      # elements replicated across TP (norms, row biases, pos_emb)
+    kv: int                                 # elements of wk and wv (replicated when tp > kv_heads)
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, n in self.units)
+
+
+def stage_params(model: ModelSpec, plan: Plan, stage: int = 0, frozen: tuple[str, ...] = ()) -> StageParams:
+    """:class:`StageParams` of ``stage`` (exact from :meth:`ModelSpec.parameter_shapes`, or one unit of
+    ``n_params`` elements for a model given by count only)."""
+    if not model.shape_known:
+        return StageParams((("root", model.n_params),), (model.n_params,), 0, 0)
+    if frozen:
+        return _stage_params_of(tuple(p for p in local_parameters(model, plan, stage)
+                                      if not is_frozen(p.name, frozen)))
+    return _stage_params(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_params(model: ModelSpec, tp: int, pp: int, interleave: int, zero_unit: str, stage: int) -> StageParams:
+    return _stage_params_of(_local_parameters(model, tp, pp, interleave, zero_unit, stage))
+
+
+def _stage_params_of(params: tuple[LocalParam, ...]) -> StageParams:
+    units: dict[str, int] = {}
+    for p in params:
+        units[p.unit] = units.get(p.unit, 0) + p.numel
+    return StageParams(tuple((u, n) for u, n in units.items() if n), tuple(p.numel for p in params),
+                       sum(p.numel for p in params if p.tp_replicated),
+                       sum(p.numel for p in params if p.name.split(".")[-2] in ("wk", "wv")))
+
+
+# --------------------------------------------------------------------------------------------------
+# ZeRO units and shards; DDP buckets
+# --------------------------------------------------------------------------------------------------
+
+def shard_group(plan: Plan) -> int:
+    """Ranks a ZeRO unit is sharded over: the gradient-sync group ``dp * cp``."""
+    return plan.dp * plan.cp
+
+
+def padded(n: int, g: int) -> int:
+    """A unit of ``n`` elements padded to ``g * ceil(n / g)`` (every shard the same size)."""
+    return g * math.ceil(n / g)
+
+
+def shard_range(n: int, g: int, r: int) -> tuple[int, int]:
+    """``[start, end)`` of the padded flat unit that rank ``r`` of ``g`` owns."""
+    s = math.ceil(n / g)
+    return r * s, (r + 1) * s
+
+
+def unit_sizes(model: ModelSpec, plan: Plan, stage: int = 0, frozen: tuple[str, ...] = ()) -> dict[str, int]:
+    """Trainable local elements per ZeRO unit of ``stage`` (in registration order; empty units dropped)."""
+    return dict(stage_params(model, plan, stage, tuple(frozen)).units)
+
+
+def grad_comm_bytes(plan: Plan) -> int:
+    """Bytes per element of the gradients that are communicated (bf16 for the 2-byte-gradient layouts)."""
+    return 2 if plan.optim.grad_bytes == 2 else 4
+
+
+def param_comm_bytes(plan: Plan) -> int:
+    """Bytes per element of gathered parameters (FSDP2 mixed precision gathers compute-dtype copies)."""
+    return plan.dtype_bytes if plan.optimizer == "fsdp2-mixed" else plan.optim.param_bytes
+
+
+def pack_buckets(items: list[tuple[str, int]], cap_bytes: float) -> list[list[tuple[str, int]]]:
+    """Cut ``(name, bytes)`` items, already in all-reduce order, into buckets of at most ``cap_bytes``:
+    a bucket closes when the next item would overflow it, and always holds at least one item.
+
+    The one definition of the bucket rule: :func:`ddp_buckets` predicts with it and the runnable
+    ``distributed.data_parallel.BucketedDDP`` builds its buckets with it.
+    """
+    buckets: list[list[tuple[str, int]]] = []
+    current: list[tuple[str, int]] = []
+    size = 0
+    for name, nbytes in items:
+        if current and size + nbytes > cap_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append((name, nbytes))
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def ddp_buckets(model: ModelSpec, plan: Plan, stage: int = 0,
+                frozen: tuple[str, ...] = ()) -> list[list[tuple[str, int]]]:
+    """DDP's gradient buckets: lists of ``(name, gradient bytes)``, in the order they are all-reduced.
+
+    Walk the trainable parameters in *reverse* registration order (the order their gradients become ready
+    in backward) and :func:`pack_buckets` them under ``bucket_mb * 10**6`` bytes. Unlike torch's DDP there
+    is no special small first bucket. Gradient bytes: :func:`grad_comm_bytes`.
+    """
+    gb = grad_comm_bytes(plan)
+    items = [(name, numel * gb) for name, numel in reversed(trainable(model, plan, stage, frozen))]
+    return pack_buckets(items, plan.bucket_mb * 1e6)
+
+
+def bucket_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[int, ...]:
+    """The sizes of :func:`ddp_buckets` (memoised on what they depend on: the stage's tensors, the cap)."""
+    if not model.shape_known:
+        return tuple(b for _, b in ddp_buckets(model, plan, stage))
+    sp = _stage_params(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage)
+    return _bucket_sizes(sp.numels, grad_comm_bytes(plan), plan.bucket_mb)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bucket_sizes(numels: tuple[int, ...], gb: int, bucket_mb: float) -> tuple[int, ...]:
+    buckets = pack_buckets([("", n * gb) for n in reversed(numels)], bucket_mb * 1e6)
+    return tuple(sum(b for _, b in bucket) for bucket in buckets)
+
+
+# --------------------------------------------------------------------------------------------------
+# The 4-D grid and the link tier of each group
+# --------------------------------------------------------------------------------------------------
+
+GRID_DIMS = ("dp", "pp", "cp", "tp")
+
+
+class GridShape(NamedTuple):
+    """The degrees that place ranks (a Plan has the same attributes; the planner uses this light form)."""
+
+    dp: int
+    pp: int
+    cp: int
+    tp: int
+    interleave: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.cp * self.tp
+
+
+def rank_of(plan: Plan, dp: int = 0, pp: int = 0, cp: int = 0, tp: int = 0) -> int:
+    """Global rank of grid coordinates in the placement ``arange(world).view(dp, pp, cp, tp)``."""
+    return ((dp * plan.pp + pp) * plan.cp + cp) * plan.tp + tp
+
+
+def coords(plan: Plan, rank: int) -> dict[str, int]:
+    """Grid coordinates ``{"dp", "pp", "cp", "tp"}`` of a global rank."""
+    if not 0 <= rank < plan.world:
+        raise ParallelLabError(f"rank={rank} is outside the world of {plan.world} ranks of this plan")
+    rest, tp = divmod(rank, plan.tp)
+    rest, cp = divmod(rest, plan.cp)
+    dp, pp = divmod(rest, plan.pp)
+    return {"dp": dp, "pp": pp, "cp": cp, "tp": tp}
+
+
+def pp_neighbours(plan: Plan, stage: int) -> list[int]:
+    """This stage and the stages it exchanges activations with (interleaving wraps around)."""
+    if plan.interleave > 1:
+        return sorted({stage, (stage - 1) % plan.pp, (stage + 1) % plan.pp})
+    return [s for s in (stage - 1, stage, stage + 1) if 0 <= s < plan.pp]
+
+
+def group_ranks(plan: Plan, dim: str, stage: int = 0) -> list[int]:
+    """The ranks of the ``dim`` group that contains grid point ``(dp=0, pp=stage, cp=0, tp=0)``.
+
+    ``dp``: the ``dp x cp`` gradient group; ``tp``/``tp_vocab``: the TP group; ``cp``: the CP group;
+    ``pp``: this stage and its pipeline neighbours.
+    """
+    if dim == "dp":
+        return [rank_of(plan, i, stage, j, 0) for i in range(plan.dp) for j in range(plan.cp)]
+    if dim in ("tp", "tp_vocab"):
+        return [rank_of(plan, 0, stage, 0, k) for k in range(plan.tp)]
+    if dim == "cp":
+        return [rank_of(plan, 0, stage, j, 0) for j in range(plan.cp)]
+    if dim == "pp":
+        return [rank_of(plan, 0, s, 0, 0) for s in pp_neighbours(plan, stage)]
+    raise ParallelLabError(f"dim {dim!r} is not known; pick one of dp, tp, tp_vocab, pp, cp")
+
+
+def group_span(plan: Plan, dim: str, stage: int = 0) -> tuple[int, int]:
+    """Lowest and highest rank of :func:`group_ranks` (ranks increase along every grid dim), in O(1)."""
+    if dim == "dp":
+        return rank_of(plan, 0, stage, 0, 0), rank_of(plan, plan.dp - 1, stage, plan.cp - 1, 0)
+    if dim in ("tp", "tp_vocab"):
+        return rank_of(plan, 0, stage, 0, 0), rank_of(plan, 0, stage, 0, plan.tp - 1)
+    if dim == "cp":
+        return rank_of(plan, 0, stage, 0, 0), rank_of(plan, 0, stage, plan.cp - 1, 0)
+    if dim == "pp":
+        near = pp_neighbours(plan, stage)
+        return rank_of(plan, 0, near[0], 0, 0), rank_of(plan, 0, near[-1], 0, 0)
+    raise ParallelLabError(f"dim {dim!r} is not known; pick one of dp, tp, tp_vocab, pp, cp")
+
+
+def same_node(cluster: ClusterSpec, lo: int, hi: int) -> bool:
+    """Whether ranks ``lo..hi`` share a node (nodes are runs of ``gpus_per_node`` consecutive ranks)."""
+    return lo // cluster.gpus_per_node == hi // cluster.gpus_per_node
+
+
+def tier_of(cluster: ClusterSpec, ranks: list[int]) -> LinkTier:
+    """``intra`` when all ranks share one node, else ``inter``."""
+    return cluster.intra if same_node(cluster, min(ranks), max(ranks)) else cluster.inter
+
+
+def group_tier(cluster: ClusterSpec, plan: Plan, dim: str, stage: int = 0) -> LinkTier:
+    """The link tier the ``dim`` group of ``stage`` lands on (what :func:`tier_of` says of its ranks)."""
+    return cluster.intra if same_node(cluster, *group_span(plan, dim, stage)) else cluster.inter

@@ -1,0 +1,172 @@
+"""The step-time model: seconds per optimizer step of one plan, from FLOPs, collectives and the bubble.
+
+``step = (compute + tp + cp_exposed) * (1 + bubble_ratio) + pp + dp_exposed`` (no constant tuned to any
+published result; the assumptions, one line each):
+
+* ``compute``: hardware FLOPs of the busiest pipeline stage (its layers, the head on the last stage;
+  recomputation adds its forward FLOPs) over its ``tp * cp`` GPUs at ``cluster.mfu_achievable`` of peak.
+* ``tp``: every tensor-parallel collective sits between the matmuls of a layer: fully exposed.
+* ``cp_exposed``: ring attention overlaps its K/V transfers with the attention compute (only the excess
+  is exposed); all-gather and Ulysses CP wait for their collectives.
+* ``bubble_ratio``: :func:`parallel_lab.simulate.bubble_formula` with ``F : B : W = 1 : 1 : 1`` (full
+  recomputation adds a forward to B); it multiplies everything on the per-micro-batch critical path.
+* ``pp``: every point-to-point transfer of the stage (receives are posted just before their consumer).
+* ``dp_exposed``: gradient sync overlaps the last micro-batch's backward (exposed: ``max(last call,
+  sync - one backward)``); ZeRO-1/2's parameter all-gather overlaps the next first forward likewise;
+  ZeRO-3 is prefetched under the whole step (exposed: ``max(one unit's calls, zero3 - compute)``).
+Collective times are comm's alpha-beta model on the tier each group lands on (``layout.group_tier``).
+MFU = model FLOPs per step / (step time * GPUs * peak), Chowdhery et al. 2022.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .comm import Collective, collective_time
+from .flops import matmul_params
+from .layout import stage_blocks
+from .simulate import Costs, bubble_formula
+from .specs import LinkTier, ModelSpec, Plan
+
+
+@dataclass
+class StageTimes:
+    """Seconds of one pipeline stage for one step (inputs of :func:`combine`)."""
+
+    compute: float
+    attention: float
+    comm: dict[str, float]
+    dp: DpTimes = field(default_factory=lambda: DpTimes())
+
+
+@dataclass(frozen=True)
+class DpTimes:
+    """The data-parallel calls of one stage, in the pieces the overlap rules need (module docstring)."""
+
+    sync: float = 0.0           # gradient synchronisation (ZeRO 0, 1, 2), once per step
+    last: float = 0.0           # its last call, which has no backward left to hide behind
+    gather: float = 0.0         # ZeRO-1/2: all-gather of the updated parameters after the step
+    first: float = 0.0          # its first call; ZeRO-3: the largest unit's gathers + reduce-scatter
+    zero3_per_mb: float = 0.0   # ZeRO-3: all its traffic for one micro-batch
+
+    def total(self, m: int) -> float:
+        return self.sync + self.gather + self.zero3_per_mb * m
+
+
+def dp_times(colls: Iterable[Collective], tier: LinkTier, zero: int, m: int) -> DpTimes:
+    """Read comm's ``dp`` collectives of one stage (in comm's order) into :class:`DpTimes`.
+
+    ZeRO-3's calls are made every micro-batch (``count = m``); the others once per step."""
+    sync = last = gather = first = z3 = 0.0
+    units: dict[str | None, float] = {}
+    for c in colls:
+        if c.dim != "dp":
+            continue
+        t = collective_time(c.kind, c.message_bytes, c.group_size, tier)
+        if zero == 3:
+            z3 += c.count * t / m
+            units[c.unit] = units.get(c.unit, 0.0) + t
+        elif c.phase == "step":
+            gather += c.count * t
+            first = first or t
+        else:
+            sync += c.count * t
+            last = t
+    if units:
+        first = max(units.values())
+    return DpTimes(sync, last, gather, first, z3)
+
+
+def costs(recompute: str) -> Costs:
+    """F : B : W for the bubble: backward twice the forward, split evenly; full recompute adds a forward."""
+    return Costs(1.0, 2.0 if recompute == "full" else 1.0, 1.0)
+
+
+#: (forward, backward) shares of a micro-batch's compute, from :func:`costs`.
+SHARES = {r: (c.f / (c.f + c.b + c.w), (c.b + c.w) / (c.f + c.b + c.w))
+          for r, c in ((r, costs(r)) for r in ("none", "selective", "full"))}
+
+
+@lru_cache(maxsize=4096)
+def bubble(schedule: str, pp: int, m: int, v: int, recompute: str) -> float:
+    """The bubble ratio the model assumes (0 without a pipeline)."""
+    return 0.0 if pp == 1 else bubble_formula(schedule, pp, m, v, costs(recompute))
+
+
+def plan_bubble(plan: Plan) -> float:
+    """The pipeline bubble ratio the step-time model assumes for ``plan``."""
+    return bubble(plan.schedule, plan.pp, plan.microbatches, plan.interleave, plan.recompute)
+
+
+def dp_exposed(zero: int, compute: float, m: int, recompute: str, d: DpTimes) -> float:
+    """The data-parallel time left on the critical path (module docstring)."""
+    if zero == 3:
+        z3 = d.zero3_per_mb * m
+        return max(d.first, z3 - compute) if z3 else 0.0
+    f_share, b_share = SHARES[recompute]
+    per_mb = compute / m
+    out = max(d.last, d.sync - per_mb * b_share) if d.sync else 0.0
+    if d.gather:
+        out += max(d.first, d.gather - per_mb * f_share)
+    return out
+
+
+def critical_path(st: StageTimes, cp_kind: str, bubble_ratio: float) -> tuple[float, float, float, float]:
+    """(per-micro-batch critical path times the pipeline factor, + PP) and its parts: tp, exposed cp, pp."""
+    tp = st.comm.get("tp", 0.0) + st.comm.get("tp_vocab", 0.0)
+    cp = st.comm.get("cp", 0.0)
+    cp_exp = max(0.0, cp - st.attention) if cp_kind == "ring" else cp
+    pp = st.comm.get("pp", 0.0)
+    return (st.compute + tp + cp_exp) * (1.0 + bubble_ratio) + pp, tp, cp_exp, pp
+
+
+def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float,
+            stages: list[StageTimes]) -> tuple[float, dict[str, float], dict[str, float], float]:
+    """The step time of the module docstring; the stage with the longest step sets it.
+
+    Returns (step time, comm time per dim, exposed time per dim, compute) of that stage."""
+    best: tuple[float, dict[str, float], dict[str, float], float] | None = None
+    for st in stages:
+        core, tp, cp_exp, pp = critical_path(st, cp_kind, bubble_ratio)
+        dp = dp_exposed(zero, st.compute, m, recompute, st.dp)
+        step = core + dp
+        if best is None or step > best[0]:
+            best = (step, st.comm, {"tp": tp, "cp": cp_exp, "pp": pp, "dp": dp}, st.compute)
+    assert best is not None
+    return best
+
+
+def stages_to_check(pp: int) -> list[int]:
+    """Stage 0 holds the most layers (chunks get the extra layers first), the embedding and the most
+    in-flight micro-batches; the last stage the head and the logits. No middle stage exceeds both."""
+    return sorted({0, pp - 1})
+
+
+class StageFlops:
+    """Hardware FLOPs per token of a pipeline stage (``flops.py``'s formula, split by stage)."""
+
+    def __init__(self, model: ModelSpec, seq: int) -> None:
+        n_blocks, n_head = matmul_params(model)
+        q = model.heads * model.head_dim
+        self.model = model
+        self.per_layer = 6.0 * n_blocks / model.layers + 12.0 * q * seq
+        attn_fwd = 4.0 * q * seq
+        self.extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks / model.layers + attn_fwd}
+        self.head = 6.0 * n_head
+        self.attn = 12.0 * q * seq
+        self._nl: dict[tuple[int, int, int], int] = {}
+
+    def n_layers(self, pp: int, v: int, stage: int) -> int:
+        key = (pp, v, stage)
+        if key not in self._nl:
+            self._nl[key] = stage_blocks(self.model.layers, pp, v, stage)
+        return self._nl[key]
+
+    def stage(self, pp: int, v: int, stage: int, recompute: str) -> float:
+        head = self.head if stage == pp - 1 else 0.0
+        return self.n_layers(pp, v, stage) * (self.per_layer + self.extra[recompute]) + head
+
+    def attention(self, pp: int, v: int, stage: int) -> float:
+        return self.n_layers(pp, v, stage) * self.attn
