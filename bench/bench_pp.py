@@ -15,9 +15,10 @@ import torch
 from torch import Tensor, nn
 
 from bench.common import our_runtime, side_by_side, slowest_rank_median
+from parallel_lab.distributed.data import synthetic_batch
 from parallel_lab.distributed.grid import Grid
 from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import build_model, loss_fn, make_context, make_optimizer, synthetic_batch
+from parallel_lab.distributed.model import build_model, loss_fn, make_context, make_optimizer
 from parallel_lab.distributed.pipeline import keep_stage, stage_layout
 from parallel_lab.specs import ModelSpec, Plan
 
@@ -46,10 +47,7 @@ def _ours(grid: Grid, plan: Plan):
     micro = rt.micro_batches(synthetic_batch(SPEC, plan, 0))
 
     def step() -> None:
-        rt.dp.zero_grad()
-        rt.forward_backward(rt, micro)
-        rt.dp.finish()
-        rt.dp.step()
+        rt.train_step(micro)
         rt.tracer.clear()
         rt.timeline.spans.clear()
     return step

@@ -14,34 +14,30 @@ from typing import Any
 
 import torch.distributed as dist
 
+from parallel_lab.distributed.data import Batch
 from parallel_lab.distributed.grid import Grid
 from parallel_lab.distributed.instruments import CommTracer
-from parallel_lab.distributed.model import Batch, build_model
+from parallel_lab.distributed.model import build_model
 from parallel_lab.distributed.train import Runtime, parallelize
 from parallel_lab.specs import ModelSpec, Plan
 
 
 def our_runtime(grid: Grid, spec: ModelSpec, plan: Plan) -> Runtime:
-    """Our parallel runtime for ``plan`` (the same composition ``parallel-lab run`` uses)."""
+    """Our parallel runtime for ``plan`` (the same composition ``parallel-lab run`` uses), without the
+    saved-tensor meter (its hooks are measurement, not training)."""
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    return parallelize(build_model(spec, device=grid.device), grid, plan, tracer)
+    return parallelize(build_model(spec, device=grid.device), grid, plan, tracer, meter=False)
 
 
 def our_step(grid: Grid, spec: ModelSpec, plan: Plan) -> Callable[[Batch], float]:
-    """One optimizer step of our implementation on one micro-batch (no pipeline): returns the loss."""
+    """One optimizer step of our implementation (``Runtime.train_step``) on one micro-batch: the loss."""
     rt = our_runtime(grid, spec, plan)
 
     def step(batch: Batch) -> float:
-        rt.dp.zero_grad()
-        rt.dp.set_sync(True)
-        loss = rt.loss(rt.model(batch.tokens, batch.positions), batch)
-        loss.backward()
-        rt.dp.finish()
-        for fn in rt.finalize_grads:
-            fn()
-        rt.dp.step()
+        loss = rt.train_step([batch])
         rt.tracer.clear()
-        return loss.item()
+        rt.timeline.spans.clear()
+        return loss
     return step
 
 

@@ -19,7 +19,8 @@ Figures (Narayanan et al. 2021 and the seed's definition):
   ``((p - 1)(f + b) - (min(m, p) - 1) w) / (m (f + b + w))``, which for ``m >= p`` is Qi et al.'s
   ``(p - 1)(T_F + T_B - T_W)`` bubble, a third of 1F1B's when ``f = b = w`` (see
   :func:`bubble_formula`; the tests check the simulator against it).
-* ``idle_fraction``: idle time of all ranks over ``p * step_time``.
+* ``idle_fraction``: idle time of all ranks over ``p * step_time``. Both come from
+  :func:`timeline_stats`, which the pipeline report applies to measured timelines as well.
 * ``peak_inflight``: per rank, the peak number of (micro-batch, chunk) pairs whose activations are
   alive; ``peak_activation_units`` divides it by ``v``: peak activation memory in units of one
   micro-batch's activations of a whole stage.
@@ -27,6 +28,7 @@ Figures (Narayanan et al. 2021 and the seed's definition):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .schedules import (
@@ -65,14 +67,67 @@ class Costs:
 
 @dataclass(frozen=True)
 class Interval:
-    """One compute action on one rank."""
+    """One interval on one rank's timeline: simulated here, measured by ``distributed.instruments``.
+
+    ``kind``: ``"compute"`` for an action (``name`` ``F``, ``B`` or ``W``; ``"step"`` for the optimizer
+    step), ``"comm"`` for a traced call (``name`` ``dim:kind``), ``"pipeline"`` for a whole action list.
+    ``micro_batch`` and ``chunk`` (the rank's model chunk) locate an action; ``stage`` is its virtual
+    stage ``chunk * p + rank``. Times in any unit (the simulator's cost unit, or seconds).
+    """
 
     rank: int
-    start: float
-    end: float
     kind: str
-    microbatch: int
-    chunk: int
+    name: str
+    t_start: float
+    t_end: float
+    micro_batch: int | None = None
+    chunk: int | None = None
+    stage: int | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.t_end - self.t_start
+
+    def as_row(self) -> list:
+        """``[rank, t_start, t_end, name, micro_batch, chunk]``: the JSON row of ``bubble`` and ``run``."""
+        return [self.rank, self.t_start, self.t_end, self.name, self.micro_batch, self.chunk]
+
+    @classmethod
+    def from_row(cls, row: list | tuple) -> Interval:
+        """The compute interval of a JSON row (:meth:`as_row`)."""
+        rank, t0, t1, name, mb, chunk = row
+        return cls(int(rank), "compute", str(name), t0, t1, mb, chunk)
+
+
+@dataclass(frozen=True)
+class TimelineStats:
+    """Bubble and idle time of a timeline over the window ``[t_start, t_end]`` (module docstring)."""
+
+    step_time: float
+    busy: dict[int, float]
+    bubble_ratio: float
+    idle_fraction: float
+
+
+def timeline_stats(intervals: Iterable[Interval], t_start: float | None = None, t_end: float | None = None,
+                   ranks: int | None = None) -> TimelineStats:
+    """``step = t_end - t_start`` (default: first start to last end), ``busy`` compute time per rank,
+    ``bubble_ratio = (step - C) / C`` with ``C`` the busiest rank's compute time, ``idle_fraction =
+    1 - sum(busy) / (ranks * step)`` (``ranks``: default, the ranks that appear). Only ``"compute"``
+    intervals count. The one definition for simulated and measured timelines."""
+    rows = [i for i in intervals if i.kind == "compute"]
+    if not rows:
+        return TimelineStats(0.0, {}, 0.0, 0.0)
+    t0 = min(i.t_start for i in rows) if t_start is None else t_start
+    t1 = max(i.t_end for i in rows) if t_end is None else t_end
+    busy: dict[int, float] = {}
+    for i in rows:
+        busy[i.rank] = busy.get(i.rank, 0.0) + (i.t_end - i.t_start)
+    step = t1 - t0
+    ideal = max(busy.values())
+    n = len(busy) if ranks is None else ranks
+    return TimelineStats(step, busy, (step - ideal) / ideal if ideal else 0.0,
+                         1.0 - sum(busy.values()) / (n * step) if step else 0.0)
 
 
 @dataclass
@@ -111,7 +166,7 @@ class SimResult:
             "idle_fraction": self.idle_fraction,
             "peak_inflight": self.peak_inflight,
             "peak_activation_units": self.peak_activation_units,
-            "timeline": [[i.rank, i.start, i.end, i.kind, i.microbatch, i.chunk] for i in self.timeline],
+            "timeline": [i.as_row() for i in self.timeline],
         }
 
 
@@ -129,27 +184,24 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
         return costs.b if (a.microbatch, a.chunk) in splits[rank] else costs.full_backward
 
     run = execute(schedule, cost_of, costs.p2p)
-    timeline = sorted((Interval(r, s, e, a.kind, a.microbatch, a.chunk) for r, s, e, a in run.compute),
-                      key=lambda i: (i.rank, i.start))
+    timeline = sorted((Interval(r, "compute", a.kind, s, e, a.microbatch, a.chunk, a.chunk * p + r)
+                       for r, s, e, a in run.compute), key=lambda i: (i.rank, i.t_start))
     step = max(run.finish) if run.finish else 0.0
-    busy = [0.0] * p
+    stats = timeline_stats(timeline, 0.0, step, ranks=p)
     gaps: list[list[tuple[float, float]]] = [[] for _ in range(p)]
     last = [0.0] * p
     for i in timeline:
-        busy[i.rank] += i.end - i.start
-        if i.start > last[i.rank] + 1e-12:
-            gaps[i.rank].append((last[i.rank], i.start))
-        last[i.rank] = i.end
+        if i.t_start > last[i.rank] + 1e-12:
+            gaps[i.rank].append((last[i.rank], i.t_start))
+        last[i.rank] = i.t_end
     for r in range(p):
         if step > last[r] + 1e-12:
             gaps[r].append((last[r], step))
-    ideal = max(busy) if busy else 0.0
-    m = 1 + max((i.microbatch for i in timeline), default=-1)
+    m = 1 + max((i.micro_batch for i in timeline), default=-1)
     return SimResult(
         p=p, m=m, v=num_chunks(schedule), costs=costs, timeline=timeline, p2p=run.p2p, finish=run.finish,
-        step_time=step, compute_time=busy,
-        bubble_ratio=(step - ideal) / ideal if ideal else 0.0,
-        idle_fraction=1.0 - sum(busy) / (p * step) if step else 0.0,
+        step_time=step, compute_time=[stats.busy.get(r, 0.0) for r in range(p)],
+        bubble_ratio=stats.bubble_ratio, idle_fraction=stats.idle_fraction,
         peak_inflight=peak_inflight_of(schedule), idle_gaps=gaps,
     )
 
@@ -192,12 +244,12 @@ def text_timeline(result: SimResult, width: int = 120) -> str:
     for r in range(result.p):
         line = ["."] * cols
         for i in (x for x in result.timeline if x.rank == r):
-            a, z = round(i.start / scale), max(round(i.end / scale), round(i.start / scale) + 1)
+            a, z = round(i.t_start / scale), max(round(i.t_end / scale), round(i.t_start / scale) + 1)
             n = min(z, cols) - a
             if n <= 0:
                 continue
-            label = f"{i.kind}{i.microbatch}" + (chr(ord("a") + i.chunk) if result.v > 1 else "")
-            text = label + "-" * n if len(label) < n else i.kind * n
+            label = f"{i.name}{i.micro_batch}" + (chr(ord("a") + i.chunk) if result.v > 1 else "")
+            text = label + "-" * n if len(label) < n else i.name * n
             line[a:a + n] = list(text[:n])
         rows.append(f"rank {r:>2} |" + "".join(line) + "|")
     c = result.costs

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from parallel_lab.schedules import build_schedule
-from parallel_lab.simulate import Costs, bubble_formula, simulate, text_timeline
+from parallel_lab.simulate import Costs, Interval, bubble_formula, simulate, text_timeline, timeline_stats
 from parallel_lab.specs import ParallelLabError
 
 PS = (2, 3, 4, 8)
@@ -86,7 +86,7 @@ def test_timeline_intervals_do_not_overlap_and_gaps_add_up():
     r = simulate(build_schedule("zb-h1", 4, 8))
     for rank in range(4):
         ivs = [i for i in r.timeline if i.rank == rank]
-        assert all(a.end <= b.start + 1e-12 for a, b in zip(ivs, ivs[1:], strict=False))
+        assert all(a.t_end <= b.t_start + 1e-12 for a, b in zip(ivs, ivs[1:], strict=False))
         idle = sum(e - s for s, e in r.idle_gaps[rank])
         assert idle + r.compute_time[rank] == pytest.approx(r.step_time)
     total_idle = sum(e - s for g in r.idle_gaps for s, e in g)
@@ -96,14 +96,14 @@ def test_timeline_intervals_do_not_overlap_and_gaps_add_up():
 def test_dependencies_respected_in_time():
     # forward of mb on stage s+1 starts after it ended on stage s; backward the other way
     r = simulate(build_schedule("interleaved", 4, 8, 2), Costs(1, 2, 0))
-    at = {(i.kind, i.microbatch, i.chunk * 4 + i.rank): i for i in r.timeline}
+    at = {(i.name, i.micro_batch, i.stage): i for i in r.timeline}
     for (kind, mb, s), i in at.items():
         if kind == "F" and s > 0:
-            assert i.start >= at[("F", mb, s - 1)].end
+            assert i.t_start >= at[("F", mb, s - 1)].t_end
         if kind == "B" and s < 7:
-            assert i.start >= at[("B", mb, s + 1)].end
+            assert i.t_start >= at[("B", mb, s + 1)].t_end
         if kind == "B":
-            assert i.start >= at[("F", mb, s)].end
+            assert i.t_start >= at[("F", mb, s)].t_end
 
 
 def test_peak_activation_units_and_dict():
@@ -168,3 +168,13 @@ def test_bubble_cli_errors(capsys):
     code, _, err = _cli(capsys, "bubble", "--schedule", "interleaved", "--stages", "4", "--microbatches", "6",
                         "--interleave", "2")
     assert code == 2 and "pick m in" in err
+
+
+def test_timeline_stats_by_hand_and_only_compute_counts():
+    ivs = [Interval(0, "compute", "F", 0.0, 1.0, 0), Interval(1, "compute", "F", 1.0, 2.0, 0),
+           Interval(0, "comm", "pp:send", 1.0, 1.5), Interval(0, "compute", "B", 2.0, 3.0, 0)]
+    st = timeline_stats(ivs)                         # window 0..3; busy: rank 0 2, rank 1 1
+    assert st.busy == {0: 2.0, 1: 1.0} and st.step_time == 3.0
+    assert st.bubble_ratio == 0.5 and st.idle_fraction == 0.5    # (3 - 2) / 2 and 1 - 3 / (2 * 3)
+    assert timeline_stats(ivs, 0.0, 4.0, ranks=4).idle_fraction == 1 - 3 / 16
+    assert Interval.from_row(ivs[0].as_row()) == ivs[0]

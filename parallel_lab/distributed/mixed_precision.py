@@ -40,7 +40,7 @@ starts from the bf16-rounded initial weights. The fp32 gradient copy ``grad.floa
 the step (a transient, like the other communication buffers).
 
 :class:`MasterAdamW` is DDP's optimizer (``model.make_optimizer`` returns it for ``adam-mixed``);
-``dist/zero.py`` keeps one fp32 master shard per unit itself. ``model.reference_train(..., mixed=True)``
+``distributed/zero.py`` keeps one fp32 master shard per unit itself. ``reference.reference_train(..., mixed=True)``
 is the single-process reference with the same arithmetic.
 """
 

@@ -1,40 +1,19 @@
-"""The tiny decoder every runnable parallelism is checked against, and its single-process reference step.
+"""The tiny decoder every runnable parallelism is checked against: model, weights, optimizer recipe.
 
-One model, two block flavours, built from a :class:`~parallel_lab.specs.ModelSpec`; no parallel code in
-it. The parallel implementations change it from the outside, through seams that are part of its API:
+One model, two block flavours (gpt: LayerNorm, tanh-GeLU, learned positions, biases, dropout; llama:
+RMSNorm, RoPE, SwiGLU, grouped-query attention), built from a :class:`~parallel_lab.specs.ModelSpec`, with
+no parallel code in it. The parallelisms change it from the outside through seams that are part of its
+API: separate linears (``wq wk wv wo``, ``fc proj`` / ``gate up down``) that TP swaps for sharded ones; a
+swappable attention core ``block.attn.core`` computing ``softmax(q k^T / sqrt(d) + mask) v`` on
+unrepeated K/V, which CP replaces; explicit positions and document ids; pipeline pieces (``embed``, the
+blocks keyed ``"0".."L-1"``, ``head``) that a stage keeps or deletes. Attention materialises its scores so
+that the bytes it saves are Korthikanti et al.'s ``sbh(34 + 5as/h)`` per layer.
 
-* **Separate linears** ``wq, wk, wv, wo`` and ``fc, proj`` (gpt) or ``gate, up, down`` (llama): tensor
-  parallelism swaps each for a column- or row-parallel linear whose shard is cut from the full weight.
-  Attention infers its local head count from ``wq``'s output width, so it runs unchanged on ``heads/tp``.
-* **A swappable attention core**: ``block.attn.core`` is a module computing
-  ``softmax(q k^T / sqrt(d) + mask) v`` from ``q (b, heads, s_q, d)`` and ``k, v (b, kv_heads, s_k, d)``
-  (key/value heads not yet repeated, so grouped-query attention's small k/v is what context parallelism
-  sends) and an :class:`AttnContext`. Ring / all-gather / Ulysses attention replace this one module.
-* **Explicit positions** (RoPE angles or learned position rows) and optional **document ids** (packed
-  sequences: a token attends only to earlier tokens of its own document): a context-parallel rank
-  passes the positions of the chunks it holds and everything stays correct.
-* **Pipeline pieces**: :meth:`Transformer.embed`, the blocks (an ``nn.ModuleDict`` keyed ``"0".."L-1"``,
-  so a stage that deletes the blocks it does not own keeps the global names ``blocks.{i}.*``),
-  :meth:`Transformer.head` (final norm + LM head) and :func:`loss_fn`. :meth:`Transformer.forward` runs
-  whichever of those pieces the module still holds.
-
-Parameters are registered in exactly the order and with the names of ``ModelSpec.parameter_shapes()``
-(a test checks both flavours, tied and untied). :func:`init_weights` draws the full weights from a CPU
-generator, independent of the plan; parallel code cuts shards from those full tensors.
-
-Choices, stated once:
-
-* gpt: LayerNorm (eps 1e-5) with bias, GeLU with the **tanh** approximation (GPT-2's), learned positions,
-  biases on every linear, dropout (embedding, attention probabilities, and both residual branches).
-* llama: RMSNorm (eps 1e-5, written out so that it saves the same tensors on every device), rotary
-  positions in the "rotate half" form (base 10000), SwiGLU, grouped-query attention, no biases.
-* Dropout is ``torch.native_dropout``: it keeps a 1-byte boolean mask for backward (as Korthikanti et al.
-  count it) on every device, where ``F.dropout`` on CPU keeps a full-precision noise tensor.
-* Attention is written out (scores materialised) so that the bytes it saves are those of the textbook
-  formula ``sbh(34 + 5as/h)``; the mask is an additive bias built once per forward (not saved).
-* Initialisation: normal(0, 0.02) for embeddings and linears, residual projections (``wo``, ``proj``,
-  ``down``) normal(0, 0.02 / sqrt(2L)) as in GPT-2, zero biases, unit norm weights.
-* Loss: mean cross-entropy over every token of the batch given.
+Parameters follow ``ModelSpec.parameter_shapes()`` in name and order (a test checks it);
+:func:`init_weights` draws the full weights from one CPU generator whatever the plan (GPT-2's
+normal(0, 0.02), residual projections 0.02 / sqrt(2L)), and parallel code cuts its shards from them.
+Every choice and its reason is in docs/model.md. The data are in ``data.py``, the single-process
+reference in ``reference.py``.
 """
 
 from __future__ import annotations
@@ -403,91 +382,7 @@ def freeze(model: nn.Module, frozen: Iterable[str]) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Deterministic synthetic data
-# --------------------------------------------------------------------------------------------------
-
-@dataclass
-class Batch:
-    """Tokens and next-token targets ``(b, s)``, positions ``(s,)``, optional document ids ``(b, s)``."""
-
-    tokens: Tensor
-    targets: Tensor
-    positions: Tensor
-    doc_ids: Tensor | None = None
-
-    def rows(self, start: int, stop: int) -> Batch:
-        """Sequences ``start:stop`` (a data-parallel rank's or a micro-batch's slice), as new tensors (so
-        that the ids saved for backward are charged their own bytes, not the global batch's storage)."""
-        docs = None if self.doc_ids is None else self.doc_ids[start:stop].clone()
-        return Batch(self.tokens[start:stop].clone(), self.targets[start:stop].clone(), self.positions, docs)
-
-    def to(self, device: torch.device | str) -> Batch:
-        docs = None if self.doc_ids is None else self.doc_ids.to(device)
-        return Batch(self.tokens.to(device), self.targets.to(device), self.positions.to(device), docs)
-
-    @property
-    def n_tokens(self) -> int:
-        return self.targets.numel()
-
-
-BOS = 0
-
-
-@dataclass(frozen=True)
-class SyntheticData:
-    """A learnable token stream: a sparse random Markov chain (``branching`` successors per token, 10% noise).
-
-    ``batch(step, n_seq, seq)`` is a pure function of ``(seed, step)``: every plan sees the same global
-    batch at a step. With ``packed=True`` each row is several documents of random length (at least
-    ``min_doc``); a document starts with token ``BOS`` and the chain restarts there; ``doc_ids`` numbers
-    the documents of a row from 0.
-    """
-
-    vocab: int
-    seed: int = 0
-    branching: int = 4
-    noise: float = 0.1
-    packed: bool = False
-    min_doc: int = 8
-
-    def _table(self) -> Tensor:
-        g = torch.Generator().manual_seed(10_007 * self.seed + 1)
-        return torch.randint(1, self.vocab, (self.vocab, self.branching), generator=g)
-
-    def batch(self, step: int, n_seq: int, seq: int) -> Batch:
-        g = torch.Generator().manual_seed(1_000_003 * (self.seed + 1) + step)
-        table = self._table()
-        n = seq + 1
-        choice = torch.randint(0, self.branching, (n_seq, n), generator=g)
-        noise = torch.rand(n_seq, n, generator=g) < self.noise
-        uniform = torch.randint(1, self.vocab, (n_seq, n), generator=g)
-        starts = torch.zeros(n_seq, n, dtype=torch.bool)
-        starts[:, 0] = True
-        if self.packed:
-            hi = max(self.min_doc + 1, seq // 2)
-            for r in range(n_seq):
-                pos = int(torch.randint(self.min_doc, hi, (1,), generator=g))
-                while pos < n - self.min_doc:
-                    starts[r, pos] = True
-                    pos += int(torch.randint(self.min_doc, hi, (1,), generator=g))
-        x = torch.empty(n_seq, n, dtype=torch.long)
-        x[:, 0] = BOS
-        for t in range(1, n):
-            nxt = table[x[:, t - 1], choice[:, t]]
-            nxt = torch.where(noise[:, t], uniform[:, t], nxt)
-            x[:, t] = torch.where(starts[:, t], torch.full_like(nxt, BOS), nxt)
-        doc_ids = (starts.long().cumsum(1) - 1)[:, :seq] if self.packed else None
-        return Batch(x[:, :seq].clone(), x[:, 1:].clone(), torch.arange(seq), doc_ids)
-
-
-def synthetic_batch(spec: ModelSpec, plan: Plan, step: int, seed: int = 0, packed: bool = False) -> Batch:
-    """The global batch of a step: ``plan.global_batch`` sequences of ``plan.seq`` tokens, same for every plan
-    with the same global batch."""
-    return SyntheticData(spec.vocab, seed=seed, packed=packed).batch(step, plan.global_batch, plan.seq)
-
-
-# --------------------------------------------------------------------------------------------------
-# Optimizer and the single-process reference
+# The optimizer every implementation and the reference use
 # --------------------------------------------------------------------------------------------------
 
 #: Hyperparameters every implementation uses (no gradient clipping: it would need a global norm).
@@ -509,48 +404,3 @@ def make_optimizer(params: Iterable[Tensor], plan: Plan) -> torch.optim.Optimize
         return MasterAdamW(params, **ADAMW)
     raise ParallelLabError(f"optimizer={plan.optimizer!r} is not runnable here; the runnable optimizers are "
                            f"adam-fp32, sgd-momentum (fp32 compute on CPU) and adam-mixed (bf16 with fp32 master)")
-
-
-@dataclass
-class ReferenceResult:
-    losses: list[float]
-    params: dict[str, Tensor]
-
-
-def reference_train(spec: ModelSpec, plan: Plan, steps: int, seed: int = 0, frozen: Iterable[str] = (),
-                    packed: bool = False, mixed: bool = False) -> ReferenceResult:
-    """Single process, whole global batch at once: loss = mean over all its tokens; ``steps`` optimizer steps.
-
-    Returns the loss of each step (before its update) and the final parameters by name. fp32 AdamW for
-    every Adam layout (adam-fp32, adam-mixed, fsdp2-mixed: the fp32 arithmetic the mixed runs approximate).
-
-    ``mixed=True`` (an ``adam-mixed`` plan): the arithmetic of a mixed-precision data-parallel run in one
-    process (dist/mixed_precision.py): bf16 model, fp32 master weights and AdamW, and the global batch as
-    ``dp * grad_accum`` micro-batches of ``micro_batch`` sequences, each backward of ``loss / n`` adding
-    its bf16 gradient into ``p.grad``, so that the gradient is rounded as a data-parallel run rounds it
-    (bitwise equal for two micro-batches). The parameters returned are the fp32 masters.
-    """
-    model = build_model(spec, seed, recompute="none")
-    if mixed:
-        model.to(torch.bfloat16)
-    freeze(model, frozen)
-    if mixed and plan.optimizer != "adam-mixed":
-        raise ParallelLabError(f"mixed=True is the reference of optimizer='adam-mixed', not {plan.optimizer!r}")
-    fp32 = plan.with_(optimizer="adam-fp32") if plan.optimizer == "adam-mixed" and not mixed else plan
-    opt = make_optimizer(model.parameters(), fp32)
-    n = plan.global_batch // plan.micro_batch if mixed else 1
-    losses = []
-    for step in range(steps):
-        batch = synthetic_batch(spec, plan, step, seed, packed=packed)
-        total = 0.0
-        for i in range(n):
-            mb = batch if n == 1 else batch.rows(i * plan.micro_batch, (i + 1) * plan.micro_batch)
-            loss = loss_fn(model(mb.tokens, mb.positions, mb.doc_ids), mb.targets) / n
-            loss.backward()
-            total += loss.item()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(total)
-    masters = opt.master_of() if mixed else {}
-    return ReferenceResult(losses, {name: masters.get(id(p), p).detach().clone()
-                                    for name, p in model.named_parameters()})

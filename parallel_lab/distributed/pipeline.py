@@ -49,18 +49,13 @@ gradients (the last ``W``, or the last unsplit ``B``), so DDP/ZeRO synchronise o
 micro-batch. ``rt.owns_loss`` is true on the last stage only (the loss is ``sum over micro-batches of
 loss / m``, as without a pipeline).
 
-Measurement. Every ``F``/``B``/``W`` is a ``Span`` of ``rt.timeline`` (name = kind, ``micro_batch``,
-``stage`` = virtual stage), the whole list one span ``"pp_step"`` (kind ``"pipeline"``). The executor keeps
-per step :class:`StepRecord`: the rows ``[rank, start, end, kind, microbatch, chunk]`` (the simulator's
-timeline format), when the step started and ended, and the peak number of in-flight ``(mb, chunk)``
-pairs, *counted from the objects alive* (a ``WeakSet`` of the per-micro-batch graphs, so a leaked
-reference would show), beside the saved-tensor meter's live bytes; they reach the caller as
-``RankResult.info["pp"]``. :func:`timeline_stats` turns rows into the simulator's figures
-(``bubble_ratio``, ``idle_fraction``), so that measured and simulated timelines are compared with the same
-definitions; :func:`pipeline_report` (what ``parallel-lab run`` prints) adds the simulator *replaying*
-every measured duration (:func:`replay`: what the schedule explains) and the hand-off times between
-stages (:func:`handoffs`: what the messages cost). ``viz.plots.pipeline_timelines_figure`` draws the
-simulated and the measured timeline together.
+Measurement. Every ``F``/``B``/``W`` is a ``simulate.Interval`` of ``rt.timeline`` (name = kind,
+``micro_batch``, ``stage`` = virtual stage), the whole list one interval ``"pp_step"`` (kind ``"pipeline"``).
+The executor keeps per step a :class:`StepRecord`: the rows ``Interval.as_row()`` of its actions, when the
+step started and ended, and the peak number of in-flight ``(mb, chunk)`` pairs, *counted from the objects
+alive* (a ``WeakSet`` of the per-micro-batch graphs, so a leaked reference would show), beside the
+saved-tensor meter's live bytes; they reach the caller as ``RankResult.info["pp"]``, and
+``distributed/pipeline_report.py`` reads them with the simulator's definitions.
 """
 
 from __future__ import annotations
@@ -75,9 +70,11 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, Node
 
+from parallel_lab.distributed.data import Batch
 from parallel_lab.distributed.instruments import TracedWork
-from parallel_lab.distributed.model import AttnContext, Batch, make_context
-from parallel_lab.schedules import Action, build_schedule, execute, split_backward, validate
+from parallel_lab.distributed.model import AttnContext, make_context
+from parallel_lab.distributed.runtime import Runtime
+from parallel_lab.schedules import Action, build_schedule, split_backward, validate
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, chunk_layers
 
 # --------------------------------------------------------------------------------------------------
@@ -472,13 +469,19 @@ class PipelineExecutor:
 # Plug-in
 # --------------------------------------------------------------------------------------------------
 
-def apply_pp(rt: Any) -> None:
+def check_pp(spec: ModelSpec, plan: Plan) -> None:
+    """Plans the runnable pipeline cannot execute (``train.check_runnable`` calls it before any process)."""
+    if spec.tied_embeddings:
+        raise ParallelLabError("tied embeddings put one weight on the first and the last pipeline stage; the "
+                               "runnable pipeline needs untied embeddings (drop --tied-embeddings) or pp=1")
+    validate(build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave))
+
+
+def apply_pp(rt: Runtime) -> None:
     """Keep this rank's stage of ``rt.model`` and set ``rt.forward_backward`` to the schedule's executor."""
     plan: Plan = rt.plan
     spec: ModelSpec = rt.model.spec
-    if spec.tied_embeddings:
-        raise ParallelLabError("tied embeddings put one weight on the first and the last pipeline stage; the "
-                               "runnable pipeline needs untied embeddings (tied_embeddings=False) or pp=1")
+    check_pp(spec, plan)
     layout = stage_layout(spec, plan, rt.grid.pp_rank)
     keep_stage(rt.model, layout)
     schedule = validate(build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave))
@@ -487,174 +490,3 @@ def apply_pp(rt: Any) -> None:
     rt.owns_loss = rt.owns_loss and layout.has_head
     rt.extras["pipeline"] = ex
     rt.extras.setdefault("reports", {})["pp"] = ex.report
-
-
-# --------------------------------------------------------------------------------------------------
-# Measured timelines, in the simulator's terms
-# --------------------------------------------------------------------------------------------------
-
-def timeline_stats(rows: Iterable[Sequence[Any]], t_start: float | None = None,
-                   t_end: float | None = None) -> dict[str, Any]:
-    """``bubble_ratio``, ``idle_fraction`` and busy time per rank of a timeline ``[rank, start, end, ...]``.
-
-    The definitions of ``simulate.simulate``: ``step = t_end - t_start`` (default: first start to last
-    end), ``bubble_ratio = (step - C) / C`` with ``C`` the busiest rank's compute time, ``idle_fraction =
-    1 - sum(busy) / (p * step)``.
-    """
-    rows = list(rows)
-    if not rows:
-        return {"step_time": 0.0, "busy": {}, "bubble_ratio": 0.0, "idle_fraction": 0.0}
-    t0 = min(r[1] for r in rows) if t_start is None else t_start
-    t1 = max(r[2] for r in rows) if t_end is None else t_end
-    busy: dict[int, float] = {}
-    for r in rows:
-        busy[int(r[0])] = busy.get(int(r[0]), 0.0) + (r[2] - r[1])
-    step = t1 - t0
-    ideal = max(busy.values())
-    return {"step_time": step, "busy": busy, "bubble_ratio": (step - ideal) / ideal if ideal else 0.0,
-            "idle_fraction": 1.0 - sum(busy.values()) / (len(busy) * step) if step else 0.0}
-
-
-def measured_step(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One pipeline's step from its ranks' records (``StepRecord.as_dict``), in the simulator's frame: time 0
-    is the first compute action (the first stage's first forward, which waits for nothing), the step ends
-    when the last rank has finished its list and its last send; rows are shifted accordingly, with
-    :func:`timeline_stats` of that window. ``start_skew_s``: how long before that some rank was already
-    in its list, waiting (ranks leave the previous optimizer step at different times; the simulator
-    starts them together, so this wait is reported apart from the bubble)."""
-    t0 = min(row[1] for rec in records for row in rec["rows"])
-    t1 = max(rec["t_end"] for rec in records)
-    rows = sorted(([row[0], row[1] - t0, row[2] - t0, *row[3:]] for rec in records for row in rec["rows"]),
-                  key=lambda x: (x[0], x[1]))
-    out = timeline_stats(rows, 0.0, t1 - t0)
-    out["rows"] = rows
-    out["start_skew_s"] = t0 - min(rec["t_start"] for rec in records)
-    out["inflight_peak"] = [rec["inflight_peak"] for rec in sorted(records, key=lambda x: x["rank"])]
-    return out
-
-
-def mean_costs(rows: Iterable[Sequence[Any]], split: bool) -> dict[str, float]:
-    """Mean measured F, B, W durations (seconds), as ``simulate.Costs`` fields: a full backward is ``b``
-    (``w = 0``) when the schedule does not split it."""
-    acc: dict[str, list[float]] = {"F": [], "B": [], "W": []}
-    for r in rows:
-        acc[str(r[3])].append(r[2] - r[1])
-    mean = {k: sum(v) / len(v) for k, v in acc.items() if v}
-    return {"f": mean.get("F", 0.0), "b": mean.get("B", 0.0), "w": mean.get("W", 0.0) if split else 0.0}
-
-
-def rank_costs(rows: Iterable[Sequence[Any]]) -> list[dict[str, float]]:
-    """Per pipeline rank, the mean measured duration (seconds) of each action kind it ran."""
-    acc: dict[int, dict[str, list[float]]] = {}
-    for r in rows:
-        acc.setdefault(int(r[0]), {}).setdefault(str(r[3]), []).append(r[2] - r[1])
-    return [{k: sum(v) / len(v) for k, v in acc[rank].items()} for rank in sorted(acc)]
-
-
-def replay(schedule: list[list[Action]], rows: Iterable[Sequence[Any]]) -> dict[str, Any]:
-    """The simulator (``schedules.execute``, instantaneous point-to-point) run with every action's own
-    measured duration: the step the schedule would take if the ranks never waited for anything but their
-    inputs. What the measured step has beyond it is communication and the executor's overhead; what it
-    has beyond the textbook prediction is the stages' imbalance and the durations' variation (on 2 cores:
-    contention). Returns :func:`timeline_stats` of the replayed timeline, its rows and its step time."""
-    dur = {(int(r[0]), str(r[3]), int(r[4]), int(r[5])): r[2] - r[1] for r in rows}
-    ex = execute(schedule, lambda rank, a: dur[(rank, a.kind, a.microbatch, a.chunk)], 0.0)
-    out_rows = sorted(([r, t0, t1, a.kind, a.microbatch, a.chunk] for r, t0, t1, a in ex.compute),
-                      key=lambda x: (x[0], x[1]))
-    out = timeline_stats(out_rows, 0.0, max(ex.finish))
-    out["rows"] = out_rows
-    return out
-
-
-def handoffs(rows: Iterable[Sequence[Any]], p: int) -> list[float]:
-    """Measured point-to-point hand-off times (seconds): from the end of the action that produced a
-    tensor (an F's output, a B's input gradient) to the start of the action on the neighbouring stage that
-    consumed it, counted only where the consumer sat idle waiting for it (so the gap is the message's
-    latency plus the executor's posting and waiting, not queueing behind other work)."""
-    rows = sorted(rows, key=lambda x: (x[0], x[1]))
-    end = {(int(r[0]), str(r[3]), int(r[4]), int(r[5])): r[2] for r in rows}
-    v = 1 + max(int(r[5]) for r in rows)
-    out, last_end = [], {}
-    for rank, start, stop, kind, mb, chunk in ((int(r[0]), r[1], r[2], str(r[3]), int(r[4]), int(r[5]))
-                                              for r in rows):
-        s = chunk * p + rank
-        src = s - 1 if kind == "F" else s + 1
-        if kind in ("F", "B") and 0 <= src < p * v:
-            t = end.get((src % p, kind, mb, src // p))
-            if t is not None and last_end.get(rank, float("-inf")) < t <= start:
-                out.append(start - t)
-        last_end[rank] = stop
-    return out
-
-
-def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any],
-                    step: int | None = None) -> dict[str, Any]:
-    """Measured against simulated, for ``parallel-lab run``: one pipeline replica (the ranks with dp, cp and
-    tp coordinates 0), step ``step`` (default: the fastest step after the first, whose allocations warm up;
-    the fastest is the one least disturbed by other processes, as ``timeit`` takes the minimum).
-
-    * ``bubble_ratio``, ``idle_fraction`` and ``step_time_s``: ``predicted`` by the simulator with the
-      textbook costs (F = 1, B = 2, or F = B = W = 1 for ZB-H1; ``(p - 1) / m`` for GPipe and 1F1B; no
-      step time), ``measured`` from the timeline (:func:`measured_step`), and ``replayed``: the simulator
-      fed every action's measured duration (:func:`replay`).
-    * ``handoff_s``: median and 90th percentile of the measured hand-offs between stages (:func:`handoffs`).
-    * ``peak_inflight``: per pipeline rank, (micro-batch, chunk) pairs alive at once, measured against the
-      simulator's count.
-    """
-    from parallel_lab.simulate import Costs, simulate
-
-    schedule = build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
-    mine = sorted((r for r in results if r.coords.get("dp", 0) == 0 and r.coords.get("cp", 0) == 0
-                   and r.coords.get("tp", 0) == 0), key=lambda r: r.coords["pp"])
-    n = len(mine[0].info["pp"]["steps"])
-    if step is None:
-        steps = [measured_step([r.info["pp"]["steps"][i] for r in mine]) for i in range(min(1, n - 1), n)]
-        meas = min(steps, key=lambda x: x["step_time"])
-    else:
-        meas = measured_step([r.info["pp"]["steps"][step] for r in mine])
-    split = any(a.kind == "W" for acts in schedule for a in acts)
-    pred = simulate(schedule, Costs())
-    rep = replay(schedule, meas["rows"])
-    hand = sorted(handoffs(meas["rows"], plan.pp))
-    layers = layers_per_stage(spec, plan)
-    return {
-        "schedule": plan.schedule, "p": plan.pp, "m": plan.microbatches, "v": plan.interleave,
-        "layers_per_stage": layers, "uneven": len(set(layers)) > 1,
-        "bubble_ratio": {"predicted": pred.bubble_ratio, "measured": meas["bubble_ratio"],
-                         "replayed": rep["bubble_ratio"]},
-        "idle_fraction": {"predicted": pred.idle_fraction, "measured": meas["idle_fraction"],
-                          "replayed": rep["idle_fraction"]},
-        "step_time_s": {"measured": meas["step_time"], "replayed": rep["step_time"]},
-        "start_skew_s": meas["start_skew_s"],
-        "handoff_s": {"median": hand[len(hand) // 2] if hand else None,
-                      "p90": hand[int(0.9 * len(hand))] if hand else None, "count": len(hand)},
-        "peak_inflight": {"predicted": list(pred.peak_inflight), "measured": meas["inflight_peak"]},
-        "mean_costs_s": mean_costs(meas["rows"], split), "rank_costs_s": rank_costs(meas["rows"]),
-        "timeline": meas["rows"],
-    }
-
-
-def format_pipeline_report(rep: dict[str, Any]) -> str:
-    """The text block ``parallel-lab run`` prints for a pipeline."""
-    v = f", v={rep['v']} chunks per stage" if rep["v"] > 1 else ""
-    lines = [f"pipeline: {rep['schedule']}, p={rep['p']} stages, m={rep['m']} micro-batches{v}",
-             f"blocks per stage {rep['layers_per_stage']}" + (" (uneven)" if rep["uneven"] else "")
-             + f"; embedding on stage 0, final norm + head + loss on stage {rep['p'] - 1}",
-             "               predicted  measured  replayed (simulator fed the measured durations)"]
-    for key in ("bubble_ratio", "idle_fraction"):
-        d = rep[key]
-        lines.append(f"{key:<14} {d['predicted']:>9.1%} {d['measured']:>9.1%} {d['replayed']:>9.1%}")
-    st = rep["step_time_s"]
-    lines.append(f"{'step (ms)':<14} {'':>9} {st['measured'] * 1e3:>9.1f} {st['replayed'] * 1e3:>9.1f}")
-    lines.append(f"peak in-flight micro-batches per stage: measured {rep['peak_inflight']['measured']}, "
-                 f"simulated {rep['peak_inflight']['predicted']}")
-    kinds = "F/B/W" if rep["mean_costs_s"]["w"] else "F/B"
-    per = ", ".join("/".join(f"{d[k] * 1e3:.1f}" for k in ("F", "B", "W") if k in d)
-                    for d in rep["rank_costs_s"])
-    lines.append(f"mean {kinds} per stage (ms): {per}")
-    h = rep["handoff_s"]
-    if h["count"]:
-        lines.append(f"hand-off between stages (ms): median {h['median'] * 1e3:.2f}, 90th percentile "
-                     f"{h['p90'] * 1e3:.2f} ({h['count']} waits); a rank entered the step "
-                     f"{rep['start_skew_s'] * 1e3:.1f} ms before the first forward")
-    return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 :func:`run` launches :func:`~parallel_lab.distributed.train.train_rank` on ``plan.world`` ranks (CPU processes
 with gloo here, GPUs with nccl where present), trains the same steps in one process
-(:func:`~parallel_lab.distributed.model.reference_train`), and reports:
+(:func:`~parallel_lab.distributed.reference.reference_train`), and reports:
 
 * ``losses`` (the mean over the ranks that own a loss) and ``reference_losses`` (``adam-mixed``: the
   single-process run with the same bf16 arithmetic, ``reference_train(..., mixed=True)``);
@@ -14,8 +14,8 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
 * ``wall_s``: seconds from launching the ranks to having all their results;
-* ``pipeline`` (``pp > 1``, ``distributed.pipeline.pipeline_report``): bubble ratio and idle fraction predicted by
-  the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
+* ``pipeline`` (``pp > 1``, ``distributed.pipeline_report.pipeline_report``): bubble ratio and idle
+  fraction predicted by the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
   measured against simulated, blocks per stage, mean F/B/W times and the measured timeline rows.
 """
 
@@ -27,12 +27,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallel_lab import activations, comm, ledger
+from parallel_lab import comm, ledger
 from parallel_lab.distributed.grid import coords
 from parallel_lab.distributed.instruments import payload_by_dim
 from parallel_lab.distributed.launch import launch
 from parallel_lab.distributed.mixed_precision import is_mixed
-from parallel_lab.distributed.model import reference_train
+from parallel_lab.distributed.pipeline_report import format_pipeline_report, pipeline_report
+from parallel_lab.distributed.reference import reference_train
 from parallel_lab.distributed.train import (
     RankResult,
     check_runnable,
@@ -41,8 +42,7 @@ from parallel_lab.distributed.train import (
     merge_params,
     train_rank,
 )
-from parallel_lab.schedules import head_inflight
-from parallel_lab.specs import ModelSpec, Plan, stage_layers
+from parallel_lab.specs import ModelSpec, Plan
 
 STATE = ("parameters", "gradients", "optimizer_states")
 
@@ -51,28 +51,16 @@ RUN_DEFAULTS = {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "ada
 
 
 def predicted_activations(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
-    """Peak bytes saved for backward on one rank of pipeline stage ``stage``, from the per-op model.
-
-    One micro-batch holds its stage's blocks (``per_block_bytes`` each), the rotary tables and, on the
-    first stage, the embedding's ids; the schedule keeps ``ledger.inflight_microbatches`` micro-batches
-    at its peak (1 without a pipeline).
-    """
-    n_layers = len(stage_layers(spec.layers, plan.pp, plan.interleave, stage))
-    ops = activations.per_op_bytes(spec, plan, layers=n_layers)
-    per_micro = n_layers * ops["per_block_bytes"] + sum(x["bytes"] for x in ops["shared"])
-    if stage == 0:
-        per_micro += sum(x["bytes"] for x in ops["embedding"])
-    inflight = ledger.inflight_microbatches(plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage)
-    return int(round(per_micro * inflight))
+    """Peak bytes saved for backward on one rank of pipeline stage ``stage``: the ledger's per-op model
+    (``ledger.activation_bytes(..., formula="per-op")``: the stage's blocks, the rotary tables, on stage 0
+    the embedding's ids, times the schedule's in-flight micro-batches)."""
+    return int(round(ledger.activation_bytes(spec, plan, stage, formula="per-op")))
 
 
 def predicted_logits_and_loss(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
-    """Per-op bytes of the final norm, head and loss of one micro-batch (last stage only), times the
-    micro-batches whose head the last stage holds at once (``schedules.head_inflight``)."""
-    if stage != plan.pp - 1:
-        return 0
-    kept = head_inflight(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
-    return activations.per_op_bytes(spec, plan)["logits_and_loss"] * kept
+    """The ledger's per-op bytes of the final norm, head and loss (``ledger.logits_bytes``, the micro-batches
+    whose head the last stage holds at once); 0 on every other stage."""
+    return int(round(ledger.logits_bytes(spec, plan, formula="per-op"))) if stage == plan.pp - 1 else 0
 
 
 @dataclass
@@ -122,8 +110,6 @@ class RunReport:
             gap = f"{(m - p) / p:+.2%}" if p else ""
             lines.append(f"{cat:<17} {m:>12,}  {p:>12,}  {gap}")
         if "pipeline" in self.extra:
-            from parallel_lab.distributed.pipeline import format_pipeline_report
-
             lines += ["", format_pipeline_report(self.extra["pipeline"])]
         lines.append(f"\nwall time of the parallel run: {self.wall_s:.2f} s")
         return "\n".join(lines)
@@ -168,7 +154,7 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close("(reference in one process...)")
-    # adam-mixed: the reference does the same bf16 arithmetic in one process (dist/mixed_precision.py)
+    # adam-mixed: the reference does the same bf16 arithmetic in one process (distributed/mixed_precision.py)
     ref = reference_train(spec, plan, steps, seed, frozen=frozen, packed=packed, mixed=is_mixed(plan))
 
     measured = payload_by_dim(e for r in results for e in r.events)
@@ -192,8 +178,6 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
                                  "predicted_bytes": max(predicted_logits_and_loss(spec, plan, s)
                                                         for s in stages)}}
     if plan.pp > 1:
-        from parallel_lab.distributed.pipeline import pipeline_report
-
         extra["pipeline"] = pipeline_report(spec, plan, results)
     return RunReport(spec, plan, steps, global_losses(results), ref.losses,
                      max_abs_diff(merge_params(results), ref.params), comm_out, memory, wall, extra, results)

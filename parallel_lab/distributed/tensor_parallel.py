@@ -1,47 +1,20 @@
 """Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) and sequence parallelism (Korthikanti et al. 2022).
 
-The ``t`` ranks of a TP group split every transformer block's matrices so that each rank holds ``1/t`` of
-them and computes ``1/t`` of each matrix product:
+The ``t`` ranks of a TP group split every block's matrices: a **column-parallel** linear ``Y = X A^T``
+keeps output rows ``A_r`` (``wq wk wv``, ``fc`` / ``gate up``: heads and hidden units are split), a
+**row-parallel** linear keeps input columns ``B_r`` (``wo``, ``proj`` / ``down``) and yields a partial
+output summed over the ranks. The regions are glued by the conjugate operators of ``tp_communications.py``
+(``f``: identity / all-reduce, ``g``: all-reduce / identity), so a block costs 2 all-reduces of ``s b h``
+in forward and 2 in backward. With SP the norms, dropout and residuals between the regions are split
+along the sequence (all-gather before a region, reduce-scatter after it: the same bytes), every activation
+there is stored ``1/t`` times (``sbh/t (34 + 5as/h)``), and, as in Megatron, column-parallel linears save
+only their sequence shard and all-gather it again in backward. Replicated parameters that see a shard
+(norms, row-parallel biases, gpt's positions) get one all-reduce of their gradients per step.
 
-* a **column-parallel** linear ``Y = X A^T`` keeps the output rows ``A_r`` (``wq, wk, wv``, ``fc`` or
-  ``gate, up``): from the full input ``X`` each rank computes its slice of the output, ``Y_r = X A_r^T``;
-  attention heads and the MLP's hidden units are therefore split;
-* a **row-parallel** linear keeps the input columns ``B_r`` (``wo``, ``proj`` or ``down``): from its slice of
-  the input each rank computes a *partial* output ``X_r B_r^T``; the sum over ranks is the full output.
-
-Two conjugate operators glue the regions together (Megatron's ``f`` and ``g``)::
-
-    f: forward identity,   backward all-reduce    (enter the parallel region: copy X to all ranks)
-    g: forward all-reduce, backward identity      (leave it: sum the partial outputs)
-
-so a block costs 2 all-reduces of ``s b h`` in forward (``g`` after attention and after the MLP) and 2 in
-backward (``f`` before them). **Sequence parallelism** (SP) splits what lies *between* the regions
-(norms, dropout, residual adds) along the sequence, and replaces ``f``/``g`` by::
-
-    all-gather along the sequence (forward) / reduce-scatter (backward)   before attention and MLP
-    reduce-scatter along the sequence (forward) / all-gather (backward)   after them
-
-An all-reduce is a reduce-scatter followed by an all-gather, so the bytes moved stay the same, while
-every activation outside the regions is stored ``1/t`` times (Korthikanti's ``sbh/t (34 + 5as/h)``). Like
-Megatron, the column-parallel linears keep only their sequence *shard* for backward and all-gather it
-again there for the weight gradient (one extra all-gather per region: memory for communication).
-Parameters that are replicated on every TP rank but see only a sequence shard (norm weights and biases,
-row-parallel biases, gpt's position embedding) get partial gradients; one all-reduce of their flat
-concatenation per step completes them.
-
-The **vocabulary** is split too (``dim="tp_vocab"`` in the tracer, see docs/conventions.md): the embedding
-keeps rows ``[r V/t, (r+1) V/t)``, zeroes the lookups of other ranks' tokens and sums (all-reduce; with SP
-reduce-scatter); the LM head keeps the same rows and produces this rank's logit columns, and the
-cross-entropy reduces the max, the sum of exponentials and the target logit over the ranks (three fp32
-all-reduces of ``s b`` values) so the ``s b V`` logits are never built on one rank.
-
-Grouped-query attention: with ``t <= kv_heads`` the key/value heads are split like the query heads; with
-``t > kv_heads`` each rank keeps the one kv head its query heads use, so ``t / kv_heads`` ranks hold the
-same head, and its weight gradient (a partial sum over their query heads) is all-reduced among them.
-
-:func:`apply_tp` applies all of this to the reference model from the outside (``train.Runtime``): the
-shards are cut from the full weights (same seed, same function at any ``t``) and every parameter keeps
-its reference name. All collectives of the step go through the ``CommTracer``.
+Grouped-query attention: ``t <= kv_heads`` splits the kv heads; ``t > kv_heads`` gives each rank the kv
+head its query heads use and all-reduces its gradient among the ``t / kv_heads`` ranks sharing it. The
+vocabulary is split too (``tp_vocab.py``). :func:`apply_tp` edits the reference model from the outside,
+cutting shards from the full weights; every parameter keeps its name. Derivation: docs/tensor_parallel.md.
 """
 
 from __future__ import annotations
@@ -57,125 +30,20 @@ from torch import Tensor, nn
 
 from parallel_lab import layout
 from parallel_lab.distributed.grid import all_groups
-from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.runtime import Runtime
+from parallel_lab.distributed.tp_communications import (
+    TPGroup,
+    copy_to_tp,
+    gather_from_sequence_parallel,
+    reduce_from_tp,
+    reduce_scatter_to_sequence_parallel,
+)
+from parallel_lab.distributed.tp_vocab import (
+    SequenceParallelPositions,
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+)
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, divisors
-
-# --------------------------------------------------------------------------------------------------
-# The TP group and its collectives along the sequence
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TPGroup:
-    """This rank's tensor-parallel group: ``size`` ranks, this one at position ``rank``; every call is
-    traced under the accounting ``label`` given ("tp" inside the blocks, "tp_vocab" for the vocabulary).
-
-    Activations are batch-first ``(b, s, ...)``; sequence parallelism shards dimension 1, rank ``r``
-    holding tokens ``[r s/t, (r+1) s/t)``.
-    """
-
-    tracer: CommTracer
-    size: int
-    rank: int
-
-    def all_reduce(self, x: Tensor, label: str, op: Any = dist.ReduceOp.SUM) -> Tensor:
-        """Sum (or ``op``) ``x`` over the group, in place; message = ``x``."""
-        self.tracer.all_reduce(x, label, op=op)
-        return x
-
-    def gather_sequence(self, shard: Tensor, label: str) -> Tensor:
-        """``(b, s/t, ...) -> (b, s, ...)``: all-gather of the sequence shards; message = the full output."""
-        b, n, rest = shard.shape[0], shard.shape[1], shard.shape[2:]
-        out = torch.empty((self.size * b, n, *rest), dtype=shard.dtype, device=shard.device)
-        self.tracer.all_gather(out, shard.contiguous(), label)      # rank k's shard: rows [k b, (k+1) b)
-        return out.view(self.size, b, n, *rest).transpose(0, 1).reshape(b, self.size * n, *rest)
-
-    def reduce_scatter_sequence(self, full: Tensor, label: str) -> Tensor:
-        """``(b, s, ...) -> (b, s/t, ...)``: sum over the group, keep this rank's tokens; message = full."""
-        b, s, rest = full.shape[0], full.shape[1], full.shape[2:]
-        n = s // self.size
-        stacked = full.reshape(b, self.size, n, *rest).transpose(0, 1).reshape(self.size * b, n, *rest)
-        out = torch.empty((b, n, *rest), dtype=full.dtype, device=full.device)
-        self.tracer.reduce_scatter(out, stacked, label)
-        return out
-
-
-# --------------------------------------------------------------------------------------------------
-# The conjugate operators (tiny autograd functions)
-# --------------------------------------------------------------------------------------------------
-
-class CopyToTP(torch.autograd.Function):
-    """Megatron's ``f``. Forward: identity (every rank already holds ``X``). Backward: all-reduce of the
-    gradient (each rank's slice of the region contributes a partial ``dL/dX``)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, tp: TPGroup, label: str) -> Tensor:
-        ctx.tp, ctx.label = tp, label
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return ctx.tp.all_reduce(grad.clone(memory_format=torch.contiguous_format), ctx.label), None, None
-
-
-class ReduceFromTP(torch.autograd.Function):
-    """Megatron's ``g``. Forward: all-reduce of the partial outputs. Backward: identity (the summed
-    output's gradient is what every rank's partial output needs)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, tp: TPGroup, label: str) -> Tensor:
-        ctx.mark_dirty(x)
-        return tp.all_reduce(x, label)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return grad, None, None
-
-
-class GatherFromSequenceParallel(torch.autograd.Function):
-    """SP's entry into a region. Forward: all-gather of the sequence shards, ``(b, s/t, h) -> (b, s, h)``.
-    Backward: reduce-scatter of the gradient (sum the ranks' partial ``dL/dX``, keep this rank's tokens)."""
-
-    @staticmethod
-    def forward(ctx: Any, shard: Tensor, tp: TPGroup, label: str) -> Tensor:
-        ctx.tp, ctx.label = tp, label
-        return tp.gather_sequence(shard, label)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return ctx.tp.reduce_scatter_sequence(grad, ctx.label), None, None
-
-
-class ReduceScatterToSequenceParallel(torch.autograd.Function):
-    """SP's exit from a region. Forward: reduce-scatter of the partial outputs along the sequence,
-    ``(b, s, h) -> (b, s/t, h)``. Backward: all-gather of the shards' gradients (every rank's partial output
-    needs the gradient of the whole sequence)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, tp: TPGroup, label: str) -> Tensor:
-        ctx.tp, ctx.label = tp, label
-        return tp.reduce_scatter_sequence(x, label)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return ctx.tp.gather_sequence(grad, ctx.label), None, None
-
-
-def copy_to_tp(x: Tensor, tp: TPGroup, label: str = "tp") -> Tensor:
-    return CopyToTP.apply(x, tp, label)
-
-
-def reduce_from_tp(x: Tensor, tp: TPGroup, label: str = "tp") -> Tensor:
-    return ReduceFromTP.apply(x, tp, label)
-
-
-def gather_from_sequence_parallel(x: Tensor, tp: TPGroup, label: str = "tp") -> Tensor:
-    return GatherFromSequenceParallel.apply(x, tp, label)
-
-
-def reduce_scatter_to_sequence_parallel(x: Tensor, tp: TPGroup, label: str = "tp") -> Tensor:
-    return ReduceScatterToSequenceParallel.apply(x, tp, label)
-
 
 # --------------------------------------------------------------------------------------------------
 # Sequence-parallel input of a region: the shard is saved, the gathered copy is rebuilt in backward
@@ -280,117 +148,6 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         y = self.reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
-
-
-class _VocabLookup(torch.autograd.Function):
-    """Embedding lookup of the rows this rank holds. ``ids``: local row ids, -1 for another rank's tokens.
-
-    Forward: ``weight[ids]``, zero where ``ids < 0``. Backward: the gradient rows summed into the
-    looked-up rows (other ranks' tokens contribute nothing). Saves only ``ids``.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, ids: Tensor, weight: Tensor) -> Tensor:
-        ctx.save_for_backward(ids)
-        ctx.rows = weight.shape[0]
-        out = F.embedding(ids.clamp(min=0), weight)
-        return out.masked_fill_((ids < 0).unsqueeze(-1), 0.0)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor]:
-        (ids,) = ctx.saved_tensors
-        keep = ids >= 0
-        grad_weight = torch.zeros((ctx.rows, grad.shape[-1]), dtype=grad.dtype, device=grad.device)
-        grad_weight.index_add_(0, ids[keep], grad[keep])
-        return None, grad_weight
-
-
-class VocabParallelEmbedding(nn.Module):
-    """Token embedding with vocabulary rows ``[start, stop)`` on this rank (Megatron).
-
-    Forward: look up the tokens this rank holds, zeros for the others, then sum over the TP group:
-    all-reduce (``g``), or with SP a reduce-scatter along the sequence. Backward: the conjugate
-    (identity, or all-gather), then each rank's rows get their tokens' gradients.
-    """
-
-    def __init__(self, full: nn.Embedding, start: int, stop: int, tp: TPGroup, sp: bool):
-        super().__init__()
-        self.start, self.stop, self.tp, self.sp = start, stop, tp, sp
-        self.weight = nn.Parameter(full.weight.detach()[start:stop].clone(),
-                                   requires_grad=full.weight.requires_grad)
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        local = tokens - self.start
-        local = local.masked_fill((local < 0) | (local >= self.stop - self.start), -1)
-        partial = _VocabLookup.apply(local, self.weight)
-        if self.sp:
-            return reduce_scatter_to_sequence_parallel(partial, self.tp, "tp_vocab")
-        return reduce_from_tp(partial, self.tp, "tp_vocab")
-
-
-class SequenceParallelPositions(nn.Module):
-    """gpt's learned positions under SP: the full table (replicated), returning this rank's tokens' rows.
-
-    The lookup runs over all positions (saving the position ids as the reference model does) and keeps
-    rows ``[r s/t, (r+1) s/t)``; the table's gradient is then a partial sum, completed by the TP
-    all-reduce of replicated gradients.
-    """
-
-    def __init__(self, full: nn.Embedding, tp: TPGroup):
-        super().__init__()
-        self.num_embeddings = full.num_embeddings
-        self.weight = full.weight
-        self.tp = tp
-
-    def forward(self, positions: Tensor) -> Tensor:
-        n = positions.shape[0] // self.tp.size
-        return F.embedding(positions, self.weight)[self.tp.rank * n:(self.tp.rank + 1) * n]
-
-
-class _VocabParallelCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy from vocabulary-sharded logits (Megatron's vocab-parallel cross-entropy).
-
-    Forward, per token, with this rank's logit columns ``z`` (fp32) and the three all-reduces over the TP
-    group: ``m = max_all(max z)``; the target logit ``z_t - m`` (from the rank that holds ``t``, summed);
-    ``S = sum_all(sum exp(z - m))``; loss ``= log S - (z_t - m)``, averaged over the tokens.
-    Backward: ``(softmax(z) - onehot(t)) / N`` on this rank's columns; saves the local softmax and the
-    local target ids (-1 where another rank holds the target).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, logits: Tensor, targets: Tensor, start: int, tp: TPGroup) -> Tensor:
-        z = logits.reshape(-1, logits.shape[-1]).float()
-        n_tok, n_col = z.shape
-        m = z.max(dim=-1).values
-        tp.all_reduce(m, "tp_vocab", op=dist.ReduceOp.MAX)
-        z = z - m.unsqueeze(-1)
-        local = targets.reshape(-1) - start
-        local = local.masked_fill((local < 0) | (local >= n_col), -1)
-        rows = torch.arange(n_tok, device=z.device)
-        target_logit = z[rows, local.clamp(min=0)].masked_fill(local < 0, 0.0)
-        tp.all_reduce(target_logit, "tp_vocab")
-        e = z.exp_()
-        sum_exp = e.sum(dim=-1)
-        tp.all_reduce(sum_exp, "tp_vocab")
-        loss = (sum_exp.log() - target_logit).mean()
-        softmax = e.div_(sum_exp.unsqueeze(-1))
-        ctx.save_for_backward(softmax, local)
-        ctx.shape, ctx.dtype = logits.shape, logits.dtype
-        return loss
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        softmax, local = ctx.saved_tensors
-        g = softmax.clone()
-        hit = (local >= 0).nonzero().squeeze(-1)
-        g[hit, local[hit]] -= 1.0
-        g.mul_(grad / softmax.shape[0])
-        return g.view(ctx.shape).to(ctx.dtype), None, None, None
-
-
-def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor, start: int, tp: TPGroup) -> Tensor:
-    """Mean cross-entropy of ``logits (b, s, V/t)`` (columns ``[start, start + V/t)``) against ``targets``."""
-    return _VocabParallelCrossEntropy.apply(logits, targets, start, tp)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -501,8 +258,8 @@ def _head_entry(tp: TPGroup, sp: bool) -> Callable[[nn.Module, tuple, Tensor], T
     return hook
 
 
-def apply_tp(rt: Any) -> None:
-    """Tensor (and, with ``plan.sp``, sequence) parallelism on ``rt.model`` (a ``train.Runtime``).
+def apply_tp(rt: Runtime) -> None:
+    """Tensor (and, with ``plan.sp``, sequence) parallelism on ``rt.model``.
 
     Swaps the blocks' linears for column/row-parallel ones, the embedding and head for vocabulary-parallel
     ones, sets ``rt.loss`` (vocab-parallel cross-entropy), ``rt.gather_full`` and ``rt.finalize_grads``;
@@ -571,8 +328,5 @@ def apply_tp(rt: Any) -> None:
     rt.extras["tp"] = state
 
 
-__all__ = ["ColumnParallelLinear", "CopyToTP", "GatherFromSequenceParallel", "ReduceFromTP",
-           "ReduceScatterToSequenceParallel", "RowParallelLinear", "SequenceParallelInput",
-           "SequenceParallelPositions", "TPGroup", "TensorParallelState", "VocabParallelEmbedding",
-           "apply_tp", "check_tp", "copy_to_tp", "gather_from_sequence_parallel", "reduce_from_tp",
-           "reduce_scatter_to_sequence_parallel", "vocab_parallel_cross_entropy"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "SequenceParallelInput", "TensorParallelState", "apply_tp",
+           "check_tp"]

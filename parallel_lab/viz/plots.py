@@ -761,7 +761,7 @@ def timeline_rows(timeline: Any) -> list[tuple[int, float, float, str, int, int]
             if field(r, "kind") != "compute":
                 continue
             rank, start, end = field(r, "rank"), field(r, "t_start"), field(r, "t_end")
-            kind, mb, chunk = field(r, "name"), field(r, "micro_batch", 0), 0
+            kind, mb, chunk = field(r, "name"), field(r, "micro_batch", 0), field(r, "chunk", 0)
         else:
             rank, start, end = field(r, "rank"), field(r, "start"), field(r, "end")
             kind, mb, chunk = field(r, "kind"), field(r, "microbatch", 0), field(r, "chunk", 0)

@@ -8,10 +8,10 @@ import torch.distributed as dist
 
 from parallel_lab.comm import Collective
 from parallel_lab.distributed.instruments import (
-    CommEvent,
     CommTracer,
     SavedTensorMeter,
     Timeline,
+    TracedCall,
     compare_calls,
     measure_state,
     memtracker_snapshot,
@@ -68,7 +68,7 @@ def test_traced_message_bytes_follow_the_conventions():
             ("cp", "send", 12, 2), ("cp", "recv", 12, 2), ("cp", "send", 32, 2), ("cp", "recv", 32, 2),
             ("dp", "all_reduce", 8, 2)]
         assert all(e.rank == rank and e.t_end is not None and e.t_end >= e.t_start for e in events)
-        assert events[4].phase == "forward" and events[0].phase == ""
+        assert events[4].phase == "forward" and events[0].phase == "forward"        # the tracer's default
         assert events[5].peer == 1 - rank
         assert torch.equal(x, torch.full((10,), 3.0))                   # the calls did their job
         assert torch.equal(gathered, torch.tensor([0.0] * 6 + [1.0] * 6))
@@ -79,8 +79,8 @@ def test_traced_message_bytes_follow_the_conventions():
 
 
 def test_compare_calls_is_a_multiset_with_counts():
-    ev = [CommEvent(0, "dp", "all_reduce", 100, 2, 0.0, 1.0)] * 3
-    ev += [CommEvent(0, "tp", "all_gather", 8, 4, 0.0, 1.0)]
+    ev = [TracedCall(0, Collective("dp", "all_reduce", 100, 2), 0.0, 1.0)] * 3
+    ev += [TracedCall(0, Collective("tp", "all_gather", 8, 4), 0.0, 1.0)]
     pred = [Collective("dp", "all_reduce", 100, 2, count=3), Collective("tp", "all_gather", 8, 4)]
     assert compare_calls(ev, pred) == {"missing": {}, "extra": {}}
     assert payload_by_dim(ev) == payload_by_dim(pred) == {"dp": 300, "tp": 8}
@@ -122,7 +122,8 @@ def test_saved_tensor_meter_counts_storages_once_skips_parameters_and_tracks_the
 
 
 def test_memtracker_agrees_on_model_state():
-    from parallel_lab.distributed.model import build_model, loss_fn, make_optimizer, synthetic_batch
+    from parallel_lab.distributed.data import synthetic_batch
+    from parallel_lab.distributed.model import build_model, loss_fn, make_optimizer
 
     spec = ModelSpec.preset("tiny-llama").with_(layers=1)
     plan = Plan(micro_batch=1, seq=16, optimizer="adam-fp32", dtype="fp32")
@@ -149,6 +150,6 @@ def test_timeline_spans_and_comm():
     tl = Timeline(rank=0)
     with tl.span("F", micro_batch=0):
         pass
-    ev = CommEvent(0, "pp", "send", 8, 2, tl.spans[0].t_end, tl.spans[0].t_end + 1e-3)
+    ev = TracedCall(0, Collective("pp", "send", 8, 2), tl.spans[0].t_end, tl.spans[0].t_end + 1e-3)
     spans = tl.with_comm([ev])
     assert [s.kind for s in spans] == ["compute", "comm"] and spans[1].name == "pp:send"

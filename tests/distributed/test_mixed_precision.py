@@ -1,4 +1,4 @@
-"""Mixed precision (``optimizer="adam-mixed"``, ``dtype="bf16"``) for DDP and ZeRO-1/2 (dist/mixed_precision.py).
+"""Mixed precision (``optimizer="adam-mixed"``, ``dtype="bf16"``) for DDP and ZeRO-1/2 (distributed/mixed_precision.py).
 
 Two references for every run:
 
@@ -32,7 +32,8 @@ import torch
 
 from parallel_lab import comm, ledger
 from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import ADAMW, init_weights, reference_train
+from parallel_lab.distributed.model import ADAMW, init_weights
+from parallel_lab.distributed.reference import reference_train
 from parallel_lab.distributed.run import predicted_activations
 from parallel_lab.distributed.train import (
     check_runnable,

@@ -20,27 +20,22 @@ the gpt flavour (p=2, 1f1b, m=2); pp=2 x dp=2 on 4 ranks (zb-h1, bucketed DDP); 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from parallel_lab import comm
-from parallel_lab.distributed.instruments import CommEvent, TracedWork, compare_calls
+from parallel_lab.distributed.data import synthetic_batch
+from parallel_lab.distributed.instruments import TracedCall, TracedWork, compare_calls
 from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import build_model, loss_fn, make_context, synthetic_batch
-from parallel_lab.distributed.pipeline import (
-    handoffs,
-    layers_per_stage,
-    measured_step,
-    op_waits,
-    replay,
-    stage_layout,
-    timeline_stats,
-    weight_split_points,
-)
+from parallel_lab.distributed.model import build_model, loss_fn, make_context
+from parallel_lab.distributed.pipeline import layers_per_stage, op_waits, stage_layout, weight_split_points
+from parallel_lab.distributed.pipeline_report import handoffs, measured_step, replay
 from parallel_lab.distributed.run import predicted_activations, run
 from parallel_lab.distributed.train import CommTracer, parallelize
 from parallel_lab.schedules import build_schedule
-from parallel_lab.simulate import simulate
+from parallel_lab.simulate import Interval, simulate
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(150)]
@@ -65,11 +60,12 @@ def one_step(grid, spec: ModelSpec, plan: Plan) -> dict:
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
     rt = parallelize(model, grid, plan, tracer)
     micro = rt.micro_batches(synthetic_batch(spec, plan, 0, 0))
-    rt.dp.zero_grad()
-    with rt.meter:
-        loss = rt.forward_backward(rt, micro)
-    rt.dp.finish()
-    grads = {n: p.grad.detach().clone() for n, p in rt.model.named_parameters() if p.grad is not None}
+    grads = {}
+
+    def keep_grads() -> None:                                # synchronised, before the optimizer step
+        grads.update({n: p.grad.detach().clone() for n, p in rt.model.named_parameters() if p.grad is not None})
+
+    loss = rt.train_step(micro, before_step=keep_grads)
     return {"rank": grid.rank, "coords": grid.coords, "loss": loss, "owns_loss": rt.owns_loss,
             "grads": grads, "events": list(tracer.events), "pp": rt.extras["pipeline"].report(),
             "act_peak": int(rt.meter.peak["activations"])}
@@ -255,7 +251,7 @@ def test_completions_for_per_op_and_coalesced_batches():
             return True
 
     def event():
-        return CommEvent(0, "pp", "recv", 4, 2, 0.0, None)
+        return TracedCall(0, comm.Collective("pp", "recv", 4, 2), 0.0, None)
 
     per_op = [TracedWork(Work(), event()), TracedWork(Work(), event())]            # gloo: a work per op
     waits = op_waits(per_op, 2)
@@ -269,20 +265,23 @@ def test_completions_for_per_op_and_coalesced_batches():
     assert [w.own for w in waits] == coalesced[1:]
 
 
-def test_timeline_stats_match_the_simulator_definitions():
+def test_measured_timelines_are_read_with_the_simulators_definitions():
     sim = simulate(build_schedule("1f1b", 3, 4))
-    rows = [[i.rank, i.start, i.end, i.kind, i.microbatch, i.chunk] for i in sim.timeline]
-    st = timeline_stats(rows, 0.0, sim.step_time)
-    assert st["bubble_ratio"] == pytest.approx(sim.bubble_ratio) == pytest.approx(2 / 4)
-    assert st["idle_fraction"] == pytest.approx(sim.idle_fraction)
+    assert sim.bubble_ratio == pytest.approx(2 / 4)                  # (p - 1) / m
+    ivs = sim.timeline
+    rows = [i.as_row() for i in ivs]
+    assert [Interval.from_row(r) for r in rows] == [replace(i, stage=None) for i in ivs]
     recs = [{"rank": r, "t_start": 10.0, "t_end": 10.0 + sim.step_time, "inflight_peak": 0,
              "rows": [[x[0], x[1] + 10.0, x[2] + 10.0, *x[3:]] for x in rows if x[0] == r]} for r in range(3)]
-    assert measured_step(recs)["idle_fraction"] == pytest.approx(sim.idle_fraction)
+    st = measured_step(recs)["stats"]                                # shifted to t = 0, the same figures
+    assert st.idle_fraction == pytest.approx(sim.idle_fraction)
+    assert st.bubble_ratio == pytest.approx(sim.bubble_ratio)
     # replaying a timeline's own durations gives it back; with zero-latency messages no hand-off waits
-    again = replay(build_schedule("1f1b", 3, 4), rows)
-    assert again["step_time"] == pytest.approx(sim.step_time) and again["rows"] == rows
-    assert set(handoffs(rows, 3)) == {0.0}
-    late = [[x[0], x[1] + 0.25 * (x[0] == 1 and x[3] == "F" and x[4] == 0), *x[2:]] for x in rows]
+    again = replay(build_schedule("1f1b", 3, 4), ivs)
+    assert again["stats"].step_time == pytest.approx(sim.step_time) and again["intervals"] == ivs
+    assert set(handoffs(ivs, 3)) == {0.0}
+    late = [replace(i, t_start=i.t_start + 0.25) if (i.rank, i.name, i.micro_batch) == (1, "F", 0) else i
+            for i in ivs]
     assert 0.25 in handoffs(late, 3)                  # rank 1 waited 0.25 for rank 0's output of mb 0
 
 

@@ -1,4 +1,4 @@
-"""``parallel-lab run``: the report compares measured with predicted; the composition's plug-in points."""
+"""``parallel-lab run``: the report compares measured with predicted; refusals come before any process."""
 
 from __future__ import annotations
 
@@ -39,10 +39,15 @@ def test_cli_run_json():
     assert "2/2 steps" in p.stderr                       # the progress bar
 
 
-def test_a_missing_parallelism_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(train.PLUGINS, "tp", ("no_such_module", "apply_tp", "tensor parallelism"))
-    with pytest.raises(ParallelLabError, match="tp > 1 needs dist/no_such_module.py"):
-        train.check_runnable(ModelSpec.preset("tiny-llama"), Plan(tp=2, **RUN_DEFAULTS))
+def test_plans_a_parallelism_cannot_run_are_refused_before_any_process_starts():
+    tied = ModelSpec(layers=4, hidden=128, heads=4, vocab=512, flavour="llama", tied_embeddings=True)
+    with pytest.raises(ParallelLabError, match="tied embeddings"):             # check_pp
+        train.check_runnable(tied, Plan(pp=2, grad_accum=2, **RUN_DEFAULTS))
+    with pytest.raises(ParallelLabError, match="dropout"):                     # check_cp
+        train.check_runnable(ModelSpec.preset("tiny-gpt").with_(dropout=0.1), Plan(cp=2, **RUN_DEFAULTS))
+    p = run_cli("run", "--layers", "4", "--hidden", "128", "--heads", "4", "--vocab", "512", "--flavour", "llama",
+                "--tied-embeddings", "--pp", "2", "--grad-accum", "2", "--steps", "1")
+    assert p.returncode == 2 and "tied embeddings" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_bf16_is_refused_clearly():

@@ -16,13 +16,15 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab import comm, ledger
+from parallel_lab.distributed.data import synthetic_batch
 from parallel_lab.distributed.instruments import CommTracer, compare_calls
 from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import build_model, loss_fn, reference_train, synthetic_batch
+from parallel_lab.distributed.model import build_model, loss_fn
+from parallel_lab.distributed.reference import reference_train
 from parallel_lab.distributed.run import predicted_activations
-from parallel_lab.distributed.tensor_parallel import (
+from parallel_lab.distributed.tensor_parallel import check_tp
+from parallel_lab.distributed.tp_communications import (
     TPGroup,
-    check_tp,
     copy_to_tp,
     gather_from_sequence_parallel,
     reduce_from_tp,
@@ -55,35 +57,29 @@ def _train_rank(grid, spec: ModelSpec, p: Plan, steps: int) -> dict:
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
     rt = parallelize(build_model(spec, 0, recompute=p.recompute, device=grid.device), grid, p, tracer)
     out: dict = {"losses": [], "rank": grid.rank, "tp_rank": grid.tp_rank, "dp_rank": grid.dp_rank}
-    for step in range(steps):
-        (mb,) = rt.micro_batches(synthetic_batch(spec, p, step, 0))
-        rt.dp.zero_grad()
-        rt.dp.set_sync(True)
-        with rt.meter:
-            with tracer.phase_as("forward"):
-                logits = rt.model(mb.tokens, mb.positions)
-                loss = rt.loss(logits, mb)
-            with tracer.phase_as("backward"):
-                loss.backward()
-        with tracer.phase_as("backward"):
-            rt.dp.finish()
-            for fn in rt.finalize_grads:
-                fn()
+    seen: dict = {}
+    loss = rt.loss
+
+    def loss_keeping_logits(logits, batch):
+        seen["logits"] = logits
+        return loss(logits, batch)
+
+    def first_step_full(step: int) -> None:                   # logits and synchronised gradients, untraced
         if step == 0:
             tracer.enabled = False
-            out["logits"] = _vocab_gather(logits.detach(), grid)
+            out["logits"] = _vocab_gather(seen["logits"].detach(), grid)
             grads = {n: q.grad.clone() for n, q in rt.model.named_parameters()}   # DDP reuses its buckets
             for fn in rt.gather_full:
                 grads = fn(grads)
             out["grads"] = grads
             tracer.enabled = True
-        rt.dp.step()
-        out["losses"].append(loss.item())
+
+    rt.loss = loss_keeping_logits
+    for step in range(steps):
+        micro = rt.micro_batches(synthetic_batch(spec, p, step, 0))
+        out["losses"].append(rt.train_step(micro, before_step=lambda step=step: first_step_full(step)))
     tracer.enabled = False
-    params = rt.dp.local_parameters()
-    for fn in rt.gather_full:
-        params = fn(params)
-    out.update(params=params, events=list(tracer.events), activations=int(rt.meter.peak["activations"]),
+    out.update(params=rt.full_parameters(), events=list(tracer.events), activations=int(rt.meter.peak["activations"]),
                logits_and_loss=int(rt.meter.peak["logits_and_loss"]), state=rt.dp.measure_state())
     return out
 

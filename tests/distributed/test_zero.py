@@ -20,7 +20,8 @@ import pytest
 
 from parallel_lab import comm, ledger
 from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import ADAMW, reference_train
+from parallel_lab.distributed.model import ADAMW
+from parallel_lab.distributed.reference import reference_train
 from parallel_lab.distributed.run import predicted_activations
 from parallel_lab.distributed.train import (
     check_runnable,

@@ -134,7 +134,8 @@ def test_plan_label_and_helpers():
 
 def test_timeline_accepts_the_runnable_codes_spans():
     pytest.importorskip("torch")
-    from parallel_lab.distributed.instruments import Span, align
+    from parallel_lab.distributed.instruments import align
+    from parallel_lab.simulate import Interval as Span  # the runnable code records simulate.Interval
 
     spans = align([Span(0, "compute", "F", 10.0, 10.1, 0), Span(0, "comm", "pp:send", 10.1, 10.12),
                    Span(1, "compute", "F", 10.12, 10.22, 0), Span(1, "compute", "B", 10.22, 10.42, 0),

@@ -1,0 +1,42 @@
+"""Instruments: measure on the ranks what the analytic core predicts (docs/conventions.md is the contract).
+
+Four tools, one module each:
+
+* ``tracer``: :class:`CommTracer`, the one door of every collective; a traced call is a
+  ``comm.Collective`` plus timing (:class:`TracedCall`); :func:`compare_calls` and
+  :func:`payload_by_dim` put traced and predicted calls side by side.
+* ``saved``: :class:`SavedTensorMeter`, activations as the storage bytes saved for backward (peak and
+  per scope), the ledger's ``activations`` and ``logits_and_loss``.
+* ``memory``: :func:`measure_state`, parameters, gradients and optimizer states from the tensors (the
+  ledger's state categories, compared exactly); :func:`memtracker_snapshot`, torch's opinion.
+* ``timeline``: :class:`Timeline`, per-rank intervals (``simulate.Interval``, the simulator's type) on
+  a clock shared by the processes of one machine.
+
+Every name is importable from ``parallel_lab.distributed.instruments``.
+"""
+
+from parallel_lab.distributed.instruments.memory import (
+    measure_state,
+    memtracker_snapshot,
+    optimizer_state_tensors,
+    storage_bytes,
+    storage_key,
+)
+from parallel_lab.distributed.instruments.saved import DEFAULT_SCOPES, SavedTensorMeter
+from parallel_lab.distributed.instruments.timeline import Timeline, align
+from parallel_lab.distributed.instruments.tracer import (
+    CommTracer,
+    TracedCall,
+    TracedWork,
+    collective_counts,
+    compare_calls,
+    event_counts,
+    nbytes,
+    payload_by_dim,
+)
+from parallel_lab.simulate import Interval
+
+__all__ = ["DEFAULT_SCOPES", "CommTracer", "Interval", "SavedTensorMeter", "Timeline", "TracedCall",
+           "TracedWork", "align", "collective_counts", "compare_calls", "event_counts", "measure_state",
+           "memtracker_snapshot", "nbytes", "optimizer_state_tensors", "payload_by_dim", "storage_bytes",
+           "storage_key"]
