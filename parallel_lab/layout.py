@@ -394,6 +394,26 @@ def coords(plan: Plan, rank: int) -> dict[str, int]:
     return {"dp": dp, "pp": pp, "cp": cp, "tp": tp}
 
 
+def all_groups(plan: Plan, dim: str) -> list[list[int]]:
+    """Every group along ``dim`` (``dp``, ``pp``, ``cp``, ``tp``, or ``dp_cp``: the gradient group with context
+    parallelism) as lists of global ranks: the lines of ``arange(world).view(dp, pp, cp, tp)`` along that
+    axis, in the order every rank creates them (``mesh.movedim(axis, -1).reshape(-1, size)``)."""
+    sizes = {"dp": plan.dp, "pp": plan.pp, "cp": plan.cp, "tp": plan.tp}
+    if dim == "dp_cp":
+        return [[rank_of(plan, d, p, c, t) for d in range(plan.dp) for c in range(plan.cp)]
+                for p in range(plan.pp) for t in range(plan.tp)]
+    if dim not in sizes:
+        raise ParallelLabError(f"dim {dim!r} is not a grid dimension; pick dp, pp, cp, tp or dp_cp")
+    others = [d for d in GRID_DIMS if d != dim]
+    groups = []
+    for a in range(sizes[others[0]]):
+        for b in range(sizes[others[1]]):
+            for c in range(sizes[others[2]]):
+                fixed = dict(zip(others, (a, b, c), strict=True))
+                groups.append([rank_of(plan, **{**fixed, dim: i}) for i in range(sizes[dim])])
+    return groups
+
+
 def pp_neighbours(plan: Plan, stage: int) -> list[int]:
     """This stage and the stages it exchanges activations with (interleaving wraps around)."""
     if plan.interleave > 1:

@@ -12,17 +12,8 @@ data-parallel ranks, ZeRO-2 also the gradients, ZeRO-3 also the parameters. Shar
 sharding group ``g`` is the gradient-synchronisation group: ``dp``, or ``dp * cp`` with context parallelism
 (conventions: gradients are synchronised over dp x cp, as in Megatron).
 
-Tensor parallelism (Megatron, Shoeybi et al. 2019) splits each block's linear layers: column-parallel
-``wq, wk, wv, fc | gate, up`` by output rows, row-parallel ``wo, proj | down`` by input columns.
-Norm weights and biases, and the biases of row-parallel layers, are *replicated* on every TP rank. The
-embedding and the head are vocabulary-parallel: each rank keeps ``ceil(vocab / tp)`` rows (the vocabulary
-is padded up to a multiple of tp). Grouped-query attention with ``tp > kv_heads``: each rank keeps the
-one key/value head its query heads use (``head_dim`` rows of ``wk`` and ``wv``), so each kv head is
-replicated on ``tp / kv_heads`` ranks. The learned position embedding (gpt) is replicated.
-
-Pipeline parallelism splits the layers contiguously (``specs.chunk_layers``); the embeddings live on
-stage 0, the final norm and the head on the last stage. With tied embeddings and ``pp > 1`` the last stage
-keeps its own copy of the embedding for the head (Megatron), whose gradient is all-reduced with stage 0.
+What one GPU holds (the TP split of every tensor, the kv-head rule, the vocabulary padding, the pipeline
+stages, ZeRO units) is ``parallel_lab.layout``'s; this module only prices it in bytes.
 
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models" (Sec. 4, Table 2), generalised as documented in :func:`activation_bytes_per_layer`.

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from parallel_lab import layout
 from parallel_lab.specs import ParallelLabError, Plan
 
-DIMS = ("dp", "pp", "cp", "tp")
-_AXIS = {"dp": 0, "pp": 1, "cp": 2, "tp": 3}
+DIMS = layout.GRID_DIMS
 
 
 def mesh(plan: Plan) -> torch.Tensor:
@@ -31,24 +31,15 @@ def mesh(plan: Plan) -> torch.Tensor:
 
 
 def coords(plan: Plan, rank: int) -> dict[str, int]:
-    """Grid coordinates ``{"dp", "pp", "cp", "tp"}`` of a global rank."""
-    if not 0 <= rank < plan.world:
-        raise ParallelLabError(f"rank={rank} is outside the world of {plan.world} ranks of this plan")
-    idx = (mesh(plan) == rank).nonzero()[0].tolist()
-    return dict(zip(DIMS, idx, strict=True))
+    """Grid coordinates ``{"dp", "pp", "cp", "tp"}`` of a global rank (``layout.coords``: the one rule)."""
+    return layout.coords(plan, rank)
 
 
 def all_groups(plan: Plan, dim: str) -> list[list[int]]:
     """Every group along ``dim`` (``dp``, ``pp``, ``cp``, ``tp`` or ``dp_cp``), as lists of global ranks,
-    in a fixed order (the order every rank creates them in)."""
-    m = mesh(plan)
-    if dim == "dp_cp":
-        lines = m.permute(1, 3, 0, 2).reshape(plan.pp * plan.tp, plan.dp * plan.cp)
-    elif dim in _AXIS:
-        lines = m.movedim(_AXIS[dim], -1).reshape(-1, m.shape[_AXIS[dim]])
-    else:
-        raise ParallelLabError(f"dim {dim!r} is not a grid dimension; pick dp, pp, cp, tp or dp_cp")
-    return [row.tolist() for row in lines]
+    in a fixed order (the order every rank creates them in): ``layout.all_groups``, the lines of
+    :func:`mesh` (a test checks the two agree)."""
+    return layout.all_groups(plan, dim)
 
 
 def group_of(plan: Plan, dim: str, rank: int) -> list[int]:
