@@ -591,8 +591,55 @@ def _run(args: argparse.Namespace) -> Output:
 
 #: One registrar per subcommand, in the order ``--help`` lists them. To add a subcommand, append yours.
 #: (``bubble`` and ``plan``: schedules/planner; ``run``: the runnable core, importing torch in its handler.)
+def _add_launch(sub: Any) -> None:
+    p = subcommand(sub, "launch", _launch,
+                   "turn a plan file into the job a cluster runs: per-node torchrun command, sbatch script, "
+                   "torchtitan flags")
+    p.add_argument("plan_file", metavar="PLAN.yaml", help="a plan file (see parallel-lab plan --save)")
+    p.add_argument("--torchrun", action="store_true", help="print the torchrun command of every node (default)")
+    p.add_argument("--slurm", action="store_true", help="print (or --out: write) an sbatch script")
+    p.add_argument("--out", metavar="FILE", help="with --slurm: write the script to FILE")
+    p.add_argument("--entry", choices=("parallel-lab", "torchtitan"), default="parallel-lab",
+                   help="what each rank runs: the lab's `parallel_lab run --plan` or torchtitan's trainer")
+    p.add_argument("--rdzv-port", dest="port", type=int, default=29500,
+                   help="port of the c10d rendezvous on the head node (default 29500)")
+    p.add_argument("--time", default="04:00:00", help="sbatch --time (default 04:00:00)")
+    p.add_argument("--partition", help="sbatch --partition")
+
+
+def _launch(args: argparse.Namespace) -> Output:
+    from . import cluster_job
+    from .planfile import load_plan
+
+    pf = load_plan(args.plan_file)
+    job = cluster_job.job_of(pf, args.port)
+    cmd = cluster_job.torchrun_command(pf, args.plan_file, entry=args.entry, port=args.port)
+    data: dict[str, Any] = {"nodes": job.nodes, "gpus_per_node": job.gpus_per_node, "world": job.world,
+                            "entry": args.entry, "torchrun": cmd}
+    try:
+        data["torchtitan_flags"] = cluster_job.torchtitan_flags(pf)
+    except ParallelLabError as e:
+        data["torchtitan_flags"] = None
+        data["torchtitan_note"] = str(e)
+    lines = [f"{pf.phase}: {job.nodes} node(s) x {job.gpus_per_node} GPUs ({pf.cluster.name}), "
+             f"c10d rendezvous on the head node, port {job.port}"]
+    if args.slurm:
+        script = cluster_job.sbatch_script(pf, args.plan_file, entry=args.entry, port=args.port, time=args.time,
+                                           partition=args.partition)
+        data["sbatch"] = script
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(script)
+            lines.append(f"wrote {args.out}: sbatch {args.out}")
+        else:
+            lines.append(script.rstrip())
+    if args.torchrun or not args.slurm:
+        lines += ["on every node (NODE_RANK = 0 .. nodes-1, HEAD_NODE = the first node's address):", "  " + cmd]
+    return Output(data, "\n".join(lines))
+
+
 SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble, _add_plan,
-                                            _add_run]
+                                            _add_run, _add_launch]
 
 
 def build_parser() -> argparse.ArgumentParser:
