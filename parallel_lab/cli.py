@@ -603,6 +603,8 @@ def _add_launch(sub: Any) -> None:
                    help="what each rank runs: the lab's `parallel_lab run --plan` or torchtitan's trainer")
     p.add_argument("--rdzv-port", dest="port", type=int, default=29500,
                    help="port of the c10d rendezvous on the head node (default 29500)")
+    p.add_argument("--torchtitan-config", metavar="MODULE:CONFIG",
+                   help="torchtitan's --module and --config (default: from the model preset, e.g. llama3:llama3_8b)")
     p.add_argument("--time", default="04:00:00", help="sbatch --time (default 04:00:00)")
     p.add_argument("--partition", help="sbatch --partition")
 
@@ -613,7 +615,8 @@ def _launch(args: argparse.Namespace) -> Output:
 
     pf = load_plan(args.plan_file)
     job = cluster_job.job_of(pf, args.port)
-    cmd = cluster_job.torchrun_command(pf, args.plan_file, entry=args.entry, port=args.port)
+    cmd = cluster_job.torchrun_command(pf, args.plan_file, entry=args.entry, port=args.port,
+                                       config=args.torchtitan_config)
     data: dict[str, Any] = {"nodes": job.nodes, "gpus_per_node": job.gpus_per_node, "world": job.world,
                             "entry": args.entry, "torchrun": cmd}
     try:
@@ -625,7 +628,7 @@ def _launch(args: argparse.Namespace) -> Output:
              f"c10d rendezvous on the head node, port {job.port}"]
     if args.slurm:
         script = cluster_job.sbatch_script(pf, args.plan_file, entry=args.entry, port=args.port, time=args.time,
-                                           partition=args.partition)
+                                           partition=args.partition, config=args.torchtitan_config)
         data["sbatch"] = script
         if args.out:
             with open(args.out, "w") as f:

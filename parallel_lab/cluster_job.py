@@ -26,6 +26,9 @@ from .planfile import PlanFile
 
 DEFAULT_PORT = 29500
 #: our schedule name -> torchtitan's ``parallelism.pipeline_parallel_schedule`` (torch.distributed.pipelining)
+#: our model presets -> torchtitan's ``--module`` and ``--config`` (its config registry)
+TORCHTITAN_CONFIGS = {"llama3-8b": "llama3:llama3_8b", "llama3-70b": "llama3:llama3_70b",
+                      "llama3-405b": "llama3:llama3_405b"}
 TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
 
@@ -55,31 +58,41 @@ def job_of(pf: PlanFile, port: int = DEFAULT_PORT) -> Job:
     return Job(world // g, g, port)
 
 
-def program(pf: PlanFile, plan_path: str, entry: str = "parallel-lab") -> list[str]:
+def torchtitan_config(pf: PlanFile, config: str | None = None) -> list[str]:
+    """``--module M --config C`` of torchtitan's trainer for the plan's model (``config`` = ``"M:C"``)."""
+    config = config or TORCHTITAN_CONFIGS.get(pf.model.name)
+    if not config or ":" not in config:
+        raise ParallelLabError(f"model {pf.model.name!r} has no torchtitan config we know of; pass one as "
+                               f"MODULE:CONFIG (e.g. --torchtitan-config llama3:llama3_8b)")
+    module, name = config.split(":", 1)
+    return ["--module", module, "--config", name]
+
+
+def program(pf: PlanFile, plan_path: str, entry: str = "parallel-lab", config: str | None = None) -> list[str]:
     """The command each rank runs: the lab's ``parallel_lab run`` or torchtitan's trainer."""
     if entry == "parallel-lab":
         return ["-m", "parallel_lab", "run", "--plan", plan_path]
     if entry == "torchtitan":
-        return ["-m", "torchtitan.train", *torchtitan_flags(pf)]
+        return ["-m", "torchtitan.train", *torchtitan_config(pf, config), *torchtitan_flags(pf)]
     raise ParallelLabError(f"entry={entry!r} is not known; pick parallel-lab or torchtitan")
 
 
 def torchrun_command(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab", head: str = "$HEAD_NODE",
-                     node_rank: str = "$NODE_RANK", port: int = DEFAULT_PORT) -> str:
+                     node_rank: str = "$NODE_RANK", port: int = DEFAULT_PORT, config: str | None = None) -> str:
     """The command to start on every node (the same line; ``node_rank`` differs per node)."""
     job = job_of(pf, port)
     args = ["torchrun", f"--nnodes={job.nodes}", f"--nproc-per-node={job.gpus_per_node}",
             f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:{job.port}",
-            f"--rdzv-id={pf.phase}", *program(pf, plan_path, entry)]
+            f"--rdzv-id={pf.phase}", *program(pf, plan_path, entry, config)]
     return " ".join(a if a.startswith("$") or "=$" in a else shlex.quote(a) for a in args)
 
 
 def sbatch_script(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab", port: int = DEFAULT_PORT,
-                  time: str = "04:00:00", partition: str | None = None) -> str:
+                  time: str = "04:00:00", partition: str | None = None, config: str | None = None) -> str:
     """An sbatch script: one torchrun agent per node (``srun --ntasks-per-node=1``), rendezvous on the first
     node of the allocation, the node count from the plan."""
     job = job_of(pf, port)
-    prog = " ".join(shlex.quote(a) for a in program(pf, plan_path, entry))
+    prog = " ".join(shlex.quote(a) for a in program(pf, plan_path, entry, config))
     lines = [
         "#!/bin/bash",
         f"# parallel_lab plan {pf.phase!r}: {pf.model.name} on {pf.plan.world} GPUs of {pf.cluster.name}",

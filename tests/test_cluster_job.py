@@ -42,7 +42,11 @@ def test_torchrun_command_has_the_rendezvous_and_the_program():
                  "--rdzv-endpoint=$HEAD_NODE:29411", "-m parallel_lab run --plan plan.yaml"):
         assert part in cmd
     tt = cluster_job.torchrun_command(meta_8k(), "plan.yaml", entry="torchtitan")
-    assert "-m torchtitan.train" in tt and "--parallelism.tensor_parallel_degree 8" in tt
+    assert "-m torchtitan.train --module llama3 --config llama3_405b" in tt
+    assert "--parallelism.tensor_parallel_degree 8" in tt
+    tiny = load_plan(ROOT / "examples/plans/tiny-tp2-sp.yaml")
+    with pytest.raises(ParallelLabError, match="MODULE:CONFIG"):
+        cluster_job.torchrun_command(tiny, "plan.yaml", entry="torchtitan")
 
 
 def test_sbatch_script_is_valid_bash_and_shellcheck_clean(tmp_path):
