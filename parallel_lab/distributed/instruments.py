@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.graph import saved_tensors_hooks
 
 # ``all_gather_single`` / ``reduce_scatter_single`` are the 2.13 names; older torch has the *_tensor ones.
@@ -257,7 +258,10 @@ def payload_by_dim(items: Iterable[Any]) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------------
 
 def _storage_key(t: Tensor) -> tuple[int, str]:
-    return (t.untyped_storage().data_ptr(), str(t.device))
+    st = t.untyped_storage()
+    if is_fake(t):      # fake tensors (distributed/measure.py) have no address: key by the storage itself
+        return (st._cdata, str(t.device))
+    return (st.data_ptr(), str(t.device))
 
 
 def storage_bytes(tensors: Iterable[Tensor | None]) -> int:
