@@ -83,6 +83,7 @@ class Measurement:
     tracker_peak: dict[str, int]
     tracker_activations: float
     seconds: float
+    cpu_seconds: float
     notes: list[str] = field(default_factory=list)
 
     def error(self, category: str, formula: str = "per-op") -> float | None:
@@ -102,12 +103,30 @@ class Measurement:
                         self.predicted["korthikanti"].get(key, 0.0), self.error(k, "korthikanti")))
         return out
 
+    TABLE_HEADER = ("category", "measured", "ledger per-op", "error", "ledger korthikanti", "error")
+
+    def title(self) -> str:
+        return (f"measured in fake tensors: rank {self.rank} of {self.plan.world} (pipeline stage {self.stage} "
+                f"of {self.plan.pp}), one training step, {self.seconds:.0f} s "
+                f"({self.cpu_seconds:.0f} s of CPU); error = predicted / measured - 1")
+
+    def table_rows(self, fmt: Callable[[float], str]) -> list[tuple[str, ...]]:
+        """:meth:`rows` as text: bytes through ``fmt``, errors in percent ("-" where not measured)."""
+        def pct(e: float | None) -> str:
+            return "-" if e is None else ("inf" if math.isinf(e) else f"{e:+.1%}")
+
+        out = [(k, "-" if m is None else fmt(m), fmt(p1), pct(e1), fmt(p2), pct(e2))
+               for k, m, p1, e1, p2, e2 in self.rows()]
+        out.insert(len(CATEGORIES) - 2, ("  (torch tracker)", fmt(self.tracker_activations), "", "", "", ""))
+        return out
+
     def to_json(self) -> dict[str, Any]:
         return {"stage": self.stage, "rank": self.rank, "measured": dict(self.measured),
                 "predicted": {f: dict(v) for f, v in self.predicted.items()},
                 "error": {f: {k: self.error(k, f) for k in (*CATEGORIES, "peak")} for f in FORMULAS},
                 "tracker_peak": dict(self.tracker_peak),
-                "tracker_activations": self.tracker_activations, "seconds": self.seconds, "notes": list(self.notes)}
+                "tracker_activations": self.tracker_activations, "seconds": self.seconds,
+                "cpu_seconds": self.cpu_seconds, "notes": list(self.notes)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -182,6 +201,19 @@ class _Probe:
             h.remove()
 
 
+class _Tracker(MemTracker):
+    """torch's MemTracker, allowing a module to run again at top level within the step: a pipeline stage
+    runs each block once per micro-batch, gradient accumulation the whole model (the stock tracker stops,
+    taking it for a second iteration). Its per-module statistics then restart; the totals are unaffected."""
+
+    def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            parents = set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)}
+            if parents == {"Global"}:
+                del self.memory_tracking[module]
+        super()._pre_fw_hook(module, inputs)
+
+
 def _register_state(tracker: MemTracker, rt: Runtime) -> None:
     """Tell the tracker about the state built before it started: parameters (module parameters and
     ZeRO-3's shards) and the optimizers' own tensors (master copies that are not parameters)."""
@@ -218,7 +250,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
     if dist.is_initialized():
         raise ParallelLabError("measure needs a process without a process group (it creates a fake one); "
                                "call it outside launch()/init_process_group")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     notes: list[str] = []
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world)
     old_dtype = torch.get_default_dtype()
@@ -235,7 +267,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
             rt = parallelize(net, grid, plan, CommTracer(grid.rank, grid.groups_by_dim()))
             tokens = torch.zeros(plan.global_batch, plan.seq, dtype=torch.long)       # (B, s) token ids
             micro = rt.micro_batches(Batch(tokens, tokens.clone(), torch.arange(plan.seq)))
-            tracker = MemTracker()
+            tracker = _Tracker()
             _register_state(tracker, rt)
             probe = _Probe(tracker, rt)
             with tracker, _ScalarsAsOne():
@@ -272,7 +304,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
     seconds = time.perf_counter() - t0
     say(f"stage {stage}: done [{seconds:.0f} s]")
     return Measurement(model, plan, stage, rank, measured, predicted, peak, float(probe.activations), seconds,
-                       notes)
+                       time.process_time() - c0, notes)
 
 
 def measure(model: ModelSpec, plan: Plan, stage: int | None = None, *, progress: Progress | None = None
