@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -53,13 +53,24 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 Progress = Callable[[str], None]
 
 
-class _ScalarsAsOne(TorchDispatchMode):
-    """Answer a scalar read of a fake tensor (``loss.item()``, Adam's ``step``) with 1: fake tensors have no
-    values, and no code path here depends on them beyond a non-zero step count."""
+class _ValuesOfTheBatch(TorchDispatchMode):
+    """The two places where a value reaches a shape or Python: a scalar read (``loss.item()``, Adam's
+    ``step``) answers 1 (no code path depends on it beyond a non-zero step count), and ``nonzero`` and boolean
+    indexing (the vocabulary-parallel embedding's backward) answer every element: the batch is all
+    token 0, which TP rank 0 (the rank measured) holds, so every mask is all true."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is torch.ops.aten._local_scalar_dense.default:
             return 1.0 if args[0].is_floating_point() else 1
+        if func is torch.ops.aten.nonzero.default:
+            x = args[0]
+            return torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)    # (n, ndim)
+        if func is torch.ops.aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1]):
+            x, idx = args
+            if len(idx) != 1:
+                raise ParallelLabError("boolean indexing with several indices has no fake-tensor rule here")
+            k = idx[0].dim()
+            return x.reshape(-1, *x.shape[k:]).clone()       # x[mask], mask all true: (prod(shape[:k]), ...)
         return func(*args, **(kwargs or {}))
 
 
@@ -213,6 +224,14 @@ class _Tracker(MemTracker):
                 del self.memory_tracking[module]
         super()._pre_fw_hook(module, inputs)
 
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        # the step's peak only: the stock method also walks every module's own peak on every operation,
+        # which dominated the run time at 80 blocks (module-wise peaks are not used here)
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                self._peak_mem[dev] = snap[_TOTAL_KEY]
+                self._peak_mem_snap[dev] = dict(snap)
+
 
 def _register_state(tracker: MemTracker, rt: Runtime) -> None:
     """Tell the tracker about the state built before it started: parameters (module parameters and
@@ -270,7 +289,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
             tracker = _Tracker()
             _register_state(tracker, rt)
             probe = _Probe(tracker, rt)
-            with tracker, _ScalarsAsOne():
+            with tracker, _ValuesOfTheBatch():
                 say(f"stage {stage}: forward and backward of {len(micro)} micro-batch(es) "
                     f"[{time.perf_counter() - t0:.0f} s]")
                 rt.dp.zero_grad()
