@@ -273,6 +273,9 @@ def _add_memory(sub: Any) -> None:
     add_plan_args(p)
     p.add_argument("--stage", type=int, help="pipeline stage to report (default: the fullest one)")
     p.add_argument("--margin", type=float, default=0.1, help="HBM safety margin, fraction (default 0.1)")
+    p.add_argument("--measure", action="store_true",
+                   help="also run one training step of the reported stage's rank at full size in fake tensors "
+                        "and print measured beside predicted (torch; seconds to minutes)")
 
 
 def _memory(args: argparse.Namespace) -> Output:
@@ -295,7 +298,18 @@ def _memory(args: argparse.Namespace) -> Output:
         f"({cluster.name} HBM {fmt_bytes(led.hbm_bytes)} minus a {led.margin:.0%} margin)",
         *[f"note: {n}" for n in led.notes],
     ])
-    return Output({**led.to_json(), **echo(model, plan)}, text)
+    data = {**led.to_json(), **echo(model, plan)}
+    if args.measure:
+        from .distributed.measure import measure
+
+        def say(msg: str) -> None:
+            print(f"{PROG} memory --measure: {msg}", file=sys.stderr, flush=True)
+
+        for m in measure(model, plan, led.stage, progress=say):
+            data.setdefault("measured", []).append(m.to_json())
+            text += f"\n\n{m.title()}\n" + table(m.table_rows(fmt_bytes), m.TABLE_HEADER) + "".join(
+                f"\nnote: {n}" for n in m.notes)
+    return Output(data, text)
 
 
 # --------------------------------------------------------------------------------------------------

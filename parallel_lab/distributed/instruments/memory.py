@@ -16,11 +16,16 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 
 
 def storage_key(t: Tensor) -> tuple[int, str]:
-    """Identity of the storage behind ``t`` (address and device)."""
-    return (t.untyped_storage().data_ptr(), str(t.device))
+    """Identity of the storage behind ``t`` (address and device; fake tensors of ``distributed/measure.py`` have
+    no address, so they are keyed by the storage object itself)."""
+    st = t.untyped_storage()
+    if is_fake(t):
+        return (st._cdata, str(t.device))
+    return (st.data_ptr(), str(t.device))
 
 def storage_bytes(tensors: Iterable[Tensor | None]) -> int:
     """Bytes of the distinct storages behind ``tensors`` (a storage shared by several counts once)."""

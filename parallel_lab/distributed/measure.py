@@ -1,0 +1,362 @@
+"""Memory of one rank of a real-scale plan, measured without allocating it: fake tensors and torch's tracker.
+
+The ledger (``parallel_lab.ledger.memory``) is checked against real tensors only on tiny models. At 8B-405B
+the same runnable code can still be *executed* if no tensor holds data: under
+``torch._subclasses.fake_tensor.FakeTensorMode`` every tensor has its shape, dtype and storage size but no
+memory, and a fake process group (``init_process_group("fake")``, torch's testing backend) answers every
+collective at once. So :func:`measure_stage` builds ``distributed.model.Transformer`` at full size, applies
+the plan for one rank with our own parallelisms (``distributed.train.parallelize``: TP, CP, PP, ZeRO or
+DDP, exactly as ``parallel-lab run`` does), runs one training step (forward and backward of every
+micro-batch, gradient sync, optimizer step) and reads:
+
+* ``parameters``, ``gradients``, ``optimizer_states``: the implementation's own ``measure_state()`` after
+  the step (the tensors it keeps: shards, master copies, moments);
+* ``activations`` and ``logits_and_loss``: torch's ``MemTracker`` (``torch.distributed._tools``), the
+  bytes created in forward and still alive, read after each block's forward (minus its output) and around
+  the head and the loss; the maximum over the step (a pipeline stage holds several micro-batches);
+* ``comm_buffers``: ZeRO-3's gathered units at their peak (other buffers are not separated: see notes);
+* ``peak``: the tracker's peak of everything it saw during the step, against the ledger's total.
+
+Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1; nothing else depends on
+values. The model is built with the compute dtype as torch's default dtype (``module.to(bf16)`` fails on
+fake parameters). The comparison with the ledger and where it differs: README, "Measured at real scale".
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from parallel_lab.distributed.grid import Grid, mesh
+from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.model import Batch, Transformer
+from parallel_lab.distributed.train import PLUGINS, Runtime, parallelize, plugin
+from parallel_lab.ledger import CATEGORIES, memory
+from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+
+#: The ledger's activation models, each shown beside the measurement.
+FORMULAS = ("per-op", "korthikanti")
+#: The compute dtypes a fake-tensor run can use, with the optimizers whose layout the runnable code has.
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+Progress = Callable[[str], None]
+
+
+class _ValuesOfTheBatch(TorchDispatchMode):
+    """The two places where a value reaches a shape or Python: a scalar read (``loss.item()``, Adam's
+    ``step``) answers 1 (no code path depends on it beyond a non-zero step count), and ``nonzero`` and boolean
+    indexing (the vocabulary-parallel embedding's backward) answer every element: the batch is all
+    token 0, which TP rank 0 (the rank measured) holds, so every mask is all true."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return 1.0 if args[0].is_floating_point() else 1
+        if func is torch.ops.aten.nonzero.default:
+            x = args[0]
+            return torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)    # (n, ndim)
+        if func is torch.ops.aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1]):
+            x, idx = args
+            if len(idx) != 1:
+                raise ParallelLabError("boolean indexing with several indices has no fake-tensor rule here")
+            k = idx[0].dim()
+            return x.reshape(-1, *x.shape[k:]).clone()       # x[mask], mask all true: (prod(shape[:k]), ...)
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass
+class Measurement:
+    """Measured beside predicted bytes for one rank of one pipeline stage.
+
+    ``measured``: the ledger's categories plus ``peak`` (None where not measured); ``predicted[formula]``:
+    ``ledger.memory(..., activation_model=formula, stage=stage).per_gpu_bytes`` plus ``total``;
+    ``tracker_peak``: torch's own categories at the tracker's peak (Parameter, Gradient, Activation, Temp,
+    Optstate, ...); ``tracker_activations``: torch's view of ``activations`` (:class:`_Probe`), beside the
+    saved-tensor meter's.
+    """
+
+    model: ModelSpec
+    plan: Plan
+    stage: int
+    rank: int
+    measured: dict[str, float | None]
+    predicted: dict[str, dict[str, float]]
+    tracker_peak: dict[str, int]
+    tracker_activations: float
+    seconds: float
+    cpu_seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def error(self, category: str, formula: str = "per-op") -> float | None:
+        """``predicted / measured - 1`` for ``category`` (``peak`` compares with the ledger's total)."""
+        m = self.measured.get(category)
+        p = self.predicted[formula].get("total" if category == "peak" else category)
+        if m is None or p is None or (m == 0 and p == 0):
+            return None if m is None or p is None else 0.0
+        return math.inf if m == 0 else p / m - 1
+
+    def rows(self) -> list[tuple[str, float | None, float, float | None, float, float | None]]:
+        """``(category, measured, per-op, error, korthikanti, error)`` for every category and the peak."""
+        out = []
+        for k in (*CATEGORIES, "peak"):
+            key = "total" if k == "peak" else k
+            out.append((k, self.measured.get(k), self.predicted["per-op"].get(key, 0.0), self.error(k, "per-op"),
+                        self.predicted["korthikanti"].get(key, 0.0), self.error(k, "korthikanti")))
+        return out
+
+    TABLE_HEADER = ("category", "measured", "ledger per-op", "error", "ledger korthikanti", "error")
+
+    def title(self) -> str:
+        return (f"measured in fake tensors: rank {self.rank} of {self.plan.world} (pipeline stage {self.stage} "
+                f"of {self.plan.pp}), one training step, {self.seconds:.0f} s "
+                f"({self.cpu_seconds:.0f} s of CPU); error = predicted / measured - 1")
+
+    def table_rows(self, fmt: Callable[[float], str]) -> list[tuple[str, ...]]:
+        """:meth:`rows` as text: bytes through ``fmt``, errors in percent ("-" where not measured)."""
+        def pct(e: float | None) -> str:
+            return "-" if e is None else ("inf" if math.isinf(e) else f"{e:+.1%}")
+
+        out = [(k, "-" if m is None else fmt(m), fmt(p1), pct(e1), fmt(p2), pct(e2))
+               for k, m, p1, e1, p2, e2 in self.rows()]
+        out.insert(len(CATEGORIES) - 2, ("  (torch tracker)", fmt(self.tracker_activations), "", "", "", ""))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "rank": self.rank, "measured": dict(self.measured),
+                "predicted": {f: dict(v) for f, v in self.predicted.items()},
+                "error": {f: {k: self.error(k, f) for k in (*CATEGORIES, "peak")} for f in FORMULAS},
+                "tracker_peak": dict(self.tracker_peak),
+                "tracker_activations": self.tracker_activations, "seconds": self.seconds,
+                "cpu_seconds": self.cpu_seconds, "notes": list(self.notes)}
+
+
+# --------------------------------------------------------------------------------------------------
+# What can be measured
+# --------------------------------------------------------------------------------------------------
+
+def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
+    """The dtype of the fake model's parameters, or a ParallelLabError naming the fix.
+
+    Layouts: ``adam-mixed`` (bf16 parameters, fp32 master in the optimizer), ``fsdp2-mixed`` with ZeRO-3
+    (fp32 shards, bf16 gathers), or fp32 everything (``adam-fp32``, ``sgd-momentum``). Unlike ``parallel-lab
+    run``, mixed precision is allowed with TP, PP and CP: without values there is no reference to match.
+    """
+    plan.validate(model)
+    model.require_shape("a fake-tensor measurement")
+    if plan.optimizer == "adam-mixed" and plan.dtype == "bf16" and plan.zero < 3:
+        dtype = torch.bfloat16
+    elif plan.optimizer == "fsdp2-mixed" and plan.zero == 3 and plan.dtype in _DTYPES:
+        dtype = torch.float32
+    elif plan.optimizer in ("adam-fp32", "sgd-momentum") and plan.dtype == "fp32":
+        dtype = torch.float32
+    else:
+        raise ParallelLabError(
+            f"optimizer={plan.optimizer!r} with dtype={plan.dtype!r} and zero={plan.zero} has no runnable layout "
+            f"to measure; use --optimizer adam-mixed --dtype bf16 (zero 0-2), --optimizer fsdp2-mixed --zero 3, "
+            f"or --optimizer adam-fp32 --dtype fp32")
+    for what in PLUGINS:
+        if getattr(plan, what) > (0 if what == "zero" else 1):
+            check = getattr(__import__(plugin(what).__module__, fromlist=["_"]), f"check_{what}", None)
+            if check is not None:
+                check(model, plan)
+    return dtype
+
+
+def rank_of_stage(plan: Plan, stage: int) -> int:
+    """The global rank measured for ``stage``: data-, context- and tensor-parallel coordinate 0."""
+    if not 0 <= stage < plan.pp:
+        raise ParallelLabError(f"stage={stage} is not a pipeline stage of pp={plan.pp}; pick 0..{plan.pp - 1}")
+    return int(mesh(plan)[0, stage, 0, 0])
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading the tracker at the right moments
+# --------------------------------------------------------------------------------------------------
+
+def _nbytes(t: Any) -> int:
+    return t.untyped_storage().nbytes() if isinstance(t, Tensor) else 0
+
+
+class _Probe:
+    """torch's view of the activations: the tracker's live forward bytes after each block's forward (less
+    the block's output, the next block's input), the maximum over the step."""
+
+    def __init__(self, tracker: MemTracker, rt: Runtime):
+        self.tracker, self.rt = tracker, rt
+        self.activations = 0
+        self._handles = [mod.register_forward_hook(self._after_block) for name, mod in rt.model.named_modules()
+                         if name.startswith("blocks.") and name.count(".") == 1]
+
+    def _live(self) -> int:
+        """Bytes created in forward and alive now, less ZeRO-3's gathered parameters (not activations)."""
+        act = sum(snap.get(_MemRefType.ACT, 0) for snap in self.tracker._curr_mem_snap.values())
+        gathered = getattr(self.rt.dp, "leaf", None) or []
+        return act - sum(_nbytes(t) for t in gathered)
+
+    def _after_block(self, module: nn.Module, args: Any, out: Tensor) -> None:
+        if not self.tracker._mod_tracker.is_bw:          # not a recomputation inside backward
+            self.activations = max(self.activations, self._live() - _nbytes(out))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+class _Tracker(MemTracker):
+    """torch's MemTracker, allowing a module to run again at top level within the step: a pipeline stage
+    runs each block once per micro-batch, gradient accumulation the whole model (the stock tracker stops,
+    taking it for a second iteration). Its per-module statistics then restart; the totals are unaffected."""
+
+    def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            parents = set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)}
+            if parents == {"Global"}:
+                del self.memory_tracking[module]
+        super()._pre_fw_hook(module, inputs)
+
+    phase = "forward_backward"
+    #: per phase (``forward_backward``, ``step``): the peak snapshot, torch's categories -> bytes
+    phase_peaks: dict[str, dict[Any, int]]
+
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        # the peak of each phase only: the stock method also walks every module's own peak on every
+        # operation, which dominated the run time at 80 blocks (module-wise peaks are not used here)
+        if not hasattr(self, "phase_peaks"):
+            self.phase_peaks = {}
+        total = sum(snap[_TOTAL_KEY] for snap in self._curr_mem_snap.values())
+        if self.phase_peaks.get(self.phase, {}).get(_TOTAL_KEY, -1) < total:
+            snap: dict[Any, int] = {}
+            for dev_snap in self._curr_mem_snap.values():
+                for k, v in dev_snap.items():
+                    snap[k] = snap.get(k, 0) + v
+            self.phase_peaks[self.phase] = snap
+
+    def current(self, kind: Any) -> int:
+        return sum(snap.get(kind, 0) for snap in self._curr_mem_snap.values())
+
+
+def _register_state(tracker: MemTracker, rt: Runtime) -> None:
+    """Tell the tracker about the state built before it started: parameters (module parameters and
+    ZeRO-3's shards) and the optimizers' own tensors (master copies that are not parameters)."""
+    seen: set[int] = set()
+
+    def add(t: Tensor | None, kind: _MemRefType) -> None:
+        if isinstance(t, Tensor) and t.untyped_storage()._cdata not in seen:
+            seen.add(t.untyped_storage()._cdata)
+            tracker._update_and_maybe_create_winfos(t, kind)     # torch's own registration (private API)
+
+    tracker.track_external(rt.model)
+    for p in [*rt.model.parameters(), *rt.dp.params]:
+        add(p, _MemRefType.PARAM)
+    optimizers = getattr(rt.dp, "optimizers", None) or [getattr(rt.dp, "optimizer", None)]
+    for opt in optimizers:
+        inner = getattr(opt, "inner", opt)                   # MasterAdamW wraps AdamW over the fp32 masters
+        for group in getattr(inner, "param_groups", []):
+            for p in group["params"]:
+                add(p, _MemRefType.OPT)
+
+
+# --------------------------------------------------------------------------------------------------
+# One stage
+# --------------------------------------------------------------------------------------------------
+
+def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Progress | None = None
+                  ) -> Measurement:
+    """Run one training step of ``plan``'s rank (dp 0, stage ``stage``, cp 0, tp 0) in fake mode and return
+    measured beside predicted bytes (module docstring). Takes seconds (about 14 s for 32 blocks of Llama 3
+    8B at 8K tokens on 2 cores); allocates about nothing (tests/distributed/test_measure.py)."""
+    say = progress or (lambda msg: None)
+    dtype = check_measurable(model, plan)
+    rank = rank_of_stage(plan, stage)
+    if dist.is_initialized():
+        raise ParallelLabError("measure needs a process without a process group (it creates a fake one); "
+                               "call it outside launch()/init_process_group")
+    t0, c0 = time.perf_counter(), time.process_time()
+    notes: list[str] = []
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world)
+    old_dtype = torch.get_default_dtype()
+    try:
+        grid = Grid.create(plan, rank)
+        with FakeTensorMode():
+            say(f"stage {stage}: building {model.name or 'the model'} at full size (fake tensors)")
+            torch.set_default_dtype(dtype)
+            try:
+                net = Transformer(model, recompute=plan.recompute).train()
+            finally:
+                torch.set_default_dtype(old_dtype)
+            say(f"stage {stage}: applying the plan to rank {rank} of {plan.world}")
+            rt = parallelize(net, grid, plan, CommTracer(grid.rank, grid.groups_by_dim()))
+            tokens = torch.zeros(plan.global_batch, plan.seq, dtype=torch.long)       # (B, s) token ids
+            micro = rt.micro_batches(Batch(tokens, tokens.clone(), torch.arange(plan.seq)))
+            tracker = _Tracker()
+            _register_state(tracker, rt)
+            opt_before = tracker.current(_MemRefType.OPT)
+            probe = _Probe(tracker, rt)
+            with tracker, _ValuesOfTheBatch():
+                say(f"stage {stage}: forward and backward of {len(micro)} micro-batch(es) "
+                    f"[{time.perf_counter() - t0:.0f} s]")
+                rt.dp.zero_grad()
+                with rt.meter:
+                    rt.forward_backward(rt, micro)
+                rt.dp.finish()
+                for fn in rt.finalize_grads:
+                    fn()
+                say(f"stage {stage}: optimizer step [{time.perf_counter() - t0:.0f} s]")
+                tracker.phase = "step"
+                rt.dp.step()
+                state = dict(rt.dp.measure_state())
+            probe.remove()
+            lazy = tracker.current(_MemRefType.OPT) - opt_before
+    finally:
+        dist.destroy_process_group()
+    # Steady state: the optimizer's moments appear at the first step only (lazily), so in every later step
+    # they are alive during forward and backward too: the peak is the larger of (forward/backward peak +
+    # the moments) and the step's own peak.
+    fb, st = tracker.phase_peaks.get("forward_backward", {}), tracker.phase_peaks.get("step", {})
+    fb = {**fb, _MemRefType.OPT: fb.get(_MemRefType.OPT, 0) + lazy, _TOTAL_KEY: fb.get(_TOTAL_KEY, 0) + lazy}
+    at_peak = "step" if st.get(_TOTAL_KEY, 0) > fb[_TOTAL_KEY] else "forward/backward"
+    peak = {str(getattr(k, "value", k)): int(v) for k, v in (st if at_peak == "step" else fb).items()}
+    notes.append(f"peak: steady state, reached in the {at_peak} phase (the optimizer's moments, "
+                 f"{lazy / 1e9:.3g} GB, counted from the start of the step as after the first step)")
+    measured: dict[str, float | None] = {k: float(state[k]) for k in ("parameters", "gradients",
+                                                                         "optimizer_states")}
+    measured["activations"] = float(rt.meter.peak["activations"])
+    measured["logits_and_loss"] = float(rt.meter.peak["logits_and_loss"])
+    gathered = getattr(rt.dp, "info", {}).get("peak_parameter_bytes") if plan.zero == 3 else None
+    measured["comm_buffers"] = float(gathered - state["parameters"]) if gathered else None
+    if measured["comm_buffers"] is None:
+        notes.append("comm_buffers: not separated by the tracker outside ZeRO-3 (they are in its Temp)")
+    measured["peak"] = float(peak.get("Total", 0))
+    predicted = {}
+    for f in FORMULAS:
+        led = memory(model, plan, activation_model=f, stage=stage)
+        predicted[f] = {**led.per_gpu_bytes, "total": led.total_bytes}
+    seconds = time.perf_counter() - t0
+    say(f"stage {stage}: done [{seconds:.0f} s]")
+    return Measurement(model, plan, stage, rank, measured, predicted, peak, float(probe.activations), seconds,
+                       time.process_time() - c0, notes)
+
+
+def measure(model: ModelSpec, plan: Plan, stage: int | None = None, *, progress: Progress | None = None
+            ) -> list[Measurement]:
+    """:func:`measure_stage` for ``stage``, or for every pipeline stage (``stage=None``)."""
+    stages = range(plan.pp) if stage is None else [stage]
+    return [measure_stage(model, plan, s, progress=progress) for s in stages]
+
+
+def measure_json(model: ModelSpec, plan: Plan, stage: int | None = None, *, progress: Progress | None = None
+                 ) -> dict[str, Any]:
+    """Plain data for the CLI's ``--json`` and the Memory explorer's "measure this plan": ``{"stages":
+    [Measurement.to_json(), ...], "categories": [...], "formulas": [...]}``."""
+    return {"stages": [m.to_json() for m in measure(model, plan, stage, progress=progress)],
+            "categories": [*CATEGORIES, "peak"], "formulas": list(FORMULAS)}
