@@ -479,9 +479,10 @@ class _Fast:
         return params
 
     def state_and_buffers(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int,
-                          zero_unit: str = "block") -> tuple[float, float]:
+                          zero_unit: str = "block", m: int = 1) -> tuple[float, float]:
         """Model-state bytes and the ZeRO/DDP part of the comm buffers (``ledger`` formulas)."""
-        key = (tp, pp, v, stage, g, zero, zero_unit)
+        grads_sharded = ledger._gradients_sharded(zero, self.base.zero2_accumulate, m)
+        key = (tp, pp, v, stage, g, zero, zero_unit, grads_sharded)
         if key in self._state:
             return self._state[key]
         info = self.stage_info(tp, pp, v, stage)
@@ -490,7 +491,7 @@ class _Fast:
         sharded = sum(math.ceil(n / g) for n in units)
         o = self.o
         state = ((sharded if zero >= 3 else full) * o.param_bytes
-                 + (sharded if zero >= 2 else full) * o.grad_bytes
+                 + (sharded if grads_sharded else full) * o.grad_bytes
                  + (sharded if zero >= 1 else full) * o.optim_bytes)
         buf = 0.0
         if g > 1 and zero == 0:
@@ -577,8 +578,7 @@ class _Fast:
         else:
             padded = [g * math.ceil(n / g) for n in units]
             if zero in (1, 2):
-                kind = "all_reduce" if zero == 1 else "reduce_scatter"
-                ts = [_t(kind, n * self.gb, g, tier) for n in reversed(padded)]
+                ts = [_t("reduce_scatter", n * self.gb, g, tier) for n in reversed(padded)]
                 sync, last = sum(ts), ts[-1]
                 gs = [_t("all_gather", n * self.pb, g, tier) for n in padded]
                 gather, first = sum(gs), gs[0]
@@ -595,7 +595,8 @@ class _Fast:
         """Bytes of stage ``stage`` per GPU, as ``ledger.memory(model, plan, stage=stage).total_bytes``."""
         p = plan
         g = p.dp * p.cp
-        state, buf = self.state_and_buffers(p.tp, p.pp, p.interleave, stage, g, p.zero, p.zero_unit)
+        state, buf = self.state_and_buffers(p.tp, p.pp, p.interleave, stage, g, p.zero, p.zero_unit,
+                                            p.microbatches)
         if g > 1 and p.zero == 0 and p.dp_kind == "naive":
             buf = 0.0
         inflight = 1.0 if p.pp == 1 else \
@@ -806,15 +807,15 @@ class _Family:
     stages: list[int]
     tiers: list[LinkTier]          # the DP group's tier, per stage
     zeros: list[int]
-    _state: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    _state: dict[tuple[int, int, bool], list[float]] = field(default_factory=dict)
     _dp: dict[tuple[int, int], list[tuple[float, ...]]] = field(default_factory=dict)
 
-    def state(self, fast: _Fast, v: int, zero: int) -> list[float]:
+    def state(self, fast: _Fast, v: int, zero: int, m: int) -> list[float]:
         """Per stage: model-state bytes plus the ZeRO/DDP communication buffers."""
-        key = (v, zero)
+        key = (v, zero, m > 1)
         if key not in self._state:
             g = self.dp * self.cp
-            self._state[key] = [sum(fast.state_and_buffers(self.tp, self.pp, v, s, g, zero))
+            self._state[key] = [sum(fast.state_and_buffers(self.tp, self.pp, v, s, g, zero, m=m))
                                 for s in self.stages]
         return self._state[key]
 
@@ -884,7 +885,7 @@ class _Search:
             variant = None
             for zero in fam.zeros:
                 self.candidates += 1
-                sb = fam.state(fast, v, zero)
+                sb = fam.state(fast, v, zero, m)
                 mem = sb[0] + act[0]
                 if len(sb) == 2 and sb[1] + act[1] > mem:
                     mem = sb[1] + act[1]
