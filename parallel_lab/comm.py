@@ -149,17 +149,20 @@ def _dp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str,
 def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[Collective]:
     """ZeRO-1/2/3 over the ``dp * cp`` group, unit by unit (units: docs/conventions.md).
 
-    Every message is a unit's padded flat buffer, ``g * ceil(n_u / g)`` elements.
+    Every message is a unit's padded flat buffer, ``g * ceil(n_u / g)`` elements. Per step, with ``Psi``
+    the gradient bytes (Rajbhandari et al. 2020, Sec. 7: DDP's all-reduce moves 2 Psi per GPU):
 
-    * ZeRO-1: after the last micro-batch, all-reduce each unit's flat gradient; after the optimizer step,
-      all-gather each unit's updated parameters.
-    * ZeRO-2: reduce-scatter each unit's flat gradient (once per step, after the last micro-batch), then
-      all-gather the parameters after the step.
+    * ZeRO-1 and ZeRO-2: reduce-scatter each unit's flat gradient after the last micro-batch (Psi), then
+      all-gather each unit's updated parameters after the optimizer step (Psi): 2 Psi, DDP's volume.
+      ``zero1_reduce="all_reduce"`` (torch's ZeroRedundancyOptimizer under DDP) all-reduces the gradient
+      instead (2 Psi): 3 Psi, 1.5x. ``zero2_accumulate="sharded"`` reduce-scatters every micro-batch.
     * ZeRO-3 (FSDP-style, every micro-batch): a block unit is all-gathered before its forward, again
       before its backward, and its gradient reduce-scattered after its backward (gradients accumulate on
-      the shards). The root unit is all-gathered once at the start of forward, kept until the end of
-      backward, and reduce-scattered once. With ``zero_unit="root"`` the single unit behaves like the
-      root unit.
+      the shards): 3 Psi, 1.5x. The root unit is all-gathered once at the start of forward, kept until
+      the end of backward, and reduce-scattered once. With ``zero_unit="root"`` the single unit behaves
+      like the root unit. A model given by its count only is taken as block units (FSDP wraps every
+      block, the rest is negligible): every parameter gathered twice, and nothing large held gathered,
+      as ``ledger.comm_buffer_bytes`` assumes for it.
 
     Gradients travel as bf16 for bf16-gradient optimizers (else fp32); gathered parameters in the
     parameter dtype (FSDP2 mixed precision: the compute dtype).
@@ -174,16 +177,18 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
     out: list[Collective] = []
     backward_order = list(reversed(padded))
     if plan.zero in (1, 2):
-        kind = "all_reduce" if plan.zero == 1 else "reduce_scatter"
-        out += [Collective("dp", kind, padded[u] * gb, g, 1, "backward", f"grad of unit {u}", u)
+        kind = "all_reduce" if plan.zero == 1 and plan.zero1_reduce == "all_reduce" else "reduce_scatter"
+        count = m if plan.zero == 2 and plan.zero2_accumulate == "sharded" else 1
+        out += [Collective("dp", kind, padded[u] * gb, g, count, "backward", f"grad of unit {u}", u)
                 for u in backward_order]
         out += [Collective("dp", "all_gather", padded[u] * pb, g, 1, "step", f"updated params of unit {u}", u)
                 for u in padded]
         return out
     for u in padded:
-        n_gather = 1 if u == "root" else 2
+        # the root unit is gathered once and held from forward to backward (a count-only model: block units)
+        kept = u == "root" and (model.shape_known or plan.zero_unit == "root")
         out.append(Collective("dp", "all_gather", padded[u] * pb, g, m, "forward", f"params of unit {u}", u))
-        if n_gather == 2:
+        if not kept:
             out.append(Collective("dp", "all_gather", padded[u] * pb, g, m, "backward",
                                   f"params of unit {u} again", u))
     out += [Collective("dp", "reduce_scatter", padded[u] * gb, g, m, "backward", f"grad of unit {u}", u)

@@ -73,9 +73,38 @@ def stage_state_bytes(model: ModelSpec, plan: Plan, stage: int) -> dict[str, flo
     sharded = sum(math.ceil(n / g) for n in units)
     return {
         "parameters": float((sharded if plan.zero >= 3 else full) * o.param_bytes),
-        "gradients": float((sharded if plan.zero >= 2 else full) * o.grad_bytes),
+        "gradients": float((sharded if gradients_sharded(plan) else full) * o.grad_bytes),
         "optimizer_states": float((sharded if plan.zero >= 1 else full) * o.optim_bytes),
     }
+
+
+def gradients_sharded(plan: Plan) -> bool:
+    """Whether a rank's gradients stay sharded over the whole step (their peak is ``ceil(n_u / g)`` per
+    unit): ZeRO-3; ZeRO-2 unless it holds the full gradients over several micro-batches
+    (``zero2_accumulate="unsharded"`` with ``grad_accum > 1``: the peak is the full gradients, between
+    micro-batches). A unit's full gradient before its reduce-scatter is a comm buffer."""
+    return _gradients_sharded(plan.zero, plan.zero2_accumulate, plan.microbatches)
+
+
+def _gradients_sharded(zero: int, zero2_accumulate: str, m: int) -> bool:
+    if zero == 2:
+        return zero2_accumulate == "sharded" or m == 1
+    return zero >= 3
+
+
+def zero_notes(plan: Plan) -> list[str]:
+    """What the ZeRO variant of ``plan`` does to gradients and bytes, in words (empty without ZeRO-1/2)."""
+    m = plan.microbatches
+    if plan.zero == 1 and plan.zero1_reduce == "all_reduce":
+        return ["gradients: ZeRO-1 all-reduces the gradients (torch's ZeroRedundancyOptimizer under DDP): "
+                "1.5x DDP's bytes; the paper's ZeRO-1 reduce-scatters them (zero1_reduce='reduce_scatter')"]
+    if plan.zero == 2 and m > 1 and plan.zero2_accumulate == "unsharded":
+        return [f"gradients: ZeRO-2 holds the full gradients until the last of {m} micro-batches, then "
+                f"reduce-scatters once; zero2_accumulate='sharded' keeps them sharded and reduce-scatters "
+                f"every micro-batch ({m}x the reduce-scatter bytes)"]
+    if plan.zero == 2 and m > 1:
+        return [f"gradients: ZeRO-2 reduce-scatters every one of the {m} micro-batches into the shard"]
+    return []
 
 
 def state_bytes(model: ModelSpec, plan: Plan, stage: int | None = None) -> dict[str, float]:
@@ -287,6 +316,10 @@ def state_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[fl
         if not model.shape_known:
             notes.append(f"comm_buffers: not computed; a bare parameter count has no ZeRO-{plan.zero} units "
                          "(give the shape)")
+            if plan.zero == 3 and plan.zero_unit == "block":
+                notes.append("ZeRO-3 on a bare count: taken as many small units (one per block, the rest "
+                             "negligible), each gathered before its forward and again before its backward "
+                             "(comm: 1.5x DDP) and none held gathered (parameters: fully sharded)")
             return None, notes
         big = max(g * math.ceil(n / g) for n in unit_sizes(model, plan, stage).values())
         if plan.zero in (1, 2):
@@ -366,7 +399,7 @@ class MemoryLedger:
 def _ledger_of_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec, activation_model: str,
                      stage: int, margin: float) -> MemoryLedger:
     per = dict(stage_state_bytes(model, plan, stage))
-    notes: list[str] = []
+    notes: list[str] = zero_notes(plan)
     if model.shape_known:
         per["activations"] = activation_bytes(model, plan, stage, formula=activation_model)
         if stage == plan.pp - 1:

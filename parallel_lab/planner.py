@@ -324,13 +324,17 @@ class _Fast:
 
     # ---- memory (ledger) ----------------------------------------------------------------------------
     def state_and_buffers(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int,
-                          zero_unit: str = "block", dp_kind: str = "bucketed") -> tuple[float, float]:
-        """``ledger.stage_state_bytes`` and ``ledger.state_buffer_bytes`` of the stage."""
+                          zero_unit: str = "block", dp_kind: str = "bucketed", m: int = 1) -> tuple[float, float]:
+        """``ledger.stage_state_bytes`` and ``ledger.state_buffer_bytes`` of the stage (``m`` micro-batches:
+        ZeRO-2 holds full gradients between them unless it reduce-scatters every one)."""
+        grads_sharded = ledger._gradients_sharded(zero, self.base.zero2_accumulate, m)
+
         def compute() -> tuple[float, float]:
             plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, dp_kind=dp_kind)
+            plan = _variant(plan, grad_accum=m)
             buf, _ = ledger.state_buffer_bytes(self.model, plan, stage)
             return float(sum(ledger.stage_state_bytes(self.model, plan, stage).values())), float(buf or 0.0)
-        return self._once(("state", tp, pp, v, stage, g, zero, zero_unit, dp_kind), compute)
+        return self._once(("state", tp, pp, v, stage, g, zero, zero_unit, dp_kind, grads_sharded), compute)
 
     def act_per_layer(self, tp: int, sp: bool, cp: int, mb: int, recompute: str) -> float:
         return self._once(("act", tp, sp, cp, mb, recompute), lambda: ledger.activation_bytes_per_layer(
@@ -348,7 +352,7 @@ class _Fast:
         """Bytes of stage ``stage`` per GPU, as ``ledger.memory(model, plan, stage=stage).total_bytes``."""
         p = plan
         state, buf = self.state_and_buffers(p.tp, p.pp, p.interleave, stage, p.dp * p.cp, p.zero, p.zero_unit,
-                                            p.dp_kind)
+                                            p.dp_kind, p.microbatches)
         inflight = 1.0 if p.pp == 1 else \
             peak_activation_units(p.schedule, p.pp, p.microbatches, p.interleave, stage)
         act = (self.act_per_layer(p.tp, p.sp, p.cp, p.micro_batch, p.recompute)
@@ -571,15 +575,15 @@ class _Family:
     stages: list[int]
     tiers: list[LinkTier]          # the DP group's tier, per stage
     zeros: list[int]
-    _state: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    _state: dict[tuple[int, int, bool], list[float]] = field(default_factory=dict)
     _dp: dict[tuple[int, int], list[DpTimes]] = field(default_factory=dict)
 
-    def state(self, fast: _Fast, v: int, zero: int) -> list[float]:
-        """Per stage: model-state bytes plus the ZeRO/DDP communication buffers."""
-        key = (v, zero)
+    def state(self, fast: _Fast, v: int, zero: int, m: int) -> list[float]:
+        """Per stage: model-state bytes plus the ZeRO/DDP communication buffers (``m`` micro-batches)."""
+        key = (v, zero, m > 1)
         if key not in self._state:
             g = self.dp * self.cp
-            self._state[key] = [sum(fast.state_and_buffers(self.tp, self.pp, v, s, g, zero))
+            self._state[key] = [sum(fast.state_and_buffers(self.tp, self.pp, v, s, g, zero, m=m))
                                 for s in self.stages]
         return self._state[key]
 
@@ -681,7 +685,7 @@ class _Search:
             variant = None
             for zero in fam.zeros:
                 self.candidates += 1
-                sb = fam.state(fast, v, zero)
+                sb = fam.state(fast, v, zero, m)
                 mem = sb[0] + act[0]
                 if len(sb) == 2 and sb[1] + act[1] > mem:
                     mem = sb[1] + act[1]

@@ -409,6 +409,25 @@ SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1")
 CP_KINDS: tuple[str, ...] = ("ring", "allgather", "ulysses")
 DP_KINDS: tuple[str, ...] = ("bucketed", "naive")
 ZERO_UNITS: tuple[str, ...] = ("block", "root")
+#: ZeRO-1's gradient collective: the paper's reduce-scatter (2 Psi per step, as DDP), or the all-reduce of
+#: torch's ZeroRedundancyOptimizer under DDP (then the all-gather of the parameters: 3 Psi, 1.5x DDP).
+ZERO1_REDUCES: tuple[str, ...] = ("reduce_scatter", "all_reduce")
+#: ZeRO-2 with gradient accumulation: hold the full gradients until the last micro-batch and reduce-scatter
+#: once ("unsharded": Megatron's distributed optimizer, FSDP's no_sync), or reduce-scatter every micro-batch
+#: into the gradient shard ("sharded": DeepSpeed's stage 2, FSDP's default; m times the bytes).
+ZERO2_ACCUMULATES: tuple[str, ...] = ("unsharded", "sharded")
+
+
+def check_zero_variants(zero: int, zero1_reduce: str, zero2_accumulate: str, owner: str = "Plan") -> None:
+    """The ZeRO variants and the stages they belong to (one rule for ``Plan`` and the runnable classes)."""
+    _choice(owner, "zero1_reduce", zero1_reduce, ZERO1_REDUCES)
+    _choice(owner, "zero2_accumulate", zero2_accumulate, ZERO2_ACCUMULATES)
+    if zero1_reduce != "reduce_scatter" and zero != 1:
+        raise ParallelLabError(f"zero1_reduce={zero1_reduce!r} is a ZeRO-1 variant but zero={zero}; "
+                               f"set zero=1, or zero1_reduce='reduce_scatter'")
+    if zero2_accumulate != "unsharded" and zero != 2:
+        raise ParallelLabError(f"zero2_accumulate={zero2_accumulate!r} is a ZeRO-2 variant but zero={zero}; "
+                               f"set zero=2, or zero2_accumulate='unsharded'")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -427,6 +446,7 @@ class Plan:
     Runnable-only knobs: ``dp_kind`` (DDP all-reducing every gradient after backward, or bucketed with
     overlap), ``bucket_mb`` (DDP bucket cap in MB of gradient), ``zero_unit`` (ZeRO-3 gathers one block at
     a time, or the whole model at once), ``cp_kind`` (ring, all-gather or Ulysses context parallelism).
+    ZeRO variants: ``zero1_reduce`` (:data:`ZERO1_REDUCES`) and ``zero2_accumulate`` (:data:`ZERO2_ACCUMULATES`).
     ``dtype`` is the compute dtype of activations and of the TP/CP/PP messages.
     """
 
@@ -448,6 +468,8 @@ class Plan:
     dp_kind: str = "bucketed"
     bucket_mb: float = 25.0
     zero_unit: str = "block"
+    zero1_reduce: str = "reduce_scatter"
+    zero2_accumulate: str = "unsharded"
 
     def __post_init__(self) -> None:
         o = "Plan"
@@ -463,6 +485,7 @@ class Plan:
         _choice(o, "cp_kind", self.cp_kind, CP_KINDS)
         _choice(o, "dp_kind", self.dp_kind, DP_KINDS)
         _choice(o, "zero_unit", self.zero_unit, ZERO_UNITS)
+        check_zero_variants(self.zero, self.zero1_reduce, self.zero2_accumulate)
         if not isinstance(self.sp, bool):
             raise ParallelLabError(f"Plan.sp={self.sp!r} must be True or False")
         _real(o, "bucket_mb", self.bucket_mb)

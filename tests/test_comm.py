@@ -111,21 +111,52 @@ def test_ddp_sends_twice_the_gradients():
 
 
 def test_zero_volumes_match_the_zero_paper():
-    """ZeRO paper Sec. 7: ZeRO-2 moves what DDP moves (reduce-scatter + all-gather = all-reduce), ZeRO-3
-    1.5x (the parameters are all-gathered twice, in forward and backward). Here ZeRO-1 all-reduces the
-    gradient and then all-gathers the parameters: 1.5x as well. The root unit is gathered only once
-    (kept from forward to the end of backward): 1x; so a bare count (one root unit) moves 1x under ZeRO-3."""
+    """ZeRO paper (Rajbhandari et al. 2020) Sec. 7: DDP's all-reduce moves 2 Psi per GPU; ZeRO-1 and ZeRO-2
+    reduce-scatter the gradients (Psi) and all-gather the updated parameters (Psi): 2 Psi, "the same
+    communication volume as baseline DP" (7.2); ZeRO-3 gathers the parameters in forward and again in
+    backward and reduce-scatters the gradients: 3 Psi, 1.5x (7.3). So 1 : 1 : 1 : 1.5 for ZeRO 0..3, on a
+    bare count (taken as block units) as on a shaped model (whose root unit is gathered once)."""
     bare = ModelSpec.from_params(8 * 10**9)                  # divisible by dp: no padding
     ddp = per_step_bytes(collectives(bare, Plan(dp=8)))["dp"]
-    for zero, ratio in ((1, 1.5), (2, 1.0), (3, 1.0)):
+    assert ddp == pytest.approx(2 * 7 / 8 * 2 * 8e9)           # ring all-reduce of bf16 gradients
+    for zero, ratio in ((1, 1.0), (2, 1.0), (3, 1.5)):
         got = per_step_bytes(collectives(bare, Plan(dp=8, zero=zero)))["dp"]
         assert got == pytest.approx(ratio * ddp, rel=1e-12), zero
+    # torch's ZeroRedundancyOptimizer under DDP all-reduces, then gathers: 1.5x, under its own name
+    variant = collectives(bare, Plan(dp=8, zero=1, zero1_reduce="all_reduce"))
+    assert [c.kind for c in variant] == ["all_reduce", "all_gather"]
+    assert per_step_bytes(variant)["dp"] == pytest.approx(1.5 * ddp, rel=1e-12)
+    # a single root unit given explicitly is gathered once (kept from forward to backward): 1x
+    root = per_step_bytes(collectives(bare, Plan(dp=8, zero=3, zero_unit="root")))["dp"]
+    assert root == pytest.approx(ddp, rel=1e-12)
     m = ModelSpec.preset("llama2-7b")
     n_blocks = sum(math.prod(s) for n, s in m.parameter_shapes() if n.startswith("blocks."))
     n_root = m.n_params - n_blocks
     ring = 2 * 7 / 8 * 2                                      # all-reduce factor x bf16
+    for zero in (1, 2):
+        got = per_step_bytes(collectives(m, Plan(dp=8, zero=zero, seq=1024)))["dp"]
+        assert got == pytest.approx(ring * m.n_params, rel=1e-6), zero         # 1e-6: unit padding
     got = per_step_bytes(collectives(m, Plan(dp=8, zero=3, seq=1024)))["dp"]
-    assert got == pytest.approx(ring * (1.5 * n_blocks + n_root), rel=1e-6)   # 1e-6: unit padding
+    assert got == pytest.approx(ring * (1.5 * n_blocks + n_root), rel=1e-6)
+
+
+def test_zero2_accumulation_variants():
+    """ZeRO-2 over m micro-batches: holding the full gradients reduce-scatters once per step; keeping them
+    sharded reduce-scatters every micro-batch (m times the gradient bytes). ZeRO-1 always once."""
+    bare = ModelSpec.from_params(8 * 10**9)
+    base = Plan(dp=8, grad_accum=4)
+    rs = [c for c in collectives(bare, base.with_(zero=2)) if c.kind == "reduce_scatter"]
+    assert [c.count for c in rs] == [1]
+    rs = [c for c in collectives(bare, base.with_(zero=2, zero2_accumulate="sharded"))
+          if c.kind == "reduce_scatter"]
+    assert [(c.count, c.message_bytes) for c in rs] == [(4, 2 * 8 * 10**9)]
+    assert [c.count for c in collectives(bare, base.with_(zero=1))] == [1, 1]
+    with pytest.raises(ParallelLabError, match="zero2_accumulate='sharded' is a ZeRO-2 variant"):
+        Plan(dp=8, zero=1, zero2_accumulate="sharded")
+    with pytest.raises(ParallelLabError, match="zero1_reduce='all_reduce' is a ZeRO-1 variant"):
+        Plan(dp=8, zero=2, zero1_reduce="all_reduce")
+    with pytest.raises(ParallelLabError, match="zero1_reduce"):
+        Plan(dp=8, zero=1, zero1_reduce="allreduce")
 
 
 def test_zero3_per_block_units_and_padding():

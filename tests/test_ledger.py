@@ -144,6 +144,32 @@ def test_seed_state_table(zero, params):
     assert led.state_bytes / GB == SEED_STATE[zero][params]
 
 
+#: ZeRO paper (Rajbhandari et al. 2020), Table 1: GB per device for Psi = 7.5B, K = 12 (mixed-precision
+#: Adam), as printed (one decimal; 0.12 at 1024), for Nd = 4, 64, 1024 and stages P_os, P_os+g, P_os+g+p.
+ZERO_TABLE_1 = {4: (120, 52.5, 41.3, 30), 64: (120, 31.4, 16.6, 1.9), 1024: (120, 30.1, 15.1, 0.12)}
+
+
+@pytest.mark.parametrize("nd", sorted(ZERO_TABLE_1))
+def test_zero_paper_table_1(nd):
+    for zero, printed in enumerate(ZERO_TABLE_1[nd]):
+        state = state_bytes(ModelSpec.from_params(7.5e9), Plan(dp=nd, zero=zero))
+        half_ulp = 0.005 if printed < 1 else 0.05          # printed rounded half up: 41.25 -> 41.3
+        assert abs(sum(state.values()) / GB - printed) <= half_ulp + 1e-12, (nd, zero)
+
+
+def test_zero2_gradients_with_accumulation():
+    """ZeRO-2 over several micro-batches: holding the full gradients until the last one (the default)
+    costs ZeRO-1's full gradients at the peak; reduce-scattering every micro-batch keeps them sharded."""
+    m = ModelSpec.preset("llama2-7b")
+    full = 2 * m.n_params                                    # bf16 gradients of adam-mixed
+    held = state_bytes(m, Plan(dp=8, zero=2, grad_accum=8))["gradients"]
+    sharded = state_bytes(m, Plan(dp=8, zero=2, grad_accum=8, zero2_accumulate="sharded"))["gradients"]
+    assert held == state_bytes(m, Plan(dp=8, zero=1, grad_accum=8))["gradients"] == full
+    assert sharded == state_bytes(m, Plan(dp=8, zero=2))["gradients"] == pytest.approx(full / 8, rel=1e-6)
+    led = memory(m, Plan(dp=8, zero=2, grad_accum=8))
+    assert any("holds the full gradients until the last of 8" in n for n in led.notes)
+
+
 def test_seed_sgd_momentum_12_bytes():
     state = state_bytes(ModelSpec.from_params(7e9), Plan(dp=8, optimizer="sgd-momentum"))
     assert sum(state.values()) == 12 * 7e9

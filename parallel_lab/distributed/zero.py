@@ -20,15 +20,17 @@ rank, exactly what ``ledger.state_bytes`` predicts (the last rank's shard holds 
 The collectives, one per unit, are exactly those of ``parallel_lab.comm._zero_collectives`` (messages are
 padded flat buffers, ``g * S_u`` elements):
 
-* **ZeRO-1** (:class:`Zero12`, stage 1): gradients accumulate in full ``p.grad`` as usual; during the last
-  backward of the step, as soon as a unit's gradients are complete, its flat gradient is all-reduced
-  (asynchronously, overlapping the rest of backward; averaged, written back to ``p.grad``). The step:
-  unit by unit, each rank runs AdamW on its owned shard only (optimizer states of ``S_u`` elements), then
-  the updated parameters are all-gathered and copied back into the full parameters.
-* **ZeRO-2** (stage 2): the same, but each unit's flat gradient is *reduce-scattered*: a rank keeps the
-  ``S_u`` averaged elements it owns (accumulated in a persistent gradient shard) and frees the unit's
-  full ``p.grad`` at once. Gradient accumulation: earlier micro-batches accumulate in ``p.grad``; one
-  reduce-scatter per unit per step.
+* **ZeRO-1 / ZeRO-2** (:class:`Zero12`, an optimizer with torch's ``ZeroRedundancyOptimizer(params,
+  optimizer_class=..., **defaults)`` convention, usable in a plain torch loop without a DDP wrapper):
+  during the step's last backward, as soon as a unit's gradients are complete, its flat gradient is
+  reduce-scattered (asynchronously, overlapping the rest of backward; averaged): each rank receives the
+  ``S_u`` elements it owns. ZeRO-1 keeps the full ``p.grad`` (the owned slice overwritten with the
+  average); ZeRO-2 frees the unit's ``p.grad`` at once and accumulates into a gradient shard. The step:
+  unit by unit, each rank runs the inner optimizer on its owned shard only (states of ``S_u`` elements),
+  then the updated parameters are all-gathered and copied back into the full parameters. Variants:
+  ``zero1_reduce="all_reduce"`` (torch's ZeroRedundancyOptimizer under DDP: the whole gradient
+  all-reduced, 1.5x the bytes); ``zero2_accumulate``: "unsharded" (earlier micro-batches accumulate in
+  the full ``p.grad``, one reduce-scatter per step) or "sharded" (a reduce-scatter every micro-batch).
 * **ZeRO-3** (:class:`Zero3`): only the owned shard of each unit persists (an ``nn.Parameter`` of
   ``S_u`` elements, what the optimizer steps). The model's parameters are replaced by views into a
   gathered flat buffer (an autograd leaf), as FSDP1 does with ``use_orig_params=False``. Per micro-batch:
@@ -59,15 +61,24 @@ reduce-scatter and all-gather), a persistent fp32 master shard per unit (``Zero1
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from parallel_lab.distributed.data_parallel import LocalGrads, trainable
+from parallel_lab.distributed.data_parallel import (
+    Named,
+    broadcast_from_first,
+    queue_at_end_of_backward,
+    trainable,
+)
 from parallel_lab.distributed.instruments import (
+    CommTracer,
     TracedWork,
     measure_state,
     optimizer_state_tensors,
@@ -75,7 +86,7 @@ from parallel_lab.distributed.instruments import (
 )
 from parallel_lab.distributed.mixed_precision import is_mixed
 from parallel_lab.distributed.model import ADAMW, make_optimizer
-from parallel_lab.specs import ParallelLabError, Plan
+from parallel_lab.specs import ParallelLabError, Plan, check_zero_variants
 
 # ``all_gather_single`` is the 2.13 name; older torch has ``all_gather_into_tensor``.
 _untraced_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -118,6 +129,16 @@ class Unit:
             off += n
         return out
 
+    def write_owned(self, tensors: list[Tensor], shard: Tensor) -> None:
+        """Write ``shard`` (``shard`` elements) into elements ``[lo, hi)`` of the concatenation of ``tensors``
+        (the inverse of :meth:`owned`; the padding is dropped)."""
+        off = 0
+        for t, n in zip(tensors, self.numels, strict=True):
+            a, b = max(off, self.lo), min(off + n, self.hi)
+            if a < b:
+                t.view(-1)[a - off:b - off].copy_(shard[a - self.lo:b - self.lo])
+            off += n
+
     def flatten(self, tensors: list[Tensor | None], dtype: torch.dtype, device: torch.device) -> Tensor:
         """The padded flat buffer of ``tensors`` (``None`` as zeros)."""
         parts = [t.detach().reshape(-1).to(dtype) if t is not None
@@ -138,25 +159,42 @@ def unit_of(name: str, zero_unit: str) -> str:
     return f"blocks.{parts[1]}" if zero_unit == "block" and parts[0] == "blocks" else "root"
 
 
+def group_units(named: Named, zero_unit: str) -> list[tuple[str, Named]]:
+    """``(unit name, its (name, parameter) list)`` of ``named``, ordered by each unit's first parameter."""
+    groups: dict[str, Named] = {}
+    for name, p in named:
+        groups.setdefault(unit_of(name, zero_unit), []).append((name, p))
+    return list(groups.items())
+
+
 def build_units(model: nn.Module, zero_unit: str, group_size: int, index: int) -> list[Unit]:
     """The non-empty units of ``model``'s trainable parameters, ordered by their first parameter."""
-    groups: dict[str, list[tuple[str, nn.Parameter]]] = {}
-    for name, p in trainable(model):
-        groups.setdefault(unit_of(name, zero_unit), []).append((name, p))
-    return [Unit(u, named, group_size, index) for u, named in groups.items()]
+    return [Unit(u, named, group_size, index) for u, named in group_units(trainable(model), zero_unit)]
+
+
+def _group_index(group: Any) -> int:
+    """This rank's index in ``group`` (the order of the shards in a gathered buffer)."""
+    return dist.get_group_rank(group, dist.get_rank()) if group is not None else dist.get_rank()
+
+
+def _optimizer_of(plan: Plan) -> tuple[Any, dict[str, Any]]:
+    """``(optimizer_class, defaults)`` that steps one fp32 shard for ``plan`` (mixed precision: fp32 AdamW
+    on the fp32 master shards; otherwise the plan's own optimizer, ``model.make_optimizer``)."""
+    if plan.optimizer == MIXED or is_mixed(plan):
+        return torch.optim.AdamW, {"foreach": False, **ADAMW}
+    return functools.partial(make_optimizer, plan=plan), {}
 
 
 # --------------------------------------------------------------------------------------------------
-# Shared plumbing
+# Shared plumbing (ZeRO-3)
 # --------------------------------------------------------------------------------------------------
 
-class _Zero(LocalGrads):
-    """What every stage shares: the units, the shard index, the optimizer (fp32 AdamW or SGD)."""
+class _Zero:
+    """What ZeRO-3 shares with the library loop's interface: the units, the shard index, the optimizer."""
 
     stage = 0
 
     def __init__(self, model: nn.Module, plan: Plan, tracer: Any, group_size: int, index: int):
-        # LocalGrads.__init__ would build a full optimizer: set the shared fields ourselves.
         self.model, self.plan, self.tracer = model, plan, tracer
         self.group_size, self.index = group_size, index
         self.named = trainable(model)
@@ -167,54 +205,135 @@ class _Zero(LocalGrads):
         self.device = dev
         self.info: dict[str, Any] = {"units": {u.name: u.numel for u in self.units}}
 
+    def set_sync(self, sync: bool) -> None:
+        self.sync = sync
+
     def _optimizer(self, params: list[Tensor]) -> torch.optim.Optimizer:
-        if self.plan.optimizer == MIXED or is_mixed(self.plan):      # fp32 master shards and AdamW states
-            return torch.optim.AdamW(params, foreach=False, **ADAMW)
-        return make_optimizer(params, self.plan)
+        cls, defaults = _optimizer_of(self.plan)
+        return cls(params, **defaults)
 
     def _gather_shards(self) -> dict[str, Tensor]:
-        """Full fp32 parameters by name, all-gathered from the units' shards (untraced: reporting)."""
-        out: dict[str, Tensor] = {}
-        group = self.tracer.group("dp")
-        for u, shard in zip(self.units, self.shards, strict=True):
-            full = torch.empty(u.padded, dtype=torch.float32, device=self.device)
-            _untraced_all_gather(full, shard.detach(), group=group)
-            out.update({n: v.clone() for n, v in zip(u.names, u.split(full), strict=True)})
-        return out
+        return gather_shards(self.units, self.shards, self.tracer.group("dp"), self.device)
+
+
+def gather_shards(units: list[Unit], shards: list[Tensor], group: Any, device: torch.device) -> dict[str, Tensor]:
+    """Full fp32 parameters by name, all-gathered from the units' shards (untraced: reporting)."""
+    out: dict[str, Tensor] = {}
+    for u, shard in zip(units, shards, strict=True):
+        full = torch.empty(u.padded, dtype=torch.float32, device=device)
+        _untraced_all_gather(full, shard.detach().float(), group=group)
+        out.update({n: v.clone() for n, v in zip(u.names, u.split(full), strict=True)})
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
 # ZeRO-1 and ZeRO-2
 # --------------------------------------------------------------------------------------------------
 
-class Zero12(_Zero):
-    """ZeRO-1 (``stage=1``: all-reduce) or ZeRO-2 (``stage=2``: reduce-scatter); see the module docstring."""
+UnitsArg = Sequence[tuple[str, Named]] | Sequence[Sequence[Tensor]] | None
 
-    def __init__(self, model: nn.Module, plan: Plan, tracer: Any, group_size: int, index: int, stage: int):
-        super().__init__(model, plan, tracer, group_size, index)
-        self.stage = stage
+
+def _named_units(units: UnitsArg, params: list[Tensor]) -> list[tuple[str, Named]]:
+    """Normalise ``units``: ``None`` (one unit of every parameter), lists of parameters, or
+    ``(unit name, [(name, parameter), ...])`` pairs (the library's units)."""
+    if units is None:
+        return [("root", [(str(i), p) for i, p in enumerate(params)])]
+    out: list[tuple[str, Named]] = []
+    for k, u in enumerate(units):
+        if isinstance(u, tuple) and len(u) == 2 and isinstance(u[0], str):
+            out.append((u[0], list(u[1])))
+        else:
+            out.append((f"unit{k}", [(f"{k}.{j}", p) for j, p in enumerate(u)]))
+    given = [id(p) for _, named in out for _, p in named]
+    if sorted(given) != sorted(id(p) for p in params) or len(set(given)) != len(given):
+        raise ParallelLabError("units= must hold every trainable parameter exactly once; "
+                               "pass units=None for one unit of all parameters")
+    return out
+
+
+class Zero12(torch.optim.Optimizer):
+    """ZeRO-1 (``stage=1``) or ZeRO-2 (``stage=2``): an optimizer that also synchronises the gradients.
+
+    Torch's calling convention, ``Zero12(params, optimizer_class=torch.optim.AdamW, lr=...)``
+    (``ZeroRedundancyOptimizer``'s), with any torch optimizer class; no DDP wrapper is needed: the
+    gradients are reduced by hooks during backward, rank 0's parameters are broadcast at construction.
+    ``group``: the data-parallel group (default: the default group). ``units``: lists of parameters
+    sharded together (default: one unit of all). ``reduce`` (ZeRO-1): ``"reduce_scatter"`` (the paper) or
+    ``"all_reduce"`` (torch's ZeroRedundancyOptimizer under DDP). ``accumulate`` (ZeRO-2):
+    ``"unsharded"`` (hold the full gradients until the last micro-batch) or ``"sharded"``
+    (reduce-scatter every micro-batch). ``no_sync()`` marks accumulation passes. The library's loop
+    passes ``tracer`` and ``finish_in_backward=False`` and calls ``set_sync``/``finish`` itself.
+    """
+
+    def __init__(self, params: Iterable[Any], optimizer_class: Any = torch.optim.AdamW, *, stage: int = 1,
+                 group: Any = None, units: UnitsArg = None, reduce: str = "reduce_scatter",
+                 accumulate: str = "unsharded", tracer: CommTracer | None = None,
+                 finish_in_backward: bool = True, **defaults: Any):
+        super().__init__(list(params), defaults)
+        if len(self.param_groups) != 1:
+            raise ParallelLabError(f"Zero12 takes one parameter group, got {len(self.param_groups)}; pass "
+                                   f"the parameters as one list and the options as keyword arguments")
+        check_zero12_options(stage, reduce, accumulate)
+        self.stage, self.reduce, self.accumulate = stage, reduce, accumulate
+        self.group, self.group_size, self.index = group, dist.get_world_size(group), _group_index(group)
+        self.tracer = tracer if tracer is not None else CommTracer(dist.get_rank(), {"dp": group}, False)
+        self.finish_in_backward = finish_in_backward
+        self.params = [p for p in self.param_groups[0]["params"] if p.requires_grad]
+        broadcast_from_first(self.param_groups[0]["params"], group)
+        self.units = [Unit(n, named, self.group_size, self.index) for n, named in _named_units(units, self.params)]
+        self.device = self.params[0].device if self.params else torch.device("cpu")
         # One optimizer per unit: its single parameter is the unit's shard, whose data is set for the step
-        # only (a view of nothing between steps), so the states are S_u elements and the step can go unit
-        # by unit, each followed by that unit's all-gather. Mixed precision (dist/mixed_precision.py): the
-        # shard is the unit's persistent fp32 master shard, and gradients are bf16 like the parameters.
-        self.mixed = is_mixed(plan)
+        # only (fp32 parameters: a view of nothing between steps), so the states are S_u elements and the
+        # step can go unit by unit, each followed by that unit's all-gather. Low-precision parameters (bf16,
+        # dist/mixed_precision.py): the shard is the unit's persistent fp32 master shard.
         self.dtype = self.params[0].dtype if self.params else torch.float32    # parameters' and gradients'
+        self.mixed = self.dtype != torch.float32
         with torch.no_grad():
             self.shards = [nn.Parameter(u.owned(u.params, torch.float32, self.device) if self.mixed
                                         else torch.empty(0, device=self.device)) for u in self.units]
-        self.optimizers = [self._optimizer([s]) for s in self.shards]
+        self.optimizers = [optimizer_class([s], **defaults) for s in self.shards]
         self.grad_shards: list[Tensor | None] = [None] * len(self.units)
+        self.info: dict[str, Any] = {"units": {u.name: u.numel for u in self.units}}
+        self.require_backward_grad_sync = True
+        self.peak_gradient_bytes = 0
+        self.model: nn.Module | None = None            # the module, when known (names in local_parameters)
         self._unit_of = {id(p): i for i, u in enumerate(self.units) for p in u.params}
-        self._ready = [0] * len(self.units)
         self._order = list(reversed(range(len(self.units))))        # backward produces the last unit first
+        self._ready = [0] * len(self.units)
         self._next = 0
+        self._active = False                 # a reducing backward pass is under way
+        self._synced = False                 # this step's gradients have been reduced at least once
         self._pending: tuple[int, Tensor, Tensor | None, TracedWork] | None = None
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
 
+    @property
+    def every_microbatch(self) -> bool:
+        return self.stage == 2 and self.accumulate == "sharded"
+
     # ---- gradient synchronisation ----------------------------------------------------------------
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate full local gradients (ignored with ``accumulate="sharded"``)."""
+        old, self.require_backward_grad_sync = self.require_backward_grad_sync, False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    def set_sync(self, sync: bool) -> None:
+        """Library loop: whether the coming backward is the step's last (module docstring)."""
+        if self._active:                               # the previous micro-batch's pass (sharded)
+            self._end_pass()
+        self.sample_gradients()
+        self.require_backward_grad_sync = sync
+
     def _on_grad(self, p: Tensor) -> None:
-        if not self.sync:
+        if not (self.require_backward_grad_sync or self.every_microbatch):
             return
+        if not self._active:
+            self._active = True
+            if self.finish_in_backward:
+                queue_at_end_of_backward(self._end_pass)
         self._ready[self._unit_of[id(p)]] += 1
         while self._next < len(self._order):
             i = self._order[self._next]
@@ -223,20 +342,21 @@ class Zero12(_Zero):
             self._launch(i)
 
     def _launch(self, i: int) -> None:
-        """Start the unit's all-reduce (ZeRO-1) or reduce-scatter (ZeRO-2); one in flight at a time."""
+        """Start the unit's reduce-scatter (or ZeRO-1's all-reduce variant); one in flight at a time."""
         self._complete()
         self._next += 1
         u = self.units[i]
         flat = u.flatten([p.grad for p in u.params], self.dtype, self.device)
         flat.div_(self.group_size)                     # average: divide first, then sum over the group
-        if self.stage == 1:
-            work = self.tracer.all_reduce(flat, "dp", async_op=True)
+        if self.reduce == "all_reduce":
+            work = self.tracer.all_reduce(flat, "dp", group=self.group, async_op=True)
             self._pending = (i, flat, None, work)
             return
         out = torch.empty(u.shard, dtype=flat.dtype, device=self.device)
-        work = self.tracer.reduce_scatter(out, flat, "dp", async_op=True)
-        for p in u.params:                             # the full gradient lives on in `flat` only
-            p.grad = None
+        work = self.tracer.reduce_scatter(out, flat, "dp", group=self.group, async_op=True)
+        if self.stage == 2:                            # ZeRO-2: the full gradient lives on in `flat` only
+            for p in u.params:
+                p.grad = None
         self._pending = (i, flat, out, work)
 
     def _complete(self) -> None:
@@ -246,29 +366,50 @@ class Zero12(_Zero):
         self._pending = None
         work.wait()
         u = self.units[i]
-        if self.stage == 1:
-            with torch.no_grad():
+        with torch.no_grad():
+            if self.stage == 2:
+                if self.grad_shards[i] is None:
+                    self.grad_shards[i] = out
+                else:
+                    self.grad_shards[i].add_(out)
+                return
+            for p in u.params:                         # ZeRO-1 keeps full gradients (persistent)
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            if out is None:                            # all-reduce: every element averaged
                 for p, v in zip(u.params, u.split(flat), strict=True):
-                    if p.grad is None:
-                        p.grad = v.clone()
-                    else:
-                        p.grad.copy_(v)
-        elif self.grad_shards[i] is None:
-            self.grad_shards[i] = out
-        else:
-            self.grad_shards[i].add_(out)
+                    p.grad.copy_(v)
+            else:                                      # reduce-scatter: the owned elements averaged
+                u.write_owned([p.grad for p in u.params], out)
 
-    def finish(self) -> None:
-        while self._next < len(self._order):           # units with unused parameters: launch anyway
+    def _end_pass(self) -> None:
+        """End of a reducing backward: launch the units not yet launched (unused parameters: zeros)."""
+        while self._next < len(self._order):
             self._launch(self._order[self._next])
         self._complete()
         self._next = 0
         self._ready = [0] * len(self.units)
+        self._active, self._synced = False, True
+
+    def finish(self) -> None:
+        """Complete the gradient synchronisation of this step."""
+        if self._active or not self._synced:
+            self._end_pass()
+        self.sample_gradients()
 
     # ---- optimizer step on the shard, then all-gather ---------------------------------------------
-    def step(self) -> None:
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.finish()
+        hyper = {k: v for k, v in self.param_groups[0].items() if k != "params"}   # e.g. an LR scheduler's
         for i, u in enumerate(self.units):
             shard = self.shards[i]
+            for k, v in hyper.items():
+                self.optimizers[i].param_groups[0][k] = v
             if not self.mixed:                         # fp32: the shard is cut from the parameters
                 shard.data = u.owned(u.params, torch.float32, self.device)
             if self.stage == 1:
@@ -278,33 +419,46 @@ class Zero12(_Zero):
                 shard.grad = g.float() if g is not None else torch.zeros_like(shard.data)
             self.optimizers[i].step()
             full = torch.empty(u.padded, dtype=self.dtype, device=self.device)
-            self.tracer.all_gather(full, shard.detach().to(self.dtype), "dp")   # bf16 when mixed
-            with torch.no_grad():
-                for p, v in zip(u.params, u.split(full), strict=True):
-                    p.copy_(v)
+            self.tracer.all_gather(full, shard.detach().to(self.dtype), "dp", group=self.group)
+            for p, v in zip(u.params, u.split(full), strict=True):
+                p.copy_(v)
             shard.grad = None
             if not self.mixed:
                 shard.data = torch.empty(0, device=self.device)
+        self.grad_shards = [None] * len(self.units)   # the step used them (also after a model.zero_grad())
+        self._synced = False
+        return loss
 
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none=set_to_none)
         self.grad_shards = [None] * len(self.units)
+        self._synced = False
+        self.peak_gradient_bytes = 0
 
     # ---- measurement -----------------------------------------------------------------------------
+    def _gradient_tensors(self) -> list[Tensor | None]:
+        return [p.grad for p in self.params] + list(self.grad_shards)
+
+    def sample_gradients(self) -> None:
+        self.peak_gradient_bytes = max(self.peak_gradient_bytes, storage_bytes(self._gradient_tensors()))
+
     def measure_state(self) -> dict[str, int]:
-        grads = [p.grad for p in self.params] if self.stage == 1 else self.grad_shards
-        out = measure_state(self.model.parameters(), None, grads)
+        """Parameters, gradients (their peak over the step, as ``data_parallel.LocalGrads``) and optimizer
+        states (the shards' states; with low-precision parameters also the fp32 master shards)."""
+        out = measure_state(self.param_groups[0]["params"], None, self._gradient_tensors())
+        out["gradients"] = max(out["gradients"], self.peak_gradient_bytes)
         out["optimizer_states"] = sum(storage_bytes(optimizer_state_tensors(o)) for o in self.optimizers)
         if self.mixed:                                 # the fp32 master shards: 4 of the 12 bytes
             out["optimizer_states"] += storage_bytes(self.shards)
         return out
 
     def local_parameters(self) -> dict[str, Tensor]:
-        """Full parameters by name; mixed precision: the fp32 masters, gathered from the shards."""
-        out = {n: p.detach() for n, p in self.model.named_parameters()}
+        """Full parameters by name (``self.model``'s names when set, else the units'); low-precision
+        parameters: the fp32 masters, gathered from the shards (untraced: reporting)."""
+        out = {n: p.detach() for n, p in self.model.named_parameters()} if self.model is not None else \
+            {n: p.detach() for u in self.units for n, p in zip(u.names, u.params, strict=True)}
         if self.mixed:
-            out.update(self._gather_shards())
+            out.update(gather_shards(self.units, self.shards, self.group, self.device))
         return out
 
     def remove_hooks(self) -> None:
@@ -555,10 +709,20 @@ class Zero3(_Zero):
 # Plug-in
 # --------------------------------------------------------------------------------------------------
 
+def check_zero12_options(stage: int, reduce: str, accumulate: str) -> None:
+    """The ZeRO-1/2 variants (the rules of ``specs.check_zero_variants``, for the torch-style class)."""
+    if stage not in (1, 2):
+        raise ParallelLabError(f"Zero12 needs stage in {{1, 2}}, got stage={stage!r}; ZeRO-3 is Zero3")
+    check_zero_variants(stage, reduce, accumulate, "Zero12")
+
+
 def check_zero(spec: Any, plan: Plan) -> None:
     """Plans this file cannot run (``train.check_runnable`` calls it before any process starts)."""
     if plan.zero not in (1, 2, 3):
         raise ParallelLabError(f"apply_zero needs zero in {{1, 2, 3}}, got zero={plan.zero}")
+    if plan.zero2_accumulate == "sharded" and plan.pp > 1:
+        raise ParallelLabError("zero2_accumulate='sharded' with pp > 1 is not runnable here (the stages' "
+                               "backward passes interleave); use zero2_accumulate='unsharded' with pp > 1")
     if plan.zero == 3 and plan.pp > 1:
         raise ParallelLabError("zero=3 with pp > 1 is not runnable here (a stage's micro-batches in flight "
                                "would share one gathered buffer per unit); use zero in {1, 2} with pp > 1")
@@ -572,10 +736,14 @@ def apply_zero(rt: Any) -> None:
     plan, grid = rt.plan, rt.grid
     check_zero(None, plan)
     g = rt.grad_group_size
-    index = grid.ranks[grid.grad_group].index(grid.rank)
     if plan.zero == 3:
-        rt.dp = Zero3(rt.model, plan, rt.tracer, g, index, rt)
+        index = grid.ranks[grid.grad_group].index(grid.rank)
+        zero: Any = Zero3(rt.model, plan, rt.tracer, g, index, rt)
     else:
-        rt.dp = Zero12(rt.model, plan, rt.tracer, g, index, plan.zero)
-    zero = rt.dp
+        cls, defaults = _optimizer_of(plan)
+        zero = Zero12(rt.model.parameters(), cls, stage=plan.zero, group=rt.tracer.group("dp"),
+                      units=group_units(trainable(rt.model), plan.zero_unit), reduce=plan.zero1_reduce,
+                      accumulate=plan.zero2_accumulate, tracer=rt.tracer, finish_in_backward=False, **defaults)
+        zero.model = rt.model
+    rt.dp = zero
     rt.extras.setdefault("reports", {})["zero"] = lambda: dict(zero.info)     # -> RankResult.info["zero"]
