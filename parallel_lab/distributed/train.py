@@ -163,14 +163,15 @@ def plugin(what: str) -> Callable[[Runtime], None]:
     return getattr(mod, fn)
 
 
-def parallelize(model: nn.Module, grid: Grid, plan: Plan, tracer: CommTracer) -> Runtime:
-    """Apply the plan's parallelisms to ``model`` in the fixed order TP, CP, PP, then ZeRO or DDP."""
+def parallelize(model: nn.Module, grid: Grid, plan: Plan, tracer: CommTracer, schedule: Any = None) -> Runtime:
+    """Apply the plan's parallelisms to ``model`` in the fixed order TP, CP, PP, then ZeRO or DDP.
+    ``schedule``: pipeline action lists to run instead of ``plan.schedule``'s (``pipeline.apply_pp``)."""
     rt = Runtime(model, grid, plan, tracer, Timeline(grid.rank))
     rt.owns_loss = grid.tp_rank == 0
     rt.param_owner = grid.dp_rank == 0 and grid.cp_rank == 0 and grid.tp_rank == 0
     for what in ("tp", "cp", "pp"):
         if getattr(plan, what) > 1:
-            plugin(what)(rt)
+            plugin(what)(rt, *((schedule,) if what == "pp" and schedule is not None else ()))
     if plan.zero:
         plugin("zero")(rt)
     else:
