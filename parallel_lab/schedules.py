@@ -848,7 +848,7 @@ def _static_checks(schedule: Schedule) -> None:
     for r, acts in enumerate(schedule):
         done: dict[str, set[tuple[int, int]]] = {"F": set(), "B": set(), "W": set()}
         received: dict[str, set[tuple[int, int]]] = {"RECV_F": set(), "RECV_B": set()}
-        needs_send: dict[str, set[tuple[int, int]]] = {"SEND_F": set(), "SEND_B": set()}
+        needs_send: dict[str, dict[tuple[int, int], int]] = {"SEND_F": {}, "SEND_B": {}}   # -> producer index
         split = split_backward(acts)
         for i, a in enumerate(acts):
             if a.kind == "P2P":
@@ -889,7 +889,7 @@ def _static_checks(schedule: Schedule) -> None:
                                                    f"{src}(mb={key[0]}, chunk={key[1]}) has computed it")
                         if key not in needs_send[op.kind]:
                             raise ParallelLabError(f"{_where(r, i, a)}: {op} is sent twice or not needed")
-                        needs_send[op.kind].discard(key)
+                        needs_send[op.kind].pop(key)
                 continue
             if a.kind not in COMPUTE_KINDS:
                 raise ParallelLabError(f"{_where(r, i, a)}: point-to-point ops must sit inside a P2P batch; "
@@ -910,7 +910,7 @@ def _static_checks(schedule: Schedule) -> None:
                     raise ParallelLabError(f"{_where(r, i, a)}: forward before its input activations were "
                                            f"received (no earlier RECV_F(mb={key[0]}, chunk={key[1]}))")
                 if nxt is not None and nxt[0] != r:
-                    needs_send["SEND_F"].add(key)
+                    needs_send["SEND_F"][key] = i
             elif a.kind == "B":
                 if key not in done["F"]:
                     raise ParallelLabError(f"{_where(r, i, a)}: backward before its forward")
@@ -922,7 +922,7 @@ def _static_checks(schedule: Schedule) -> None:
                     raise ParallelLabError(f"{_where(r, i, a)}: backward before its output gradient was "
                                            f"received (no earlier RECV_B(mb={key[0]}, chunk={key[1]}))")
                 if prev is not None and prev[0] != r:
-                    needs_send["SEND_B"].add(key)
+                    needs_send["SEND_B"][key] = i
             else:  # W
                 if key not in done["B"]:
                     raise ParallelLabError(f"{_where(r, i, a)}: weight-gradient pass W before its B")
@@ -937,11 +937,12 @@ def _static_checks(schedule: Schedule) -> None:
                                        f"chunk) needs one F and one B on every rank")
         if split - done["B"] or split != done["W"]:
             raise ParallelLabError(f"rank {r}: W passes {sorted(done['W'])} do not match the split backwards")
-        for kind, left in needs_send.items():
-            if left:
-                mb, c = sorted(left)[0]
-                raise ParallelLabError(f"rank {r}: output of (mb={mb}, chunk={c}) is never sent "
-                                       f"({kind} missing)")
+        unsent = sorted((i, kind, key) for kind, left in needs_send.items() for key, i in left.items())
+        if unsent:
+            i, kind, (mb, c) = unsent[0]
+            nb = place.neighbour(r, c, +1 if kind == "SEND_F" else -1)
+            raise ParallelLabError(f"{_where(r, i, acts[i])}: its output is never sent (no "
+                                   f"{kind}(mb={mb}, chunk={c}, peer={nb[0]}) in a later P2P)")
         trace = inflight_trace(acts)
         if trace and trace[-1] != 0:
             raise ParallelLabError(f"rank {r}: {trace[-1]} micro-batch activations still alive at the end")
