@@ -121,3 +121,19 @@ def test_v_stage_layout_holds_embedding_and_head_on_rank_0():
     assert first.has_embedding and first.has_head and first.chunks == ((0,), (7,))
     assert not last.has_embedding and not last.has_head and last.local_neighbour(0, +1) == 1
     assert last.local_neighbour(1, -1) == 0 and first.local_neighbour(0, +1) is None
+
+
+LEARNER_CSV = """0F0,0F1,3F0,3B0,3F1,3B1,0B0,0B1
+1F0,2F0,1F1,2F1,2B0,1B0,2B1,1B1
+"""
+
+
+def test_a_learners_csv_schedule_runs_on_cpu_ranks(tmp_path):
+    """A V schedule written by hand in torch's compute-only CSV format: read, lowered, validated, run."""
+    from parallel_lab import schedule_csv
+
+    f = tmp_path / "mine.csv"
+    f.write_text(LEARNER_CSV)
+    schedule = schedule_csv.load(f)
+    assert schedule.placement == Placement.v_shape(2)
+    check(LLAMA, make_plan(pp=2, grad_accum=2), schedule)
