@@ -200,16 +200,34 @@ def from_rows(rows: Iterable[Iterable[str]], fmt: Format | None = None, check: b
         schedule.append(acts)
         columns.append(cols)
         overlapped.append(mine)
+    cells = _cells(parsed)
     if fmt == "compute_only":
-        schedule = _lower(orders, place, overlapped)
-        columns = [[-1] * len(acts) for acts in schedule]
-        for r, row in enumerate(parsed):             # compute actions keep their cell; P2P batches get none
-            comp_cols = iter(col for col, (_s, kind, _m) in row if kind in ("F", "I", "B", "W"))
-            columns[r] = [next(comp_cols) if a.kind != "P2P" else -1 for a in schedule[r]]
+        if check:   # the learner's own mistakes first, on the simplest lowering (receives at their consumers)
+            plain = _lower(orders, place, overlapped, "consumer")
+            _at_cells(lambda: _free_checks(plain), _compute_columns(plain, parsed), cells)
+        schedule = _at_cells(lambda: _lower(orders, place, overlapped, "sender"), None, cells)
+        columns = _compute_columns(schedule, parsed)
     schedule.overlapped = overlapped
     if check:
-        _validate_at_cells(schedule, columns, _cells(parsed))
+        _at_cells(lambda: validate(schedule), columns, cells)
     return schedule
+
+
+def _compute_columns(schedule: Schedule, parsed: list) -> list[list[int]]:
+    """Per rank, the CSV column of each action of a lowered compute-only file (-1 for the added P2P)."""
+    columns = []
+    for r, row in enumerate(parsed):
+        comp_cols = iter(col for col, (_s, kind, _m) in row if kind in ("F", "I", "B", "W"))
+        columns.append([next(comp_cols) if a.kind != "P2P" else -1 for a in schedule[r]])
+    return columns
+
+
+def _free_checks(schedule: Schedule) -> None:
+    from .schedules import _match_checks, _static_checks, execute
+
+    _static_checks(schedule)
+    _match_checks(schedule)
+    execute(schedule, {"F": 1.0, "B": 1.0, "W": 1.0})
 
 
 def _comm_holder(place: Placement, r: int, col: int, stage: int, kind: str, mb: int) -> tuple[int, int]:
@@ -223,7 +241,8 @@ def _comm_holder(place: Placement, r: int, col: int, stage: int, kind: str, mb: 
     return rr, chunk
 
 
-def _lower(orders: list[list[Action]], place: Placement, overlapped: list[set[tuple[Action, Action]]]) -> Schedule:
+def _lower(orders: list[list[Action]], place: Placement, overlapped: list[set[tuple[Action, Action]]],
+           recv_at: Literal["consumer", "sender"]) -> Schedule:
     """A compute-only schedule with its messages: overlapped pairs as groups, receives when sent."""
     groups = []
     for order, mine in zip(orders, overlapped, strict=True):
@@ -233,7 +252,7 @@ def _lower(orders: list[list[Action]], place: Placement, overlapped: list[set[tu
             sizes.append(n)
             i += n
         groups.append(sizes)
-    return with_p2p(orders, place.v, groups, place, overlapped, recv_at="sender")
+    return with_p2p(orders, place.v, groups, place, overlapped, recv_at=recv_at)
 
 
 def _cells(parsed: list[list[tuple[int, tuple[int, str, int]]]]) -> list[dict[int, str]]:
@@ -248,22 +267,38 @@ def _cells(parsed: list[list[tuple[int, tuple[int, str, int]]]]) -> list[dict[in
 
 
 _WHERE = re.compile(r"^rank (\d+), action (\d+) (.*?): (.*)$", re.S)
+_WAITS = re.compile(r"rank (\d+) waits at action (\d+) ")
 
 
-def _validate_at_cells(schedule: Schedule, columns: list[list[int]], cells: list[dict[int, str]]) -> None:
-    """Validate; a failure that names ``rank r, action i`` of our list is re-worded to name the CSV cell."""
+def _at_cells(run, columns: list[list[int]] | None, cells: list[dict[int, str]]):
+    """``run()``; a ParallelLabError naming ``rank r, action i`` of our lists is re-worded to name the CSV
+    cell (``rank r, action C ('cell', i.e. ours)``), and so is each ``rank r waits at action i`` of a
+    deadlock. Without ``columns`` (lowering) only the message's own CSV-free wording is kept."""
     try:
-        validate(schedule)
+        return run()
     except ParallelLabError as e:
-        m = _WHERE.match(str(e))
-        if m is None:
-            raise
-        r, i, ours, why = int(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
-        col = columns[r][i] if r < len(columns) and i < len(columns[r]) else -1
-        if col < 0:                     # a batch of messages the lowering of a compute-only file added
-            raise ParallelLabError(f"rank {r}: the messages lowered before action {i} of the list, {ours}: "
-                                   f"{why}") from None
-        raise ParallelLabError(f"rank {r}, action {col} ({cells[r].get(col, '')!r}, i.e. {ours}): {why}") from None
+        msg = str(e)
+
+        def col_of(r: int, i: int) -> int:
+            if columns is None or r >= len(columns) or i >= len(columns[r]):
+                return -1
+            return columns[r][i]
+
+        m = _WHERE.match(msg)
+        if m is not None:
+            r, i, ours, why = int(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
+            col = col_of(r, i)
+            if col >= 0:
+                msg = f"rank {r}, action {col} ({cells[r].get(col, '')!r}, i.e. {ours}): {why}"
+            else:           # a batch of messages the lowering of a compute-only file added
+                msg = f"rank {r}: the messages lowered before its action {i}, {ours}: {why}"
+
+        def waits(mw: re.Match) -> str:
+            r, col = int(mw.group(1)), col_of(int(mw.group(1)), int(mw.group(2)))
+            return f"rank {r} waits at action {col} ({cells[r].get(col, '')!r}) " if col >= 0 else mw.group(0)
+
+        msg = _WAITS.sub(waits, msg)
+        raise ParallelLabError(msg) from None
 
 
 def loads(text: str, fmt: Format | None = None, check: bool = True) -> Schedule:

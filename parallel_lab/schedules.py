@@ -326,9 +326,10 @@ def with_p2p(orders: list[list[Action]], v: int = 1, groups: list[list[int]] | N
                 key = (op.kind, op.microbatch, op.chunk)
                 if key in seq[:posted[op.peer]]:
                     continue
-                upto = seq.index(key, posted[op.peer]) + 1 if key in seq[posted[op.peer]:] else None
-                if upto is None:
-                    raise ParallelLabError(f"rank {r}: {op} is never sent by rank {op.peer}")
+                if key not in seq[posted[op.peer]:]:     # never sent: validate() will say where and why
+                    recvs.append(op)
+                    continue
+                upto = seq.index(key, posted[op.peer]) + 1
                 recvs += [Action(k, mb, c, op.peer) for k, mb, c in seq[posted[op.peer]:upto]]
                 posted[op.peer] = upto
             if pending or recvs:

@@ -138,3 +138,28 @@ def test_a_learners_compute_only_file_is_lowered_validated_and_simulated():
     with pytest.raises(ParallelLabError, match=r"^rank 0, action 2 \('0W0', i.e. W\(mb=0, chunk=0\)\): "
                                                r"weight-gradient pass W before its B"):
         schedule_csv.loads("0F0,0F1,0W0,0I0,0I1,0W1\n1F0,1I0,1W0,1F1,1I1,1W1\n")
+
+
+# ---- parallel-lab bubble --schedule-file, and the two bubble figures named where they print -----------
+
+def test_bubble_cli_reads_a_schedule_file_and_names_both_bubble_figures(tmp_path, cli_json):
+    from conftest import run_cli
+
+    f = tmp_path / "mine.csv"
+    f.write_text("0F0,0F1,3F0,3B0,3F1,3B1,0B0,0B1\n1F0,2F0,1F1,2F1,2B0,1B0,2B1,1B1\n")
+    j = cli_json("bubble", "--schedule-file", str(f))
+    want = simulate(schedule_csv.load(f))
+    assert (j["p"], j["m"], j["v"]) == (2, 2, 2) and j["bubble_ratio"] == pytest.approx(want.bubble_ratio)
+    assert set(j["bubble_definitions"]) == {"bubble_ratio", "idle_fraction"}
+    text = run_cli("bubble", "--schedule", "1f1b", "--stages", "4", "--microbatches", "8").stdout
+    assert "bubble ratio  0.3750 (37.5%): bubble time / ideal compute time" in text and "(p-1)/m" in text
+    assert "idle fraction 0.2727 (27.3%) of 4 x 33 time units: idle time of all ranks" in text
+    assert "zb-v: p=4 stages, m=8 micro-batches, v=2 chunks" in run_cli("bubble", "--schedule", "zb-v", "--stages",
+                                                                       "4", "--microbatches", "8").stdout
+    f.write_text("0F0,0F1,3F0,3W0,3F1,3B1,0B1,0B0\n1F0,2F0,1F1,2F1,2B0,1B0,2B1,1B1\n")
+    bad = run_cli("bubble", "--schedule-file", str(f))
+    assert bad.returncode == 2
+    assert "rank 0, action 3 ('3W0', i.e. W(mb=0, chunk=1)): weight-gradient pass W before its B" in bad.stderr
+    f.write_text("3F0,0F0,0F1,3B0,3F1,3B1,0B1,0B0\n1F0,2F0,1F1,2F1,2B0,1B0,2B1,1B1\n")
+    assert "deadlock" in (e := run_cli("bubble", "--schedule-file", str(f)).stderr) and \
+        "rank 0 waits at action 0 ('3F0')" in e
