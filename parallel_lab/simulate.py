@@ -132,7 +132,7 @@ class SimResult:
 
     def bubble_lines(self) -> list[str]:
         """The two bubble figures, each with its definition (what ``parallel-lab bubble`` prints)."""
-        return [f"bubble ratio  {self.bubble_ratio:.4f} ({self.bubble_ratio:.1%}): "
+        return [f"bubble_ratio  {self.bubble_ratio:.4f} ({self.bubble_ratio:.1%}): "
                 f"{BUBBLE_DEFINITIONS['bubble_ratio']}",
                 f"idle fraction {self.idle_fraction:.4f} ({self.idle_fraction:.1%}) of {self.p} x "
                 f"{self.step_time:g} time units: {BUBBLE_DEFINITIONS['idle_fraction']}"]

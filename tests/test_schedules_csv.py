@@ -152,7 +152,7 @@ def test_bubble_cli_reads_a_schedule_file_and_names_both_bubble_figures(tmp_path
     assert (j["p"], j["m"], j["v"]) == (2, 2, 2) and j["bubble_ratio"] == pytest.approx(want.bubble_ratio)
     assert set(j["bubble_definitions"]) == {"bubble_ratio", "idle_fraction"}
     text = run_cli("bubble", "--schedule", "1f1b", "--stages", "4", "--microbatches", "8").stdout
-    assert "bubble ratio  0.3750 (37.5%): bubble time / ideal compute time" in text and "(p-1)/m" in text
+    assert "bubble_ratio  0.3750 (37.5%): bubble time / ideal compute time" in text and "(p-1)/m" in text
     assert "idle fraction 0.2727 (27.3%) of 4 x 33 time units: idle time of all ranks" in text
     assert "zb-v: p=4 stages, m=8 micro-batches, v=2 chunks" in run_cli("bubble", "--schedule", "zb-v", "--stages",
                                                                        "4", "--microbatches", "8").stdout
