@@ -112,6 +112,15 @@ def test_four_stages(name):
     res = check(LLAMA8, plan, build_schedule(name, 4, 8))
     assert [r["pp"]["chunks"] for r in sorted(res, key=lambda r: r["rank"])] == [[[0], [7]], [[1], [6]],
                                                                                    [[2], [5]], [[3], [4]]]
+    # the simulated and the measured timeline drawn together (the same figure parallel-lab run draws)
+    from parallel_lab.viz.plots import pipeline_timelines_figure
+
+    meas = measured_step([r["pp"]["steps"][-1] for r in sorted(res, key=lambda r: r["coords"]["pp"])])
+    sim = simulate(build_schedule(name, 4, 8))
+    fig = pipeline_timelines_figure(sim, meas["rows"], measured_step_time=meas["step_time"])
+    sim_ax, meas_ax = fig.axes[:2]
+    assert [t.get_text() for t in meas_ax.get_yticklabels()] == [f"rank {r}" for r in range(4)]
+    assert f"{sim.idle_fraction:.1%}" in sim_ax.get_title()
 
 
 def test_v_stage_layout_holds_embedding_and_head_on_rank_0():
