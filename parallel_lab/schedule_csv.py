@@ -101,6 +101,23 @@ def dump(schedule: list[list[Action]], path: str | Path, fmt: Format = "compute_
     Path(path).write_text(dumps(schedule, fmt), newline="")
 
 
+def table(schedule: list[list[Action]], fmt: Format = "compute_only") -> str:
+    """The lists as a grid, one row per position in the lists and one column per rank, the layout torch's
+    ``_format_pipeline_order`` prints (a quick look at a schedule, e.g. a learner's, before simulating it)."""
+    rows = to_rows(schedule, fmt)
+    n = max((len(r) for r in rows), default=0)
+    labels = ["Step " + str(i).zfill(len(str(n - 1))) for i in range(n)]
+    cols = [r + [""] * (n - len(r)) for r in rows]
+    heads = [f"Rank {r}" for r in range(len(rows))]
+    # torch sizes rank r's column by its longest cell and by the r-th step label (not by "Rank r")
+    width = [max([len(labels[r]) if r < n else 0] + [len(c) for c in col]) for r, col in enumerate(cols)]
+    lines = [" " * (len(labels[0]) + 2) + " ".join(f"{h:<{w}}" for h, w in zip(heads, width, strict=True)) if n
+             else ""]
+    for i, label in enumerate(labels):
+        lines.append(f"{label}: " + " ".join(f"{col[i]:<{w}}" for col, w in zip(cols, width, strict=True)))
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------------------------------
 # Reading
 # --------------------------------------------------------------------------------------------------

@@ -20,9 +20,12 @@ Figures (Narayanan et al. 2021 and the seed's definition):
   ``(p - 1)(T_F + T_B - T_W)`` bubble, a third of 1F1B's when ``f = b = w`` (see
   :func:`bubble_formula`; the tests check the simulator against it).
 * ZB-V and DualPipeV (two chunks per rank on a V, ``C = 2 m (f + b + w)``), with ``f = b = w``: ZB-V's
-  bubble time is ``f max(p - 1, 4 p - 2 m - 2)`` (only the start-up skew of the first forwards once
-  ``m >= (3 p - 1) / 2``: near zero, as Qi et al. 2024 claim for ``T_F = T_B = T_W``), DualPipeV's
-  ``2 (p - 1) f`` (``m >= 2 p``), a ratio ``(p - 1) / (3 m)``, ZB-H1's. Other costs: simulated.
+  bubble time is ``f max(p - 1, 4 p - 2 m - 2)``: once ``m >= (3 p - 1) / 2`` rank ``r`` idles only ``r``
+  forwards at the start (the fill) and ``p - 1 - r`` at the end, a ratio ``(p - 1) / (6 m)``, the near-zero
+  bubble Qi et al. 2024 report for ``T_F = T_B = T_W``; with fewer micro-batches the V is never full.
+  DualPipeV's is ``2 (p - 1) f`` (``m >= 2 p``), a ratio ``(p - 1) / (3 m)``, ZB-H1's. These expressions
+  were read off the simulated lists and are tested against them (tests/test_schedules_v.py) over p in
+  {2, 3, 4, 8} and m up to 32; other costs are simulated.
 * ``idle_fraction``: idle time of all ranks over ``p * step_time``.
 
 Two bubble figures are in use and both are printed, named (:data:`BUBBLE_DEFINITIONS`): the *bubble

@@ -163,3 +163,12 @@ def test_bubble_cli_reads_a_schedule_file_and_names_both_bubble_figures(tmp_path
     f.write_text("3F0,0F0,0F1,3B0,3F1,3B1,0B1,0B0\n1F0,2F0,1F1,2F1,2B0,1B0,2B1,1B1\n")
     assert "deadlock" in (e := run_cli("bubble", "--schedule-file", str(f)).stderr) and \
         "rank 0 waits at action 0 ('3F0')" in e
+
+
+@pytest.mark.parametrize("name,p,m", [("1f1b", 3, 4), ("zb-v", 2, 4), ("dualpipev", 2, 4)])
+def test_table_is_torchs_format_pipeline_order(name, p, m):
+    s = build_schedule(name, p, m)
+    for fmt in ("compute_only", "compute_comms"):
+        rows = schedule_csv.to_rows(s, fmt)
+        theirs = T._format_pipeline_order({r: [T._Action.from_str(c) for c in row] for r, row in enumerate(rows)})
+        assert schedule_csv.table(s, fmt) == theirs
