@@ -66,8 +66,13 @@ stricter rule, the one a single NCCL stream imposes: a rank's batches complete o
 Every generator cuts a rank's compute list into groups and puts one ``P2P`` after each group with the
 sends of the group's outputs and the receives of the next group's inputs (:func:`with_p2p`). Groups
 are single actions, except in interleaved 1F1B whose steady state pairs each forward with the
-following backward (Megatron's rounds); without that pairing two ranks of an interleaved pipeline can
-each wait, under the stricter rule, for a receive the other posts only later.
+following backward (Megatron's rounds), and in DualPipeV whose overlapped (F, B) pairs are groups;
+without that pairing two ranks of an interleaved pipeline can each wait, under the stricter rule, for a
+receive the other posts only later. A rank posts its receives from a peer in the order the peer sends
+(rule 5), early if need be. On a V two streams flow between the same two ranks (activations of the first
+leg, gradients of the second), and receives posted only just before their consumers can then deadlock
+one in-order stream; the V lists post each receive when the sender sends (``with_p2p(recv_at="sender")``,
+as torch's lowering does), which both rules accept.
 
 Activation lifetime: a ``(mb, c)`` pair is *in flight* on its rank from its ``F`` until its last
 backward part (``W`` when the backward is split, else ``B``); its saved activations are then freed.
