@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .schedules import SCHEDULE_NAMES
 from .specs import (
     CLUSTER_PRESETS,
     CP_KINDS,
@@ -397,9 +398,11 @@ BUBBLE_HELP = (
 def _add_bubble(sub: Any) -> None:
     p = subcommand(sub, "bubble", _bubble, "pipeline bubble and timeline of a schedule (simulated)",
                    description=BUBBLE_HELP)
-    p.add_argument("--schedule", choices=SCHEDULES, required=True, help="pipeline schedule")
-    p.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline stages (ranks) p")
-    p.add_argument("--microbatches", type=int, required=True, metavar="M", help="micro-batches per step m")
+    p.add_argument("--schedule", choices=SCHEDULE_NAMES, help="pipeline schedule (or --schedule-file)")
+    p.add_argument("--schedule-file", metavar="FILE.csv",
+                   help="a schedule in torch's pipelining CSV format (compute-only or with comms), validated")
+    p.add_argument("--stages", type=int, metavar="P", help="pipeline stages (ranks) p")
+    p.add_argument("--microbatches", type=int, metavar="M", help="micro-batches per step m")
     p.add_argument("--interleave", type=int, default=1, metavar="V",
                    help="model chunks per stage v (interleaved only; default 1)")
     p.add_argument("--f", type=_positive_float, default=1.0, help="forward time per chunk (default 1)")
@@ -416,17 +419,28 @@ def _bubble(args: argparse.Namespace) -> Output:
     from .simulate import Costs, bubble_formula, simulate, text_timeline
 
     costs = Costs(args.f, args.b, args.w, args.p2p)
-    sched = validate(build_schedule(args.schedule, args.stages, args.microbatches, args.interleave))
+    if (args.schedule is None) == (args.schedule_file is None):
+        raise ParallelLabError("give --schedule NAME (with --stages and --microbatches) or --schedule-file FILE.csv")
+    if args.schedule_file is not None:
+        from .schedule_csv import load
+
+        sched = load(args.schedule_file)
+        name, formula = args.schedule_file, None
+    else:
+        if args.stages is None or args.microbatches is None:
+            raise ParallelLabError(f"--schedule {args.schedule} needs --stages P and --microbatches M")
+        sched = validate(build_schedule(args.schedule, args.stages, args.microbatches, args.interleave))
+        name = args.schedule
+        formula = bubble_formula(args.schedule, args.stages, args.microbatches, args.interleave, costs)
     res = simulate(sched, costs)
-    data = {"schedule": args.schedule, **res.to_dict()}
+    data = {"schedule": name, **res.to_dict()}
     p2p_note = "" if costs.p2p == 0 else " (formula for p2p = 0)"
-    formula = bubble_formula(args.schedule, args.stages, args.microbatches, args.interleave, costs)
     data["bubble_ratio_formula"] = formula
+    ratio, idle = res.bubble_lines()
     text = "\n".join([
-        f"{args.schedule}: p={args.stages} stages, m={args.microbatches} micro-batches"
-        + (f", v={args.interleave} chunks" if args.interleave > 1 else ""),
-        f"bubble_ratio  {res.bubble_ratio:.4f} ({res.bubble_ratio:.1%}); closed form {formula:.4f}{p2p_note}",
-        f"idle fraction {res.idle_fraction:.4f} of {args.stages} x {res.step_time:g} time units",
+        f"{name}: p={res.p} stages, m={res.m} micro-batches" + (f", v={res.v} chunks" if res.v > 1 else ""),
+        ratio + ("" if formula is None else f"; closed form {formula:.4f}{p2p_note}"),
+        idle,
         "peak in-flight (micro-batch, chunk) pairs per rank: " + " ".join(map(str, res.peak_inflight)),
         text_timeline(res, args.width),
     ])

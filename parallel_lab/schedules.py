@@ -1,4 +1,4 @@
-"""Pipeline schedules as data: GPipe, 1F1B, interleaved 1F1B and ZB-H1 as per-rank action lists.
+"""Pipeline schedules as data: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V and DualPipeV as per-rank action lists.
 
 A *schedule* is ``list[list[Action]]``: one list per pipeline rank, executed in list order by that
 rank. These lists are the only definition of a schedule in parallel_lab: the simulator
@@ -20,6 +20,11 @@ Chunks and placement (Megatron's interleaved placement, Narayanan et al. 2021): 
 ``v`` chunks per rank, chunk ``c`` of rank ``r`` is the global *virtual stage* ``s = c * p + r`` of
 ``V = p * v`` stages. Virtual stage ``s`` holds the ``s``-th contiguous slice of the layers; stage 0
 holds the embedding, stage ``V - 1`` the head and loss. Without interleaving ``v = 1`` and ``s = r``.
+ZB-V and DualPipeV use the *V* placement instead (rank ``r`` holds stages ``r`` and ``2 p - 1 - r``).
+The chunk -> virtual stage table is data, a :class:`Placement` carried by the :class:`Schedule`; every
+rule below about neighbours and peers reads it. Where two consecutive stages sit on the same rank (the
+V's turn on rank ``p - 1``) the tensor is handed over locally: no point-to-point op, and the consumer
+waits only for the earlier action of its own list (:func:`local_input`).
 
 Point-to-point ops (only inside a ``P2P`` action, below), each naming a tensor by the *local* chunk of
 the rank that holds the op:
@@ -61,8 +66,13 @@ stricter rule, the one a single NCCL stream imposes: a rank's batches complete o
 Every generator cuts a rank's compute list into groups and puts one ``P2P`` after each group with the
 sends of the group's outputs and the receives of the next group's inputs (:func:`with_p2p`). Groups
 are single actions, except in interleaved 1F1B whose steady state pairs each forward with the
-following backward (Megatron's rounds); without that pairing two ranks of an interleaved pipeline can
-each wait, under the stricter rule, for a receive the other posts only later.
+following backward (Megatron's rounds), and in DualPipeV whose overlapped (F, B) pairs are groups;
+without that pairing two ranks of an interleaved pipeline can each wait, under the stricter rule, for a
+receive the other posts only later. A rank posts its receives from a peer in the order the peer sends
+(rule 5), early if need be. On a V two streams flow between the same two ranks (activations of the first
+leg, gradients of the second), and receives posted only just before their consumers can then deadlock
+one in-order stream; the V lists post each receive when the sender sends (``with_p2p(recv_at="sender")``,
+as torch's lowering does), which both rules accept.
 
 Activation lifetime: a ``(mb, c)`` pair is *in flight* on its rank from its ``F`` until its last
 backward part (``W`` when the backward is split, else ``B``); its saved activations are then freed.
@@ -71,13 +81,16 @@ paper's own bound (peak memory no greater than 1F1B's).
 
 Sources: GPipe (Huang et al. 2019); 1F1B (PipeDream-Flush, Narayanan et al. 2021a); interleaved 1F1B
 (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", section 2.2);
-ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 2.1).
+ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 2.1); ZB-V (the same paper, section 6);
+DualPipe (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", section 3.2.1) in its V form, DualPipeV. The
+V lists equal, action for action, those of torch's ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV``
+(tests/test_schedules_v.py); :mod:`parallel_lab.schedule_csv` moves lists to and from torch's CSV format.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -116,7 +129,104 @@ class Action:
         return s + ")"
 
 
-Schedule = list[list[Action]]
+@dataclass(frozen=True)
+class Placement:
+    """Which virtual stage each model chunk of each rank holds: ``stages[rank][chunk]``.
+
+    Chunks of a rank are numbered in model order (chunk 0 holds the rank's earliest layers). Two
+    placements are generated: Megatron's *interleaved* one (``stages[r][c] = c p + r``; ``v = 1`` is the
+    plain pipeline) and the *V* one of ZB-V and DualPipeV (Qi et al. 2024, section 6): ``v = 2`` and rank
+    ``r`` holds virtual stages ``r`` and ``2 p - 1 - r``, so rank 0 holds the embedding and the head and
+    the turn from stage ``p - 1`` to stage ``p`` stays on rank ``p - 1`` (no message). A learner's schedule
+    may bring any other table; every rule about neighbours and peers is read off this table.
+    """
+
+    stages: tuple[tuple[int, ...], ...]
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        if not self.stages or any(len(row) != len(self.stages[0]) or not row for row in self.stages):
+            raise ParallelLabError(f"placement {self.stages}: every rank must hold the same number (>= 1) of "
+                                   "chunks; e.g. ((0, 3), (1, 2)) for two ranks in a V")
+        flat = sorted(s for row in self.stages for s in row)
+        if flat != list(range(len(flat))):
+            raise ParallelLabError(f"placement {self.stages}: the virtual stages held must be 0..{len(flat) - 1}, "
+                                   "each exactly once")
+        if any(list(row) != sorted(row) for row in self.stages):
+            raise ParallelLabError(f"placement {self.stages}: a rank's chunks are numbered in model order; "
+                                   f"write each rank's stages in increasing order")
+
+    @classmethod
+    def interleaved(cls, p: int, v: int = 1) -> Placement:
+        """Megatron's placement: chunk ``c`` of rank ``r`` is virtual stage ``c p + r``."""
+        return cls(tuple(tuple(c * p + r for c in range(v)) for r in range(p)),
+                   "interleaved" if v > 1 else "contiguous")
+
+    @classmethod
+    def v_shape(cls, p: int) -> Placement:
+        """ZB-V's and DualPipeV's placement: rank ``r`` holds virtual stages ``r`` and ``2 p - 1 - r``."""
+        return cls(tuple((r, 2 * p - 1 - r) for r in range(p)), "v")
+
+    @classmethod
+    def from_stage_ranks(cls, rank_of: dict[int, int]) -> Placement:
+        """The placement that puts virtual stage ``s`` on rank ``rank_of[s]`` (what a CSV file implies)."""
+        p = 1 + max(rank_of.values(), default=-1)
+        rows = tuple(tuple(sorted(s for s, r in rank_of.items() if r == rank)) for rank in range(p))
+        made = cls(rows)
+        for known in (cls.interleaved(p, made.v), cls.v_shape(p)):
+            if known.stages == rows:
+                return known
+        return made
+
+    @property
+    def p(self) -> int:
+        return len(self.stages)
+
+    @property
+    def v(self) -> int:
+        return len(self.stages[0])
+
+    @property
+    def n_stages(self) -> int:
+        return self.p * self.v
+
+    def stage(self, rank: int, chunk: int) -> int:
+        """The virtual stage of ``chunk`` on ``rank``."""
+        return self.stages[rank][chunk]
+
+    def holder(self, stage: int) -> tuple[int, int]:
+        """``(rank, chunk)`` that holds virtual stage ``stage``."""
+        for r, row in enumerate(self.stages):
+            if stage in row:
+                return r, row.index(stage)
+        raise ParallelLabError(f"virtual stage {stage} is not in 0..{self.n_stages - 1}")
+
+    def neighbour(self, rank: int, chunk: int, step: int) -> tuple[int, int] | None:
+        """``(rank, chunk)`` of the virtual stage ``step`` (+1: next, -1: previous) away, None past an end."""
+        s = self.stage(rank, chunk) + step
+        return self.holder(s) if 0 <= s < self.n_stages else None
+
+
+class Schedule(list):
+    """One action list per pipeline rank (a ``list[list[Action]]``), with the :class:`Placement` of the
+    chunks it names (None: the interleaved placement, inferred from the chunks used) and, per rank, the
+    (F, B) pairs that run overlapped (DualPipe's F&B: one group, their messages posted together)."""
+
+    def __init__(self, ranks: Iterable[Iterable[Action]] = (), placement: Placement | None = None,
+                 overlapped: Iterable[Iterable[tuple[Action, Action]]] | None = None):
+        super().__init__(list(r) for r in ranks)
+        self.placement = placement
+        self.overlapped: list[set[tuple[Action, Action]]] = (
+            [set(x) for x in overlapped] if overlapped is not None else [set() for _ in self])
+
+
+def placement_of(schedule: list[list[Action]]) -> Placement:
+    """The schedule's placement: its own, or the interleaved one for the chunks its actions use."""
+    own = getattr(schedule, "placement", None)
+    if own is not None:
+        return own
+    v = 1 + max((a.chunk for acts in schedule for a in acts if a.is_compute), default=0)
+    return Placement.interleaved(max(len(schedule), 1), v)
 
 
 def F(mb: int, chunk: int = 0) -> Action:
@@ -146,31 +256,31 @@ def _check_pm(name: str, p: int, m: int, v: int = 1) -> None:
             raise ParallelLabError(f"{name}: {label}={x!r} must be a positive integer; e.g. {label}=4")
 
 
-def _ops_after(a: Action, rank: int, p: int, v: int) -> list[Action]:
-    """The sends a compute action's output needs: activations forward, input gradients backward."""
-    if p == 1:
+def _ops_after(a: Action, rank: int, place: Placement) -> list[Action]:
+    """The sends a compute action's output needs: activations forward, input gradients backward (none
+    when the neighbouring virtual stage is on the same rank: the tensor is handed over locally)."""
+    if a.kind not in ("F", "B"):
         return []
-    s, last = a.chunk * p + rank, p * v - 1
-    if a.kind == "F" and s < last:
-        return [Action("SEND_F", a.microbatch, a.chunk, (rank + 1) % p)]
-    if a.kind == "B" and s > 0:
-        return [Action("SEND_B", a.microbatch, a.chunk, (rank - 1) % p)]
-    return []
-
-
-def _ops_before(a: Action, rank: int, p: int, v: int) -> list[Action]:
-    """The receives a compute action's input needs."""
-    if p == 1:
+    nb = place.neighbour(rank, a.chunk, +1 if a.kind == "F" else -1)
+    if nb is None or nb[0] == rank:
         return []
-    s, last = a.chunk * p + rank, p * v - 1
-    if a.kind == "F" and s > 0:
-        return [Action("RECV_F", a.microbatch, a.chunk, (rank - 1) % p)]
-    if a.kind == "B" and s < last:
-        return [Action("RECV_B", a.microbatch, a.chunk, (rank + 1) % p)]
-    return []
+    return [Action("SEND_F" if a.kind == "F" else "SEND_B", a.microbatch, a.chunk, nb[0])]
 
 
-def with_p2p(orders: list[list[Action]], v: int = 1, groups: list[list[int]] | None = None) -> Schedule:
+def _ops_before(a: Action, rank: int, place: Placement) -> list[Action]:
+    """The receives a compute action's input needs (none for a local hand-off)."""
+    if a.kind not in ("F", "B"):
+        return []
+    nb = place.neighbour(rank, a.chunk, -1 if a.kind == "F" else +1)
+    if nb is None or nb[0] == rank:
+        return []
+    return [Action("RECV_F" if a.kind == "F" else "RECV_B", a.microbatch, a.chunk, nb[0])]
+
+
+def with_p2p(orders: list[list[Action]], v: int = 1, groups: list[list[int]] | None = None,
+             placement: Placement | None = None,
+             overlapped: list[set[tuple[Action, Action]]] | None = None,
+             recv_at: Literal["consumer", "sender"] = "consumer") -> Schedule:
     """Insert the point-to-point batches into per-rank compute orders.
 
     A rank's compute list is cut into consecutive *groups* (``groups[r]`` gives their sizes; default:
@@ -178,10 +288,21 @@ def with_p2p(orders: list[list[Action]], v: int = 1, groups: list[list[int]] | N
     group's outputs, then the receives of the next group's inputs; a receive that the first group needs
     goes in a batch before it. Interleaved 1F1B uses Megatron's groups (each steady-state forward and
     backward pair is one group, so that a rank's sends of a round go out together with its receives for
-    the next round); the other schedules use single actions.
+    the next round); DualPipeV's overlapped (F, B) pairs are groups too; the other schedules use single
+    actions. ``placement`` (default: interleaved with ``v`` chunks) says which neighbour is remote.
+
+    Receives from one peer are always posted in the order that peer sends (the FIFO rule), so a receive
+    may come early to keep that order. ``recv_at="consumer"``: each receive goes, at the latest, in the batch
+    just before the group that consumes it. ``recv_at="sender"`` (the V schedules): each receive goes in the
+    batch before the first group of the receiver that starts, on a unit-cost run of the lists, once the
+    sender has posted its send (no later than its consumer), the way torch's ``_add_send_recv`` lowers a
+    schedule. On a V two streams flow between the same two ranks (activations down the first leg,
+    gradients of the second), and receives posted only at their consumers can then wait, on one in-order
+    stream, behind a send the peer has not matched yet.
     """
     p = len(orders)
-    out: Schedule = []
+    place = placement or Placement.interleaved(p, v)
+    cuts: list[list[list[Action]]] = []
     for r, order in enumerate(orders):
         sizes = groups[r] if groups is not None else [1] * len(order)
         if sum(sizes) != len(order):
@@ -190,14 +311,76 @@ def with_p2p(orders: list[list[Action]], v: int = 1, groups: list[list[int]] | N
         for n in sizes:
             cut.append(order[start:start + n])
             start += n
+        cuts.append(cut)
+    # what each rank sends each peer, in order: the receiver posts its receives from that peer in this order
+    sent: dict[tuple[int, int], list[tuple[str, int, int]]] = defaultdict(list)
+    for r, cut in enumerate(cuts):
+        for a in (a for group in cut for a in group):
+            for op in _ops_after(a, r, place):
+                nb = place.neighbour(r, a.chunk, +1 if a.kind == "F" else -1)
+                sent[(r, op.peer)].append(("RECV_F" if a.kind == "F" else "RECV_B", a.microbatch, nb[1]))
+    out = Schedule([], place)
+    for r, cut in enumerate(cuts):
         actions: list[Action] = []
         pending: list[Action] = []
+        posted: dict[int, int] = defaultdict(int)        # peer -> receives from it posted so far
         for group in cut:
-            ops = pending + [op for a in group for op in _ops_before(a, r, p, v)]
-            if ops:
-                actions.append(P2P(*ops))
+            recvs: list[Action] = []
+            for op in (op for a in group for op in _ops_before(a, r, place)):
+                seq = sent[(op.peer, r)]
+                key = (op.kind, op.microbatch, op.chunk)
+                if key in seq[:posted[op.peer]]:
+                    continue
+                if key not in seq[posted[op.peer]:]:     # never sent: validate() will say where and why
+                    recvs.append(op)
+                    continue
+                upto = seq.index(key, posted[op.peer]) + 1
+                recvs += [Action(k, mb, c, op.peer) for k, mb, c in seq[posted[op.peer]:upto]]
+                posted[op.peer] = upto
+            if pending or recvs:
+                actions.append(P2P(*(pending + recvs)))
             actions.extend(group)
-            pending = [op for a in group for op in _ops_after(a, r, p, v)]
+            pending = [op for a in group for op in _ops_after(a, r, place)]
+        if pending:
+            actions.append(P2P(*pending))
+        out.append(actions)
+    out.overlapped = [set(x) for x in overlapped] if overlapped is not None else [set() for _ in range(p)]
+    return out if recv_at == "consumer" else _receives_when_sent(out, cuts)
+
+
+def _receives_when_sent(schedule: Schedule, cuts: list[list[list[Action]]]) -> Schedule:
+    """``with_p2p(recv_at="sender")``: move every receive to the batch before the first group of its rank
+    that starts (unit costs) once the send is posted; never after its consumer, never before an earlier
+    receive from the same peer (FIFO)."""
+    place = schedule.placement
+    run = execute(schedule, {"F": 1.0, "B": 1.0, "W": 1.0})
+    posted: dict[tuple[int, str, int, int], float] = {}         # (receiver, RECV kind, mb, its chunk) -> t
+    for r, t0, _t1, op in run.p2p:
+        if op.is_send:
+            nb = place.neighbour(r, op.chunk, +1 if op.kind == "SEND_F" else -1)
+            posted[(op.peer, "RECV_F" if op.kind == "SEND_F" else "RECV_B", op.microbatch, nb[1])] = t0
+    start = {(r, a): t0 for r, t0, _t1, a in run.compute}
+    out = Schedule([], place, schedule.overlapped)
+    for r, (acts, cut) in enumerate(zip(schedule, cuts, strict=True)):
+        recvs = [op for a in acts for op in a.ops if not op.is_send]            # FIFO order per peer kept
+        consumer = {key: g for g, group in enumerate(cut) for a in group
+                    if (key := input_recv(a, r, place.p, place.v, place)) is not None}
+        at: dict[int, list[Action]] = defaultdict(list)
+        last: dict[int, int] = defaultdict(int)                                 # peer -> group of last recv
+        for op in recvs:
+            key = (op.kind, op.microbatch, op.chunk)
+            t = posted[(r, *key)]
+            g = next((g for g, group in enumerate(cut) if start[(r, group[0])] >= t), len(cut))
+            g = max(min(g, consumer[key]), last[op.peer])
+            last[op.peer] = g
+            at[g].append(op)
+        actions: list[Action] = []
+        pending: list[Action] = []
+        for g, group in enumerate(cut):
+            if pending or at[g]:
+                actions.append(P2P(*(pending + at[g])))
+            actions.extend(group)
+            pending = [op for a in group for op in _ops_after(a, r, place)]
         if pending:
             actions.append(P2P(*pending))
         out.append(actions)
@@ -302,6 +485,145 @@ def zb_h1_order(p: int, m: int) -> list[list[Action]]:
     return orders
 
 
+class _Counter:
+    """Appends compute actions to one rank's order, numbering micro-batches per (kind, chunk) in turn."""
+
+    def __init__(self) -> None:
+        self.order: list[Action] = []
+        self.next: dict[tuple[str, int], int] = defaultdict(int)
+        self.pending_w: list[Action] = []            # W passes owed, oldest first (DualPipeV)
+
+    def add(self, kind: str, chunk: int, split: bool = True) -> Action:
+        """The next ``kind`` on ``chunk``; a B with ``split`` owes a W (queued), a B without is a full one."""
+        key = ("B" if kind == "W" and not split else kind, chunk)
+        a = Action(kind, self.next[key], chunk)
+        self.next[key] += 1
+        self.order.append(a)
+        if kind == "B" and split:
+            self.pending_w.append(Action("W", a.microbatch, chunk))
+        return a
+
+    def count(self, kind: str, chunk: int) -> int:
+        return self.next[(kind, chunk)]
+
+    def owed_w(self) -> None:
+        """The oldest W still owed, if any."""
+        if self.pending_w:
+            self.order.append(self.pending_w.pop(0))
+
+
+def zb_v_order(p: int, m: int) -> list[list[Action]]:
+    """ZB-V (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 6), on the V placement.
+
+    Rank ``r`` holds chunk 0 = virtual stage ``r`` and chunk 1 = stage ``2 p - 1 - r``; every backward is
+    split into B and W. The list is built for ``n = max(m, 2 p - 1)`` micro-batches (the fewest that fill
+    the V) and the actions of micro-batches ``>= m`` are dropped, as torch's ``ScheduleZBVZeroBubble`` does:
+
+    1. warm-up: ``2 (p - r) - 1`` forwards of chunk 0, then ``r`` pairs (F chunk 1, F chunk 0), then
+       ``p - r`` rounds (F, B, W) of chunk 1;
+    2. steady state, while forwards remain: (F, B, W) of chunk 0 (no F once all ``n`` are in), then
+       (F, B, W) of chunk 1;
+    3. drain: ``r`` pairs (B chunk 0, B chunk 1) with their W delayed, ``p - r`` rounds (B, W) of chunk 0,
+       then the delayed W of chunk 1 and of chunk 0. The delayed W passes fill the drain's bubble.
+    """
+    _check_pm("zb-v", p, m)
+    n = max(m, 2 * p - 1)
+    orders = []
+    for r in range(p):
+        c = _Counter()
+        for _ in range(2 * (p - r) - 1):
+            c.add("F", 0)
+        for _ in range(r):
+            c.add("F", 1)
+            c.add("F", 0)
+        for _ in range(p - r):
+            c.add("F", 1)
+            c.add("B", 1)
+            c.add("W", 1)
+        while c.count("F", 1) < c.count("F", 0) or c.count("F", 0) < n:
+            if c.count("F", 0) < n:
+                c.add("F", 0)
+            for chunk in (0, 1):
+                if chunk == 1:
+                    c.add("F", 1)
+                c.add("B", chunk)
+                c.add("W", chunk)
+        for _ in range(r):
+            c.add("B", 0)
+            c.add("B", 1)
+        for _ in range(p - r):
+            c.add("B", 0)
+            c.add("W", 0)
+        for chunk in (1, 0):
+            while c.count("W", chunk) < c.count("B", chunk):
+                c.add("W", chunk)
+        orders.append([a for a in c.order if a.microbatch < m])
+    return orders
+
+
+def dualpipev_order(p: int, m: int) -> tuple[list[list[Action]], list[set[tuple[Action, Action]]]]:
+    """DualPipeV: DeepSeek-V3's DualPipe (DeepSeek-AI 2024, section 3.2.1) folded onto a V (the "cut in
+    half" form torch ships as ``ScheduleDualPipeV``). Returns the orders and, per rank, the (F, B) pairs that
+    run overlapped (one forward chunk and one backward chunk of another micro-batch at once: on a GPU one
+    computes while the other's messages travel).
+
+    Rank ``r`` (chunk 0 = stage ``r``, chunk 1 = stage ``2 p - 1 - r``), ``m >= 2 p`` micro-batches:
+
+    1. ``2 (p - r - 1)`` forwards of chunk 0; ``r + 1`` pairs (F chunk 0, F chunk 1);
+    2. ``p - r - 1`` rounds (B chunk 1 split, the oldest owed W, F chunk 1): zero-bubble warm-up;
+    3. main phase, ``m - 2 p + r + 1`` rounds of two overlapped pairs (F chunk 0 & full B chunk 1), (F chunk 1
+       & full B chunk 0); on the last rank the first pair runs apart;
+    4. ``p - r - 1`` rounds (full B chunk 1, overlapped F chunk 1 & full B chunk 0);
+    5. ``r + 1`` rounds (B chunk 1, B chunk 0), full at first, split into B and W from the middle one on;
+       ``p - r - 1`` rounds (owed W, B chunk 0); finally the ``r + 1`` owed W passes.
+    """
+    _check_pm("dualpipev", p, m)
+    if m < 2 * p:
+        raise ParallelLabError(f"dualpipev needs at least 2p = {2 * p} micro-batches (one per virtual stage); "
+                               f"m={m}; pick m >= {2 * p}")
+    orders, pairs = [], []
+    for r in range(p):
+        c, mine = _Counter(), set()
+
+        def overlap(f_chunk: int, b_chunk: int, c: _Counter = c, mine: set = mine) -> None:
+            f = c.add("F", f_chunk)
+            mine.add((f, c.add("B", b_chunk, split=False)))
+
+        for _ in range(2 * (p - r - 1)):
+            c.add("F", 0)
+        for _ in range(r + 1):
+            c.add("F", 0)
+            c.add("F", 1)
+        for _ in range(p - r - 1):
+            c.add("B", 1)
+            c.owed_w()
+            c.add("F", 1)
+        for i in range(m - 2 * p + r + 1):
+            if i == 0 and r == p - 1:
+                c.add("F", 0)
+                c.add("B", 1, split=False)
+            else:
+                overlap(0, 1)
+            overlap(1, 0)
+        for _ in range(p - r - 1):
+            c.add("B", 1, split=False)
+            overlap(1, 0)
+        split = False
+        for i in range(r + 1):
+            split = split or (i == (r + 1) // 2 and r % 2 == 1)
+            c.add("B", 1, split=split)
+            split = split or (i == (r + 1) // 2 and r % 2 == 0)
+            c.add("B", 0, split=split)
+        for _ in range(p - r - 1):
+            c.owed_w()
+            c.add("B", 0, split=split)
+        for _ in range(r + 1):
+            c.owed_w()
+        orders.append(c.order)
+        pairs.append(mine)
+    return orders, pairs
+
+
 def gpipe(p: int, m: int) -> Schedule:
     return with_p2p(gpipe_order(p, m))
 
@@ -326,10 +648,41 @@ def zb_h1(p: int, m: int) -> Schedule:
     return with_p2p(zb_h1_order(p, m))
 
 
+def zb_v(p: int, m: int) -> Schedule:
+    return with_p2p(zb_v_order(p, m), 2, placement=Placement.v_shape(p), recv_at="sender")
+
+
+def dualpipev(p: int, m: int) -> Schedule:
+    orders, pairs = dualpipev_order(p, m)
+    groups = []
+    for order, mine in zip(orders, pairs, strict=True):
+        sizes, i = [], 0
+        while i < len(order):                  # an overlapped (F, B) pair is one group: posted together
+            n = 2 if i + 1 < len(order) and (order[i], order[i + 1]) in mine else 1
+            sizes.append(n)
+            i += n
+        groups.append(sizes)
+    return with_p2p(orders, 2, groups, Placement.v_shape(p), pairs, recv_at="sender")
+
+
+V_SCHEDULES: tuple[str, ...] = ("zb-v", "dualpipev")
+SCHEDULE_NAMES: tuple[str, ...] = SCHEDULES + V_SCHEDULES   # every name build_schedule knows
+
+
+def chunks_per_rank(name: str, v: int = 1) -> int:
+    """Model chunks one rank holds under schedule ``name``: ``v`` for interleaved, 2 for the V schedules."""
+    return 2 if name in V_SCHEDULES else v
+
+
 def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
-    """The schedule named by ``Plan.schedule`` (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``)."""
-    if name not in SCHEDULES:
-        raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULES)}")
+    """The schedule named ``name``: ``Plan.schedule`` (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``) or a V
+    schedule (``zb-v``, ``dualpipev``: two chunks per rank by construction, ``v`` is 1 or 2)."""
+    if name not in SCHEDULE_NAMES:
+        raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULE_NAMES)}")
+    if name in V_SCHEDULES:
+        if v not in (1, 2):
+            raise ParallelLabError(f"{name} places exactly 2 chunks per rank in a V; v={v}: pass v=1 or 2")
+        return zb_v(p, m) if name == "zb-v" else dualpipev(p, m)
     if v != 1 and name != "interleaved":
         raise ParallelLabError(f"v={v} model chunks per rank needs schedule 'interleaved' (got {name!r}); "
                                "or set v=1")
@@ -346,26 +699,44 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
 # Shape of a schedule, in-flight micro-batches
 # --------------------------------------------------------------------------------------------------
 
-def virtual_stage(rank: int, chunk: int, p: int) -> int:
-    """Chunk ``chunk`` of pipeline rank ``rank`` is virtual stage ``chunk * p + rank`` (Megatron)."""
+def virtual_stage(rank: int, chunk: int, p: int, placement: Placement | None = None) -> int:
+    """The virtual stage of ``chunk`` on pipeline rank ``rank``: ``placement.stage(rank, chunk)``; without a
+    placement Megatron's ``chunk * p + rank``."""
+    if placement is not None:
+        return placement.stage(rank, chunk)
     return chunk * p + rank
 
 
-def input_recv(a: Action, rank: int, p: int, v: int = 1) -> tuple[str, int, int] | None:
+def input_recv(a: Action, rank: int, p: int, v: int = 1,
+               placement: Placement | None = None) -> tuple[str, int, int] | None:
     """The key ``(kind, microbatch, chunk)`` of the receive whose tensor compute action ``a`` consumes
     (an earlier ``P2P`` of the same rank posted it), or None: the first virtual stage's ``F``, the last
-    one's ``B``, every ``W`` and everything without a pipeline take no input from another rank."""
+    one's ``B``, every ``W``, everything without a pipeline, and a hand-off between two chunks of the same
+    rank (:func:`local_input`) take no input from another rank."""
     if p == 1 or a.kind not in ("F", "B"):
         return None
-    s = virtual_stage(rank, a.chunk, p)
-    if a.kind == "F":
-        return None if s == 0 else ("RECV_F", a.microbatch, a.chunk)
-    return None if s == p * v - 1 else ("RECV_B", a.microbatch, a.chunk)
+    place = placement or Placement.interleaved(p, v)
+    nb = place.neighbour(rank, a.chunk, -1 if a.kind == "F" else +1)
+    if nb is None or nb[0] == rank:
+        return None
+    return ("RECV_F" if a.kind == "F" else "RECV_B", a.microbatch, a.chunk)
 
 
-def num_chunks(schedule: Schedule) -> int:
-    """``v``: model chunks per rank (1 + the largest chunk index used)."""
-    return 1 + max((a.chunk for acts in schedule for a in acts if a.is_compute), default=0)
+def local_input(a: Action, rank: int, placement: Placement) -> tuple[str, int, int] | None:
+    """``(kind, microbatch, chunk)`` of the compute action on the *same* rank whose output ``a`` consumes
+    (the V's turn: F of stage ``p`` takes F of stage ``p - 1``'s output, B of stage ``p - 1`` takes B of
+    stage ``p``'s input gradient), or None when the input comes from another rank or from nowhere."""
+    if a.kind not in ("F", "B"):
+        return None
+    nb = placement.neighbour(rank, a.chunk, -1 if a.kind == "F" else +1)
+    if nb is None or nb[0] != rank:
+        return None
+    return (a.kind, a.microbatch, nb[1])
+
+
+def num_chunks(schedule: list[list[Action]]) -> int:
+    """``v``: model chunks per rank (the placement's; else 1 + the largest chunk index used)."""
+    return placement_of(schedule).v
 
 
 def num_microbatches(schedule: Schedule) -> int:
@@ -406,6 +777,11 @@ def peak_inflight(name: str, p: int, m: int, v: int = 1, stage: int = 0) -> int:
     * interleaved (``v > 1``): ``min(m v, 2 (p - stage - 1) + (v - 1) p + 1)``; divided by ``v`` this is
       Korthikanti et al.'s first-stage factor ``p (1 + (p - 1) / (p v))``. With ``v = 1``: 1F1B.
     * ZB-H1: ``min(p, m)`` on every rank (W delayed by ``stage`` rounds), counted until W.
+    * ZB-V (two chunks per rank): ``min(2 p, m + stage + 1, 2 m)``; for ``m >= 2 p - 1`` every rank holds
+      ``2 p`` chunk-micro-batches, i.e. ``p`` micro-batches of a whole stage: 1F1B's first-stage peak, as
+      Qi et al. 2024 (section 6) state for ZB-V.
+    * DualPipeV: ``2 p + 1`` on every rank (``m >= 2 p``): with ``2 p`` stages, DeepSeek-V3's "PP + 1"
+      activation figure for DualPipe (section 3.2.1, table 2), one chunk-micro-batch more than ZB-V.
     """
     if not 0 <= stage < p:
         raise ParallelLabError(f"stage={stage} is not a pipeline rank of p={p}; pick stage in 0..{p - 1}")
@@ -419,7 +795,11 @@ def peak_inflight(name: str, p: int, m: int, v: int = 1, stage: int = 0) -> int:
         return min(m * v, 2 * (p - stage - 1) + (v - 1) * p + 1)
     if name == "zb-h1":
         return min(p, m)
-    raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULES)}")
+    if name == "zb-v":
+        return min(2 * p, m + stage + 1, 2 * m)
+    if name == "dualpipev":
+        return 2 * p + 1
+    raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULE_NAMES)}")
 
 
 def head_inflight(name: str, p: int, m: int, v: int = 1) -> int:
@@ -427,7 +807,8 @@ def head_inflight(name: str, p: int, m: int, v: int = 1) -> int:
 
     The head lives in the last chunk of the last rank. GPipe runs every forward before any backward, so
     it keeps ``m``; ZB-H1 keeps a micro-batch's graph until its delayed W, ``min(p, m)``; 1F1B and
-    interleaved 1F1B run each last-chunk forward straight into its backward: 1. Without a pipeline: 1.
+    interleaved 1F1B run each last-chunk forward straight into its backward: 1. ZB-V and DualPipeV put the
+    head on rank 0's second chunk and run its B (and W) right after its F: 1. Without a pipeline: 1.
     Checked against the action lists (:func:`inflight_trace` of the last chunk) in tests/test_schedules.py.
     """
     if p == 1:
@@ -436,18 +817,19 @@ def head_inflight(name: str, p: int, m: int, v: int = 1) -> int:
         return m
     if name == "zb-h1":
         return min(p, m)
-    if name in ("1f1b", "interleaved"):
+    if name in ("1f1b", "interleaved") + V_SCHEDULES:
         return 1
-    raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULES)}")
+    raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULE_NAMES)}")
 
 
 def peak_activation_units(name: str, p: int, m: int, v: int = 1, stage: int = 0) -> float:
     """Peak activation memory of pipeline rank ``stage`` in units of one micro-batch's activations of the
-    whole stage (all its ``v`` chunks): ``peak_inflight / v``, each chunk holding ``1/v`` of the layers.
+    whole stage (all its chunks, ``v``, or 2 for the V schedules): ``peak_inflight / chunks``, each chunk
+    holding ``1/chunks`` of the layers.
 
     This is the factor the memory ledger multiplies one micro-batch's per-stage activations by.
     """
-    return peak_inflight(name, p, m, v, stage) / v
+    return peak_inflight(name, p, m, v, stage) / chunks_per_rank(name, v)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -463,12 +845,16 @@ def _static_checks(schedule: Schedule) -> None:
     p = len(schedule)
     if p == 0:
         raise ParallelLabError("empty schedule: give one action list per pipeline rank")
-    v = num_chunks(schedule)
+    place = placement_of(schedule)
+    if place.p != p:
+        raise ParallelLabError(f"the placement has {place.p} ranks but the schedule {p} action lists; give one "
+                               "list per rank of the placement")
+    v = place.v
     m = num_microbatches(schedule)
     for r, acts in enumerate(schedule):
         done: dict[str, set[tuple[int, int]]] = {"F": set(), "B": set(), "W": set()}
         received: dict[str, set[tuple[int, int]]] = {"RECV_F": set(), "RECV_B": set()}
-        needs_send: dict[str, set[tuple[int, int]]] = {"SEND_F": set(), "SEND_B": set()}
+        needs_send: dict[str, dict[tuple[int, int], int]] = {"SEND_F": {}, "SEND_B": {}}   # -> producer index
         split = split_backward(acts)
         for i, a in enumerate(acts):
             if a.kind == "P2P":
@@ -478,16 +864,26 @@ def _static_checks(schedule: Schedule) -> None:
                     if op.kind not in P2P_OP_KINDS:
                         raise ParallelLabError(f"{_where(r, i, a)}: {op} is not a point-to-point op; "
                                                f"a P2P batch holds only {', '.join(P2P_OP_KINDS)}")
-                    if op.peer is None or not 0 <= op.peer < p or op.peer == r:
+                    if op.peer is None or not 0 <= op.peer < p:
                         raise ParallelLabError(f"{_where(r, i, a)}: {op} has peer={op.peer}; "
                                                f"pick another rank in 0..{p - 1}")
                     key = (op.microbatch, op.chunk)
-                    s = op.chunk * p + r
-                    want = {"SEND_F": (r + 1) % p, "RECV_B": (r + 1) % p,
-                            "RECV_F": (r - 1) % p, "SEND_B": (r - 1) % p}[op.kind]
-                    if op.peer != want:
+                    if not 0 <= op.microbatch < m or not 0 <= op.chunk < v:
+                        raise ParallelLabError(f"{_where(r, i, a)}: {op} names micro-batch or chunk out of "
+                                               f"range (mb in 0..{m - 1}, chunk in 0..{v - 1})")
+                    s = place.stage(r, op.chunk)
+                    step = +1 if op.kind in ("SEND_F", "RECV_B") else -1
+                    nb = place.neighbour(r, op.chunk, step)
+                    if nb is None:
+                        raise ParallelLabError(f"{_where(r, i, a)}: {op}: virtual stage {s} is the "
+                                               f"{'last' if step > 0 else 'first'} one, there is no stage "
+                                               f"{s + step} to talk to; remove the op")
+                    if nb[0] == r:
+                        raise ParallelLabError(f"{_where(r, i, a)}: {op}: virtual stage {s + step} is on this "
+                                               "rank too, the tensor is handed over locally; remove the op")
+                    if op.peer != nb[0]:
                         raise ParallelLabError(f"{_where(r, i, a)}: {op} talks to rank {op.peer}, but "
-                                               f"virtual stage {s}'s neighbour lives on rank {want}")
+                                               f"virtual stage {s}'s neighbour {s + step} lives on rank {nb[0]}")
                     if op.kind in received:
                         if key in received[op.kind]:
                             raise ParallelLabError(f"{_where(r, i, a)}: {op} receives the same tensor twice")
@@ -499,7 +895,7 @@ def _static_checks(schedule: Schedule) -> None:
                                                    f"{src}(mb={key[0]}, chunk={key[1]}) has computed it")
                         if key not in needs_send[op.kind]:
                             raise ParallelLabError(f"{_where(r, i, a)}: {op} is sent twice or not needed")
-                        needs_send[op.kind].discard(key)
+                        needs_send[op.kind].pop(key)
                 continue
             if a.kind not in COMPUTE_KINDS:
                 raise ParallelLabError(f"{_where(r, i, a)}: point-to-point ops must sit inside a P2P batch; "
@@ -510,22 +906,29 @@ def _static_checks(schedule: Schedule) -> None:
             if key in done[a.kind]:
                 raise ParallelLabError(f"{_where(r, i, a)}: {a.kind} of (mb={key[0]}, chunk={key[1]}) "
                                        "is done twice")
-            s = a.chunk * p + r
-            first, last = s == 0, s == p * v - 1
+            prev, nxt = place.neighbour(r, a.chunk, -1), place.neighbour(r, a.chunk, +1)
+            s = place.stage(r, a.chunk)
             if a.kind == "F":
-                if p > 1 and not first and key not in received["RECV_F"]:
+                if prev is not None and prev[0] == r and (key[0], prev[1]) not in done["F"]:
+                    raise ParallelLabError(f"{_where(r, i, a)}: forward before its input: F(mb={key[0]}, "
+                                           f"chunk={prev[1]}) of this rank (virtual stage {s - 1}) has not run")
+                if prev is not None and prev[0] != r and key not in received["RECV_F"]:
                     raise ParallelLabError(f"{_where(r, i, a)}: forward before its input activations were "
                                            f"received (no earlier RECV_F(mb={key[0]}, chunk={key[1]}))")
-                if p > 1 and not last:
-                    needs_send["SEND_F"].add(key)
+                if nxt is not None and nxt[0] != r:
+                    needs_send["SEND_F"][key] = i
             elif a.kind == "B":
                 if key not in done["F"]:
                     raise ParallelLabError(f"{_where(r, i, a)}: backward before its forward")
-                if p > 1 and not last and key not in received["RECV_B"]:
+                if nxt is not None and nxt[0] == r and (key[0], nxt[1]) not in done["B"]:
+                    raise ParallelLabError(f"{_where(r, i, a)}: backward before its output gradient: "
+                                           f"B(mb={key[0]}, chunk={nxt[1]}) of this rank (virtual stage "
+                                           f"{s + 1}) has not run")
+                if nxt is not None and nxt[0] != r and key not in received["RECV_B"]:
                     raise ParallelLabError(f"{_where(r, i, a)}: backward before its output gradient was "
                                            f"received (no earlier RECV_B(mb={key[0]}, chunk={key[1]}))")
-                if p > 1 and not first:
-                    needs_send["SEND_B"].add(key)
+                if prev is not None and prev[0] != r:
+                    needs_send["SEND_B"][key] = i
             else:  # W
                 if key not in done["B"]:
                     raise ParallelLabError(f"{_where(r, i, a)}: weight-gradient pass W before its B")
@@ -540,11 +943,12 @@ def _static_checks(schedule: Schedule) -> None:
                                        f"chunk) needs one F and one B on every rank")
         if split - done["B"] or split != done["W"]:
             raise ParallelLabError(f"rank {r}: W passes {sorted(done['W'])} do not match the split backwards")
-        for kind, left in needs_send.items():
-            if left:
-                mb, c = sorted(left)[0]
-                raise ParallelLabError(f"rank {r}: output of (mb={mb}, chunk={c}) is never sent "
-                                       f"({kind} missing)")
+        unsent = sorted((i, kind, key) for kind, left in needs_send.items() for key, i in left.items())
+        if unsent:
+            i, kind, (mb, c) = unsent[0]
+            nb = place.neighbour(r, c, +1 if kind == "SEND_F" else -1)
+            raise ParallelLabError(f"{_where(r, i, acts[i])}: its output is never sent (no "
+                                   f"{kind}(mb={mb}, chunk={c}, peer={nb[0]}) in a later P2P)")
         trace = inflight_trace(acts)
         if trace and trace[-1] != 0:
             raise ParallelLabError(f"rank {r}: {trace[-1]} micro-batch activations still alive at the end")
@@ -566,7 +970,7 @@ def _channels(schedule: Schedule) -> tuple[dict, dict]:
 
 def _match_checks(schedule: Schedule) -> None:
     """Every receive matched by the send of the same tensor, in FIFO order per pair of ranks."""
-    p = len(schedule)
+    place = placement_of(schedule)
     sends, recvs = _channels(schedule)
     for pair in sorted(set(sends) | set(recvs)):
         ss, rr = sends.get(pair, []), recvs.get(pair, [])
@@ -580,7 +984,7 @@ def _match_checks(schedule: Schedule) -> None:
                 raise ParallelLabError(f"{_where(r, i, schedule[r][i])}: {op} has no matching receive on "
                                        f"rank {pair[1]} (it receives {len(rr)} tensors from rank {pair[0]})")
             (sr, si, s), (rr_, ri, rc) = ss[k], rr[k]
-            s_stage, r_stage = s.chunk * p + sr, rc.chunk * p + rr_
+            s_stage, r_stage = place.stage(sr, s.chunk), place.stage(rr_, rc.chunk)
             ok = s.microbatch == rc.microbatch and (
                 (s.kind == "SEND_F" and rc.kind == "RECV_F" and r_stage == s_stage + 1)
                 or (s.kind == "SEND_B" and rc.kind == "RECV_B" and r_stage == s_stage - 1))

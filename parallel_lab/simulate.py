@@ -19,8 +19,20 @@ Figures (Narayanan et al. 2021 and the seed's definition):
   ``((p - 1)(f + b) - (min(m, p) - 1) w) / (m (f + b + w))``, which for ``m >= p`` is Qi et al.'s
   ``(p - 1)(T_F + T_B - T_W)`` bubble, a third of 1F1B's when ``f = b = w`` (see
   :func:`bubble_formula`; the tests check the simulator against it).
+* ZB-V and DualPipeV (two chunks per rank on a V, ``C = 2 m (f + b + w)``), with ``f = b = w``: ZB-V's
+  bubble time is ``f max(p - 1, 4 p - 2 m - 2)``: once ``m >= (3 p - 1) / 2`` rank ``r`` idles only ``r``
+  forwards at the start (the fill) and ``p - 1 - r`` at the end, a ratio ``(p - 1) / (6 m)``, the near-zero
+  bubble Qi et al. 2024 report for ``T_F = T_B = T_W``; with fewer micro-batches the V is never full.
+  DualPipeV's is ``2 (p - 1) f`` (``m >= 2 p``), a ratio ``(p - 1) / (3 m)``, ZB-H1's. These expressions
+  were read off the simulated lists and are tested against them (tests/test_schedules_v.py) over p in
+  {2, 3, 4, 8} and m up to 32; other costs are simulated.
 * ``idle_fraction``: idle time of all ranks over ``p * step_time``. Both come from
   :func:`timeline_stats`, which the pipeline report applies to measured timelines as well.
+
+Two bubble figures are in use and both are printed, named (:data:`BUBBLE_DEFINITIONS`): the *bubble
+ratio* (bubble over useful compute; ``(p - 1) / m`` for GPipe and 1F1B, Narayanan et al.'s figure) and
+the *idle fraction* (the share of the step's GPU time spent waiting; ``(p - 1) / (m + p - 1)`` for 1F1B,
+the figure a profiler shows). The first can exceed 1, the second cannot.
 * ``peak_inflight``: per rank, the peak number of (micro-batch, chunk) pairs whose activations are
   alive; ``peak_activation_units`` divides it by ``v``: peak activation memory in units of one
   micro-batch's activations of a whole stage.
@@ -32,15 +44,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .schedules import (
+    SCHEDULE_NAMES,
     Action,
     Schedule,
+    build_schedule,
     execute,
     num_chunks,
     peak_inflight_of,
+    placement_of,
     split_backward,
-    zb_h1,
 )
-from .specs import SCHEDULES, ParallelLabError
+from .specs import ParallelLabError
+
+BUBBLE_DEFINITIONS: dict[str, str] = {
+    "bubble_ratio": "bubble time / ideal compute time of the busiest rank ((p-1)/m for GPipe and 1F1B)",
+    "idle_fraction": "idle time of all ranks / (p x step time) ((p-1)/(m+p-1) for GPipe and 1F1B)",
+}
 
 
 @dataclass(frozen=True)
@@ -166,8 +185,16 @@ class SimResult:
             "idle_fraction": self.idle_fraction,
             "peak_inflight": self.peak_inflight,
             "peak_activation_units": self.peak_activation_units,
+            "bubble_definitions": dict(BUBBLE_DEFINITIONS),
             "timeline": [i.as_row() for i in self.timeline],
         }
+
+    def bubble_lines(self) -> list[str]:
+        """The two bubble figures, each with its definition (what ``parallel-lab bubble`` prints)."""
+        return [f"bubble_ratio  {self.bubble_ratio:.4f} ({self.bubble_ratio:.1%}): "
+                f"{BUBBLE_DEFINITIONS['bubble_ratio']}",
+                f"idle fraction {self.idle_fraction:.4f} ({self.idle_fraction:.1%}) of {self.p} x "
+                f"{self.step_time:g} time units: {BUBBLE_DEFINITIONS['idle_fraction']}"]
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
@@ -184,7 +211,8 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
         return costs.b if (a.microbatch, a.chunk) in splits[rank] else costs.full_backward
 
     run = execute(schedule, cost_of, costs.p2p)
-    timeline = sorted((Interval(r, "compute", a.kind, s, e, a.microbatch, a.chunk, a.chunk * p + r)
+    stages = placement_of(schedule).stages
+    timeline = sorted((Interval(r, "compute", a.kind, s, e, a.microbatch, a.chunk, stages[r][a.chunk])
                        for r, s, e, a in run.compute), key=lambda i: (i.rank, i.t_start))
     step = max(run.finish) if run.finish else 0.0
     stats = timeline_stats(timeline, 0.0, step, ranks=p)
@@ -215,6 +243,9 @@ def bubble_formula(name: str, p: int, m: int, v: int = 1, costs: Costs | None = 
       ``(p - 1)(f + b - w)``, Qi et al. 2023's ZB-H1 bubble ``(p - 1)(T_F + T_B - T_W)``; with
       ``f = b = w`` the ratio is ``(p - 1) / (3 m)``, a third of 1F1B's. The expression holds while
       ``w <= min(f, b)`` (the W passes fit in the drain's gaps); beyond that this function simulates.
+    * ZB-V (Qi et al. 2024, section 6), ``f = b = w``: ``max(p - 1, 4 p - 2 m - 2) / (6 m)``.
+    * DualPipeV (DeepSeek-V3's DualPipe on a V), ``f = b = w``, ``m >= 2 p``: ``(p - 1) / (3 m)``.
+      For both, other costs are simulated (the lists' timing is then not one expression).
     """
     costs = costs or Costs()
     if name in ("gpipe", "1f1b"):
@@ -225,8 +256,15 @@ def bubble_formula(name: str, p: int, m: int, v: int = 1, costs: Costs | None = 
         f, b, w = costs.f, costs.b, costs.w
         if w <= min(f, b):
             return ((p - 1) * (f + b) - (min(m, p) - 1) * w) / (m * (f + b + w))
-        return simulate(zb_h1(p, m), Costs(f, b, w)).bubble_ratio
-    raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULES)}")
+        return simulate(build_schedule("zb-h1", p, m), Costs(f, b, w)).bubble_ratio
+    if name in ("zb-v", "dualpipev"):
+        if not costs.f == costs.b == costs.w:
+            return simulate(build_schedule(name, p, m), Costs(costs.f, costs.b, costs.w)).bubble_ratio
+        if name == "zb-v":
+            return max(p - 1, 4 * p - 2 * m - 2) / (6 * m)
+        build_schedule(name, p, m)                      # the same error as the lists for m < 2p
+        return (p - 1) / (3 * m)
+    raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULE_NAMES)}")
 
 
 def text_timeline(result: SimResult, width: int = 120) -> str:

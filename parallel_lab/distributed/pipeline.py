@@ -9,8 +9,11 @@ Stages (Narayanan et al. 2021's placement, ``specs.chunk_layers``)
 ------------------------------------------------------------------
 The ``L`` blocks are cut into ``V = p * v`` contiguous chunks (the first ``L % V`` chunks get one block
 more when ``V`` does not divide ``L``). Chunk ``c`` of pipeline rank ``r`` is *virtual stage*
-``s = c * p + r``. Virtual stage 0 also holds the embedding, virtual stage ``V - 1`` the final norm, the
-head and the loss. A rank keeps only its pieces (the other blocks are deleted, names stay
+``s = c * p + r`` (the schedule's ``schedules.Placement``: ZB-V and DualPipeV put stages ``r`` and
+``2p - 1 - r`` on rank ``r``, so rank 0 holds the embedding and the head, and on rank ``p - 1`` the
+output of stage ``p - 1`` goes to stage ``p`` without a message: a *local hand-off*, kept in ``_Step.local``
+until the consumer takes it, both ways). Virtual stage 0 also holds the embedding, virtual stage ``V - 1``
+the final norm, the head and the loss. A rank keeps only its pieces (the other blocks are deleted, names stay
 ``blocks.{i}.*``), so its parameters, gradients and optimizer states are its stage's alone.
 
 The actions (``schedules.py`` documents their point-to-point semantics; this file implements them)
@@ -74,7 +77,16 @@ from parallel_lab.distributed.data import Batch
 from parallel_lab.distributed.instruments import TracedWork
 from parallel_lab.distributed.model import AttnContext, make_context
 from parallel_lab.distributed.runtime import Runtime
-from parallel_lab.schedules import Action, build_schedule, split_backward, validate
+from parallel_lab.schedules import (
+    Action,
+    Placement,
+    Schedule,
+    build_schedule,
+    num_microbatches,
+    placement_of,
+    split_backward,
+    validate,
+)
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, chunk_layers
 
 # --------------------------------------------------------------------------------------------------
@@ -84,15 +96,21 @@ from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, chunk_layers
 
 @dataclass(frozen=True)
 class StageLayout:
-    """Pipeline rank ``rank`` of ``p``: ``v`` chunks; chunk ``c`` is virtual stage ``c*p + rank``."""
+    """Pipeline rank ``rank`` of ``p``: ``v`` chunks; chunk ``c`` is virtual stage
+    ``placement.stage(rank, c)`` (``c*p + rank`` interleaved; ``rank`` and ``2p-1-rank`` on a V)."""
 
     rank: int
     p: int
     v: int
     chunks: tuple[tuple[int, ...], ...]        # block ids of each local chunk, in model order
+    placement: Placement | None = None         # None: Megatron's interleaved placement
+
+    @property
+    def place(self) -> Placement:
+        return self.placement or Placement.interleaved(self.p, self.v)
 
     def virtual(self, chunk: int) -> int:
-        return chunk * self.p + self.rank
+        return self.place.stage(self.rank, chunk)
 
     @property
     def n_virtual(self) -> int:
@@ -104,13 +122,18 @@ class StageLayout:
     def is_last(self, chunk: int) -> bool:
         return self.virtual(chunk) == self.n_virtual - 1
 
+    def local_neighbour(self, chunk: int, step: int) -> int | None:
+        """The local chunk holding virtual stage ``virtual(chunk) + step`` when it is on this rank too."""
+        nb = self.place.neighbour(self.rank, chunk, step)
+        return nb[1] if nb is not None and nb[0] == self.rank else None
+
     @property
     def has_embedding(self) -> bool:
-        return self.rank == 0
+        return self.place.holder(0)[0] == self.rank
 
     @property
     def has_head(self) -> bool:
-        return self.rank == self.p - 1
+        return self.place.holder(self.n_virtual - 1)[0] == self.rank
 
     @property
     def layers(self) -> list[int]:
@@ -126,13 +149,18 @@ class StageLayout:
         return f"pipeline rank {self.rank}: " + "; ".join(parts)
 
 
-def stage_layout(spec: ModelSpec, plan: Plan, rank: int) -> StageLayout:
-    """The chunks of pipeline rank ``rank`` (``specs.chunk_layers``: contiguous, uneven allowed)."""
+def stage_layout(spec: ModelSpec, plan: Plan, rank: int, placement: Placement | None = None) -> StageLayout:
+    """The chunks of pipeline rank ``rank`` (``specs.chunk_layers``: contiguous, uneven allowed), placed by
+    ``placement`` (default: interleaved with ``plan.interleave`` chunks)."""
     if not 0 <= rank < plan.pp:
         raise ParallelLabError(f"pipeline rank {rank} is not in 0..{plan.pp - 1}")
-    cut = chunk_layers(spec.layers, plan.pp, plan.interleave)
-    chunks = tuple(tuple(cut[c * plan.pp + rank]) for c in range(plan.interleave))
-    return StageLayout(rank, plan.pp, plan.interleave, chunks)
+    place = placement or Placement.interleaved(plan.pp, plan.interleave)
+    if place.p != plan.pp:
+        raise ParallelLabError(f"the schedule's placement has {place.p} ranks but pp={plan.pp}; build the "
+                               f"schedule for p={plan.pp}")
+    cut = chunk_layers(spec.layers, plan.pp, place.v)
+    chunks = tuple(tuple(cut[place.stage(rank, c)]) for c in range(place.v))
+    return StageLayout(rank, plan.pp, place.v, chunks, placement)
 
 
 def layers_per_stage(spec: ModelSpec, plan: Plan) -> list[int]:
@@ -277,6 +305,7 @@ class _Step:
     recvs: dict[tuple[str, int, int], tuple[Tensor, _OpWait]] = field(default_factory=dict)
     sends: list[tuple[_OpWait, Tensor]] = field(default_factory=list)
     outbox: dict[tuple[str, int, int], Tensor] = field(default_factory=dict)   # (SEND_F|SEND_B, mb, chunk)
+    local: dict[tuple[str, int, int], Tensor] = field(default_factory=dict)    # (F|B, mb, consumer chunk)
     live: dict[tuple[int, int], _InFlight] = field(default_factory=dict)
     alive: weakref.WeakSet = field(default_factory=weakref.WeakSet)            # counts objects really alive
     contexts: dict[int, AttnContext] = field(default_factory=dict)
@@ -363,18 +392,18 @@ class PipelineExecutor:
                 run[a.kind](rt, st, i, a)
                 if a.kind != "P2P":
                     span = rt.timeline.spans[-1]
-                    st.rows.append([span.stage % self.layout.p, span.t_start, span.t_end, a.kind,
-                                    a.microbatch, a.chunk])
+                    st.rows.append([self.layout.rank, span.t_start, span.t_end, a.kind, a.microbatch, a.chunk])
                     st.trace.append(len(st.alive))               # (mb, chunk) graphs alive after it
                     if rt.meter is not None:
                         st.live_peak = max(st.live_peak, int(rt.meter.live_total))
             with rt.tracer.phase_as("backward"):
                 for done, _tensor in st.sends:                  # the step ends when all sends are done
                     done.wait()
-        if st.live or st.recvs or st.outbox:
+        if st.live or st.recvs or st.outbox or st.local:
             raise ParallelLabError(f"pipeline rank {self.layout.rank}: the action list left work behind "
                                    f"(in flight {sorted(st.live)}, receives {sorted(st.recvs)}, unsent "
-                                   f"{sorted(st.outbox)}); check it with schedules.validate")
+                                   f"{sorted(st.outbox)}, local hand-offs {sorted(st.local)}); check it with "
+                                   "schedules.validate")
         self.records.append(StepRecord(self.layout.rank, t_start, time.perf_counter(), st.rows,
                                        max(st.trace, default=0), st.live_peak, st.trace))
         return st.loss if self.layout.has_head else 0.0
@@ -386,7 +415,9 @@ class PipelineExecutor:
         """F: input (received, or the embedding's output), the chunk's blocks, the head and ``loss / m``."""
         first, last = self.layout.is_first(a.chunk), self.layout.is_last(a.chunk)
         micro, model = st.micro_batches[a.microbatch], rt.model
-        x = None if first else st.take("RECV_F", a).requires_grad_()
+        here = self.layout.local_neighbour(a.chunk, -1)        # the V's turn: input from this rank's chunk
+        x = None if first else (st.local.pop(("F", a.microbatch, a.chunk)) if here is not None
+                                else st.take("RECV_F", a)).requires_grad_()
         with rt.tracer.phase_as("forward"), self._span(rt, a):
             ctx = st.contexts.get(a.microbatch)
             if ctx is None:              # one per micro-batch: its chunks share the rotary tables and mask
@@ -403,14 +434,23 @@ class PipelineExecutor:
                 st.loss += float(y.detach())
             else:
                 y = h
-                st.outbox[("SEND_F", a.microbatch, a.chunk)] = h.detach()
+                nxt = self.layout.local_neighbour(a.chunk, +1)
+                if nxt is None:
+                    st.outbox[("SEND_F", a.microbatch, a.chunk)] = h.detach()
+                else:
+                    st.local[("F", a.microbatch, nxt)] = h.detach()
         item = st.live[(a.microbatch, a.chunk)] = _InFlight(x, y, h0)
         st.alive.add(item)
 
     def _backward(self, rt: Any, st: _Step, i: int, a: Action) -> None:
         """B: the full backward, or only the input gradient when a W of this (mb, chunk) follows."""
         key = (a.microbatch, a.chunk)
-        dy = None if self.layout.is_last(a.chunk) else st.take("RECV_B", a)
+        if self.layout.is_last(a.chunk):
+            dy = None
+        elif self.layout.local_neighbour(a.chunk, +1) is not None:      # from this rank's next chunk
+            dy = st.local.pop(("B", a.microbatch, a.chunk))
+        else:
+            dy = st.take("RECV_B", a)
         rt.dp.set_sync(i == self.last_grad_action)
         item = st.live[key]
         with rt.tracer.phase_as("backward"), self._span(rt, a):
@@ -420,7 +460,10 @@ class PipelineExecutor:
                 torch.autograd.backward(item.y, dy)
                 if item.h0 is not None:
                     torch.autograd.backward(item.h0, item.x.grad)
-            if not self.layout.is_first(a.chunk):
+            prev = self.layout.local_neighbour(a.chunk, -1)
+            if prev is not None:
+                st.local[("B", a.microbatch, prev)] = item.x.grad
+            elif not self.layout.is_first(a.chunk):
                 st.outbox[("SEND_B", *key)] = item.x.grad
         if key not in self.split:
             del st.live[key]                                   # the graph goes: activations freed
@@ -477,14 +520,25 @@ def check_pp(spec: ModelSpec, plan: Plan) -> None:
     validate(build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave))
 
 
-def apply_pp(rt: Runtime) -> None:
-    """Keep this rank's stage of ``rt.model`` and set ``rt.forward_backward`` to the schedule's executor."""
+def apply_pp(rt: Runtime, schedule: Schedule | None = None) -> None:
+    """Keep this rank's stage of ``rt.model`` and set ``rt.forward_backward`` to the schedule's executor.
+
+    ``schedule``: any action lists (a V schedule, a learner's, one read from torch's CSV format), run instead
+    of ``plan.schedule``'s; their placement says which layers each rank keeps. Validated first."""
     plan: Plan = rt.plan
     spec: ModelSpec = rt.model.spec
-    check_pp(spec, plan)
-    layout = stage_layout(spec, plan, rt.grid.pp_rank)
+    if schedule is None:
+        check_pp(spec, plan)
+        schedule = build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
+    elif spec.tied_embeddings:
+        check_pp(spec, plan)
+    schedule = validate(schedule)
+    if num_microbatches(schedule) != plan.microbatches or len(schedule) != plan.pp:
+        raise ParallelLabError(f"the schedule has {len(schedule)} rank lists and {num_microbatches(schedule)} "
+                               f"micro-batches but the plan pp={plan.pp}, grad_accum={plan.microbatches}; "
+                               "make them agree")
+    layout = stage_layout(spec, plan, rt.grid.pp_rank, placement_of(schedule))
     keep_stage(rt.model, layout)
-    schedule = validate(build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave))
     ex = PipelineExecutor(rt, layout, schedule[layout.rank], plan.microbatches)
     rt.forward_backward = ex
     rt.owns_loss = rt.owns_loss and layout.has_head

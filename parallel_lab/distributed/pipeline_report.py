@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from parallel_lab.distributed.pipeline import layers_per_stage
-from parallel_lab.schedules import Action, build_schedule, execute
+from parallel_lab.schedules import Action, build_schedule, execute, placement_of
 from parallel_lab.simulate import Costs, Interval, simulate, timeline_stats
 from parallel_lab.specs import ModelSpec, Plan
 
@@ -70,8 +70,8 @@ def replay(schedule: list[list[Action]], intervals: Iterable[Interval]) -> dict[
     inputs. Returns its ``intervals`` and their ``stats``."""
     dur = {_key(i): i.duration for i in intervals}
     ex = execute(schedule, lambda rank, a: dur[(rank, a.kind, a.microbatch, a.chunk)], 0.0)
-    p = len(schedule)
-    out = sorted((Interval(r, "compute", a.kind, t0, t1, a.microbatch, a.chunk, a.chunk * p + r)
+    stages = placement_of(schedule).stages
+    out = sorted((Interval(r, "compute", a.kind, t0, t1, a.microbatch, a.chunk, stages[r][a.chunk])
                   for r, t0, t1, a in ex.compute), key=lambda i: (i.rank, i.t_start))
     return {"intervals": out, "stats": timeline_stats(out, 0.0, max(ex.finish))}
 

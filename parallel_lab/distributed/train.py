@@ -44,8 +44,10 @@ from parallel_lab.distributed.zero import apply_zero, check_zero
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 
-def parallelize(model: nn.Module, grid: Grid, plan: Plan, tracer: CommTracer, meter: bool = True) -> Runtime:
+def parallelize(model: nn.Module, grid: Grid, plan: Plan, tracer: CommTracer, meter: bool = True,
+                schedule: Any = None) -> Runtime:
     """Apply the plan's parallelisms to ``model`` in the fixed order TP, CP, PP, then ZeRO or DDP.
+    ``schedule``: pipeline action lists to run instead of ``plan.schedule``'s (``pipeline.apply_pp``).
 
     ``meter``: attach the saved-tensor meter (created last: it hooks the final modules by name); the
     benchmarks time the step without it.
@@ -58,7 +60,7 @@ def parallelize(model: nn.Module, grid: Grid, plan: Plan, tracer: CommTracer, me
     if plan.cp > 1:
         apply_cp(rt)
     if plan.pp > 1:
-        apply_pp(rt)
+        apply_pp(rt, schedule)
     if plan.zero:
         apply_zero(rt)
     else:
