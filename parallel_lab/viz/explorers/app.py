@@ -1,0 +1,48 @@
+"""The Voila app.
+
+The Voila app (``notebooks/app.ipynb``, served by ``parallel_lab.viz.serve``): the explorers in tabs,
+one sentence of introduction each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ipywidgets as W
+
+from .comm import CommExplorer
+from .memory import MemoryExplorer
+from .pipeline import PipelineExplorer
+from .planner import PlannerExplorer
+
+INTROS = {
+    "Memory": "Does the plan fit on one GPU? Every byte the ledger counts, stacked against the GPU's "
+              "memory, and how ZeRO, sequence length or data parallelism move it.",
+    "Communication": "How many bytes each GPU sends per step, in which collectives, and how long they take "
+                     "on the link each group lands on; flip the toggle to push tensor parallelism across "
+                     "nodes.",
+    "Pipeline": "When each pipeline stage works and when it waits: the simulated schedule, its bubble and "
+                "the micro-batches each stage keeps in memory.",
+    "Planner": "Every way to split a model over a cluster, ranked by estimated step time, with the reason "
+               "each rejected family failed; save the best as a plan file.",
+}
+
+
+class App(W.VBox):
+    """The Voila app: the four explorers in tabs, one sentence each. ``App().explorers`` maps tab names
+    to the explorers (for tests)."""
+
+    def __init__(self) -> None:
+        makers: dict[str, Callable[[], W.Widget]] = {
+            "Memory": MemoryExplorer, "Communication": CommExplorer, "Pipeline": PipelineExplorer,
+            "Planner": PlannerExplorer,
+        }
+        self.explorers: dict[str, W.Widget] = {name: make() for name, make in makers.items()}
+        intro = '<p class="pl-intro" style="font-size:14px;margin:4px 0 8px">{}</p>'
+        pages = [W.VBox([W.HTML(intro.format(INTROS[n])), ex]) for n, ex in self.explorers.items()]
+        self.tabs = W.Tab(children=pages, titles=list(self.explorers))
+        header = W.HTML("<h2 style='margin:8px 0 2px'>parallel_lab</h2>"
+                        "<p style='margin:0 0 8px;color:#57606a'>Predict the memory, the communication and "
+                        "the pipeline bubble of a multi-GPU "
+                        "training plan; change any input and watch the numbers move.</p>")
+        super().__init__([header, self.tabs])
