@@ -8,35 +8,20 @@ in ``artifacts/browser/`` (gitignored). Without Chromium (or Playwright) the tes
 from __future__ import annotations
 
 import re
-import shutil
-import signal
-import subprocess
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from parallel_lab.ledger import memory
 from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
-from parallel_lab.viz.serve import REPO, free_port, voila_argv, voila_env
+from parallel_lab.viz import browser as B
+from parallel_lab.viz.serve import APP_NOTEBOOK, REPO
 
 pytestmark = pytest.mark.browser
 
 ARTIFACTS = REPO / "artifacts" / "browser"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-
-def chromium_path() -> str | None:
-    for cand in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
-        if cand and Path(cand).exists():
-            return cand
-    return None
-
-
-CHROMIUM = chromium_path()
-if CHROMIUM is None:
+if B.chromium_path() is None:
     pytest.skip("Chromium is not installed (looked for /usr/bin/chromium and `chromium` on PATH); "
                 "install it with `apt-get install chromium` to run the browser tests",
                 allow_module_level=True)
@@ -49,42 +34,22 @@ psutil = pytest.importorskip("psutil")
 def app_url():
     """Voila serving notebooks/app.ipynb on a free port; SIGTERM afterwards, kernels included."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = open(ARTIFACTS / "voila.log", "w")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(voila_argv(port), env=voila_env(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None:
-            log.close()
-            tail = (ARTIFACTS / "voila.log").read_text()[-2000:]
-            pytest.fail(f"voila exited with {proc.returncode}: {tail}")
-        try:
-            urllib.request.urlopen(url + "voila/static/voila.js", timeout=1).read()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("voila did not answer within 60 s")
-            time.sleep(0.2)
-    yield url
-    kernels = psutil.Process(proc.pid).children(recursive=True)
-    proc.send_signal(signal.SIGTERM)
+    server = B.AppServer(APP_NOTEBOOK, ARTIFACTS / "voila.log")
     try:
-        proc.wait(timeout=30)
-    finally:
-        _, alive = psutil.wait_procs(kernels, timeout=15)
-        for p in alive:
-            p.kill()
-        log.close()
-    assert proc.returncode == 0, "voila did not stop cleanly on SIGTERM"
-    assert not alive, f"kernels left running after voila stopped: {[p.pid for p in alive]}"
+        server.wait_ready()
+    except RuntimeError as err:
+        server.stop()
+        pytest.fail(str(err))
+    yield server.url
+    left = server.stop()
+    assert server.proc.returncode == 0, "voila did not stop cleanly on SIGTERM"
+    assert not left, f"kernels left running after voila stopped: {left}"
 
 
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        b = B.launch(pw)
         yield b
         b.close()
 
@@ -92,26 +57,9 @@ def browser():
 @pytest.fixture
 def page(browser, app_url):
     """A page on the app with every request that is not for 127.0.0.1 aborted and recorded."""
-    ctx = browser.new_context(viewport={"width": 1280, "height": 1000})
-    pg = ctx.new_page()
-    pg.external_requests = []
-    pg.page_errors = []
-    local = app_url.rstrip("/")
-
-    def route(r):
-        url = r.request.url
-        if url.startswith(local) or url.startswith(("data:", "blob:")):
-            r.continue_()
-        else:
-            pg.external_requests.append(url)
-            r.abort()
-
-    pg.route("**/*", route)
-    pg.on("pageerror", lambda e: pg.page_errors.append(str(e)))
-    pg.goto(app_url, wait_until="domcontentloaded")
-    pg.locator(".pl-chart:visible").first.wait_for(timeout=90_000)
+    pg = B.open_page(browser, app_url)
     yield pg
-    ctx.close()
+    pg.context.close()
     assert pg.external_requests == [], f"the app needed external hosts: {pg.external_requests}"
     assert pg.page_errors == [], f"JavaScript errors: {pg.page_errors}"
 

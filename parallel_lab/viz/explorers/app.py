@@ -30,14 +30,14 @@ INTROS = {
 
 class App(W.VBox):
     """The Voila app: the four explorers in tabs, one sentence each. ``App().explorers`` maps tab names
-    to the explorers (for tests)."""
+    to the explorers (for tests). ``renderer`` is passed to each explorer (``bench/bench_browser.py``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, renderer: str = "frames") -> None:
         makers: dict[str, Callable[[], W.Widget]] = {
             "Memory": MemoryExplorer, "Communication": CommExplorer, "Pipeline": PipelineExplorer,
             "Planner": PlannerExplorer,
         }
-        self.explorers: dict[str, W.Widget] = {name: make() for name, make in makers.items()}
+        self.explorers: dict[str, W.Widget] = {name: make(renderer=renderer) for name, make in makers.items()}
         intro = '<p class="pl-intro" style="font-size:14px;margin:4px 0 8px">{}</p>'
         pages = [W.VBox([W.HTML(intro.format(INTROS[n])), ex]) for n, ex in self.explorers.items()]
         self.tabs = W.Tab(children=pages, titles=list(self.explorers))
