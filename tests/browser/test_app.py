@@ -74,18 +74,22 @@ def changed_screenshot(locator, before: bytes, timeout_s: float = 15) -> bytes:
         time.sleep(0.2)
 
 
-def gb(text: str) -> float:
-    return float(re.search(r"([\d.]+) GB per GPU", text).group(1))
+def per_gpu_bytes(text: str) -> float:
+    """The bytes of the status line's "26.25 GB per GPU" (any unit: B, kB, MB, GB)."""
+    from parallel_lab.viz.plots import BYTE_UNITS
+
+    value, unit = re.search(r"([\d.]+) (\w+) per GPU", text).groups()
+    return float(value) * dict(BYTE_UNITS)[unit]
 
 
 def test_memory_slider_moves_the_numbers_and_the_chart(page):
     status = page.locator(".pl-status:visible").first
     chart = page.locator(".pl-chart:visible").first
-    sync_api.expect(status).to_contain_text("GB per GPU")
+    sync_api.expect(status).to_contain_text("per GPU")
     before_text, before_png = status.inner_text(), chart.screenshot(path=str(ARTIFACTS / "memory_before.png"))
     model, h100 = ModelSpec.preset("llama2-7b"), ClusterSpec.preset("h100-sxm")
-    expected = memory(model, Plan(dp=8, seq=4096), h100).total_bytes / 1e9
-    assert gb(before_text) == pytest.approx(expected, abs=0.01)
+    expected = memory(model, Plan(dp=8, seq=4096), h100).total_bytes
+    assert per_gpu_bytes(before_text) == pytest.approx(expected, rel=5e-4)       # 4 significant digits
 
     handle = page.locator(".widget-slider .noUi-handle:visible").first    # the sequence-length slider
     handle.focus()
@@ -96,8 +100,8 @@ def test_memory_slider_moves_the_numbers_and_the_chart(page):
     (ARTIFACTS / "memory_after.png").write_bytes(after_png)
     page.screenshot(path=str(ARTIFACTS / "app_memory.png"), full_page=True)
     # the numbers are the ledger's for the new sequence length, and the chart was redrawn
-    expected = memory(model, Plan(dp=8, seq=8192), h100).total_bytes / 1e9
-    assert gb(status.inner_text()) == pytest.approx(expected, abs=0.01)
+    expected = memory(model, Plan(dp=8, seq=8192), h100).total_bytes
+    assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-4)
     assert after_png != before_png
 
 

@@ -17,7 +17,7 @@ H100 = ClusterSpec.preset("h100-sxm")
 
 
 def heights(ax, gid: str) -> list[float]:
-    return [p.get_height() for p in ax.patches if p.get_gid() == gid]
+    return [p.get_height() / GB for p in ax.patches if p.get_gid() == gid]    # the bars are in bytes
 
 
 def assert_shows_error(ex, expected: str) -> None:
@@ -128,12 +128,12 @@ def test_comm_seed_tp_bytes_and_the_node_boundary_toggle():
     a_bytes, a_time = ex.figure.axes
     # the seed: 7.516192768 GB per GPU per step for L=32, h=4096, s=4096, t=8
     assert sum(heights(a_bytes, "tp:all_reduce")) == pytest.approx(7.516192768)
-    near = {p.get_gid(): p.get_width() for p in a_time.patches}["tp"] / 1e3
+    near = {p.get_gid(): p.get_width() for p in a_time.patches}["tp"]
     rep = comm.report(ModelSpec.preset("llama2-7b"), Plan(tp=8, seq=4096), H100)
     assert near == pytest.approx(rep.time_s["tp"])
 
     ex.widgets["tp_across_nodes"].value = True
-    far = {p.get_gid(): p.get_width() for p in ex.figure.axes[1].patches}["tp"] / 1e3
+    far = {p.get_gid(): p.get_width() for p in ex.figure.axes[1].patches}["tp"]
     # bandwidth term 7.516 GB / 50 GB/s = 150 ms (the seed's "about 150 ms"), plus ring latencies
     assert 7.516192768 / 50 <= far <= 7.516192768 / 50 + 0.03
     assert far > 6 * near

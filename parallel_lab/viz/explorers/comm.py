@@ -98,7 +98,7 @@ class CommExplorer(Explorer):
         far_t, far_tiers = tp_on_tier(rep, cluster.inter)
         across = bool(v["tp_across_nodes"])
         times, tiers = (far_t, far_tiers) if across else (near_t, near_tiers)
-        self.verdict = f"{sum(times.values()) * 1e3:.3g} ms"
+        self.verdict = P.fmt_seconds(sum(times.values()))
         return {"model": model, "plan": plan, "cluster": cluster, "report": rep, "across": across,
                 "time_s": times, "tiers": tiers, "near_time_s": near_t, "far_time_s": far_t,
                 "near_tiers": near_tiers, "far_tiers": far_tiers}

@@ -21,7 +21,6 @@ from ...specs import CLUSTER_PRESETS, OPTIMIZERS, SCHEDULES, ClusterSpec, Parall
 from .. import plots as P
 from .base import (
     DEGREES,
-    GB,
     SEQS,
     Explorer,
     checkbox,
@@ -157,16 +156,16 @@ class MemoryExplorer(Explorer):
         usable = led.hbm_bytes * (1 - led.margin)
         total = led.total_bytes
         where = f" (stage {led.stage}, the fullest)" if r["plan"].pp > 1 else ""
+        fb = P.fmt_bytes
+        room = (f"{fb(usable)} usable ({fb(led.hbm_bytes)} HBM, {led.margin:.0%} margin)")
         if led.fits:
-            head = (f'<b style="color:#1a7f37">Fits</b>: {total / GB:.2f} GB per GPU{where} of '
-                    f"{usable / GB:.1f} GB usable ({led.hbm_bytes / GB:.0f} GB HBM, {led.margin:.0%} margin)")
+            head = f'<b style="color:#1a7f37">Fits</b>: {fb(total, 4)} per GPU{where} of {room}'
         else:
-            head = (f'<b style="color:#b00020">Does not fit</b>: {total / GB:.2f} GB per GPU{where} &gt; '
-                    f"{usable / GB:.1f} GB usable ({led.hbm_bytes / GB:.0f} GB HBM, {led.margin:.0%} margin)")
+            head = f'<b style="color:#b00020">Does not fit</b>: {fb(total, 4)} per GPU{where} &gt; {room}'
         big = max(led.per_gpu_bytes.items(), key=lambda kv: kv[1])
-        parts = ", ".join(f"{P.CATEGORY_LABELS.get(k, k)} {b / GB:.2f}" for k, b in led.per_gpu_bytes.items())
+        parts = ", ".join(f"{P.CATEGORY_LABELS.get(k, k)} {fb(b)}" for k, b in led.per_gpu_bytes.items())
         largest = P.CATEGORY_LABELS.get(big[0], big[0])
-        lines = [status_line(head), status_line(f"GB per GPU: {parts}. Largest: {largest}.", "#57606a")]
+        lines = [status_line(head), status_line(f"Per GPU: {parts}. Largest: {largest}.", "#57606a")]
         lines += [status_line(html.escape(n), "#57606a") for n in led.notes[:3]]
         return "".join(lines)
 

@@ -131,7 +131,7 @@ class PipelineExplorer(Explorer):
             ranks = {x[0] for x in rows}
             busy = sum(x[2] - x[1] for x in rows)
             idle = 1 - busy / (len(ranks) * span) if span > 0 else 0.0
-            lines.append(status_line(f"Measured: {len(ranks)} ranks, step {span * 1e3:.3g} ms, idle fraction "
+            lines.append(status_line(f"Measured: {len(ranks)} ranks, step {P.fmt_seconds(span)}, idle fraction "
                                f"{idle:.1%} (simulated {sim.idle_fraction:.1%})."))
         return "".join(lines)
 

@@ -24,7 +24,6 @@ from ...specs import CLUSTER_PRESETS, ClusterSpec, ParallelLabError
 from .. import plots as P
 from .base import (
     DESC,
-    GB,
     ROW_ITEM,
     SEQS,
     Explorer,
@@ -201,8 +200,8 @@ class PlannerExplorer(Explorer):
                 f"({res.candidates:,} candidates in {res.families:,} families, searched in "
                 f"{res.elapsed_s * 1e3:.0f} ms): <b>{P.plan_label(plan)}</b>, "
                 f"micro-batch {plan.micro_batch} x "
-                f"{plan.microbatches} micro-batches; {est.memory_bytes / GB:.1f} GB per GPU "
-                f"({est.headroom_bytes / GB:.1f} GB headroom), step {P.fmt_seconds(est.step_time_s)}, "
+                f"{plan.microbatches} micro-batches; {P.fmt_bytes(est.memory_bytes)} per GPU "
+                f"({P.fmt_bytes(est.headroom_bytes)} headroom), step {P.fmt_seconds(est.step_time_s)}, "
                 f"MFU {est.mfu:.1%}, bubble {est.bubble_ratio:.1%}.")
         return status_line(head)
 
@@ -238,14 +237,14 @@ class PlannerExplorer(Explorer):
 def plans_table(estimates: Sequence[Any], chosen: int) -> str:
     """The ranked plans as an HTML table; the chosen row highlighted."""
     heads = ("#", "tp", "cp", "pp", "dp", "ZeRO", "SP", "micro-batch", "m", "recompute", "schedule",
-             "GB/GPU", "step", "MFU", "bubble")
+             "memory/GPU", "step", "MFU", "bubble")
     th = "".join(f"<th style='padding:2px 8px;text-align:right'>{h}</th>" for h in heads)
     rows = []
     for i, e in enumerate(estimates):
         p = e.plan
         sched = (p.schedule + (f" v={p.interleave}" if p.interleave > 1 else "")) if p.pp > 1 else "-"
         cells = (i + 1, p.tp, p.cp, p.pp, p.dp, p.zero, "yes" if p.sp else "", p.micro_batch, p.microbatches,
-                 p.recompute, sched, f"{e.memory_bytes / GB:.1f}", P.fmt_seconds(e.step_time_s),
+                 p.recompute, sched, P.fmt_bytes(e.memory_bytes), P.fmt_seconds(e.step_time_s),
                  f"{e.mfu:.1%}", f"{e.bubble_ratio:.1%}")
         style = " style='background:#fff3c4;font-weight:bold'" if i == chosen else ""
         td = "<td style='padding:2px 8px;text-align:right'>{}</td>"

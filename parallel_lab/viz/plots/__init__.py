@@ -17,6 +17,7 @@ Units: GB means 10**9 bytes (``docs/conventions.md``); every label picks the uni
 from __future__ import annotations
 
 from .base import (
+    BYTE_UNITS,
     CATEGORIES,
     CATEGORY_COLORS,
     CATEGORY_LABELS,
@@ -31,12 +32,16 @@ from .base import (
     LABEL_BOX,
     NICE_STEPS,
     TIER_COLORS,
+    TIME_UNITS,
     Chart,
+    UnitFormatter,
     chart_on,
     draw_message,
     dynamic_title,
     field,
     fmt_bytes,
+    fmt_number,
+    fmt_quantity,
     fmt_seconds,
     log_bounds,
     new_figure,
@@ -44,9 +49,12 @@ from .base import (
     reset_axes,
     sticky_ceil,
     to_png,
+    unit_axis,
+    unit_for,
 )
 from .comm import comm_axes, comm_figure, draw_comm_bytes, draw_comm_time
 from .memory import (
+    HBM_OFF_SCALE,
     category_legend,
     draw_activation_terms,
     draw_memory,
@@ -54,7 +62,7 @@ from .memory import (
     memory_axes,
     memory_figure,
     memory_sweep_figure,
-    per_gpu_gb,
+    per_gpu_bytes,
 )
 from .planner import draw_plans, plan_label
 from .timeline import (
@@ -69,12 +77,14 @@ from .timeline import (
 )
 
 __all__ = [
-    "CATEGORIES", "CATEGORY_COLORS", "CATEGORY_LABELS", "CHART_ATTR", "COLLECTIVE_COLORS", "DIM_COLORS", "DPI",
+    "BYTE_UNITS", "TIME_UNITS", "UnitFormatter", "fmt_number", "fmt_quantity", "unit_axis", "unit_for",
+    "HBM_OFF_SCALE", "CATEGORIES", "CATEGORY_COLORS", "CATEGORY_LABELS", "CHART_ATTR", "COLLECTIVE_COLORS",
+    "DIM_COLORS", "DPI",
     "FIGSIZE", "GB", "KIND_COLORS", "KIND_LABELS", "LABEL_BOX", "NICE_STEPS", "TIER_COLORS", "Chart",
     "category_legend", "chart_on", "comm_axes", "comm_figure", "draw_activation_terms", "draw_comm_bytes",
     "draw_comm_time", "draw_memory", "draw_memory_sweep", "draw_message", "draw_plans", "draw_timeline",
     "dynamic_title", "field", "fmt_bytes", "fmt_seconds", "kind_key", "log_bounds", "memory_axes",
-    "memory_figure", "memory_sweep_figure", "n_boxes", "new_figure", "nice_ceil", "per_gpu_gb",
+    "memory_figure", "memory_sweep_figure", "n_boxes", "new_figure", "nice_ceil", "per_gpu_bytes",
     "pipeline_timelines_figure", "plan_label", "reset_axes", "sticky_ceil", "timeline_figure",
     "timeline_figures", "timeline_rows", "timelines_figure", "to_png",
 ]

@@ -26,7 +26,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import AutoLocator, ScalarFormatter
+from matplotlib.ticker import AutoLocator, Formatter, ScalarFormatter
 from matplotlib.transforms import Bbox
 
 GB = 1e9
@@ -168,22 +168,88 @@ def reset_axes(ax: Axes) -> None:
         delattr(ax, CHART_ATTR)
 
 
-def fmt_bytes(n: float) -> str:
-    """``7.52 GB``, ``312 MB``, ``4.1 kB``: decimal units as everywhere in the lab."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            v = n / scale
-            return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
-    return f"{n:.0f} B"
+#: Decimal byte units (``docs/conventions.md``: GB means 10**9 bytes) and time units, smallest first.
+BYTE_UNITS: tuple[tuple[str, float], ...] = (("B", 1.0), ("kB", 1e3), ("MB", 1e6), ("GB", 1e9), ("TB", 1e12),
+                                             ("PB", 1e15))
+TIME_UNITS: tuple[tuple[str, float], ...] = (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0))
 
 
-def fmt_seconds(t: float) -> str:
+def unit_for(x: float, units: Sequence[tuple[str, float]] = BYTE_UNITS) -> tuple[str, float]:
+    """The largest unit of ``units`` that ``|x|`` reaches (the smallest for 0): ``(name, scale)``."""
+    chosen = units[0]
+    for unit in units:
+        if abs(x) >= unit[1] * (1 - 1e-12):
+            chosen = unit
+    return chosen
+
+
+def fmt_number(v: float, digits: int = 3) -> str:
+    """``v`` with ``digits`` significant digits in plain notation, trailing zeros dropped: never ``1e+03``."""
+    if v == 0 or not math.isfinite(v):
+        return "0" if v == 0 else str(v)
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
+    text = f"{v:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def fmt_quantity(x: float, units: Sequence[tuple[str, float]], digits: int = 3) -> str:
+    """``x`` in the unit that suits it: ``fmt_quantity(1.7e6, BYTE_UNITS) == "1.7 MB"``."""
+    if x == 0:
+        return f"0 {units[0][0]}"
+    name, scale = unit_for(x, units)
+    text = fmt_number(x / scale, digits)
+    bigger = [u for u in units if u[1] > scale]
+    if abs(float(text)) >= 1000 and bigger:                 # 999.96 MB rounds to 1 GB, not "1000 MB"
+        return fmt_quantity(x, bigger, digits)
+    return f"{text} {name}"
+
+
+def fmt_bytes(n: float, digits: int = 3) -> str:
+    """``7.52 GB``, ``312 MB``, ``4.1 kB``, ``96 B``: decimal units as everywhere in the lab."""
+    return fmt_quantity(n, BYTE_UNITS, digits)
+
+
+def fmt_seconds(t: float, digits: int = 3) -> str:
     """``8.35 ms``, ``1.2 s``, ``40 µs``."""
-    if t >= 1:
-        return f"{t:.3g} s"
-    if t >= 1e-3:
-        return f"{t * 1e3:.3g} ms"
-    return f"{t * 1e6:.3g} µs"
+    return "0 s" if t == 0 else fmt_quantity(t, TIME_UNITS, digits)
+
+
+class UnitFormatter(Formatter):
+    """Tick labels in the unit that the axis's far end calls for (``unit_for``): bytes on an axis that ends
+    at 3 MB read 0, 0.5, ... 3 and the axis label says MB (:func:`unit_label`). The unit follows the view
+    limits, so a cached background (keyed by the limits) never shows a stale unit."""
+
+    def __init__(self, units: Sequence[tuple[str, float]] = BYTE_UNITS) -> None:
+        self.units = tuple(units)
+
+    def unit(self) -> tuple[str, float]:
+        lo, hi = self.axis.get_view_interval()
+        return unit_for(max(abs(lo), abs(hi)), self.units)
+
+    def __call__(self, x: float, pos: Any = None) -> str:
+        name, scale = self.unit()
+        v = x / scale
+        return "0" if abs(v) < 1e-9 else fmt_number(v, 4)
+
+
+def unit_axis(ax: Axes, which: str, label: str, units: Sequence[tuple[str, float]] = BYTE_UNITS) -> str:
+    """Give the ``which`` ("x" or "y") axis of ``ax`` a :class:`UnitFormatter` and the label
+    ``"<label> (<unit>)"`` for its current limits; returns the unit's name. Call after setting the limits."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    fmt = axis.get_major_formatter()
+    if not (isinstance(fmt, UnitFormatter) and fmt.units == tuple(units)):
+        fmt = UnitFormatter(units)
+        axis.set_major_formatter(fmt)
+    name = fmt.unit()[0]
+    text = f"{label} ({name})"
+    if axis.label.get_text() != text:
+        axis.set_label_text(text)
+    return name
+
+
+def bytes_label(x: float, _pos: Any = None) -> str:
+    """A log axis's tick label: each tick with its own unit (``10 MB``, ``1 GB``)."""
+    return fmt_bytes(x)
 
 
 def lighten(color: str, amount: float) -> tuple[float, float, float]:

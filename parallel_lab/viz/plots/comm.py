@@ -21,8 +21,8 @@ from matplotlib.patches import Patch, Rectangle
 from .base import (
     COLLECTIVE_COLORS,
     DIM_COLORS,
-    GB,
     TIER_COLORS,
+    TIME_UNITS,
     chart_on,
     empty_bars,
     field,
@@ -32,6 +32,7 @@ from .base import (
     set_ticks,
     set_title,
     sticky_ceil,
+    unit_axis,
     value_labels,
 )
 
@@ -45,20 +46,21 @@ def _collective_rows(report: Any) -> list[dict[str, Any]]:
 
 
 def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[str, float]:
-    """Bytes one GPU sends per step (GB), one stacked bar per dimension, split by collective kind.
+    """Bytes one GPU sends per step, one stacked bar per dimension, split by collective kind.
 
     Per dimension the bar's height is the report's ``per_step_bytes[dim]``. When the report lists its
     collectives with ``wire_bytes`` (bytes sent for all ``count`` calls, as ``Collective.to_json`` gives
     them) and they add up to ``per_step_bytes``, the bar is split by kind; otherwise it is one colour.
-    Returns ``{dim: GB}``. Updates an earlier call on ``ax`` in place when dimensions and kinds match.
+    The axis unit follows its end (B ... GB). Returns ``{dim: bytes}``. Updates an earlier call on ``ax``
+    in place when dimensions and kinds match.
     """
-    per_dim = {d: float(v) / GB for d, v in (field(report, "per_step_bytes") or {}).items()}
+    per_dim = {d: float(v) for d, v in (field(report, "per_step_bytes") or {}).items()}
     dims = list(per_dim)
     by_kind: dict[str, dict[str, float]] = {}
     for r in _collective_rows(report):
         if r["dim"] in per_dim and r["wire_bytes"] is not None:
             by_kind.setdefault(r["kind"], {}).setdefault(r["dim"], 0.0)
-            by_kind[r["kind"]][r["dim"]] += float(r["wire_bytes"]) / GB
+            by_kind[r["kind"]][r["dim"]] += float(r["wire_bytes"])
     split_ok = bool(by_kind) and all(
         abs(sum(k.get(d, 0.0) for k in by_kind.values()) - per_dim[d]) <= 1e-6 * max(per_dim[d], 1e-12)
         for d in dims)
@@ -87,7 +89,6 @@ def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[
         chart.parts["series"] = [bars for bars, _ in series]
         value_labels(ax, chart, n, fontsize=8.5)
         ax.set_xlabel("parallel dimension")
-        ax.set_ylabel("GB sent per GPU per step")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
         set_ticks(ax, chart, "x", range(n), dims)
@@ -100,17 +101,19 @@ def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[
             bottoms[i] += h
     top = sticky_ceil(chart, "top", max([*bottoms, 1e-12]) * (1.4 if kinds else 1.18))   # legend room
     ax.set_ylim(0, top)
+    unit_axis(ax, "y", "sent per GPU per step")
     ax.set_xlim(-0.5, n - 0.5)
     for x, (text, d) in enumerate(zip(chart.parts["values"], dims, strict=True)):
         text.set_position((x, per_dim[d] + top * 0.01))
-        text.set_text(fmt_bytes(per_dim[d] * GB))
+        text.set_text(fmt_bytes(per_dim[d]))
     set_title(ax, title)
     return per_dim
 
 
 def draw_comm_time(ax: Axes, report: Any, tiers: Mapping[str, str] | None = None, *,
                    title: str | None = None) -> dict[str, float]:
-    """Time per step per dimension (ms, alpha-beta model), coloured by the link tier it lands on.
+    """Time per step per dimension (alpha-beta model), coloured by the link tier it lands on; the axis
+    unit follows its end (µs, ms, s).
 
     ``tiers`` maps a dimension to its tier's label (e.g. ``{"tp": "nvlink4 450 GB/s"}``); without it the
     report's ``tiers`` field is used when present. Returns ``{dim: seconds}``. The tiers' legend sits in a
@@ -131,16 +134,16 @@ def draw_comm_time(ax: Axes, report: Any, tiers: Mapping[str, str] | None = None
         chart.dynamic += bars
         chart.parts["values"] = [ax.text(0.0, y, "", va="center", fontsize=8.5) for y in range(n)]
         chart.dynamic += chart.parts["values"]
-        ax.set_xlabel("time per step (ms)")
         ax.grid(axis="x", alpha=0.3)
         ax.set_axisbelow(True)
         set_ticks(ax, chart, "y", range(n), dims)
-    ms = [times[d] * 1e3 for d in dims]
+    ms = [times[d] for d in dims]                              # seconds
     for b, d, w in zip(chart.parts["bars"], dims, ms, strict=True):
         b.set_width(w)
         b.set_facecolor(color[str(tiers.get(d, "?"))])
     right = sticky_ceil(chart, "right", max(ms + [1e-9]) * 1.45)       # room for the labels beside
     ax.set_xlim(0, right)
+    unit_axis(ax, "x", "time per step", TIME_UNITS)
     for text, y, d, w in zip(chart.parts["values"], range(n), dims, ms, strict=True):
         text.set_position((w + right * 0.02, y))
         text.set_text(fmt_seconds(times[d]))

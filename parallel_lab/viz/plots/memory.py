@@ -13,6 +13,7 @@ them with the ledger. The axis unit (B, kB, MB, GB) follows the largest value dr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,11 +27,14 @@ from .base import (
     CATEGORIES,
     CATEGORY_COLORS,
     CATEGORY_LABELS,
-    GB,
+    LABEL_BOX,
     Chart,
+    bytes_label,
     chart_on,
     empty_bars,
     field,
+    fmt_bytes,
+    fmt_number,
     highlight_category,
     lighten,
     log_bounds,
@@ -38,23 +42,27 @@ from .base import (
     set_ticks,
     set_title,
     sticky_ceil,
+    unit_axis,
     value_labels,
 )
 
+#: The HBM line is left off an axis whose bars stay under this fraction of it (tiny-llama's 1.7 MB on an
+#: 80 GB GPU would be empty bars); a note says how far off the scale it is.
+HBM_OFF_SCALE = 0.02
 
-def per_gpu_gb(ledger: Any) -> dict[str, float]:
-    """The ledger's categories in GB, in :data:`CATEGORIES` order (unknown categories appended)."""
+
+def per_gpu_bytes(ledger: Any) -> dict[str, float]:
+    """The ledger's categories in bytes, in :data:`CATEGORIES` order (unknown categories appended)."""
     per = dict(field(ledger, "per_gpu_bytes") or {})
     keys = [c for c in CATEGORIES if c in per] + [c for c in per if c not in CATEGORIES]
-    return {k: float(per[k]) / GB for k in keys}
-
+    return {k: float(per[k]) for k in keys}
 
 
 def _categories(ledgers: Sequence[Any]) -> list[str]:
     cats: list[str] = []
     for led in ledgers:
         if led is not None:
-            cats += [c for c in per_gpu_gb(led) if c not in cats]
+            cats += [c for c in per_gpu_bytes(led) if c not in cats]
     return cats
 
 
@@ -70,8 +78,8 @@ def _build_stack(ax: Axes, chart: Chart, n: int, cats: Sequence[str], width: flo
 
 
 def _update_stack(chart: Chart, ledgers: Sequence[Any]) -> list[float]:
-    """Heights of the stacked bars from the ledgers (a ``None`` ledger: no bar); returns totals in GB."""
-    per = [per_gpu_gb(led) if led is not None else {} for led in ledgers]
+    """Heights of the stacked bars (bytes) from the ledgers (a ``None`` ledger: no bar); returns totals."""
+    per = [per_gpu_bytes(led) if led is not None else {} for led in ledgers]
     totals = [0.0] * len(ledgers)
     for cat, bars in chart.parts["bars"].items():
         for i, b in enumerate(bars):
@@ -94,30 +102,51 @@ def _hbm_lines(ax: Axes, chart: Chart, margin: bool, labels: bool) -> None:
     if labels:
         chart.parts["hbm_labels"] = [ax.text(0.0, 0.0, "", va=va, ha="right", fontsize=8.5)
                                      for va in ("bottom", "top")[: len(lines)]]
+        chart.dynamic += chart.parts["hbm_labels"]
+    chart.parts["hbm_note"] = ax.text(0.98, 0.97, "", transform=ax.transAxes, ha="right", va="top", fontsize=8,
+                                      color="#57606a", bbox=LABEL_BOX)
+    chart.dynamic.append(chart.parts["hbm_note"])
 
 
-def _update_hbm(chart: Chart, hbm_gb: float, margin: float, label_x: float | None = None) -> None:
-    ys = [hbm_gb, hbm_gb * (1 - margin)]
+def _hbm_on_scale(hbm: float, totals: Sequence[float]) -> bool:
+    """Whether the HBM line belongs on the axis: the tallest bar reaches :data:`HBM_OFF_SCALE` of it."""
+    return hbm > 0 and max(totals, default=0.0) >= HBM_OFF_SCALE * hbm
+
+
+def _update_hbm(chart: Chart, hbm: float, margin: float, label_x: float | None, tallest: float) -> None:
+    """HBM and usable lines at ``hbm`` and ``hbm * (1 - margin)`` bytes, or, when the bars are too small
+    to see beside them, no lines and a note saying how many times the tallest bar HBM is."""
+    shown = _hbm_on_scale(hbm, [tallest])
+    ys = [hbm, hbm * (1 - margin)]
     for line, y in zip(chart.parts["hbm_lines"], ys, strict=False):
         line.set_ydata([y, y])
+        line.set_visible(shown)
     for text, y, what in zip(chart.parts.get("hbm_labels", []), ys, ("HBM", "usable"), strict=False):
         text.set_position((label_x, y))
-        text.set_text(f"{what} {y:.4g} GB ")
+        text.set_text(f"{what} {fmt_bytes(y, 4)} ")
+        text.set_visible(shown)
+    note = chart.parts["hbm_note"]
+    note.set_visible(not shown)
+    times = hbm / tallest if tallest > 0 else float("inf")
+    note.set_text(f"HBM {fmt_bytes(hbm)} is off the scale" + (f" ({fmt_number(times, 2)}x)"
+                                                              if math.isfinite(times) else ""))
 
 
 def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, title: str | None = None,
                 legend: bool = False, xlabel: str | None = None) -> list[float]:
-    """Stacked bars (GB per GPU, one bar per ledger) of the ledger's categories against the HBM line.
+    """Stacked bars (bytes per GPU, one bar per ledger) of the ledger's categories against the HBM line.
 
     ``ledgers`` is one ledger or a list (e.g. one per pipeline stage). The solid line is the GPU's HBM, the
-    dashed one what is usable after the ledger's safety ``margin``. Returns the bars' totals in GB.
+    dashed one what is usable after the ledger's safety ``margin``; bars under :data:`HBM_OFF_SCALE` of
+    HBM get an axis of their own and a note instead. The axis unit follows its end (B ... GB).
+    Returns the bars' totals in bytes.
     Updates the bars of an earlier call on ``ax`` in place when the categories and bar count match.
     """
     if not isinstance(ledgers, Sequence) or isinstance(ledgers, Mapping):
         ledgers = [ledgers]
     n = len(ledgers)
     labels = list(labels) if labels is not None else ["per GPU"] * n
-    hbm = float(field(ledgers[0], "hbm_bytes", 0.0)) / GB
+    hbm = float(field(ledgers[0], "hbm_bytes", 0.0))
     margin = float(field(ledgers[0], "margin", 0.0) or 0.0)
     chart, same = chart_on(ax, "memory", (n, tuple(_categories(ledgers)), hbm > 0, margin > 0, legend))
     if not same:
@@ -125,7 +154,6 @@ def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, 
         value_labels(ax, chart, n, fontsize=9 if n == 1 else 8, fontweight="bold")
         if hbm:
             _hbm_lines(ax, chart, margin > 0, labels=True)
-        ax.set_ylabel("memory per GPU (GB)")
         if legend:
             handles, names = ax.get_legend_handles_labels()     # top of the stack first, as drawn
             ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
@@ -133,15 +161,17 @@ def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, 
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     totals = _update_stack(chart, ledgers)
-    top = sticky_ceil(chart, "top", max([t * 1.1 for t in totals] + [hbm * 1.1]))
+    on_scale = _hbm_on_scale(hbm, totals)
+    top = sticky_ceil(chart, "top", max([t * 1.1 for t in totals] + [hbm * 1.1 if on_scale else 0.0, 1.0]))
     ax.set_ylim(0, top)
+    unit_axis(ax, "y", "memory per GPU")
     right = n - 0.4 + (0.45 * n + 0.7 if hbm else 0)
     ax.set_xlim(-0.6, right)
     if hbm:
-        _update_hbm(chart, hbm, margin, right)
+        _update_hbm(chart, hbm, margin, right, max(totals))
     for x, (text, t) in enumerate(zip(chart.parts["values"], totals, strict=True)):
         text.set_position((x, t + top * 0.01))
-        text.set_text(f"{t:.4g} GB" if n == 1 else f"{t:.3g}")
+        text.set_text(fmt_bytes(t, 4 if n == 1 else 3))
     set_ticks(ax, chart, "x", range(n), labels)
     ax.set_xlabel(xlabel or "")
     set_title(ax, title)
@@ -157,7 +187,7 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
     """
     n = len(values)
     valid = [led for led in ledgers if led is not None]
-    hbm = float(field(valid[0], "hbm_bytes", 0.0)) / GB if valid else 0.0
+    hbm = float(field(valid[0], "hbm_bytes", 0.0)) if valid else 0.0
     margin = float(field(valid[0], "margin", 0.0) or 0.0) if valid else 0.0
     chart, same = chart_on(ax, "memory_sweep", (n, tuple(_categories(ledgers)), hbm > 0, margin > 0))
     if not same:
@@ -165,18 +195,19 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
         value_labels(ax, chart, n, fontsize=8)
         if hbm:
             _hbm_lines(ax, chart, margin > 0, labels=False)
-        ax.set_ylabel("GB per GPU")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
         ax.set_xlim(-0.5, n - 0.5)
     totals = _update_stack(chart, ledgers)
-    top = sticky_ceil(chart, "top", max([t * 1.1 for t in totals] + [hbm * 1.05, 1e-9]))
+    on_scale = _hbm_on_scale(hbm, totals)
+    top = sticky_ceil(chart, "top", max([t * 1.1 for t in totals] + [hbm * 1.05 if on_scale else 0.0, 1.0]))
     ax.set_ylim(0, top)
+    unit_axis(ax, "y", "per GPU")
     if hbm:
-        _update_hbm(chart, hbm, margin)
+        _update_hbm(chart, hbm, margin, None, max(totals))
     for x, (text, t, led) in enumerate(zip(chart.parts["values"], totals, ledgers, strict=True)):
         text.set_position((x, t + top * 0.01))
-        text.set_text(f"{t:.3g}" if led is not None else "n/a")
+        text.set_text(fmt_bytes(t) if led is not None else "n/a")
         text.set_color("black" if led is not None else "#888888")
     set_ticks(ax, chart, "x", range(n), [value_fmt.format(v) for v in values])
     highlight_category(ax, chart, list(values).index(highlight) if highlight in list(values) else None)
@@ -211,7 +242,7 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
         chart.parts["bars"] = (b1, b2)
         chart.dynamic += [*b1, *b2]
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))   # plain numbers, no mathtext
+        ax.yaxis.set_major_formatter(FuncFormatter(bytes_label))           # 10 MB, 1 GB: no mathtext
         ax.yaxis.set_minor_locator(NullLocator())                              # decades only: fewer ticks
         if hbm_bytes:
             chart.parts["hbm_lines"] = [ax.axhline(1.0, color="black", linewidth=1.4, gid="hbm")]
@@ -222,7 +253,7 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
         chart.dynamic += chart.parts["na"]
         ax.set_xlim(-0.5, n - 0.5)
         ax.set_xlabel("sequence length (tokens)")
-        ax.set_ylabel("activations per GPU (GB, log scale)")
+        ax.set_ylabel("activations per GPU (log scale)")
         if legend_outside:
             handles, _ = ax.get_legend_handles_labels()
             ax.legend(handles, ["everything else\n(grows like s)", "attention scores\n(grow like s²)"],
@@ -231,15 +262,15 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
             ax.legend(loc="upper left", fontsize=8, frameon=False)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
-    lin = [v / GB if v else float("nan") for v in linear_bytes]
-    quad = [v / GB if v else float("nan") for v in quadratic_bytes]
+    lin = [float(v) if v else float("nan") for v in linear_bytes]
+    quad = [float(v) if v else float("nan") for v in quadratic_bytes]
     for bars, hs in zip(chart.parts["bars"], (lin, quad), strict=True):
         for b, h in zip(bars, hs, strict=True):
             b.set_height(h)
     finite = [v for v in lin + quad if v == v and v > 0]
     # room above the tallest bar (for the legend inside: 4x on the log axis); kept while within a decade
-    need_lo = min(finite, default=1e-3) / 2
-    need_hi = max(finite + [hbm_bytes / GB], default=1.0) * (2 if legend_outside else 4)
+    need_lo = min(finite, default=1e6) / 2
+    need_hi = max(finite + [hbm_bytes], default=1e9) * (2 if legend_outside else 4)
     last = chart.parts.get("ylog")
     if last is not None and need_lo / 10 <= last[0] <= need_lo and need_hi <= last[1] <= need_hi * 10:
         lo, hi = last
@@ -248,9 +279,9 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
     chart.parts["ylog"] = (lo, hi)
     ax.set_ylim(lo, hi)
     if hbm_bytes:
-        _update_hbm(chart, hbm_bytes / GB, 0.0)
-        chart.parts["hbm_label"].set_position((-0.45, hbm_bytes / GB))
-        chart.parts["hbm_label"].set_text(f"HBM {hbm_bytes / GB:.4g} GB")
+        chart.parts["hbm_lines"][0].set_ydata([hbm_bytes, hbm_bytes])
+        chart.parts["hbm_label"].set_position((-0.45, hbm_bytes))
+        chart.parts["hbm_label"].set_text(f"HBM {fmt_bytes(hbm_bytes, 4)}")
     for x, (text, v) in enumerate(zip(chart.parts["na"], linear_bytes, strict=True)):
         text.set_visible(v is None)
         text.set_position((x, lo * 1.5))
