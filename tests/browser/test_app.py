@@ -143,3 +143,30 @@ def test_planner_tab_saves_a_plan_file(page):
     sync_api.expect(page.get_by_text(str(target))).to_be_visible()
     page.screenshot(path=str(ARTIFACTS / "app_planner.png"), full_page=True)
     assert load_plan(target).gpus == 16
+
+
+def test_inputs_show_their_tooltips_not_null(page):
+    from parallel_lab.viz.explorers.help import TOOLTIPS
+
+    titles = page.evaluate("() => [...document.querySelectorAll('[title]')].map(e => e.title)")
+    assert "null" not in titles and "undefined" not in titles
+    assert TOOLTIPS["seq"] in titles and TOOLTIPS["zero"] in titles and TOOLTIPS["gpus"] in titles
+    page.locator(".lm-TabBar-tab", has_text="Pipeline").click()
+    titles = page.evaluate("() => [...document.querySelectorAll('[title]')].map(e => e.title)")
+    assert TOOLTIPS["microbatches"] in titles
+
+
+def test_a_degree_change_updates_gpus_and_the_chart(page):
+    status = page.locator(".pl-status:visible").first
+    sync_api.expect(status).to_contain_text("per GPU")
+    before = status.inner_text()
+    handle = page.locator(".widget-slider .noUi-handle:visible").nth(5)      # tp: 1 -> 2
+    handle.focus()
+    page.keyboard.press("ArrowRight")
+    sync_api.expect(status).not_to_have_text(before, timeout=15_000)
+    assert "Invalid" not in status.inner_text()
+    gpus = page.locator(".widget-inline-hbox:visible", has_text="GPUs").locator("input").first
+    sync_api.expect(gpus).to_have_value("16")
+    expected = memory(ModelSpec.preset("llama2-7b"), Plan(dp=8, tp=2, seq=4096),
+                      ClusterSpec.preset("h100-sxm")).total_bytes
+    assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-4)

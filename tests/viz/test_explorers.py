@@ -85,14 +85,31 @@ def test_memory_sequence_sweep_shows_the_quadratic_term():
     assert quad[i4k + 1] / quad[i4k] == pytest.approx(4.0)
 
 
+def test_memory_gpus_and_degrees_stay_consistent(monkeypatch):
+    ex = MemoryExplorer(model="llama2-7b", dp=8)
+    refreshes = []
+    monkeypatch.setattr(ex, "refresh", lambda: refreshes.append(ex.values()))
+    for name, value, gpus, dp in (("tp", 2, 16, 8), ("pp", 2, 32, 8), ("dp", 2, 8, 2), ("cp", 2, 16, 2),
+                                  ("gpus", 64, 64, 8)):          # typed GPUs: dp = 64 / (tp pp cp)
+        ex.widgets[name].value = value
+        assert (ex.widgets["gpus"].value, ex.widgets["dp"].value) == (gpus, dp), name
+    assert len(refreshes) == 5                                  # one redraw per change, both values set
+    assert all(v["gpus"] == v["dp"] * v["tp"] * v["pp"] * v["cp"] for v in refreshes)
+
+
+def test_memory_gpus_that_no_dp_fills_say_what_to_type():
+    ex = MemoryExplorer(model="llama2-7b", dp=8, tp=2)
+    ex.widgets["gpus"].value = 12                                # 12 / tp=2 = 6: not a dp of the slider
+    assert isinstance(ex.error, ParallelLabError) and ex.widgets["dp"].value == 8
+    assert "GPUs=12 is not dp x tp x pp x cp = 8 x 2 x 1 x 1 = 16" in str(ex.error)
+    assert "type one of 2, 4, 8, 16, 32, 64" in str(ex.error) and "Invalid combination" in ex.status.value
+    ex.widgets["gpus"].value = 16                                # valid again: the chart comes back
+    assert_shows_figure(ex)
+
+
 def test_memory_invalid_combinations_show_the_library_message():
     ex = MemoryExplorer(model="llama2-7b", dp=8)
-    ex.widgets["dp"].value = 16                       # 16 GPUs' worth of degrees on gpus=8
-    with pytest.raises(ParallelLabError) as exc:
-        Plan(dp=16).validate(ModelSpec.preset("llama2-7b"), 8)
-    assert_shows_error(ex, str(exc.value))
-
-    ex.set(dp=8, zero=1)                              # valid again: the chart comes back
+    ex.set(dp=8, zero=1)
     assert_shows_figure(ex)
 
     ex.set(gpus=1, dp=1)                              # ZeRO needs dp >= 2
@@ -285,3 +302,25 @@ def test_a_bug_in_the_core_is_shown_without_a_traceback(monkeypatch):
     assert isinstance(ex.error, ZeroDivisionError)
     assert "Internal error" in ex.status.value and "ZeroDivisionError" in ex.status.value
     assert "Traceback" not in ex.status.value and ex.image.layout.display == "none"
+
+
+def test_every_input_has_a_tooltip_with_meaning_and_unit():
+    from parallel_lab.viz.explorers import App
+    from parallel_lab.viz.explorers.help import GLOSSARY, TOOLTIPS
+
+    app = App()
+    for tab, ex in app.explorers.items():
+        for name, w in ex.widgets.items():
+            assert w.tooltip == TOOLTIPS[name] and len(w.tooltip) > 20, (tab, name)
+    units = ("count", "tokens", "elements", "GB", "cost units", "sequences")
+    counted = [k for k, t in TOOLTIPS.items() if any(u in t for u in units)]
+    assert {"seq", "dp", "tp", "pp", "cp", "gpus", "micro_batch", "hidden", "f", "p2p"} <= set(counted)
+    assert {"bubble", "in-flight", "ZeRO-1/2/3", "korthikanti / per-op", "tp_vocab"} <= {t for t, _ in GLOSSARY}
+    assert "Glossary" in app.glossary.value
+
+
+def test_an_input_without_a_tooltip_is_refused():
+    from parallel_lab.viz.explorers.help import tooltip
+
+    with pytest.raises(KeyError, match="'warp_speed' has no tooltip"):
+        tooltip("warp_speed")

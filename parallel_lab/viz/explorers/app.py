@@ -11,6 +11,7 @@ from collections.abc import Callable
 import ipywidgets as W
 
 from .comm import CommExplorer
+from .help import glossary_html
 from .memory import MemoryExplorer
 from .pipeline import PipelineExplorer
 from .planner import PlannerExplorer
@@ -45,4 +46,5 @@ class App(W.VBox):
                         "<p style='margin:0 0 8px;color:#57606a'>Predict the memory, the communication and "
                         "the pipeline bubble of a multi-GPU "
                         "training plan; change any input and watch the numbers move.</p>")
-        super().__init__([header, self.tabs])
+        self.glossary = W.HTML(glossary_html())
+        super().__init__([header, self.tabs, self.glossary])

@@ -34,6 +34,7 @@ from ...specs import MODEL_PRESETS, ClusterSpec, ModelSpec, ParallelLabError
 from .. import plots as P
 from ..blit import Blitter
 from ..frames import Frames
+from .help import tooltip
 
 GB = P.GB
 DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -128,6 +129,10 @@ class Explorer(W.VBox):
             raise ValueError(f"renderer={renderer!r} is not one of {RENDERERS}")
         self.renderer = renderer
         self.widgets: dict[str, W.ValueWidget] = controls
+        for name, w in controls.items():                 # meaning and unit on hover (help.TOOLTIPS)
+            w.tooltip = tooltip(name)
+            if isinstance(w, W.ToggleButtons):
+                w.tooltips = [w.tooltip] * len(w.options)
         self.status = W.HTML(layout=W.Layout(min_height="44px"))
         self.figure = P.new_figure(self.figsize)
         self._stamps: OrderedDict[Any, Any] = OrderedDict()      # texts rendered once, for all layouts

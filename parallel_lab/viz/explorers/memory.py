@@ -35,6 +35,7 @@ from .base import (
 )
 
 SWEEPS = ("ZeRO stage", "sequence", "dp")
+DEGREE_NAMES = ("dp", "tp", "pp", "cp")
 
 
 class MemoryExplorer(Explorer):
@@ -51,6 +52,7 @@ class MemoryExplorer(Explorer):
     def __init__(self, model: str = "llama2-7b", seq: int = 4096, dp: int = 8, tp: int = 1, pp: int = 1,
                  cp: int = 1, zero: int = 0, recompute: str = "none", cluster: str = "h100-sxm",
                  sweep: str = "ZeRO stage", gpus: int | None = None, renderer: str = "frames") -> None:
+        self._syncing = False
         c, custom = model_controls(model)
         c["seq"] = slider("sequence", SEQS, seq)
         c["micro_batch"] = slider("micro-batch", (1, 2, 4, 8, 16, 32), 1)
@@ -79,6 +81,39 @@ class MemoryExplorer(Explorer):
         super().__init__(c, columns, extra=(), renderer=renderer)
         self.children = (self.children[0], knobs, *self.children[1:])
 
+    # ---- GPUs and degrees stay consistent -------------------------------------------------------
+    def _on_change(self, change: dict[str, Any]) -> None:
+        """A degree changed: GPUs becomes dp x tp x pp x cp. GPUs typed: dp becomes GPUs / (tp x pp x cp)
+        when that is one of the dp slider's values (otherwise :meth:`compute` says what to type). Either
+        way one refresh, after both widgets hold their new values."""
+        name = next((k for k, w in self.widgets.items() if w is change["owner"]), None)
+        if not self._syncing and name in ("gpus", *DEGREE_NAMES):
+            self._syncing, held = True, self._hold
+            self._hold = True                            # the widget set here must not refresh on its own
+            try:
+                v = self.values()
+                if name == "gpus":
+                    rest = v["tp"] * v["pp"] * v["cp"]
+                    if v["gpus"] % rest == 0 and v["gpus"] // rest in self.widgets["dp"].options:
+                        self.widgets["dp"].value = v["gpus"] // rest
+                else:
+                    self.widgets["gpus"].value = v["dp"] * v["tp"] * v["pp"] * v["cp"]
+            finally:
+                self._syncing, self._hold = False, held
+        super()._on_change(change)
+
+    @staticmethod
+    def check_gpus(v: dict[str, Any]) -> None:
+        """GPUs must be dp x tp x pp x cp; the message says which GPU counts the other degrees allow."""
+        world = v["dp"] * v["tp"] * v["pp"] * v["cp"]
+        if v["gpus"] != world:
+            rest = v["tp"] * v["pp"] * v["cp"]
+            fits = ", ".join(str(rest * d) for d in DEGREES[:6])
+            raise ParallelLabError(
+                f"GPUs={v['gpus']} is not dp x tp x pp x cp = {v['dp']} x {v['tp']} x {v['pp']} x {v['cp']} = "
+                f"{world}; with tp={v['tp']}, pp={v['pp']}, cp={v['cp']} type one of {fits}, ... (dp is set "
+                f"from it), or change a degree (GPUs follows)")
+
     # ---- core -----------------------------------------------------------------------------------
     @staticmethod
     def plan_from(v: dict[str, Any]) -> Plan:
@@ -90,6 +125,7 @@ class MemoryExplorer(Explorer):
     def compute(self, v: dict[str, Any]) -> dict[str, Any]:
         model = model_from(v)
         cluster = ClusterSpec.preset(v["cluster"])
+        self.check_gpus(v)
         plan = self.plan_from(v).validate(model, v["gpus"], cluster)
         am = v["activation_model"]
         led = ledger_mod.memory(model, plan, cluster, activation_model=am)

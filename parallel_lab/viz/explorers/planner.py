@@ -74,6 +74,9 @@ class PlannerExplorer(Explorer):
                             layout=ROW_ITEM)
         self.save_button = W.Button(description="save plan file", icon="", button_style="primary",
                                     layout=W.Layout(width="160px"))
+        self.path.tooltip = "Where to write the plan file (a path on the machine running the app; YAML)"
+        self.phase.tooltip = "Name of the training phase this plan is for, stored in the plan file"
+        self.save_button.tooltip = "Save the plan shown as a plan file (parallel-lab run --plan FILE runs it)"
         self.save_message = W.HTML()
         self.table = W.HTML()
         self.rejected = W.HTML()
