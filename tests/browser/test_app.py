@@ -157,16 +157,18 @@ def test_inputs_show_their_tooltips_not_null(page):
 
 
 def test_a_degree_change_updates_gpus_and_the_chart(page):
+    from parallel_lab.viz.plots import fmt_bytes
+
     status = page.locator(".pl-status:visible").first
     sync_api.expect(status).to_contain_text("per GPU")
-    before = status.inner_text()
-    handle = page.locator(".widget-slider .noUi-handle:visible").nth(5)      # tp: 1 -> 2
+    tp = page.locator(".widget-slider:visible").filter(has=page.get_by_text("tp", exact=True))
+    handle = tp.locator(".noUi-handle")                                       # tp: 1 -> 2
     handle.focus()
     page.keyboard.press("ArrowRight")
-    sync_api.expect(status).not_to_have_text(before, timeout=15_000)
-    assert "Invalid" not in status.inner_text()
-    gpus = page.locator(".widget-inline-hbox:visible", has_text="GPUs").locator("input").first
-    sync_api.expect(gpus).to_have_value("16")
     expected = memory(ModelSpec.preset("llama2-7b"), Plan(dp=8, tp=2, seq=4096),
                       ClusterSpec.preset("h100-sxm")).total_bytes
+    sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected, 4)} per GPU", timeout=15_000)
+    gpus = page.locator(".widget-inline-hbox:visible", has_text="GPUs").locator("input").first
+    sync_api.expect(gpus).to_have_value("16")                                # dp x tp = 8 x 2
+    assert "Invalid" not in status.inner_text()
     assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-4)

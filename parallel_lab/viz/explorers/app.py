@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import ipywidgets as W
 
+from .base import no_null_tooltips
 from .comm import CommExplorer
 from .help import glossary_html
 from .memory import MemoryExplorer
@@ -48,3 +49,4 @@ class App(W.VBox):
                         "training plan; change any input and watch the numbers move.</p>")
         self.glossary = W.HTML(glossary_html())
         super().__init__([header, self.tabs, self.glossary])
+        no_null_tooltips(self)

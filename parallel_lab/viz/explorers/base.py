@@ -88,6 +88,17 @@ def int_text(description: str, value: int) -> W.BoundedIntText:
                             layout=ROW_ITEM)
 
 
+def no_null_tooltips(root: W.Widget) -> None:
+    """Give every widget under ``root`` without a tooltip an empty one: ipywidgets 8 writes a missing
+    tooltip into the page as the title "null", which the browser then shows on hover."""
+    stack = [root]
+    while stack:
+        w = stack.pop()
+        if getattr(w, "tooltip", "") is None:
+            w.tooltip = ""
+        stack.extend(c for c in getattr(w, "children", ()) if isinstance(c, W.Widget))
+
+
 def error_html(err: BaseException) -> str:
     """The library's message in a red box (no traceback)."""
     if isinstance(err, ParallelLabError):
@@ -156,6 +167,7 @@ class Explorer(W.VBox):
         self.image.add_class("pl-chart")
         for w in controls.values():
             w.observe(self._on_change, names="value")
+        no_null_tooltips(self)
         self.refresh()
 
     def _renderer(self, figure: Figure) -> Any:
