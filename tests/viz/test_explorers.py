@@ -324,3 +324,50 @@ def test_an_input_without_a_tooltip_is_refused():
 
     with pytest.raises(KeyError, match="'warp_speed' has no tooltip"):
         tooltip("warp_speed")
+
+
+# --------------------------------------------------------------------------------------------------
+# Planner: reading the numbers
+# --------------------------------------------------------------------------------------------------
+
+def test_planner_step_breakdown_adds_up_to_the_step_time():
+    import re
+
+    from parallel_lab.viz.explorers import PlannerExplorer
+    from parallel_lab.viz.explorers.planner import step_breakdown
+
+    ex = PlannerExplorer(model="llama2-70b", gpus=64, seq=4096, batch_tokens="1M")
+    est = ex.result["estimate"]
+    parts = step_breakdown(est)
+    assert parts["compute"] == est.compute_s and sum(parts.values()) == pytest.approx(est.step_time_s)
+    for dim, t in est.exposed_s.items():
+        assert parts.get(dim, 0.0) == t
+    shown = {k: float(v) for k, v in re.findall(r"data-part='(\w+)' data-seconds='([^']+)'", ex.status.value)}
+    assert shown == pytest.approx(parts)
+
+
+def test_planner_slider_ends_at_the_plans_shown_and_says_it_is_searching(monkeypatch):
+    from parallel_lab import planner
+    from parallel_lab.viz.explorers import PlannerExplorer
+
+    ex = PlannerExplorer(model="llama2-7b", gpus=16)
+    assert ex.widgets["chosen"].max == min(ex.widgets["top"].value, len(ex.result["result"].estimates))
+    ex.widgets["chosen"].value = 8
+    ex.widgets["top"].value = 3                                   # the slider shrinks, the choice with it
+    assert ex.widgets["chosen"].max == 3 and ex.result["index"] == 2 and ex.error is None
+    seen = []
+    real = planner.plan_search
+    monkeypatch.setattr(planner, "plan_search", lambda *a, **k: (seen.append(ex.status.value), real(*a, **k))[1])
+    ex.widgets["seq"].value = 8192
+    assert len(seen) == 1 and "Searching" in seen[0] and "Searching" not in ex.status.value
+
+
+def test_planner_warns_when_even_the_best_plan_is_poor():
+    from parallel_lab.viz.explorers import PlannerExplorer
+    from parallel_lab.viz.explorers.planner import POOR_MFU
+
+    ex = PlannerExplorer(model="llama2-7b", gpus=16384, seq=4096, batch_tokens="1M")   # 64 tokens per GPU-step
+    best = ex.result["result"].estimates[0]
+    assert best.mfu < POOR_MFU and "even the best plan is poor" in ex.status.value
+    ex.set(gpus=64)
+    assert ex.result["result"].estimates[0].mfu >= POOR_MFU and "poor" not in ex.status.value

@@ -106,6 +106,9 @@ class PlannerExplorer(Explorer):
         model, cluster = model_from(v), ClusterSpec.preset(v["cluster"])
         key = (model, cluster, v["gpus"], v["seq"], v["batch_tokens"])
         if key != self._search_key:
+            # the kernel sends this at once: the learner sees the search running, not a frozen page
+            self.status.value = status_line(f"<b>Searching</b> every plan for {html.escape(model.name)} on "
+                                            f"{v['gpus']:,} x {html.escape(cluster.name)}...", "#57606a")
             self._search = None                         # free the old result before the new search
             self._shown.clear()
             self._schedules.clear()
@@ -148,12 +151,23 @@ class PlannerExplorer(Explorer):
                                    f"{reasons or 'nothing to try'}; "
                                    f"try more GPUs, a larger global batch or a shorter sequence")
         shown = min(v["top"], len(res.estimates))
-        idx = min(v["chosen"], shown) - 1
+        self._bound_chosen(shown)
+        idx = min(self.widgets["chosen"].value, shown) - 1
         est = res.estimates[idx]
         plan = est.plan
         self.verdict = P.plan_label(plan)
         return {"result": res, "shown": shown, "index": idx, "estimate": est, "plan": plan, "model": model,
                 "cluster": cluster, **self.plan_details(res, idx)}
+
+    def _bound_chosen(self, shown: int) -> None:
+        """The "show plan #" slider ends at the last plan listed (no redraw of its own when that clamps it)."""
+        chosen = self.widgets["chosen"]
+        if chosen.max != shown:
+            held, self._hold = self._hold, True
+            try:
+                chosen.max = max(shown, chosen.min)
+            finally:
+                self._hold = held
 
     def layout_key(self, r: dict[str, Any]) -> Any:
         return r["plan"].pp > 1
@@ -206,7 +220,13 @@ class PlannerExplorer(Explorer):
                 f"{plan.microbatches} micro-batches; {P.fmt_bytes(est.memory_bytes)} per GPU "
                 f"({P.fmt_bytes(est.headroom_bytes)} headroom), step {P.fmt_seconds(est.step_time_s)}, "
                 f"MFU {est.mfu:.1%}, bubble {est.bubble_ratio:.1%}.")
-        return status_line(head)
+        lines = [status_line(head), step_breakdown_html(est)]
+        best = res.estimates[0]
+        poor = poor_plan_reasons(best)
+        if poor:
+            lines.append(status_line(f"<b>Warning</b>: even the best plan is poor ({'; '.join(poor)}): try fewer "
+                                     "GPUs, a larger global batch or a longer sequence per GPU", "#9a6700"))
+        return "".join(lines)
 
     # ---- plan file ------------------------------------------------------------------------------
     def save(self) -> Any:
@@ -235,6 +255,49 @@ class PlannerExplorer(Explorer):
         self.save_message.value = status_line(f"Saved plan #{r['index'] + 1} ({label}, phase "
                                         f"{html.escape(phase)}) to <code>{where}</code>", "#1a7f37")
         return self.saved_path
+
+
+#: A best plan under this MFU, or with a bubble over this ratio, gets a warning.
+POOR_MFU = 0.10
+POOR_BUBBLE = 1.0
+BREAKDOWN_COLORS = {"compute": "#4c72b0", "tp": P.DIM_COLORS["tp"], "cp": P.DIM_COLORS["cp"],
+                    "pp": P.DIM_COLORS["pp"], "dp": P.DIM_COLORS["dp"], "bubble": "#bbbbbb"}
+
+
+def step_breakdown(est: Any) -> dict[str, float]:
+    """The planner's step time of ``est`` in its parts (seconds): compute of the busiest stage, the exposed
+    communication per dimension, and the pipeline bubble; they add up to ``est.step_time_s``
+    (``parallel_lab.planner``: step = (compute + tp + cp) (1 + bubble ratio) + pp + dp)."""
+    parts = {"compute": est.compute_s}
+    parts.update({d: t for d, t in est.exposed_s.items() if t > 0})
+    if est.bubble_s > 0:
+        parts["bubble"] = est.bubble_s
+    return parts
+
+
+def step_breakdown_html(est: Any) -> str:
+    """:func:`step_breakdown` as one horizontal bar of coloured segments, each labelled with its time."""
+    parts = step_breakdown(est)
+    total = sum(parts.values()) or 1.0
+    segs = "".join(
+        f"<div class='pl-step-part' data-part='{k}' data-seconds='{t!r}' title='{k} {P.fmt_seconds(t)}' "
+        f"style='width:{100 * t / total:.2f}%;background:{BREAKDOWN_COLORS.get(k, '#999')};height:14px'></div>"
+        for k, t in parts.items())
+    legend = ", ".join(f"<span style='color:{BREAKDOWN_COLORS.get(k, '#999')}'>&#9632;</span> "
+                       f"{'exposed ' + k if k in ('tp', 'cp', 'pp', 'dp') else k} {P.fmt_seconds(t)}"
+                       for k, t in parts.items())
+    return (f"<div class='pl-step' style='margin:4px 0;font-size:12px'>Step {P.fmt_seconds(est.step_time_s)} = "
+            f"{legend}<div style='display:flex;width:560px;border:1px solid #ccc'>{segs}</div></div>")
+
+
+def poor_plan_reasons(est: Any) -> list[str]:
+    """Why a plan is poor, if it is: MFU under :data:`POOR_MFU`, bubble over :data:`POOR_BUBBLE`."""
+    out = []
+    if est.mfu < POOR_MFU:
+        out.append(f"MFU {est.mfu:.1%}")
+    if est.bubble_ratio > POOR_BUBBLE:
+        out.append(f"bubble {est.bubble_ratio:.0%} of the compute time")
+    return out
 
 
 def plans_table(estimates: Sequence[Any], chosen: int) -> str:
