@@ -86,6 +86,8 @@ def cases(page: Any) -> list[tuple[str, str, list[Callable[[], None]], int]]:
         ("Communication", "sequence 4096 <-> 8192", _slider_keys(page, 0), SAMPLES),
         ("Pipeline", "micro-batches 8 <-> 9", _slider_keys(page, 1), SAMPLES),
         ("Pipeline", "schedule gpipe / 1f1b", _clicks(page, ["gpipe", "1f1b"]), SAMPLES),
+        ("Grid", "colour dp / tp groups", _clicks(page, ["dp", "tp"]), SAMPLES),
+        ("Grid", "tp 4 <-> 8", _slider_keys(page, 2), SAMPLES),
         ("Planner", "show plan #1 <-> #2", _slider_keys(page, 3), SAMPLES),
         ("Planner", "new search: sequence", _slider_keys(page, 1), 6),
     ]

@@ -172,3 +172,23 @@ def test_a_degree_change_updates_gpus_and_the_chart(page):
     sync_api.expect(gpus).to_have_value("16")                                # dp x tp = 8 x 2
     assert "Invalid" not in status.inner_text()
     assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-4)
+
+
+def test_grid_tab_colours_groups_and_counts_the_crossing_ones(page):
+    from parallel_lab.viz.explorers import grid_groups
+
+    page.locator(".lm-TabBar-tab", has_text="Grid").click()
+    status = page.locator(".pl-status:visible").first
+    chart = page.locator(".pl-chart:visible").first
+    sync_api.expect(status).to_contain_text("groups span more than one node")
+    plan = Plan(dp=2, tp=4, pp=2, cp=1)                                  # the tab's defaults: 16 ranks, 2 nodes
+    sync_api.expect(status).to_contain_text(f"0 of {len(grid_groups(plan, 'tp'))} tp groups")
+    before = chart.screenshot(path=str(ARTIFACTS / "grid_tp.png"))
+    page.get_by_role("button", name="dp", exact=True).filter(visible=True).first.click()
+    crossing = sum(1 for g in grid_groups(plan, "dp")
+                   if len({r // ClusterSpec.preset("h100-sxm").gpus_per_node for r in g}) > 1)
+    sync_api.expect(status).to_contain_text(f"{crossing} of {len(grid_groups(plan, 'dp'))} dp groups")
+    after = changed_screenshot(chart, before)
+    (ARTIFACTS / "grid_dp.png").write_bytes(after)
+    assert after != before
+    page.screenshot(path=str(ARTIFACTS / "app_grid.png"), full_page=True)

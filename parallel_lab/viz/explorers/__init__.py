@@ -2,7 +2,7 @@
 the planner. Each is one line in a notebook (``MemoryExplorer()``) and is itself a widget (a ``VBox``);
 :class:`App` puts them in tabs for the Voila app.
 
-One module per explorer (:mod:`.memory`, :mod:`.comm`, :mod:`.pipeline`, :mod:`.planner`), the shared
+One module per explorer (:mod:`.memory`, :mod:`.comm`, :mod:`.pipeline`, :mod:`.grid`, :mod:`.planner`), the shared
 base class and inputs in :mod:`.base`, the tabs in :mod:`.app`. Every public name is importable from
 here. How an explorer works (widgets in, one figure out, redrawn in place on a change event) is told in
 :class:`.base.Explorer`.
@@ -17,10 +17,11 @@ from __future__ import annotations
 from .app import App
 from .base import Explorer, error_html, model_from, tier_label
 from .comm import CommExplorer, collectives_table, tp_on_tier
+from .grid import GridExplorer, grid_coords, grid_groups
 from .memory import MemoryExplorer
 from .pipeline import PipelineExplorer
 from .planner import PlannerExplorer, plans_table, rejected_table
 
-__all__ = ["App", "CommExplorer", "Explorer", "MemoryExplorer", "PipelineExplorer", "PlannerExplorer",
-           "collectives_table", "error_html", "model_from", "plans_table", "rejected_table", "tier_label",
-           "tp_on_tier"]
+__all__ = ["App", "CommExplorer", "Explorer", "GridExplorer", "MemoryExplorer", "PipelineExplorer",
+           "PlannerExplorer", "collectives_table", "error_html", "grid_coords", "grid_groups", "model_from",
+           "plans_table", "rejected_table", "tier_label", "tp_on_tier"]

@@ -12,6 +12,7 @@ import ipywidgets as W
 
 from .base import no_null_tooltips
 from .comm import CommExplorer
+from .grid import GridExplorer
 from .help import glossary_html
 from .memory import MemoryExplorer
 from .pipeline import PipelineExplorer
@@ -25,6 +26,9 @@ INTROS = {
                      "nodes.",
     "Pipeline": "When each pipeline stage works and when it waits: the simulated schedule, its bubble and "
                 "the micro-batches each stage keeps in memory.",
+    "Grid": "Where every rank sits: its (dp, pp, cp, tp) coordinates on the cluster's nodes, the groups of "
+            "one dimension coloured, the groups that cross a node boundary (red border) and the bytes each "
+            "link tier carries.",
     "Planner": "Every way to split a model over a cluster, ranked by estimated step time, with the reason "
                "each rejected family failed; save the best as a plan file.",
 }
@@ -37,7 +41,7 @@ class App(W.VBox):
     def __init__(self, renderer: str = "frames") -> None:
         makers: dict[str, Callable[[], W.Widget]] = {
             "Memory": MemoryExplorer, "Communication": CommExplorer, "Pipeline": PipelineExplorer,
-            "Planner": PlannerExplorer,
+            "Grid": GridExplorer, "Planner": PlannerExplorer,
         }
         self.explorers: dict[str, W.Widget] = {name: make(renderer=renderer) for name, make in makers.items()}
         intro = '<p class="pl-intro" style="font-size:14px;margin:4px 0 8px">{}</p>'

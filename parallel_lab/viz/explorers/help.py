@@ -43,6 +43,7 @@ TOOLTIPS: dict[str, str] = {
     "sweep": "What the right-hand chart sweeps: ZeRO stage, sequence length or dp",
     "cp_kind": "Context-parallel algorithm: ring passes K/V blocks around; all-gather collects them once",
     "tp_across_nodes": "Time TP's collectives on the inter-node link, as if the TP group spanned two nodes",
+    "color_by": "Which groups the grid colours: ranks that differ only in this coordinate talk in one group",
     # pipeline
     "schedule": "Pipeline schedule: order of forward (F), backward (B) and weight-gradient (W) actions",
     "interleave": "Model chunks per pipeline rank v (interleaved schedule only; count)",
