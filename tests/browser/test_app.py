@@ -192,3 +192,20 @@ def test_grid_tab_colours_groups_and_counts_the_crossing_ones(page):
     (ARTIFACTS / "grid_dp.png").write_bytes(after)
     assert after != before
     page.screenshot(path=str(ARTIFACTS / "app_grid.png"), full_page=True)
+
+
+def test_a_plan_from_the_planner_opens_in_the_memory_tab(page):
+    from parallel_lab.planner import plan_search
+    from parallel_lab.viz.plots import fmt_bytes
+
+    page.locator(".lm-TabBar-tab", has_text="Planner").click()
+    sync_api.expect(page.locator(".pl-status:visible").first).to_contain_text("that fit", timeout=30_000)
+    page.get_by_role("button", name="open in every tab").click()
+    sync_api.expect(page.get_by_text("opened in Memory")).to_be_visible(timeout=30_000)
+    model, h100 = ModelSpec.preset("llama2-7b"), ClusterSpec.preset("h100-sxm")
+    best = plan_search(model, h100, 16, 4096, global_batch_tokens="1M").estimates[0].plan  # the tab's defaults
+    page.locator(".lm-TabBar-tab", has_text="Memory").click()
+    status = page.locator(".pl-status:visible").first
+    expected = memory(model, best, h100).total_bytes
+    sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected, 4)} per GPU", timeout=15_000)
+    page.screenshot(path=str(ARTIFACTS / "app_plan_opened_in_memory.png"), full_page=True)

@@ -371,3 +371,46 @@ def test_planner_warns_when_even_the_best_plan_is_poor():
     assert best.mfu < POOR_MFU and "even the best plan is poor" in ex.status.value
     ex.set(gpus=64)
     assert ex.result["result"].estimates[0].mfu >= POOR_MFU and "poor" not in ex.status.value
+
+
+# --------------------------------------------------------------------------------------------------
+# One plan across the tabs
+# --------------------------------------------------------------------------------------------------
+
+def test_a_plan_picked_in_the_planner_opens_in_every_tab():
+    from parallel_lab.viz.explorers import App
+
+    app = App()
+    planner_ex = app.explorers["Planner"]
+    r = planner_ex.result
+    msg = planner_ex.open_in_tabs()
+    assert msg == "opened in Memory, Communication, Pipeline, Grid"
+    mem, com, pipe = (app.explorers[k] for k in ("Memory", "Communication", "Pipeline"))
+    assert mem.error is None and mem.result["plan"] == r["plan"]
+    assert mem.result["ledger"].total_bytes == ledger.memory(r["model"], r["plan"], r["cluster"]).total_bytes
+    assert com.result["report"].per_step_bytes == comm.report(r["model"], com.result["plan"],
+                                                              r["cluster"]).per_step_bytes
+    assert com.result["plan"].tp == r["plan"].tp and com.result["plan"].dp == r["plan"].dp
+    if r["plan"].pp > 1:
+        assert pipe.result["sim"].bubble_ratio == pytest.approx(r["estimate"].bubble_ratio)
+    assert "opened in Memory" in planner_ex.save_message.value
+
+
+def test_a_plan_file_opens_in_every_tab_and_a_bad_path_is_a_file_error(tmp_path):
+    from parallel_lab.planfile import save_plan
+    from parallel_lab.viz.explorers import App
+
+    model, plan = ModelSpec.preset("llama2-13b"), Plan(dp=4, tp=2, pp=1, zero=1, seq=4096)
+    target = tmp_path / "13b.yaml"
+    save_plan(target, model, H100, plan, phase="pretrain-4k", gpus=8)
+    app = App()
+    planner_ex = app.explorers["Planner"]
+    planner_ex.path.value = str(target)
+    assert planner_ex.load().startswith("opened in Memory")
+    mem = app.explorers["Memory"]
+    assert mem.error is None and mem.result["plan"] == plan and mem.widgets["gpus"].value == 8
+    planner_ex.path.value = str(tmp_path / "missing.yaml")
+    assert planner_ex.load() is None
+    shown = planner_ex.save_message.value
+    assert "Plan file error" in shown and "missing.yaml" in shown and "check the path" in shown
+    assert "Invalid combination" not in shown

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import ipywidgets as W
 
+from ...specs import ClusterSpec, ModelSpec, Plan
 from .base import no_null_tooltips
 from .comm import CommExplorer
 from .grid import GridExplorer
@@ -51,6 +52,19 @@ class App(W.VBox):
                         "<p style='margin:0 0 8px;color:#57606a'>Predict the memory, the communication and "
                         "the pipeline bubble of a multi-GPU "
                         "training plan; change any input and watch the numbers move.</p>")
+        self.explorers["Planner"].on_open = self.open_plan
         self.glossary = W.HTML(glossary_html())
         super().__init__([header, self.tabs, self.glossary])
         no_null_tooltips(self)
+
+    def open_plan(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, gpus: int) -> str:
+        """Show ``plan`` in every tab but the planner's (its search stays); returns what was opened where."""
+        opened, notes = [], []
+        for name, ex in self.explorers.items():
+            if name == "Planner":
+                continue
+            skipped = ex.show_plan(model, cluster, plan, gpus)
+            opened.append(name if ex.error is None else f"{name} (which says why it cannot show it)")
+            if skipped:
+                notes.append(f"{name} kept {', '.join(skipped)} (not on its sliders)")
+        return "opened in " + ", ".join(opened) + (f"; {'; '.join(notes)}" if notes else "")

@@ -30,7 +30,7 @@ import ipywidgets as W
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ...specs import MODEL_PRESETS, ClusterSpec, ModelSpec, ParallelLabError
+from ...specs import CLUSTER_PRESETS, MODEL_PRESETS, ClusterSpec, ModelSpec, ParallelLabError, Plan
 from .. import plots as P
 from ..blit import Blitter
 from ..frames import Frames
@@ -99,10 +99,10 @@ def no_null_tooltips(root: W.Widget) -> None:
         stack.extend(c for c in getattr(w, "children", ()) if isinstance(c, W.Widget))
 
 
-def error_html(err: BaseException) -> str:
-    """The library's message in a red box (no traceback)."""
+def error_html(err: BaseException, head: str = "Invalid combination") -> str:
+    """The library's message in a red box (no traceback), under ``head`` (e.g. "Plan file error")."""
     if isinstance(err, ParallelLabError):
-        head, msg = "Invalid combination", str(err)
+        msg = str(err)
     else:
         head, msg = "Internal error (please report it)", f"{type(err).__name__}: {err}"
     return (f'<div class="pl-error" style="color:#9b1c1c;background:#fdecea;border-left:4px solid #d93025;'
@@ -197,6 +197,28 @@ class Explorer(W.VBox):
         if not self._hold:
             self.refresh()
 
+    def show_plan(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, gpus: int) -> list[str]:
+        """Set this explorer's inputs to ``plan`` (one redraw). Inputs it lacks are ignored; a value its
+        widget cannot take (not among a slider's options) is left as it was and named in the returned
+        list, e.g. ``["grad_accum=12"]``."""
+        values = plan_values(model, cluster, plan, gpus)
+        ok, skipped = {}, []
+        for name, value in values.items():
+            w = self.widgets.get(name)
+            if w is None:
+                continue
+            options = getattr(w, "options", None)
+            allowed = ([o[1] if isinstance(o, tuple) else o for o in options] if options is not None
+                       else None)
+            in_range = (allowed is None or value in allowed) and not (
+                hasattr(w, "max") and hasattr(w, "min") and not w.min <= value <= w.max)
+            if in_range:
+                ok[name] = value
+            else:
+                skipped.append(f"{name}={value}")
+        self.set(**ok)
+        return skipped
+
     def refresh(self) -> None:
         """Recompute from the widgets' values and redraw in place (or show the error)."""
         t0 = time.perf_counter()
@@ -288,6 +310,24 @@ def model_from(v: dict[str, Any]) -> ModelSpec:
     return ModelSpec(layers=v["layers"], hidden=v["hidden"], heads=v["heads"], kv_heads=v["kv_heads"],
                      ffn=v["ffn"], vocab=v["vocab"], flavour=v["flavour"], max_positions=max(SEQS),
                      name="custom")
+
+
+def plan_values(model: ModelSpec, cluster: ClusterSpec, plan: Plan, gpus: int) -> dict[str, Any]:
+    """The explorers' input values that describe ``plan`` of ``model`` on ``gpus`` x ``cluster`` (GPUs
+    first: the Memory explorer then sets dp from it and each degree after it sets GPUs again)."""
+    out: dict[str, Any] = {"gpus": gpus}
+    if model.name in MODEL_PRESETS and ModelSpec.preset(model.name) == model:
+        out["model"] = model.name
+    else:
+        out.update(model=CUSTOM, layers=model.layers, hidden=model.hidden, heads=model.heads,
+                   kv_heads=model.kv_heads, ffn=model.ffn, vocab=model.vocab, flavour=model.flavour)
+    if cluster.name in CLUSTER_PRESETS:
+        out["cluster"] = cluster.name
+    out.update(dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp, zero=plan.zero, sp=plan.sp, seq=plan.seq,
+               micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, recompute=plan.recompute,
+               optimizer=plan.optimizer, schedule=plan.schedule, interleave=plan.interleave,
+               cp_kind=plan.cp_kind, stages=plan.pp, microbatches=plan.microbatches)
+    return out
 
 
 def tier_label(cluster: ClusterSpec, name: str) -> str:

@@ -58,7 +58,7 @@ class MemoryExplorer(Explorer):
         c["micro_batch"] = slider("micro-batch", (1, 2, 4, 8, 16, 32), 1)
         c["grad_accum"] = slider("micro-batches", (1, 2, 4, 8, 16, 32, 64, 128), 1 if pp == 1 else 2 * pp)
         c["schedule"] = dropdown("schedule", SCHEDULES, "1f1b")
-        c["interleave"] = slider("interleave", (1, 2, 3, 4), 1)
+        c["interleave"] = slider("interleave", (1, 2, 3, 4, 6, 8, 16, 32), 1)
         c["gpus"] = int_text("GPUs", gpus or dp * tp * pp * cp)
         c["dp"] = slider("dp", DEGREES, dp)
         c["tp"] = slider("tp", DEGREES[:7], tp)

@@ -41,7 +41,7 @@ class PipelineExplorer(Explorer):
             "schedule": toggles("schedule", SCHEDULES, schedule, "86px"),
             "stages": int_slider("stages p", 1, 16, stages),
             "microbatches": int_slider("micro-batches m", 1, 64, microbatches),
-            "interleave": int_slider("interleave v", 1, 4, interleave),
+            "interleave": int_slider("interleave v", 1, 32, interleave),
             "f": W.FloatSlider(value=1.0, min=0.25, max=3.0, step=0.25, description="forward f",
                                continuous_update=False, style=DESC, layout=ROW_ITEM),
             "b": W.FloatSlider(value=1.0, min=0.25, max=3.0, step=0.25, description="backward b",

@@ -9,7 +9,7 @@ The search is kept while only the plan to show changes.
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ipywidgets as W
@@ -82,9 +82,19 @@ class PlannerExplorer(Explorer):
         self.rejected = W.HTML()
         self.saved_path: Any = None
         self.save_button.on_click(lambda _: self.save())
+        self.open_button = W.Button(description="open in every tab", button_style="info",
+                                    tooltip="Show this plan's memory, bytes, schedule and process grid in the "
+                                            "other tabs", layout=W.Layout(width="160px"))
+        self.load_button = W.Button(description="load plan file", tooltip="Read the plan file at the path "
+                                    "on the left and open its plan in every tab", layout=W.Layout(width="140px"))
+        #: ``on_open(model, cluster, plan, gpus) -> message``: set by the App to show a plan in its tabs
+        self.on_open: Callable[[Any, Any, Any, int], str] | None = None
+        self.open_button.on_click(lambda _: self.open_in_tabs())
+        self.load_button.on_click(lambda _: self.load())
         columns = [[c["model"], custom, c["cluster"]], [c["gpus"], c["seq"], c["batch_tokens"]],
                    [c["top"], c["chosen"]]]
-        save_row = W.HBox([self.path, self.phase, self.save_button], layout=W.Layout(flex_flow="row wrap"))
+        save_row = W.HBox([self.path, self.phase, self.save_button, self.load_button, self.open_button],
+                          layout=W.Layout(flex_flow="row wrap"))
         super().__init__(c, columns, renderer=renderer)
         panel, status, image = self.children
         # the ranked table and the rejected families first, then the plan file, then the chosen plan's picture
@@ -228,6 +238,43 @@ class PlannerExplorer(Explorer):
                                      "GPUs, a larger global batch or a longer sequence per GPU", "#9a6700"))
         return "".join(lines)
 
+    # ---- one plan across the tabs -----------------------------------------------------------------
+    def open_in_tabs(self) -> str | None:
+        """Hand the plan shown to ``on_open`` (the App's other tabs); the message says where it went."""
+        if self.result is None or self.error is not None or self.on_open is None:
+            why = "the inputs above are invalid; fix them first" if self.on_open else "not inside the app"
+            self.save_message.value = error_html(ParallelLabError(f"no plan to open: {why}"))
+            return None
+        r = self.result
+        msg = self.on_open(r["model"], r["cluster"], r["plan"], r["result"].gpus)
+        self.save_message.value = status_line(f"Plan #{r['index'] + 1} ({html.escape(P.plan_label(r['plan']))}) "
+                                              f"{msg}", "#1a7f37")
+        return msg
+
+    def load(self) -> str | None:
+        """Read the plan file at ``self.path.value`` and hand its plan to ``on_open``."""
+        from pathlib import Path
+
+        from ... import planfile
+
+        path = Path(self.path.value.strip() or "plan.yaml").expanduser()
+        try:
+            pf = planfile.load_plan(path)
+        except OSError as err:
+            self.save_message.value = error_html(ParallelLabError(
+                f"cannot read the plan file {str(path)!r}: {err.strerror or err}; check the path"), FILE_ERROR)
+            return None
+        except ParallelLabError as err:                  # planfile's own message names the file and the fix
+            self.save_message.value = error_html(err, FILE_ERROR)
+            return None
+        if self.on_open is None:
+            self.save_message.value = error_html(ParallelLabError("loaded, but not inside the app: no tabs"))
+            return None
+        msg = self.on_open(pf.model, pf.cluster, pf.plan, pf.gpus)
+        self.save_message.value = status_line(f"Plan file <code>{html.escape(str(path.resolve()))}</code> "
+                                              f"({html.escape(P.plan_label(pf.plan))}) {msg}", "#1a7f37")
+        return msg
+
     # ---- plan file ------------------------------------------------------------------------------
     def save(self) -> Any:
         """Save the plan shown as a plan file (``parallel_lab.planfile.save_plan``) at ``self.path.value``;
@@ -244,10 +291,12 @@ class PlannerExplorer(Explorer):
             target = Path(self.path.value.strip() or "plan.yaml").expanduser()
             planfile.save_plan(target, r["model"], r["cluster"], r["plan"], phase=phase,
                                gpus=r["result"].gpus)
-        except (ParallelLabError, OSError) as err:
-            if not isinstance(err, ParallelLabError):
-                err = ParallelLabError(f"cannot write {self.path.value!r}: {err}; pick another path")
+        except ParallelLabError as err:
             self.save_message.value = error_html(err)
+            return None
+        except OSError as err:
+            self.save_message.value = error_html(ParallelLabError(
+                f"cannot write {self.path.value!r}: {err.strerror or err}; pick another path"), FILE_ERROR)
             return None
         self.saved_path = target.resolve()
         where = html.escape(str(self.saved_path))
@@ -257,6 +306,7 @@ class PlannerExplorer(Explorer):
         return self.saved_path
 
 
+FILE_ERROR = "Plan file error"
 #: A best plan under this MFU, or with a bubble over this ratio, gets a warning.
 POOR_MFU = 0.10
 POOR_BUBBLE = 1.0
