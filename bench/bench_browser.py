@@ -88,6 +88,7 @@ def cases(page: Any) -> list[tuple[str, str, list[Callable[[], None]], int]]:
         ("Pipeline", "schedule gpipe / 1f1b", _clicks(page, ["gpipe", "1f1b"]), SAMPLES),
         ("Grid", "colour dp / tp groups", _clicks(page, ["dp", "tp"]), SAMPLES),
         ("Grid", "tp 4 <-> 8", _slider_keys(page, 2), SAMPLES),
+        ("Ring attention", "ring step 1 <-> 2", _slider_keys(page, 1), SAMPLES),
         ("Planner", "show plan #1 <-> #2", _slider_keys(page, 3), SAMPLES),
         ("Planner", "new search: sequence", _slider_keys(page, 1), 6),
     ]

@@ -209,3 +209,20 @@ def test_a_plan_from_the_planner_opens_in_the_memory_tab(page):
     expected = memory(model, best, h100).total_bytes
     sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected, 4)} per GPU", timeout=15_000)
     page.screenshot(path=str(ARTIFACTS / "app_plan_opened_in_memory.png"), full_page=True)
+
+
+def test_ring_attention_tab_walks_the_ring(page):
+    page.locator(".lm-TabBar-tab", has_text="Ring attention").click()
+    status = page.locator(".pl-status:visible").first
+    chart = page.locator(".pl-chart:visible").first
+    sync_api.expect(status).to_contain_text("Step 1")
+    sync_api.expect(status).to_contain_text("rank 0 holds K/V chunks 0, 7")          # zigzag, cp=4
+    before = chart.screenshot(path=str(ARTIFACTS / "ring_step1.png"))
+    step = page.locator(".widget-slider:visible").filter(has=page.get_by_text("ring step", exact=True))
+    step.locator(".noUi-handle").focus()
+    page.keyboard.press("ArrowRight")
+    sync_api.expect(status).to_contain_text("Step 2")
+    sync_api.expect(status).to_contain_text("rank 0 holds K/V chunks 3, 4")          # the block of rank 3
+    after = changed_screenshot(chart, before)
+    (ARTIFACTS / "ring_step2.png").write_bytes(after)
+    assert after != before

@@ -21,7 +21,9 @@ from .grid import GridExplorer, grid_coords, grid_groups
 from .memory import MemoryExplorer
 from .pipeline import PipelineExplorer
 from .planner import PlannerExplorer, plans_table, rejected_table
+from .ring import RingExplorer
 
 __all__ = ["App", "CommExplorer", "Explorer", "GridExplorer", "MemoryExplorer", "PipelineExplorer",
-           "PlannerExplorer", "collectives_table", "error_html", "grid_coords", "grid_groups", "model_from",
+           "PlannerExplorer", "RingExplorer", "collectives_table", "error_html", "grid_coords", "grid_groups",
+           "model_from",
            "plans_table", "rejected_table", "tier_label", "tp_on_tier"]

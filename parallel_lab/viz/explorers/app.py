@@ -18,6 +18,7 @@ from .help import glossary_html
 from .memory import MemoryExplorer
 from .pipeline import PipelineExplorer
 from .planner import PlannerExplorer
+from .ring import RingExplorer
 
 INTROS = {
     "Memory": "Does the plan fit on one GPU? Every byte the ledger counts, stacked against the GPU's "
@@ -30,6 +31,8 @@ INTROS = {
     "Grid": "Where every rank sits: its (dp, pp, cp, tp) coordinates on the cluster's nodes, the groups of "
             "one dimension coloured, the groups that cross a node boundary (red border) and the bytes each "
             "link tier carries.",
+    "Ring attention": "Context parallelism step by step: which key/value block each rank holds, which "
+                      "tiles of the causal mask it computes, and why zigzag chunks balance the work.",
     "Planner": "Every way to split a model over a cluster, ranked by estimated step time, with the reason "
                "each rejected family failed; save the best as a plan file.",
 }
@@ -42,7 +45,7 @@ class App(W.VBox):
     def __init__(self, renderer: str = "frames") -> None:
         makers: dict[str, Callable[[], W.Widget]] = {
             "Memory": MemoryExplorer, "Communication": CommExplorer, "Pipeline": PipelineExplorer,
-            "Grid": GridExplorer, "Planner": PlannerExplorer,
+            "Grid": GridExplorer, "Ring attention": RingExplorer, "Planner": PlannerExplorer,
         }
         self.explorers: dict[str, W.Widget] = {name: make(renderer=renderer) for name, make in makers.items()}
         intro = '<p class="pl-intro" style="font-size:14px;margin:4px 0 8px">{}</p>'

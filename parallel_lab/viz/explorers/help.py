@@ -44,6 +44,9 @@ TOOLTIPS: dict[str, str] = {
     "cp_kind": "Context-parallel algorithm: ring passes K/V blocks around; all-gather collects them once",
     "tp_across_nodes": "Time TP's collectives on the inter-node link, as if the TP group spanned two nodes",
     "color_by": "Which groups the grid colours: ranks that differ only in this coordinate talk in one group",
+    "balance": "How the sequence is cut for context parallelism: contiguous slices, or zigzag (rank r holds "
+               "chunks r and 2 cp - 1 - r, equal causal work)",
+    "step": "Ring step (1 .. cp): at step t each rank holds the key/value block of the rank t places before it",
     # pipeline
     "schedule": "Pipeline schedule: order of forward (F), backward (B) and weight-gradient (W) actions",
     "interleave": "Model chunks per pipeline rank v (interleaved schedule only; count)",
