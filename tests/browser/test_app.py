@@ -8,35 +8,20 @@ in ``artifacts/browser/`` (gitignored). Without Chromium (or Playwright) the tes
 from __future__ import annotations
 
 import re
-import shutil
-import signal
-import subprocess
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from parallel_lab.ledger import memory
 from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
-from parallel_lab.viz.serve import REPO, free_port, voila_argv, voila_env
+from parallel_lab.viz import browser as B
+from parallel_lab.viz.serve import APP_NOTEBOOK, REPO
 
 pytestmark = pytest.mark.browser
 
 ARTIFACTS = REPO / "artifacts" / "browser"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-
-def chromium_path() -> str | None:
-    for cand in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
-        if cand and Path(cand).exists():
-            return cand
-    return None
-
-
-CHROMIUM = chromium_path()
-if CHROMIUM is None:
+if B.chromium_path() is None:
     pytest.skip("Chromium is not installed (looked for /usr/bin/chromium and `chromium` on PATH); "
                 "install it with `apt-get install chromium` to run the browser tests",
                 allow_module_level=True)
@@ -49,42 +34,22 @@ psutil = pytest.importorskip("psutil")
 def app_url():
     """Voila serving notebooks/app.ipynb on a free port; SIGTERM afterwards, kernels included."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = open(ARTIFACTS / "voila.log", "w")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(voila_argv(port), env=voila_env(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None:
-            log.close()
-            tail = (ARTIFACTS / "voila.log").read_text()[-2000:]
-            pytest.fail(f"voila exited with {proc.returncode}: {tail}")
-        try:
-            urllib.request.urlopen(url + "voila/static/voila.js", timeout=1).read()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("voila did not answer within 60 s")
-            time.sleep(0.2)
-    yield url
-    kernels = psutil.Process(proc.pid).children(recursive=True)
-    proc.send_signal(signal.SIGTERM)
+    server = B.AppServer(APP_NOTEBOOK, ARTIFACTS / "voila.log")
     try:
-        proc.wait(timeout=30)
-    finally:
-        _, alive = psutil.wait_procs(kernels, timeout=15)
-        for p in alive:
-            p.kill()
-        log.close()
-    assert proc.returncode == 0, "voila did not stop cleanly on SIGTERM"
-    assert not alive, f"kernels left running after voila stopped: {[p.pid for p in alive]}"
+        server.wait_ready()
+    except RuntimeError as err:
+        server.stop()
+        pytest.fail(str(err))
+    yield server.url
+    left = server.stop()
+    assert server.proc.returncode == 0, "voila did not stop cleanly on SIGTERM"
+    assert not left, f"kernels left running after voila stopped: {left}"
 
 
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        b = B.launch(pw)
         yield b
         b.close()
 
@@ -92,26 +57,9 @@ def browser():
 @pytest.fixture
 def page(browser, app_url):
     """A page on the app with every request that is not for 127.0.0.1 aborted and recorded."""
-    ctx = browser.new_context(viewport={"width": 1280, "height": 1000})
-    pg = ctx.new_page()
-    pg.external_requests = []
-    pg.page_errors = []
-    local = app_url.rstrip("/")
-
-    def route(r):
-        url = r.request.url
-        if url.startswith(local) or url.startswith(("data:", "blob:")):
-            r.continue_()
-        else:
-            pg.external_requests.append(url)
-            r.abort()
-
-    pg.route("**/*", route)
-    pg.on("pageerror", lambda e: pg.page_errors.append(str(e)))
-    pg.goto(app_url, wait_until="domcontentloaded")
-    pg.locator(".pl-chart:visible").first.wait_for(timeout=90_000)
+    pg = B.open_page(browser, app_url)
     yield pg
-    ctx.close()
+    pg.context.close()
     assert pg.external_requests == [], f"the app needed external hosts: {pg.external_requests}"
     assert pg.page_errors == [], f"JavaScript errors: {pg.page_errors}"
 
@@ -126,18 +74,22 @@ def changed_screenshot(locator, before: bytes, timeout_s: float = 15) -> bytes:
         time.sleep(0.2)
 
 
-def gb(text: str) -> float:
-    return float(re.search(r"([\d.]+) GB per GPU", text).group(1))
+def per_gpu_bytes(text: str) -> float:
+    """The bytes of the status line's "26.25 GB per GPU" (any unit: B, kB, MB, GB)."""
+    from parallel_lab.viz.plots import BYTE_UNITS
+
+    value, unit = re.search(r"([\d.]+) (\w+) per GPU", text).groups()
+    return float(value) * dict(BYTE_UNITS)[unit]
 
 
 def test_memory_slider_moves_the_numbers_and_the_chart(page):
     status = page.locator(".pl-status:visible").first
     chart = page.locator(".pl-chart:visible").first
-    sync_api.expect(status).to_contain_text("GB per GPU")
+    sync_api.expect(status).to_contain_text("per GPU")
     before_text, before_png = status.inner_text(), chart.screenshot(path=str(ARTIFACTS / "memory_before.png"))
     model, h100 = ModelSpec.preset("llama2-7b"), ClusterSpec.preset("h100-sxm")
-    expected = memory(model, Plan(dp=8, seq=4096), h100).total_bytes / 1e9
-    assert gb(before_text) == pytest.approx(expected, abs=0.01)
+    expected = memory(model, Plan(dp=8, seq=4096), h100).total_bytes
+    assert per_gpu_bytes(before_text) == pytest.approx(expected, rel=5e-4)       # 4 significant digits
 
     handle = page.locator(".widget-slider .noUi-handle:visible").first    # the sequence-length slider
     handle.focus()
@@ -148,8 +100,8 @@ def test_memory_slider_moves_the_numbers_and_the_chart(page):
     (ARTIFACTS / "memory_after.png").write_bytes(after_png)
     page.screenshot(path=str(ARTIFACTS / "app_memory.png"), full_page=True)
     # the numbers are the ledger's for the new sequence length, and the chart was redrawn
-    expected = memory(model, Plan(dp=8, seq=8192), h100).total_bytes / 1e9
-    assert gb(status.inner_text()) == pytest.approx(expected, abs=0.01)
+    expected = memory(model, Plan(dp=8, seq=8192), h100).total_bytes
+    assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-4)
     assert after_png != before_png
 
 
@@ -191,3 +143,86 @@ def test_planner_tab_saves_a_plan_file(page):
     sync_api.expect(page.get_by_text(str(target))).to_be_visible()
     page.screenshot(path=str(ARTIFACTS / "app_planner.png"), full_page=True)
     assert load_plan(target).gpus == 16
+
+
+def test_inputs_show_their_tooltips_not_null(page):
+    from parallel_lab.viz.explorers.help import TOOLTIPS
+
+    titles = page.evaluate("() => [...document.querySelectorAll('[title]')].map(e => e.title)")
+    assert "null" not in titles and "undefined" not in titles
+    assert TOOLTIPS["seq"] in titles and TOOLTIPS["zero"] in titles and TOOLTIPS["gpus"] in titles
+    page.locator(".lm-TabBar-tab", has_text="Pipeline").click()
+    titles = page.evaluate("() => [...document.querySelectorAll('[title]')].map(e => e.title)")
+    assert TOOLTIPS["microbatches"] in titles
+
+
+def test_a_degree_change_updates_gpus_and_the_chart(page):
+    from parallel_lab.viz.plots import fmt_bytes
+
+    status = page.locator(".pl-status:visible").first
+    sync_api.expect(status).to_contain_text("per GPU")
+    tp = page.locator(".widget-slider:visible").filter(has=page.get_by_text("tp", exact=True))
+    handle = tp.locator(".noUi-handle")                                       # tp: 1 -> 2
+    handle.focus()
+    page.keyboard.press("ArrowRight")
+    expected = memory(ModelSpec.preset("llama2-7b"), Plan(dp=8, tp=2, seq=4096),
+                      ClusterSpec.preset("h100-sxm")).total_bytes
+    sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected, 4)} per GPU", timeout=15_000)
+    gpus = page.locator(".widget-inline-hbox:visible", has_text="GPUs").locator("input").first
+    sync_api.expect(gpus).to_have_value("16")                                # dp x tp = 8 x 2
+    assert "Invalid" not in status.inner_text()
+    assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-4)
+
+
+def test_grid_tab_colours_groups_and_counts_the_crossing_ones(page):
+    from parallel_lab.viz.explorers import grid_groups
+
+    page.locator(".lm-TabBar-tab", has_text="Grid").click()
+    status = page.locator(".pl-status:visible").first
+    chart = page.locator(".pl-chart:visible").first
+    sync_api.expect(status).to_contain_text("groups span more than one node")
+    plan = Plan(dp=2, tp=4, pp=2, cp=1)                                  # the tab's defaults: 16 ranks, 2 nodes
+    sync_api.expect(status).to_contain_text(f"0 of {len(grid_groups(plan, 'tp'))} tp groups")
+    before = chart.screenshot(path=str(ARTIFACTS / "grid_tp.png"))
+    page.get_by_role("button", name="dp", exact=True).filter(visible=True).first.click()
+    crossing = sum(1 for g in grid_groups(plan, "dp")
+                   if len({r // ClusterSpec.preset("h100-sxm").gpus_per_node for r in g}) > 1)
+    sync_api.expect(status).to_contain_text(f"{crossing} of {len(grid_groups(plan, 'dp'))} dp groups")
+    after = changed_screenshot(chart, before)
+    (ARTIFACTS / "grid_dp.png").write_bytes(after)
+    assert after != before
+    page.screenshot(path=str(ARTIFACTS / "app_grid.png"), full_page=True)
+
+
+def test_a_plan_from_the_planner_opens_in_the_memory_tab(page):
+    from parallel_lab.planner import plan_search
+    from parallel_lab.viz.plots import fmt_bytes
+
+    page.locator(".lm-TabBar-tab", has_text="Planner").click()
+    sync_api.expect(page.locator(".pl-status:visible").first).to_contain_text("that fit", timeout=30_000)
+    page.get_by_role("button", name="open in every tab").click()
+    sync_api.expect(page.get_by_text("opened in Memory")).to_be_visible(timeout=30_000)
+    model, h100 = ModelSpec.preset("llama2-7b"), ClusterSpec.preset("h100-sxm")
+    best = plan_search(model, h100, 16, 4096, global_batch_tokens="1M").estimates[0].plan  # the tab's defaults
+    page.locator(".lm-TabBar-tab", has_text="Memory").click()
+    status = page.locator(".pl-status:visible").first
+    expected = memory(model, best, h100).total_bytes
+    sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected, 4)} per GPU", timeout=15_000)
+    page.screenshot(path=str(ARTIFACTS / "app_plan_opened_in_memory.png"), full_page=True)
+
+
+def test_ring_attention_tab_walks_the_ring(page):
+    page.locator(".lm-TabBar-tab", has_text="Ring attention").click()
+    status = page.locator(".pl-status:visible").first
+    chart = page.locator(".pl-chart:visible").first
+    sync_api.expect(status).to_contain_text("Step 1")
+    sync_api.expect(status).to_contain_text("rank 0 holds K/V chunks 0, 7")          # zigzag, cp=4
+    before = chart.screenshot(path=str(ARTIFACTS / "ring_step1.png"))
+    step = page.locator(".widget-slider:visible").filter(has=page.get_by_text("ring step", exact=True))
+    step.locator(".noUi-handle").focus()
+    page.keyboard.press("ArrowRight")
+    sync_api.expect(status).to_contain_text("Step 2")
+    sync_api.expect(status).to_contain_text("rank 0 holds K/V chunks 3, 4")          # the block of rank 3
+    after = changed_screenshot(chart, before)
+    (ARTIFACTS / "ring_step2.png").write_bytes(after)
+    assert after != before

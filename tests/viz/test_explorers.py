@@ -17,7 +17,7 @@ H100 = ClusterSpec.preset("h100-sxm")
 
 
 def heights(ax, gid: str) -> list[float]:
-    return [p.get_height() for p in ax.patches if p.get_gid() == gid]
+    return [p.get_height() / GB for p in ax.patches if p.get_gid() == gid]    # the bars are in bytes
 
 
 def assert_shows_error(ex, expected: str) -> None:
@@ -85,14 +85,31 @@ def test_memory_sequence_sweep_shows_the_quadratic_term():
     assert quad[i4k + 1] / quad[i4k] == pytest.approx(4.0)
 
 
+def test_memory_gpus_and_degrees_stay_consistent(monkeypatch):
+    ex = MemoryExplorer(model="llama2-7b", dp=8)
+    refreshes = []
+    monkeypatch.setattr(ex, "refresh", lambda: refreshes.append(ex.values()))
+    for name, value, gpus, dp in (("tp", 2, 16, 8), ("pp", 2, 32, 8), ("dp", 2, 8, 2), ("cp", 2, 16, 2),
+                                  ("gpus", 64, 64, 8)):          # typed GPUs: dp = 64 / (tp pp cp)
+        ex.widgets[name].value = value
+        assert (ex.widgets["gpus"].value, ex.widgets["dp"].value) == (gpus, dp), name
+    assert len(refreshes) == 5                                  # one redraw per change, both values set
+    assert all(v["gpus"] == v["dp"] * v["tp"] * v["pp"] * v["cp"] for v in refreshes)
+
+
+def test_memory_gpus_that_no_dp_fills_say_what_to_type():
+    ex = MemoryExplorer(model="llama2-7b", dp=8, tp=2)
+    ex.widgets["gpus"].value = 12                                # 12 / tp=2 = 6: not a dp of the slider
+    assert isinstance(ex.error, ParallelLabError) and ex.widgets["dp"].value == 8
+    assert "GPUs=12 is not dp x tp x pp x cp = 8 x 2 x 1 x 1 = 16" in str(ex.error)
+    assert "type one of 2, 4, 8, 16, 32, 64" in str(ex.error) and "Invalid combination" in ex.status.value
+    ex.widgets["gpus"].value = 16                                # valid again: the chart comes back
+    assert_shows_figure(ex)
+
+
 def test_memory_invalid_combinations_show_the_library_message():
     ex = MemoryExplorer(model="llama2-7b", dp=8)
-    ex.widgets["dp"].value = 16                       # 16 GPUs' worth of degrees on gpus=8
-    with pytest.raises(ParallelLabError) as exc:
-        Plan(dp=16).validate(ModelSpec.preset("llama2-7b"), 8)
-    assert_shows_error(ex, str(exc.value))
-
-    ex.set(dp=8, zero=1)                              # valid again: the chart comes back
+    ex.set(dp=8, zero=1)
     assert_shows_figure(ex)
 
     ex.set(gpus=1, dp=1)                              # ZeRO needs dp >= 2
@@ -128,12 +145,12 @@ def test_comm_seed_tp_bytes_and_the_node_boundary_toggle():
     a_bytes, a_time = ex.figure.axes
     # the seed: 7.516192768 GB per GPU per step for L=32, h=4096, s=4096, t=8
     assert sum(heights(a_bytes, "tp:all_reduce")) == pytest.approx(7.516192768)
-    near = {p.get_gid(): p.get_width() for p in a_time.patches}["tp"] / 1e3
+    near = {p.get_gid(): p.get_width() for p in a_time.patches}["tp"]
     rep = comm.report(ModelSpec.preset("llama2-7b"), Plan(tp=8, seq=4096), H100)
     assert near == pytest.approx(rep.time_s["tp"])
 
     ex.widgets["tp_across_nodes"].value = True
-    far = {p.get_gid(): p.get_width() for p in ex.figure.axes[1].patches}["tp"] / 1e3
+    far = {p.get_gid(): p.get_width() for p in ex.figure.axes[1].patches}["tp"]
     # bandwidth term 7.516 GB / 50 GB/s = 150 ms (the seed's "about 150 ms"), plus ring latencies
     assert 7.516192768 / 50 <= far <= 7.516192768 / 50 + 0.03
     assert far > 6 * near
@@ -285,3 +302,117 @@ def test_a_bug_in_the_core_is_shown_without_a_traceback(monkeypatch):
     assert isinstance(ex.error, ZeroDivisionError)
     assert "Internal error" in ex.status.value and "ZeroDivisionError" in ex.status.value
     assert "Traceback" not in ex.status.value and ex.image.layout.display == "none"
+
+
+def test_every_input_has_a_tooltip_with_meaning_and_unit():
+    from parallel_lab.viz.explorers import App
+    from parallel_lab.viz.explorers.help import GLOSSARY, TOOLTIPS
+
+    app = App()
+    for tab, ex in app.explorers.items():
+        for name, w in ex.widgets.items():
+            assert w.tooltip == TOOLTIPS[name] and len(w.tooltip) > 20, (tab, name)
+    units = ("count", "tokens", "elements", "GB", "cost units", "sequences")
+    counted = [k for k, t in TOOLTIPS.items() if any(u in t for u in units)]
+    assert {"seq", "dp", "tp", "pp", "cp", "gpus", "micro_batch", "hidden", "f", "p2p"} <= set(counted)
+    assert {"bubble", "in-flight", "ZeRO-1/2/3", "korthikanti / per-op", "tp_vocab"} <= {t for t, _ in GLOSSARY}
+    assert "Glossary" in app.glossary.value
+
+
+def test_an_input_without_a_tooltip_is_refused():
+    from parallel_lab.viz.explorers.help import tooltip
+
+    with pytest.raises(KeyError, match="'warp_speed' has no tooltip"):
+        tooltip("warp_speed")
+
+
+# --------------------------------------------------------------------------------------------------
+# Planner: reading the numbers
+# --------------------------------------------------------------------------------------------------
+
+def test_planner_step_breakdown_adds_up_to_the_step_time():
+    import re
+
+    from parallel_lab.viz.explorers import PlannerExplorer
+    from parallel_lab.viz.explorers.planner import step_breakdown
+
+    ex = PlannerExplorer(model="llama2-70b", gpus=64, seq=4096, batch_tokens="1M")
+    est = ex.result["estimate"]
+    parts = step_breakdown(est)
+    assert parts["compute"] == est.compute_s and sum(parts.values()) == pytest.approx(est.step_time_s)
+    for dim, t in est.exposed_s.items():
+        assert parts.get(dim, 0.0) == t
+    shown = {k: float(v) for k, v in re.findall(r"data-part='(\w+)' data-seconds='([^']+)'", ex.status.value)}
+    assert shown == pytest.approx(parts)
+
+
+def test_planner_slider_ends_at_the_plans_shown_and_says_it_is_searching(monkeypatch):
+    from parallel_lab import planner
+    from parallel_lab.viz.explorers import PlannerExplorer
+
+    ex = PlannerExplorer(model="llama2-7b", gpus=16)
+    assert ex.widgets["chosen"].max == min(ex.widgets["top"].value, len(ex.result["result"].estimates))
+    ex.widgets["chosen"].value = 8
+    ex.widgets["top"].value = 3                                   # the slider shrinks, the choice with it
+    assert ex.widgets["chosen"].max == 3 and ex.result["index"] == 2 and ex.error is None
+    seen = []
+    real = planner.plan_search
+    monkeypatch.setattr(planner, "plan_search", lambda *a, **k: (seen.append(ex.status.value), real(*a, **k))[1])
+    ex.widgets["seq"].value = 8192
+    assert len(seen) == 1 and "Searching" in seen[0] and "Searching" not in ex.status.value
+
+
+def test_planner_warns_when_even_the_best_plan_is_poor():
+    from parallel_lab.viz.explorers import PlannerExplorer
+    from parallel_lab.viz.explorers.planner import POOR_MFU
+
+    ex = PlannerExplorer(model="llama2-7b", gpus=16384, seq=4096, batch_tokens="1M")   # 64 tokens per GPU-step
+    best = ex.result["result"].estimates[0]
+    assert best.mfu < POOR_MFU and "even the best plan is poor" in ex.status.value
+    ex.set(gpus=64)
+    assert ex.result["result"].estimates[0].mfu >= POOR_MFU and "poor" not in ex.status.value
+
+
+# --------------------------------------------------------------------------------------------------
+# One plan across the tabs
+# --------------------------------------------------------------------------------------------------
+
+def test_a_plan_picked_in_the_planner_opens_in_every_tab():
+    from parallel_lab.viz.explorers import App
+
+    app = App()
+    planner_ex = app.explorers["Planner"]
+    r = planner_ex.result
+    msg = planner_ex.open_in_tabs()
+    assert msg.startswith("opened in Memory, Communication, Pipeline, Grid, Ring attention")
+    if r["plan"].cp == 1:                                        # no ring: the Ring tab says what it kept
+        assert msg.endswith("Ring attention kept cp=1 (not on its sliders)")
+    mem, com, pipe = (app.explorers[k] for k in ("Memory", "Communication", "Pipeline"))
+    assert mem.error is None and mem.result["plan"] == r["plan"]
+    assert mem.result["ledger"].total_bytes == ledger.memory(r["model"], r["plan"], r["cluster"]).total_bytes
+    assert com.result["report"].per_step_bytes == comm.report(r["model"], com.result["plan"],
+                                                              r["cluster"]).per_step_bytes
+    assert com.result["plan"].tp == r["plan"].tp and com.result["plan"].dp == r["plan"].dp
+    if r["plan"].pp > 1:
+        assert pipe.result["sim"].bubble_ratio == pytest.approx(r["estimate"].bubble_ratio)
+    assert "opened in Memory" in planner_ex.save_message.value
+
+
+def test_a_plan_file_opens_in_every_tab_and_a_bad_path_is_a_file_error(tmp_path):
+    from parallel_lab.planfile import save_plan
+    from parallel_lab.viz.explorers import App
+
+    model, plan = ModelSpec.preset("llama2-13b"), Plan(dp=4, tp=2, pp=1, zero=1, seq=4096)
+    target = tmp_path / "13b.yaml"
+    save_plan(target, model, H100, plan, phase="pretrain-4k", gpus=8)
+    app = App()
+    planner_ex = app.explorers["Planner"]
+    planner_ex.path.value = str(target)
+    assert planner_ex.load().startswith("opened in Memory")
+    mem = app.explorers["Memory"]
+    assert mem.error is None and mem.result["plan"] == plan and mem.widgets["gpus"].value == 8
+    planner_ex.path.value = str(tmp_path / "missing.yaml")
+    assert planner_ex.load() is None
+    shown = planner_ex.save_message.value
+    assert "Plan file error" in shown and "missing.yaml" in shown and "check the path" in shown
+    assert "Invalid combination" not in shown

@@ -19,7 +19,7 @@ SEED = ModelSpec(layers=32, hidden=4096, heads=32, max_positions=4096)
 
 
 def heights(ax, gid: str) -> list[float]:
-    return [p.get_height() for p in ax.patches if p.get_gid() == gid]
+    return [p.get_height() / GB for p in ax.patches if p.get_gid() == gid]    # the bars are in bytes
 
 
 def test_memory_figure_bars_are_the_ledgers_categories():
@@ -33,7 +33,7 @@ def test_memory_figure_bars_are_the_ledgers_categories():
     assert state == pytest.approx(26.25)
     # the HBM line and the usable line after the 10% margin
     ys = {ln.get_gid(): ln.get_ydata()[0] for ln in ax.lines}
-    assert ys == {"hbm": pytest.approx(80.0), "usable": pytest.approx(72.0)}
+    assert ys == {"hbm": pytest.approx(80e9), "usable": pytest.approx(72e9)}
     assert "fits" in ax.get_title()
 
 
@@ -67,7 +67,7 @@ def test_comm_figure_seed_tp_bytes_and_time_per_tier():
     # the seed: L * 4 * (s b h 2) * 2 (t-1)/t = 7.516192768 GB per GPU per step
     assert tp == pytest.approx(7.516192768)
     widths = {p.get_gid(): p.get_width() for p in a_time.patches}
-    assert widths["tp"] == pytest.approx(rep.time_s["tp"] * 1e3)
+    assert widths["tp"] == pytest.approx(rep.time_s["tp"])                 # seconds
     assert [t.get_text() for t in a_time.get_legend().get_texts()] == ["nvlink4"]
 
 
@@ -78,7 +78,7 @@ def test_comm_bytes_split_matches_per_step_bytes_for_zero():
     ax = fig.axes[0]
     kinds = {p.get_gid() for p in ax.patches}
     assert kinds == {"dp:all_gather", "dp:reduce_scatter"}
-    assert sum(p.get_height() for p in ax.patches) == pytest.approx(rep.per_step_bytes["dp"] / GB)
+    assert sum(p.get_height() for p in ax.patches) == pytest.approx(rep.per_step_bytes["dp"])
 
 
 @pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
@@ -146,3 +146,42 @@ def test_timeline_accepts_the_runnable_codes_spans():
     info = P.draw_timeline(fig.axes[1], spans, time_scale=1e3)
     assert info["makespan"] == pytest.approx(640.0)                        # ms, from the first start
     assert info["busy"] == {0: pytest.approx(300.0), 1: pytest.approx(300.0)}
+
+
+# --------------------------------------------------------------------------------------------------
+# units that scale with the value
+# --------------------------------------------------------------------------------------------------
+
+def test_units_follow_the_value_and_never_use_an_exponent():
+    assert [P.fmt_bytes(x) for x in (0, 96, 4.1e3, 1.7e6, 999.96e6, 7.516192768e9, 2.5e12)] == \
+        ["0 B", "96 B", "4.1 kB", "1.7 MB", "1 GB", "7.52 GB", "2.5 TB"]
+    assert [P.fmt_seconds(t) for t in (0, 4e-5, 0.0009999, 0.00835, 150.3)] == \
+        ["0 s", "40 µs", "1 ms", "8.35 ms", "150 s"]
+    assert P.fmt_bytes(26.25e9, 4) == "26.25 GB" and P.fmt_number(1234.6, 3) == "1235"
+
+
+def test_tiny_llama_gets_an_axis_of_its_own_not_empty_bars_on_a_gb_axis():
+    model = ModelSpec.preset("tiny-llama")
+    led = ledger.memory(model, Plan(dp=2, seq=128, micro_batch=4), H100)
+    assert led.total_bytes < 1e9                                   # a few hundred MB at most on an 80 GB GPU
+    fig = P.memory_figure(led)
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    assert led.total_bytes <= hi <= 2 * led.total_bytes          # the bar fills at least half of the axis
+    assert ax.get_ylabel() == "memory per GPU (MB)"
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels and all("e" not in x for x in labels)
+    shown = [t.get_text() for t in ax.texts if t.get_visible()]
+    assert P.fmt_bytes(led.total_bytes, 4) in shown                # the bar's label, in MB
+    assert any(t.startswith("HBM 80 GB is off the scale") for t in shown)
+    assert not any(ln.get_visible() for ln in ax.lines if ln.get_gid() in ("hbm", "usable"))
+    for cat, b in led.per_gpu_bytes.items():                     # the bars are still the ledger's bytes
+        assert heights(ax, cat) == [pytest.approx(b / GB)]
+
+
+def test_a_large_model_keeps_its_hbm_line_and_gb_axis():
+    led = ledger.memory(ModelSpec.from_params(7e9), Plan(dp=8, zero=2), H100)
+    ax = P.memory_figure(led).axes[0]
+    assert ax.get_ylabel() == "memory per GPU (GB)"
+    assert all(ln.get_visible() for ln in ax.lines if ln.get_gid() in ("hbm", "usable"))
+    assert not any(t.get_visible() and "off the scale" in t.get_text() for t in ax.texts)

@@ -1,0 +1,29 @@
+"""Explorers: ipywidgets front-ends to the ledger, the communication report, the pipeline simulator and
+the planner. Each is one line in a notebook (``MemoryExplorer()``) and is itself a widget (a ``VBox``);
+:class:`App` puts them in tabs for the Voila app.
+
+One module per explorer (:mod:`.memory`, :mod:`.comm`, :mod:`.pipeline`, :mod:`.grid`, :mod:`.planner`), the shared
+base class and inputs in :mod:`.base`, the tabs in :mod:`.app`. Every public name is importable from
+here. How an explorer works (widgets in, one figure out, redrawn in place on a change event) is told in
+:class:`.base.Explorer`.
+
+Tests and benchmarks drive explorers programmatically: ``ex.widgets["zero"].value = 3`` (one redraw) or
+``ex.set(zero=3, dp=16)`` (one redraw for several values), then read ``ex.result``, ``ex.verdict``,
+``ex.error`` and the bars of ``ex.figure``.
+"""
+
+from __future__ import annotations
+
+from .app import App
+from .base import Explorer, error_html, model_from, tier_label
+from .comm import CommExplorer, collectives_table, tp_on_tier
+from .grid import GridExplorer, grid_coords, grid_groups
+from .memory import MemoryExplorer
+from .pipeline import PipelineExplorer
+from .planner import PlannerExplorer, plans_table, rejected_table
+from .ring import RingExplorer
+
+__all__ = ["App", "CommExplorer", "Explorer", "GridExplorer", "MemoryExplorer", "PipelineExplorer",
+           "PlannerExplorer", "RingExplorer", "collectives_table", "error_html", "grid_coords", "grid_groups",
+           "model_from",
+           "plans_table", "rejected_table", "tier_label", "tp_on_tier"]

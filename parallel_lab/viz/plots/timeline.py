@@ -1,0 +1,270 @@
+"""Pipeline timelines: one row per rank, forward / backward / weight-gradient boxes, idle bands.
+
+A pipeline schedule as a timeline: one row per rank, forward / backward / weight-gradient actions as
+coloured boxes on a hatched idle band, so that the bubble is what the eye sees. Simulated timelines
+(``parallel_lab.simulate``) and measured ones (``parallel-lab run --json``'s ``pipeline.timeline``, or
+``distributed.instruments.Span`` records) go through :func:`timeline_rows` to the same
+``(rank, start, end, kind, microbatch, chunk)`` rows.
+
+:func:`timeline_figures` gives a timeline's idle fraction and bubble ratio with the simulator's
+definitions: over the window W, ``1 - sum(busy) / (ranks * W)`` and ``(W - busiest) / busiest``.
+Boxes are drawn as one path collection per kind (thousands of boxes in one draw call).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.collections import PathCollection
+from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.patches import Patch
+from matplotlib.path import Path
+from matplotlib.textpath import TextPath
+from matplotlib.transforms import Affine2D
+
+from parallel_lab.simulate import Interval
+
+from .base import KIND_COLORS, KIND_LABELS, chart_on, field, lighten, new_figure, set_title, sticky_ceil
+
+
+def kind_key(kind: Any) -> str:
+    """Map an action kind to ``F``, ``B`` or ``W`` (forward, backward / backward-for-input, weights)."""
+    k = str(kind).lower()
+    if k in ("w", "bw", "backward_weight", "backward-weight", "weight") or "weight" in k:
+        return "W"
+    if k in ("b", "bi", "backward", "backward_input", "backward-input") or k.startswith("b"):
+        return "B"
+    if k in ("f", "forward") or k.startswith("f"):
+        return "F"
+    return "other"
+
+
+def timeline_rows(timeline: Any) -> list[tuple[int, float, float, str, int, int]]:
+    """Normalise a timeline to ``[(rank, start, end, kind, microbatch, chunk)]`` of its compute intervals.
+
+    Accepts the one interval type, ``simulate.Interval`` (the simulator's and the measured ones), its JSON
+    rows (``Interval.as_row``: ``parallel-lab bubble --json``'s and ``run --json``'s ``timeline``), a mapping of
+    its fields, or anything holding a ``timeline`` (``simulate.SimResult``, the JSON dictionary).
+    """
+    if isinstance(timeline, Mapping):
+        timeline = timeline.get("timeline", [])
+    elif hasattr(timeline, "timeline"):
+        timeline = timeline.timeline
+    rows = []
+    for r in timeline or []:
+        if isinstance(r, Interval):
+            i = r
+        elif isinstance(r, Mapping):
+            i = Interval(**{k: r[k] for k in r if k in Interval.__dataclass_fields__})
+        else:
+            i = Interval.from_row(r)
+        if i.kind == "compute":
+            rows.append((int(i.rank), float(i.t_start), float(i.t_end), str(i.name), int(i.micro_batch or 0),
+                         int(i.chunk or 0)))
+    return rows
+
+
+_BOX_CODES = np.array([Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY], Path.code_type)
+
+
+def _boxes_path(spans: Sequence[tuple[float, float]], y0: float, y1: float) -> Path:
+    """Rectangles ``[start, start + width] x [y0, y1]`` as one compound path (a subpath per box)."""
+    sw = np.asarray(spans, dtype=float).reshape(-1, 2)
+    x0, x1 = sw[:, 0], sw[:, 0] + sw[:, 1]
+    verts = np.empty((len(sw), 5, 2))
+    verts[:, :, 0] = np.stack([x0, x0, x1, x1, x0], axis=1)
+    verts[:, :, 1] = (y0, y1, y1, y0, y0)
+    return Path(verts.reshape(-1, 2), np.tile(_BOX_CODES, len(sw)))
+
+
+def n_boxes(collection: Any) -> int:
+    """How many boxes a timeline collection draws (one closed subpath each)."""
+    paths = collection.get_paths()
+    return sum(int((p.codes == Path.MOVETO).sum()) if p.codes is not None else 1 for p in paths)
+
+
+@functools.lru_cache(maxsize=1024)
+def _label_path(text: str, size: float) -> Path:
+    """``text`` as a path in points, centred on (0, 0) (cached: micro-batch numbers repeat)."""
+    path = TextPath((0, 0), text, size=size, prop=FontProperties(size=size))
+    box = path.get_extents()
+    return path.transformed(Affine2D().translate(-(box.x0 + box.x1) / 2, -(box.y0 + box.y1) / 2))
+
+
+def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_unit: str = "time",
+                  time_scale: float = 1.0, label_microbatches: bool | None = None,
+                  step_time: float | None = None, sticky: bool = False) -> dict[str, Any]:
+    """One row per rank: forward / backward / weight-gradient actions as coloured boxes on a hatched grey
+    band, so that idle gaps (the bubble) stay visible. Later chunks (interleaving) are drawn lighter;
+    each box wide enough shows its micro-batch number.
+
+    ``time_scale`` multiplies the times (e.g. 1e3 for seconds -> ms) and ``time_unit`` labels the x axis.
+    ``step_time`` (unscaled) extends the idle band when the step ends after the last compute action (a
+    last send still in flight). The time axis ends with the step, or with ``sticky=True`` at a round
+    number kept while the step fits (:func:`sticky_ceil`): an explorer's axis then stays put, and the
+    learner sees the step grow or shrink as the schedule changes.
+    Returns ``{"ranks", "makespan", "busy": {rank: busy time}}``, scaled. The boxes are one collection per
+    kind (``gid`` ``"F"``, ``"B"``, ``"W"``) holding one path of boxes per (chunk, rank) (count them with
+    :func:`n_boxes`); the idle bands are the collection ``"idle"`` (one path per rank), the numbers
+    ``"microbatch-labels"``.
+    Updates an earlier timeline on ``ax`` in place when the ranks match.
+    """
+    rows = timeline_rows(timeline)
+    ranks = sorted({r[0] for r in rows})
+    t0 = min((r[1] for r in rows), default=0.0)
+    makespan = (max([r[2] for r in rows] + [t0 + (step_time or 0.0)], default=0.0) - t0) * time_scale
+    height = 0.72
+    chart, same = chart_on(ax, "timeline", tuple(ranks))
+    old: dict[str, PathCollection] = chart.parts.get("collections", {})
+    colls: dict[str, PathCollection] = {}
+
+    def collection(gid: str, paths: list[Path], **style: Any) -> PathCollection:
+        """The collection ``gid`` of the last update with new paths, or a new one."""
+        coll = old.pop(gid, None)
+        if coll is None:
+            coll = PathCollection(paths, gid=gid, **style)
+            ax.add_collection(coll, autolim=False)
+        else:
+            coll.set_paths(paths)
+            coll.set(**style)
+        colls[gid] = coll
+        return coll
+
+    def row(spans: Sequence[tuple[float, float]], rank: int) -> Path:
+        """The ``(start, width)`` boxes of one row as one path of closed rectangles."""
+        return _boxes_path(spans, rank - height / 2, rank + height / 2)
+
+    collection("idle", [row([(0.0, makespan)], rank) for rank in ranks], facecolor="#f2f2f2",
+               edgecolor="#c8c8c8", hatch="////", linewidth=0.0)
+    busy: dict[int, float] = dict.fromkeys(ranks, 0.0)
+    groups: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
+    for rank, start, end, kind, _mb, chunk in rows:
+        key = kind_key(kind)
+        if key == "other" and end <= start:
+            continue
+        span = ((start - t0) * time_scale, (end - start) * time_scale)
+        groups.setdefault((key, chunk, rank), []).append(span)
+        busy[rank] += (end - start) * time_scale
+    max_chunk = max((c for _, c, _ in groups), default=0)
+    dense = len(rows) > 60 * max(len(ranks), 1)              # thin boxes: no white edges between them
+    for kind in ("F", "B", "W", "other"):
+        mine = sorted((c, r) for k, c, r in groups if k == kind)
+        if mine:                                       # one path per (chunk, rank), later chunks lighter
+            colors = [lighten(KIND_COLORS[kind], 0.45 * c / max(max_chunk, 1)) for c, _ in mine]
+            collection(kind, [row(groups[kind, c, r], r) for c, r in mine], facecolor=colors,
+                       edgecolor="white", linewidth=0.0 if dense else 0.6)
+    right = sticky_ceil(chart, "right", makespan * 1.01) if sticky else (makespan * 1.01 or 1.0)
+    if label_microbatches is None:
+        label_microbatches = 0 < len(rows) <= 160
+    shown = []
+    if label_microbatches and makespan > 0:
+        min_w = right / 70
+        shown = [(((start - t0) + (end - start) / 2) * time_scale, rank, str(mb))
+                 for rank, start, end, kind, mb, _chunk in rows
+                 if (end - start) * time_scale >= min_w and kind_key(kind) != "other"]
+    if shown:
+        # the numbers as glyph outlines in one collection: one draw call instead of one text per box
+        labels = collection("microbatch-labels", [_label_path(s, 7.0) for _, _, s in shown],
+                            facecolor="white", edgecolor="none", linewidth=0.0, zorder=3)
+        labels.set_offsets([(x, y) for x, y, _ in shown])
+        labels.set_offset_transform(ax.transData)
+        labels.set_transform(Affine2D().scale(1 / 72) + ax.get_figure().dpi_scale_trans)   # points -> pixels
+    for coll in old.values():
+        coll.remove()                                           # kinds or chunks that are gone
+    chart.parts["collections"] = colls
+    chart.dynamic = [*colls.values(), ax.title]                 # titles of timelines carry their numbers
+    if not same:
+        ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+        ax.set_ylim(max(ranks, default=0) + 0.6, min(ranks, default=0) - 0.6)
+    ax.set_xlim(0, right)
+    ax.set_xlabel(time_unit)
+    present = [k for k in ("F", "B", "W") if k in colls]
+    legend_key = (tuple(present), max_chunk)
+    if chart.parts.get("legend") != legend_key:
+        handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in present]
+        if 0 < max_chunk <= 3:
+            handles += [Patch(facecolor=lighten(KIND_COLORS["F"], 0.45 * c / max_chunk), label=f"chunk {c}")
+                        for c in range(max_chunk + 1)]
+        elif max_chunk > 3:
+            handles.append(Patch(facecolor=lighten(KIND_COLORS["F"], 0.45),
+                                 label=f"lighter: later chunk (v={max_chunk + 1})"))
+        handles.append(Patch(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", label="idle"))
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+        chart.parts["legend"] = legend_key
+    set_title(ax, title)
+    return {"ranks": ranks, "makespan": makespan, "busy": busy}
+
+
+def timeline_figure(timeline: Any, *, title: str | None = None, time_unit: str = "time (cost units)",
+                    time_scale: float = 1.0) -> Figure:
+    """A simulated (or measured) pipeline timeline, one row per rank."""
+    rows = timeline_rows(timeline)
+    n = len({r[0] for r in rows}) or 1
+    fig = new_figure((9.6, 1.2 + 0.42 * n))
+    ax = fig.add_subplot()
+    fig.subplots_adjust(left=0.08, right=0.86, bottom=0.6 / (1.2 + 0.42 * n) + 0.1, top=0.86)
+    draw_timeline(ax, rows, title=title, time_unit=time_unit, time_scale=time_scale)
+    return fig
+
+
+def timelines_figure(simulated: Any, measured: Any = None, *, sim_title: str = "simulated",
+                     measured_title: str = "measured", measured_unit: str = "time (ms)",
+                     measured_scale: float = 1e3) -> Figure:
+    """Simulated timeline above, measured timeline (seconds, drawn in ms) below when given."""
+    n = len({r[0] for r in timeline_rows(simulated)}) or 1
+    panels = 2 if measured is not None else 1
+    h = 0.9 + panels * (0.55 + 0.36 * n)
+    fig = new_figure((9.6, h))
+    axes = fig.subplots(panels, 1, squeeze=False)[:, 0]
+    fig.subplots_adjust(left=0.08, right=0.86, bottom=0.55 / h, top=1 - 0.35 / h, hspace=0.75)
+    draw_timeline(axes[0], simulated, title=sim_title, time_unit="time (cost units)")
+    if measured is not None:
+        draw_timeline(axes[1], measured, title=measured_title, time_unit=measured_unit,
+                      time_scale=measured_scale)
+    return fig
+
+
+def timeline_figures(timeline: Any, step_time: float | None = None) -> dict[str, float]:
+    """``idle_fraction`` and ``bubble_ratio`` of a timeline, as ``simulate.simulate`` defines them: over the
+    window ``[0, step_time]`` (default: first start to last end), ``1 - sum(busy) / (ranks * window)`` and
+    ``(window - busiest rank's busy time) / busiest``."""
+    rows = timeline_rows(timeline)
+    if not rows:
+        return {"idle_fraction": 0.0, "bubble_ratio": 0.0, "window": 0.0}
+    window = step_time if step_time is not None else max(r[2] for r in rows) - min(r[1] for r in rows)
+    busy: dict[int, float] = {}
+    for rank, start, end, *_ in rows:
+        busy[rank] = busy.get(rank, 0.0) + end - start
+    top = max(busy.values())
+    return {"idle_fraction": 1.0 - sum(busy.values()) / (len(busy) * window) if window else 0.0,
+            "bubble_ratio": (window - top) / top if top else 0.0, "window": window}
+
+
+def pipeline_timelines_figure(simulated: Any, measured: Any, *, measured_step_time: float | None = None,
+                              title: str | None = None) -> Figure:
+    """The simulated pipeline timeline above the measured one, each titled with its idle fraction and bubble
+    ratio (:func:`timeline_figures`, the simulator's definitions), so that the bubble the schedule predicts
+    and the one a run shows are read side by side.
+
+    ``simulated``: a ``simulate.SimResult`` (or ``parallel-lab bubble --json``); its ``step_time`` closes the
+    window. ``measured``: rows ``[rank, start, end, kind, microbatch, chunk]`` in seconds from the step's
+    start (``parallel-lab run --json``'s ``pipeline.timeline``) or ``Span`` records; ``measured_step_time``
+    (seconds, e.g. ``pipeline.step_time_s``) closes its window, last sends included.
+    """
+    sim_step = field(simulated, "step_time", None)
+    if sim_step is None and isinstance(simulated, Mapping):
+        sim_step = simulated.get("step_time")
+    s, m = timeline_figures(simulated, sim_step), timeline_figures(measured, measured_step_time)
+    def label(what: str, d: dict[str, float]) -> str:
+        return f"{what}: idle {d['idle_fraction']:.1%} of rank-time, bubble {d['bubble_ratio']:.1%}"
+
+    head = f"{title}: " if title else ""
+    return timelines_figure(simulated, measured, sim_title=head + label("simulated", s),
+                            measured_title=label("measured", m))
+
+
