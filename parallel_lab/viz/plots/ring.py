@@ -2,12 +2,12 @@
 computes, and the attention work per rank for contiguous and zigzag chunks.
 
 The sequence is cut into equal chunks: ``cp`` of them (contiguous: rank r holds chunk r) or ``2 cp``
-(zigzag, Llama 3: rank r holds chunks r and 2 cp - 1 - r, as ``distributed.context_parallel.rank_indices``
+(zigzag, Llama 3: rank r holds chunks r and 2 cp - 1 - r, as ``distributed.cp_balance.rank_indices``
 places them). At ring step t (0 .. cp - 1) rank r holds the key/value block of rank (r - t) mod cp and
 computes the tiles (query chunk, key chunk) of its own queries against those keys that the causal mask
 allows: a whole tile when the query chunk comes after the key chunk, the lower triangle (c (c + 1) / 2
 pairs of c-token chunks) on the diagonal, nothing above it. Summed over the steps, a rank's pairs are
-``context_parallel.work_per_rank`` (``tests/viz/test_ring.py`` checks it against that function).
+``cp_balance.work_per_rank`` (``tests/viz/test_ring.py`` checks it against that function).
 """
 
 from __future__ import annotations
