@@ -164,6 +164,10 @@ def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
             f"optimizer={plan.optimizer!r} with dtype={plan.dtype!r} and zero={plan.zero} has no runnable layout "
             f"to measure; use --optimizer adam-mixed --dtype bf16 (zero 0-2), --optimizer fsdp2-mixed --zero 3, "
             f"or --optimizer adam-fp32 --dtype fp32")
+    if plan.tp > model.kv_heads:
+        raise ParallelLabError(f"tp={plan.tp} > kv_heads={model.kv_heads} replicates key/value heads over process "
+                               f"groups built from tensors, which fake tensors cannot read; measure with tp <= "
+                               f"{model.kv_heads}")
     for what in PLUGINS:
         if getattr(plan, what) > (0 if what == "zero" else 1):
             check = getattr(__import__(plugin(what).__module__, fromlist=["_"]), f"check_{what}", None)
