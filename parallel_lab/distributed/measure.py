@@ -24,6 +24,7 @@ fake parameters). The comparison with the ledger and where it differs: README, "
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from collections.abc import Callable
@@ -170,7 +171,7 @@ def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
                                f"{model.kv_heads}")
     for what in PLUGINS:
         if getattr(plan, what) > (0 if what == "zero" else 1):
-            check = getattr(__import__(plugin(what).__module__, fromlist=["_"]), f"check_{what}", None)
+            check = getattr(importlib.import_module(plugin(what).__module__), f"check_{what}", None)
             if check is not None:
                 check(model, plan)
     return dtype
