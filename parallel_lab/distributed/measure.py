@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -288,6 +289,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
                                "call it outside launch()/init_process_group")
     t0, c0 = time.perf_counter(), time.process_time()
     notes: list[str] = []
+    excepthook = sys.excepthook                 # init_process_group wraps it (a rank prefix), every time
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world)
     old_dtype = torch.get_default_dtype()
     try:
@@ -324,6 +326,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
             lazy = tracker.current(_MemRefType.OPT) - opt_before
     finally:
         dist.destroy_process_group()
+        sys.excepthook = excepthook
     # Steady state: the optimizer's moments appear at the first step only (lazily), so in every later step
     # they are alive during forward and backward too: the peak is the larger of (forward/backward peak +
     # the moments) and the step's own peak.
