@@ -150,7 +150,8 @@ def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
     """The dtype of the fake model's parameters, or a ParallelLabError naming the fix.
 
     Layouts: ``adam-mixed`` (bf16 parameters, fp32 master in the optimizer), ``fsdp2-mixed`` with ZeRO-3
-    (fp32 shards, bf16 gathers), or fp32 everything (``adam-fp32``, ``sgd-momentum``). Unlike ``parallel-lab
+    (fp32 shards, bf16 gathers), or fp32 everything (``adam-fp32``, ``sgd-momentum``); ``cp = 1`` and
+    ``tp <= kv_heads`` (both read tensor values on the way). Unlike ``parallel-lab
     run``, mixed precision is allowed with TP, PP and CP: without values there is no reference to match.
     """
     plan.validate(model)
@@ -166,6 +167,9 @@ def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
             f"optimizer={plan.optimizer!r} with dtype={plan.dtype!r} and zero={plan.zero} has no runnable layout "
             f"to measure; use --optimizer adam-mixed --dtype bf16 (zero 0-2), --optimizer fsdp2-mixed --zero 3, "
             f"or --optimizer adam-fp32 --dtype fp32")
+    if plan.cp > 1:
+        raise ParallelLabError(f"cp={plan.cp}: context parallelism tiles attention from the token positions' "
+                               f"values, which fake tensors do not have; measure with cp=1")
     if plan.tp > model.kv_heads:
         raise ParallelLabError(f"tp={plan.tp} > kv_heads={model.kv_heads} replicates key/value heads over process "
                                f"groups built from tensors, which fake tensors cannot read; measure with tp <= "

@@ -51,6 +51,8 @@ def test_1b_zero1_mixed_matches_the_ledger():
 def test_unmeasurable_layout_names_the_fix():
     with pytest.raises(ParallelLabError, match="adam-mixed --dtype bf16"):
         check_measurable(LLAMA_1B, Plan(seq=2048, optimizer="adam-fp32", dtype="bf16"))
+    with pytest.raises(ParallelLabError, match="cp=2: context parallelism"):
+        check_measurable(LLAMA_1B, Plan(seq=2048, cp=2, optimizer="adam-mixed", dtype="bf16"))
 
 
 _RSS_SCRIPT = """
