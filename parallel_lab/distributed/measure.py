@@ -24,7 +24,9 @@ fake parameters). The comparison with the ledger and where it differs: README, "
 
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -148,7 +150,8 @@ def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
     """The dtype of the fake model's parameters, or a ParallelLabError naming the fix.
 
     Layouts: ``adam-mixed`` (bf16 parameters, fp32 master in the optimizer), ``fsdp2-mixed`` with ZeRO-3
-    (fp32 shards, bf16 gathers), or fp32 everything (``adam-fp32``, ``sgd-momentum``). Unlike ``parallel-lab
+    (fp32 shards, bf16 gathers), or fp32 everything (``adam-fp32``, ``sgd-momentum``); ``cp = 1`` and
+    ``tp <= kv_heads`` (both read tensor values on the way). Unlike ``parallel-lab
     run``, mixed precision is allowed with TP, PP and CP: without values there is no reference to match.
     """
     plan.validate(model)
@@ -164,9 +167,16 @@ def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
             f"optimizer={plan.optimizer!r} with dtype={plan.dtype!r} and zero={plan.zero} has no runnable layout "
             f"to measure; use --optimizer adam-mixed --dtype bf16 (zero 0-2), --optimizer fsdp2-mixed --zero 3, "
             f"or --optimizer adam-fp32 --dtype fp32")
+    if plan.cp > 1:
+        raise ParallelLabError(f"cp={plan.cp}: context parallelism tiles attention from the token positions' "
+                               f"values, which fake tensors do not have; measure with cp=1")
+    if plan.tp > model.kv_heads:
+        raise ParallelLabError(f"tp={plan.tp} > kv_heads={model.kv_heads} replicates key/value heads over process "
+                               f"groups built from tensors, which fake tensors cannot read; measure with tp <= "
+                               f"{model.kv_heads}")
     for what in PLUGINS:
         if getattr(plan, what) > (0 if what == "zero" else 1):
-            check = getattr(__import__(plugin(what).__module__, fromlist=["_"]), f"check_{what}", None)
+            check = getattr(importlib.import_module(plugin(what).__module__), f"check_{what}", None)
             if check is not None:
                 check(model, plan)
     return dtype
@@ -283,6 +293,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
                                "call it outside launch()/init_process_group")
     t0, c0 = time.perf_counter(), time.process_time()
     notes: list[str] = []
+    excepthook = sys.excepthook                 # init_process_group wraps it (a rank prefix), every time
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world)
     old_dtype = torch.get_default_dtype()
     try:
@@ -319,6 +330,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
             lazy = tracker.current(_MemRefType.OPT) - opt_before
     finally:
         dist.destroy_process_group()
+        sys.excepthook = excepthook
     # Steady state: the optimizer's moments appear at the first step only (lazily), so in every later step
     # they are alive during forward and backward too: the peak is the larger of (forward/backward peak +
     # the moments) and the step's own peak.

@@ -51,6 +51,8 @@ def test_1b_zero1_mixed_matches_the_ledger():
 def test_unmeasurable_layout_names_the_fix():
     with pytest.raises(ParallelLabError, match="adam-mixed --dtype bf16"):
         check_measurable(LLAMA_1B, Plan(seq=2048, optimizer="adam-fp32", dtype="bf16"))
+    with pytest.raises(ParallelLabError, match="cp=2: context parallelism"):
+        check_measurable(LLAMA_1B, Plan(seq=2048, cp=2, optimizer="adam-mixed", dtype="bf16"))
 
 
 _RSS_SCRIPT = """
@@ -74,3 +76,31 @@ def test_measuring_a_70b_plan_allocates_nothing():
     assert res["measured"]["parameters"] == res["predicted"]["parameters"] > 2e9
     assert res["measured"]["peak"] > 1e10
     assert res["rss_kb"] * 1024 < 2e9
+
+
+@pytest.mark.timeout(120)
+def test_cli_memory_measure_json_text_and_progress(capsys):
+    from parallel_lab.cli import main
+
+    argv = ["memory", "--model", "tiny-llama", "--seq", "64", "--dp", "2", "--zero", "3", "--optimizer",
+            "fsdp2-mixed", "--measure"]
+    assert main([*argv, "--json"]) == 0
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    (m,) = data["measured"]
+    assert m["stage"] == 0 and m["rank"] == 0
+    assert m["measured"]["parameters"] == m["predicted"]["per-op"]["parameters"] == data["per_gpu_bytes"]["parameters"]
+    assert m["error"]["per-op"]["activations"] == 0.0
+    assert m["measured"]["comm_buffers"] > 0                        # ZeRO-3's gathered units
+    assert "memory --measure: stage 0: optimizer step" in out.err    # progress on stderr
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "measured in fake tensors: rank 0 of 2" in text and "(torch tracker)" in text
+
+
+def test_cli_measure_error_is_one_line(capsys):
+    from parallel_lab.cli import main
+
+    assert main(["memory", "--model", "tiny-llama", "--seq", "64", "--tp", "4", "--optimizer", "adam-fp32",
+                 "--dtype", "fp32", "--measure"]) == 2
+    assert "tp=4 > kv_heads=2" in capsys.readouterr().err
