@@ -147,7 +147,9 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     byte; no dropout (llama, or ``dropout=0``) means no masks and no dropout output (the scores keep
     only the softmax output, ``d a s^2 b``); key/value widths follow GQA (``kv_heads * head_dim``);
     the llama MLP (SwiGLU) keeps its input, the gate output (SiLU's input), SiLU's output, the up output
-    and the down projection's input: ``h + 4 ffn`` elements (gpt: ``h + 2 ffn``). Context parallelism
+    and the down projection's input: ``h + 4 ffn`` elements (gpt: ``h + 2 ffn``); each llama RMSNorm,
+    written out, keeps its input and ``x * rstd``: ``2 sbh`` per norm, where a LayerNorm keeps ``sbh``
+    (measured at full size in fake tensors, distributed/measure.py). Context parallelism
     splits the sequence: the ``sbh`` terms use ``s / cp``; the score term uses the local queries against
     all keys, ``a (s/cp) s b``, whichever CP kind (ring, all-gather and Ulysses all compute exactly that
     many scores per rank; implementations with a fused/flash kernel save none of them, like selective
@@ -168,7 +170,7 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     q_local, kv_local, f_local = q_width_local(model, t), kv_width_local(model, t), model.ffn / t
     sb = s * b
     terms = {
-        "norm_inputs": 2 * sb * h * d / sp,
+        "norm_inputs": 2 * sb * h * d / sp * (2 if model.flavour == "llama" else 1),
         "attention_input": sb * h * d / sp,
         "qkv": sb * (q_local + 2 * kv_local) * d,
         "attention_output_input": sb * q_local * d,
@@ -248,8 +250,10 @@ def activation_bytes(model: ModelSpec, plan: Plan, stage: int = 0, *, formula: s
 def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") -> float:
     """The head's logits and what cross-entropy keeps, on the last stage.
 
-    Per micro-batch: the logits in the compute dtype plus the fp32 log-probabilities that cross-entropy
-    saves for backward, both vocabulary-parallel: ``(s/cp) b ceil(V/tp) (d + 4)``, times the micro-batches
+    Per micro-batch: the fp32 log-probabilities that cross-entropy saves for backward (vocabulary-parallel)
+    and the two ``s b h`` inputs the final norm and the head keep: ``(s/cp) b (4 ceil(V/tp) + 2 h d)``.
+    The logits in the compute dtype are not kept: the loss casts them to fp32 and log_softmax saves only
+    its output (measured at full size in fake tensors, distributed/measure.py). Times the micro-batches
     the last stage keeps at once (``schedules.head_inflight``: GPipe ``m``, ZB-H1 ``min(p, m)`` until the
     delayed W, 1F1B and interleaved 1).
     """
@@ -258,7 +262,8 @@ def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") 
     if formula == "per-op":
         return float(sum(e["bytes"] for e in _per_op(model, plan)["head"])) * kept
     vocab_local = math.ceil(model.vocab / plan.tp)
-    per_mb = plan.seq / plan.cp * plan.micro_batch * vocab_local * (plan.dtype_bytes + LOSS_BYTES)
+    kept_per_token = vocab_local * LOSS_BYTES + 2 * model.hidden * plan.dtype_bytes
+    per_mb = plan.seq / plan.cp * plan.micro_batch * kept_per_token
     return per_mb * kept
 
 
