@@ -24,7 +24,6 @@ fake parameters). The comparison with the ledger and where it differs: README, "
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 import time
@@ -40,10 +39,15 @@ from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRef
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from parallel_lab.distributed.data import Batch
 from parallel_lab.distributed.grid import Grid, mesh
 from parallel_lab.distributed.instruments import CommTracer
-from parallel_lab.distributed.model import Batch, Transformer
-from parallel_lab.distributed.train import PLUGINS, Runtime, parallelize, plugin
+from parallel_lab.distributed.model import Transformer
+from parallel_lab.distributed.pipeline import check_pp
+from parallel_lab.distributed.runtime import Runtime
+from parallel_lab.distributed.tensor_parallel import check_tp
+from parallel_lab.distributed.train import parallelize
+from parallel_lab.distributed.zero import check_zero
 from parallel_lab.ledger import CATEGORIES, memory
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
@@ -174,11 +178,12 @@ def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
         raise ParallelLabError(f"tp={plan.tp} > kv_heads={model.kv_heads} replicates key/value heads over process "
                                f"groups built from tensors, which fake tensors cannot read; measure with tp <= "
                                f"{model.kv_heads}")
-    for what in PLUGINS:
-        if getattr(plan, what) > (0 if what == "zero" else 1):
-            check = getattr(importlib.import_module(plugin(what).__module__), f"check_{what}", None)
-            if check is not None:
-                check(model, plan)
+    if plan.tp > 1:
+        check_tp(model, plan)
+    if plan.pp > 1:
+        check_pp(model, plan)
+    if plan.zero:
+        check_zero(model, plan)
     return dtype
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import pytest
 
+from parallel_lab.distributed.data import synthetic_batch
 from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import build_model, loss_fn, synthetic_batch
+from parallel_lab.distributed.model import build_model, loss_fn
 from parallel_lab.distributed.pipeline import measured_step, replay, stage_layout
 from parallel_lab.distributed.train import CommTracer, parallelize
 from parallel_lab.schedules import Placement, Schedule, build_schedule

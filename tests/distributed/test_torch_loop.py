@@ -19,9 +19,10 @@ import contextlib
 import pytest
 import torch
 
+from parallel_lab.distributed.data import synthetic_batch
 from parallel_lab.distributed.data_parallel import BucketedDDP, NaiveDDP
 from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import build_model, loss_fn, synthetic_batch
+from parallel_lab.distributed.model import build_model, loss_fn
 from parallel_lab.distributed.zero import Zero12
 from parallel_lab.specs import ModelSpec, Plan
 
