@@ -591,8 +591,10 @@ def _run(args: argparse.Namespace) -> Output:
 
 #: One registrar per subcommand, in the order ``--help`` lists them. To add a subcommand, append yours.
 #: (``bubble`` and ``plan``: schedules/planner; ``run``: the runnable core, importing torch in its handler.)
+from parallel_lab.grading.cli import add_grade  # noqa: E402 - `grade` (parallel_lab/grading/cli.py)
+
 SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble, _add_plan,
-                                            _add_run]
+                                            _add_run, add_grade]
 
 
 def build_parser() -> argparse.ArgumentParser:
