@@ -42,7 +42,7 @@ def test_bucket_partition(sub):
     got = [[names[id(p)] for p in b] for b in cls(model, CAP_MB * 1e6).buckets]
     want = [[n for n, _ in b] for b in comm.ddp_buckets(MICRO, micro_plan(dp=2, bucket_mb=CAP_MB))]
     if got != want:
-        first = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+        first = next((i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w), min(len(got), len(want)))
         raise Fail(f"{len(got)} buckets, expected {len(want)}; bucket {first} differs: yours starts "
                    f"{got[first][:2] if first < len(got) else 'nothing'}, expected {want[first][:2]} (walk the "
                    "parameters in reverse registration order; close a bucket before it would exceed the cap)")

@@ -17,3 +17,31 @@ def micro_plan(**kw: object) -> Plan:
     """An fp32 plan of ``MICRO`` at ``SEQ`` tokens, 2 sequences per micro-batch, with ``kw`` changed."""
     base = {"seq": SEQ, "micro_batch": 2, "optimizer": "adam-fp32", "dtype": "fp32"}
     return Plan(**{**base, **kw})
+
+
+# The tensor-parallel MLP case (exercise tp_mlp): a GPT MLP y = gelu(x A^T) B^T, loss sum(y^2).
+MLP_H, MLP_FFN, MLP_B, MLP_S = 32, 64, 2, 16
+
+
+def mlp_case() -> tuple:
+    """Seeded ``(A (ffn, h), B (h, ffn), x (b, s, h))``."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(MLP_FFN, MLP_H, generator=g) * 0.2, torch.randn(MLP_H, MLP_FFN, generator=g) * 0.2,
+            torch.randn(MLP_B, MLP_S, MLP_H, generator=g))
+
+
+def mlp_reference() -> tuple:
+    """One process: ``(y, dL/dx, dL/dA, dL/dB)`` for ``L = sum(y^2)``."""
+    import torch.nn.functional as F
+
+    A, Bw, x = (t.clone().requires_grad_(True) for t in mlp_case())
+    y = F.gelu(x @ A.T) @ Bw.T
+    (y * y).sum().backward()
+    return y.detach(), x.grad, A.grad, Bw.grad
+
+
+def rel_err(a: object, b: object) -> float:
+    """``max |a - b| / max |b|`` (tensors)."""
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))

@@ -36,7 +36,6 @@ class BucketedAllReduce:
             self.pending.append((i, flat, dist.all_reduce(flat, async_op=True)))
 
     def finish(self) -> None:
-        n = dist.get_world_size()
         for i, flat, work in self.pending:
             work.wait()
             off = 0
