@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -171,8 +172,8 @@ def test_files(exercise: str, exercises_dir: Path, bundle: Path | None) -> list[
 def discover(files: list[tuple[Path, str]]) -> list[TestSpec]:
     """The tests of the files, in file order (collected in the parent: the submission is not imported)."""
     specs = []
-    for i, (path, vis) in enumerate(files):
-        mod = _load(path, f"_grading_tests_{vis}_{i}")
+    for path, vis in files:
+        mod = _load(path, f"{vis}_tests")
         for name, fn in vars(mod).items():
             if name.startswith("test_") and callable(fn):
                 specs.append(TestSpec(str(path), name, vis, getattr(fn, "points", DEFAULT_POINTS),
@@ -206,12 +207,13 @@ def _submission_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def _child(fd: int, submission: Path, tests: list[TestSpec], limits: Limits) -> None:
+def _child(fd: int, submission: Path, files: list[tuple[Path, str]], tests: list[TestSpec], limits: Limits) -> None:
     def emit(**obj: Any) -> None:
         os.write(fd, (json.dumps(obj) + "\n").encode())
 
     os.setsid()
     _limit_self(limits)
+    warnings.filterwarnings("ignore", category=FutureWarning)    # torch 2.13's renamed collectives
     work = Path(tempfile.mkdtemp(prefix="grade-"))
     os.chdir(work)
     sys.addaudithook(_refuse_fixed_ports)
@@ -231,12 +233,12 @@ def _child(fd: int, submission: Path, tests: list[TestSpec], limits: Limits) -> 
             emit(event="result", test=t.key, passed=False, message=msg, seconds=0.0)
         os._exit(0)
     mods: dict[str, Any] = {}
+    for path, vis in files:                    # public first: hidden tests may `import public_tests`
+        mods[str(path)] = _load(path, f"{vis}_tests")
     for t in tests:
         emit(event="start", test=t.key)
         t0 = time.perf_counter()
         try:
-            if t.file not in mods:
-                mods[t.file] = _load(Path(t.file), f"_grading_{t.visibility}_{len(mods)}")
             getattr(mods[t.file], t.name)(sub)
             emit(event="result", test=t.key, passed=True, message="", seconds=time.perf_counter() - t0)
         except MemoryError:
@@ -278,14 +280,15 @@ def _status_text(status: int) -> str:
     return f"exited with status {os.WEXITSTATUS(status)} (os._exit or sys.exit in your code?)"
 
 
-def _run_some(submission: Path, tests: list[TestSpec], limits: Limits) -> list[tuple[TestSpec, dict]]:
+def _run_some(submission: Path, files: list[tuple[Path, str]], tests: list[TestSpec], limits: Limits
+              ) -> list[tuple[TestSpec, dict]]:
     """Fork one child for ``tests``; return the results it produced, and a failure for the test it died in."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:                                      # the child
         os.close(r)
         try:
-            _child(w, submission, tests, limits)
+            _child(w, submission, files, tests, limits)
         finally:
             os._exit(0)
     os.close(w)
@@ -352,11 +355,12 @@ def grade(exercise: str, submission: str | Path, *, bundle: str | Path | None = 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bundle-") as tmp:
         b = open_bundle(bundle, Path(tmp))
-        tests = discover(test_files(exercise, exercises_dir, b))
+        files = test_files(exercise, exercises_dir, b)
+        tests = discover(files)
         out = Grade(exercise, str(submission))
         todo = list(tests)
         while todo:
-            results = _run_some(submission.resolve(), todo, limits)
+            results = _run_some(submission.resolve(), files, todo, limits)
             if not results:                                 # nothing came back at all
                 results = [(todo[0], {"passed": False, "message": "the grading process died at start",
                                       "seconds": 0.0})]
