@@ -111,7 +111,7 @@ def _rank_error_summary(tb: str) -> str:
     last = lines[-1] if lines else "unknown error"
     subs = re.findall(r'File "[^"]*submission\.py", line (\d+), in (\S+)', tb)
     where = f" at submission.py line {subs[-1][0]} (in {subs[-1][1]})" if subs else ""
-    return f"{last}{where}"
+    return f"{last.replace('parallel_lab.grading.harness.Fail: ', '')}{where}"
 
 
 def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = RANK_TIMEOUT_S, plan: Any = None,
