@@ -45,3 +45,33 @@ def mlp_reference() -> tuple:
 def rel_err(a: object, b: object) -> float:
     """``max |a - b| / max |b|`` (tensors)."""
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+# Attention blocks (exercise online_softmax): q (b, s, d), k and v (b, t, d); scores scaled by 1/sqrt(d).
+
+def block_attention(q: object, k: object, v: object, mask: object = None) -> tuple:
+    """Attention of ``q`` over one block of keys: ``(o, lse)``, ``o = softmax(S) v`` (b, s, d) normalised within
+    the block, ``lse = logsumexp(S)`` (b, s); ``mask`` (s, t) True where allowed. A query that sees nothing
+    in the block gets ``o = 0`` and ``lse = -inf``."""
+    import math
+
+    import torch
+
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])           # (b, s, t)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, -1)                                      # (b, s)
+    p = torch.exp(scores - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
+    return p @ v, lse
+
+
+def full_attention(q: object, k: object, v: object, mask: object = None) -> object:
+    """One process: ``softmax(q k^T / sqrt(d)) v`` over all keys (the reference)."""
+    import math
+
+    import torch
+
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, -1) @ v
