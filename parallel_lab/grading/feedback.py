@@ -55,6 +55,13 @@ def _fmt(x: float, unit: str) -> str:
     return f"{x:.6g}{' ' + unit if unit else ''}"
 
 
+def _pct(rel: float) -> str:
+    """``+12.5%``, or two significant digits when small (``-0.0040%``), never a bare ``-0.0%``."""
+    if rel == 0 or abs(rel) >= 0.001:
+        return f"{rel:+.1%}"
+    return f"{rel * 100:+.2g}%"
+
+
 @dataclass(frozen=True)
 class Feedback:
     """The verdict on one answer. ``bool(fb)`` is ``fb.correct``; printing it shows ``fb.message``."""
@@ -152,9 +159,9 @@ def check(answer: Any, expected: float | Mapping[str, float], *, rtol: float = D
     rel = (x - total) / total if total else (math.inf if x else 0.0)
     if _close(x, total, rtol, atol):
         return Feedback(True, f"{name}: right, {_fmt(x, unit)} (expected {_fmt(total, unit)}, "
-                              f"{rel:+.2%}; tolerance {rtol:.0%})", answer, expected, rel)
+                              f"{_pct(rel)}; tolerance {rtol:.2g})", answer, expected, rel)
     why, missed, doubled = _diagnose(x, total, parts, rtol, atol, unit)
-    off = f"{rel:+.1%}" if math.isfinite(rel) else "expected 0"
+    off = _pct(rel) if math.isfinite(rel) else "expected 0"
     msg = f"{name}: not yet, {_fmt(x, unit)} vs expected {_fmt(total, unit)} ({off})"
     if why:
         msg += f"; {why}"

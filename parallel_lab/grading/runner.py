@@ -100,7 +100,7 @@ class Grade:
         for r in self.results:
             mark = "ok  " if r.passed else "FAIL"
             lines.append(f"  {mark} {r.name:<{w}} {r.points:g}/{r.max_points}  [{r.visibility}]"
-                         + ("" if r.passed else f"\n       {r.message}"))
+                         + ("" if r.passed else "\n       " + r.message.replace("\n", "\n       ")))
         return "\n".join(lines)
 
 
