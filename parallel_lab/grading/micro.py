@@ -75,3 +75,19 @@ def full_attention(q: object, k: object, v: object, mask: object = None) -> obje
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, -1) @ v
+
+
+def measured_rank(grid: object, plan: object, spec: object = None) -> dict:
+    """One training step of ``plan`` on this rank through the library (``train_rank``): the measured state
+    and activation bytes and the traced calls ``(dim, kind, message_bytes, group_size)`` of this rank."""
+    from parallel_lab.distributed.train import train_rank
+
+    res = train_rank(grid, spec or MICRO, plan, steps=1, return_params=False)
+    return {"memory": dict(res.memory), "calls": [(e.dim, e.kind, e.message_bytes, e.group_size) for e in res.events]}
+
+
+def ring_wire_bytes(kind: str, message_bytes: int, group_size: int) -> float:
+    """Bytes one rank sends for one call under the ring algorithms (the conventions' table)."""
+    from parallel_lab.comm import Collective
+
+    return Collective("dp", kind, message_bytes, group_size).wire_bytes_per_call
