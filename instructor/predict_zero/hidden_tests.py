@@ -40,7 +40,7 @@ def test_bytes_equal_comm(sub):
 @functools.cache
 def measured(stage):
     plan = micro_plan(dp=2, zero=stage, zero_unit="root")
-    return run_ranks(measured_rank, 2, plan, timeout_s=60)[0]
+    return run_ranks(measured_rank, 2, plan, plan=plan, timeout_s=60)[0]
 
 
 @points(2)
