@@ -126,6 +126,8 @@ def _diagnose(x: float, total: float, terms: Mapping[str, float], rtol: float, a
     if total and x:
         ratio = x / total
         for r, why in UNIT_SLIPS.items():
+            if unit != "B":                     # the hints in brackets are about bytes
+                why = why.split(" (")[0] if why.startswith("a factor") else why
             for rr, word in ((r, "larger"), (1 / r, "smaller")):
                 if _close(ratio, rr, rtol, 0.0):
                     return f"it is {why} {word} than expected", (), ()
