@@ -118,6 +118,9 @@ def _diagnose(x: float, total: float, terms: Mapping[str, float], rtol: float, a
                 whats = [", ".join(f"{k} ({_fmt(terms[k], unit)})" for k in sub) for sub in hits]
                 if len(hits) == 1:
                     return f"your total leaves out {whats[0]}", hits[0], ()
+                if len(hits) > 3:
+                    return (f"your total is short by {_fmt(total - x, unit)}, as much as several combinations of "
+                            f"terms (e.g. {whats[0]}, or {whats[1]})", (), ())
                 return (f"your total leaves out one of: {' or '.join(whats)} (they are equal here)",
                         tuple(sorted({k for sub in hits for k in sub})), ())
         for k in names:

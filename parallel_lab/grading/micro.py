@@ -91,3 +91,7 @@ def ring_wire_bytes(kind: str, message_bytes: int, group_size: int) -> float:
     from parallel_lab.comm import Collective
 
     return Collective("dp", kind, message_bytes, group_size).wire_bytes_per_call
+
+#: A GPT-flavoured MICRO (LayerNorm, GeLU MLP of 4h, learned positions, no dropout) for activation measurements.
+MICRO_GPT = ModelSpec(layers=2, hidden=32, heads=4, ffn=128, vocab=64, flavour="gpt", max_positions=64, dropout=0.0,
+                      name="micro-gpt")
