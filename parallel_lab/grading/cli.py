@@ -4,7 +4,8 @@
     parallel-lab grade --batch SUBMISSIONS_DIR --bundle DIR --out grades.csv
     parallel-lab grade --list
 
-``PATH`` defaults to the exercise's starter, ``exercises/EXERCISE/starter.py`` (the file a learner edits).
+``PATH`` defaults to the exercise's starter, ``exercises/EXERCISE/starter.py`` (or ``.yaml``), the file a learner
+edits.
 Without ``--bundle`` only the public tests run. Importing this module does not import torch.
 """
 
@@ -45,7 +46,8 @@ def _handle(args: argparse.Namespace) -> Any:
         return Output(data, f"graded {len(rows)} submission(s): {total:g} / {most} points; wrote {args.out}")
     if not args.exercise:
         raise ParallelLabError("name an EXERCISE (see parallel-lab grade --list), or use --batch DIR")
-    path = args.path or str(exercises_dir / args.exercise / "starter.py")
+    starters = sorted((exercises_dir / args.exercise).glob("starter.*"))
+    path = args.path or str(starters[0] if starters else exercises_dir / args.exercise / "starter.py")
     g = runner.grade(args.exercise, path, bundle=args.bundle, exercises_dir=exercises_dir, limits=limits)
     return Output(g.to_json(), g.summary())
 

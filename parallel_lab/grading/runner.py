@@ -115,7 +115,7 @@ def default_exercises_dir() -> Path:
 
 def list_exercises(exercises_dir: Path | None = None) -> list[str]:
     d = exercises_dir or default_exercises_dir()
-    return sorted(p.name for p in d.iterdir() if (p / "starter.py").exists() or (p / "public_tests.py").exists())
+    return sorted(p.name for p in d.iterdir() if (p / "public_tests.py").exists())
 
 
 def open_bundle(bundle: str | Path | None, into: Path) -> Path | None:
