@@ -32,6 +32,8 @@ from typing import Any
 DEFAULT_POINTS = 1
 DEFAULT_LIMIT_S = 60.0
 RANK_TIMEOUT_S = 20.0
+#: multiplies rank timeouts; the grader's child process sets it from ``Limits.scale`` (``--time-scale``)
+TIME_SCALE = 1.0
 
 
 class Fail(AssertionError):
@@ -122,6 +124,7 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = RANK_TIME
     """
     from parallel_lab.distributed.launch import LaunchTimeout, RankError, launch
 
+    timeout_s *= TIME_SCALE
     last: dict[int, str] = {}
     with tempfile.TemporaryDirectory(prefix="ranks-") as stacks:
         try:

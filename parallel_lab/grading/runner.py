@@ -46,11 +46,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from parallel_lab.grading import harness
 from parallel_lab.grading.harness import DEFAULT_LIMIT_S, DEFAULT_POINTS
 from parallel_lab.specs import ParallelLabError
 
 REPO = Path(__file__).resolve().parents[2]
 SUBMISSION_SUFFIXES = (".py", ".yaml", ".yml")
+IMPORT_LIMIT_S = 30.0        # wall clock for importing a submission (torch is already imported)
 
 
 @dataclass(frozen=True)
@@ -213,6 +215,7 @@ def _child(fd: int, submission: Path, files: list[tuple[Path, str]], tests: list
 
     os.setsid()
     _limit_self(limits)
+    harness.TIME_SCALE = limits.scale
     warnings.filterwarnings("ignore", category=FutureWarning)    # torch 2.13's renamed collectives
     work = Path(tempfile.mkdtemp(prefix="grade-"))
     os.chdir(work)
@@ -296,18 +299,25 @@ def _run_some(submission: Path, files: list[tuple[Path, str]], tests: list[TestS
     done: list[tuple[TestSpec, dict]] = []
     current: TestSpec | None = None
     started = time.monotonic()
-    deadline = started + 60.0                          # import of the submission
+    deadline = started + IMPORT_LIMIT_S * limits.scale  # import of the submission
     buf = b""
     try:
         while True:
             wait = deadline - time.monotonic()
             if wait <= 0:
                 _kill_group(pid)
-                what = (f"exceeded its wall-clock limit of {current.limit_s * limits.scale:g} s (a hang, a "
-                        "deadlock, or a loop that never ends?)" if current else "the submission took over 60 s "
-                        "to import")
-                t = current or tests[len(done)]
-                done.append((t, {"passed": False, "message": what, "seconds": time.monotonic() - started}))
+                if current is not None:
+                    what = (f"exceeded its wall-clock limit of {current.limit_s * limits.scale:g} s (a hang, a "
+                            "deadlock, or a loop that never ends?)")
+                elif not done:
+                    what = (f"the submission took over {IMPORT_LIMIT_S * limits.scale:g} s to import (an endless "
+                            "loop at module level?)")
+                else:
+                    what = "the grading process stopped answering between two tests"
+                if current is not None:
+                    done.append((current, {"passed": False, "message": what, "seconds": time.monotonic() - started}))
+                else:                                      # no test started: the same fate for all of them
+                    done += [(t, {"passed": False, "message": what, "seconds": 0.0}) for t in tests[len(done):]]
                 return done
             ready, _, _ = select.select([r], [], [], min(wait, 1.0))
             if not ready:
