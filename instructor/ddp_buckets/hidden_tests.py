@@ -73,9 +73,17 @@ def test_all_reduces_start_during_backward(sub):
                        "communication overlaps the rest of backward")
 
 
+def session_values():
+    """One process's full-batch gradients of steps 0 and 1 (computed once per grading session)."""
+    return {"refs": [reference(0), reference(1)]}
+
+
+SESSION: dict = {}
+
+
 @points(2)
 def test_second_step_and_another_cap(sub):
-    refs = [reference(0), reference(1)]
+    refs = (SESSION or session_values())["refs"]
     for r, steps in enumerate(results(sub)):
         for s in range(2):
             _compare(steps[s][0], refs[s], f"rank {r}, step {s}, cap {CAP_MB * 1e6:g} B")

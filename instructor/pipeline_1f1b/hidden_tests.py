@@ -63,12 +63,20 @@ def _train(grid, sub):
     return float(loss) if rt.owns_loss else None, params, torch.__version__
 
 
-@points(3)
-def test_executed_equals_one_process(sub):
+def session_values():
+    """One process's step of the 4 micro-batches (computed once per grading session)."""
     from parallel_lab.distributed.model import reference_train
 
+    return {"ref": reference_train(MICRO, micro_plan(pp=2, grad_accum=4, micro_batch=1), 1)}
+
+
+SESSION: dict = {}
+
+
+@points(3)
+def test_executed_equals_one_process(sub):
     plan = micro_plan(pp=2, grad_accum=4, micro_batch=1)
-    ref = reference_train(MICRO, plan, 1)
+    ref = (SESSION or session_values())["ref"]
     out = run_ranks(_train, 2, sub, plan=plan)
     loss = out[1][0]
     if loss is None or abs(loss - ref.losses[0]) > 1e-5:

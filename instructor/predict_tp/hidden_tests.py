@@ -44,10 +44,20 @@ def test_time_equals_comm(sub):
                 raise Fail(fb.message)
 
 
+def session_values():
+    """MICRO's TP calls traced on 2 ranks for one step (once per grading session)."""
+    plan = micro_plan(tp=2)
+    return {"calls": [c for c in run_ranks(measured_rank, 2, plan, plan=plan, timeout_s=120)[0]["calls"]
+                      if c[0] == "tp"]}
+
+
+SESSION: dict = {}
+
+
 @points(2)
 def test_against_traced_messages(sub):
     plan = micro_plan(tp=2)
-    calls = [c for c in run_ranks(measured_rank, 2, plan, plan=plan, timeout_s=60)[0]["calls"] if c[0] == "tp"]
+    calls = (SESSION or session_values())["calls"]
     if any(k != "all_reduce" for _, k, _, _ in calls):
         raise Fail("the traced TP calls are not all all-reduces (unexpected: report this to your teacher)")
     fb = check(sub.tp_bytes_per_step(MICRO.layers, SEQ, plan.micro_batch, MICRO.hidden, 2, 4, 1),

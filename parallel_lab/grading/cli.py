@@ -32,10 +32,9 @@ def _handle(args: argparse.Namespace) -> Any:
         if not args.out:
             raise ParallelLabError("--batch needs --out grades.csv")
 
-        def progress(learner: str, g: runner.Grade) -> None:
-            if not args.json:
-                print(f"{learner:<16} {g.exercise:<22} {g.points:g}/{g.max_points}  ({g.seconds:.1f} s)",
-                      file=sys.stderr, flush=True)
+        def progress(learner: str, g: runner.Grade) -> None:     # stderr: --json's stdout stays one object
+            print(f"{learner:<16} {g.exercise:<22} {g.points:g}/{g.max_points}  ({g.seconds:.1f} s)",
+                  file=sys.stderr, flush=True)
 
         rows = runner.grade_batch(args.batch, bundle=args.bundle, exercises_dir=exercises_dir, limits=limits,
                                   on_grade=progress)

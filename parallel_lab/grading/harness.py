@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_POINTS = 1
-DEFAULT_LIMIT_S = 60.0
-RANK_TIMEOUT_S = 20.0
+DEFAULT_LIMIT_S = 120.0
+RANK_TIMEOUT_S = 60.0
 #: multiplies rank timeouts; the grader's child process sets it from ``Limits.scale`` (``--time-scale``)
 TIME_SCALE = 1.0
 
@@ -83,9 +83,11 @@ def _ranked(grid: Any, fn: Callable, stack_dir: str, dump_after_s: float, args: 
     with open(_stack_file(stack_dir, grid.rank), "w") as f:
         faulthandler.dump_traceback_later(dump_after_s, exit=False, file=f)
         try:
-            return fn(grid, *args, **kwargs)
+            out = fn(grid, *args, **kwargs)
         finally:
             faulthandler.cancel_dump_traceback_later()
+    Path(stack_dir, f"rank{grid.rank}.done").touch()
+    return out
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)')
@@ -142,9 +144,15 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = RANK_TIME
             lines = []
             for r in range(n):
                 p = _stack_file(stacks, r)
-                stuck = where_stuck(p.read_text()) if p.exists() else ""
+                dump = p.read_text() if p.exists() else ""
                 what = f" while {last[r]}" if r in last else ""
-                lines.append(f"rank {r}{what}{': ' + stuck if stuck else ''}")
+                if Path(stacks, f"rank{r}.done").exists():
+                    lines.append(f"rank {r} finished its work")
+                elif dump.strip():
+                    stuck = where_stuck(dump)
+                    lines.append(f"rank {r}{what}{': ' + stuck if stuck else ': still running'}")
+                else:
+                    lines.append(f"rank {r}{what}: gone without a result (os._exit, a crash, or the memory limit?)")
             raise Fail(f"the ranks did not finish within {timeout_s:g} s (a hang or deadlock: a collective that "
                        "not every rank calls, or calls in a different order); " + "; ".join(lines)) from None
 

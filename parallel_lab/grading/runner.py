@@ -24,6 +24,10 @@ network. Grade untrusted code inside a container, for example::
         parallel-lab grade --batch /lab/submissions --bundle /lab/instructor --out /tmp/grades.csv
 
 Determinism: tests seed their data and state their tolerances; the same submission gets the same grade.
+A test file may define ``session_values()``: references and measurements that do not depend on the
+submission (a one-process training run, the bytes measured on ranks running the library's code). The
+grader computes them once per session, before it forks any submission's process, and each test module
+sees them as ``SESSION``; so a class of 100 submissions pays for them once.
 """
 
 from __future__ import annotations
@@ -171,11 +175,25 @@ def test_files(exercise: str, exercises_dir: Path, bundle: Path | None) -> list[
     return out
 
 
+#: ``session_values()`` of each test file, computed once per grading process (``_warm``), before any
+#: submission child is forked: children inherit a copy and no submission can alter what another one sees.
+_SESSION: dict[str, dict[str, Any]] = {}
+
+
+def _warm(path: Path, mod: Any) -> None:
+    """Compute the test file's ``session_values()`` (measurements and references that do not depend on the
+    submission) here, in the grader, once; the child sets them as the module's ``SESSION``."""
+    fn = getattr(mod, "session_values", None)
+    if fn is not None and str(path) not in _SESSION:
+        _SESSION[str(path)] = fn()
+
+
 def discover(files: list[tuple[Path, str]]) -> list[TestSpec]:
     """The tests of the files, in file order (collected in the parent: the submission is not imported)."""
     specs = []
     for path, vis in files:
         mod = _load(path, f"{vis}_tests")
+        _warm(path, mod)
         for name, fn in vars(mod).items():
             if name.startswith("test_") and callable(fn):
                 specs.append(TestSpec(str(path), name, vis, getattr(fn, "points", DEFAULT_POINTS),
@@ -238,6 +256,7 @@ def _child(fd: int, submission: Path, files: list[tuple[Path, str]], tests: list
     mods: dict[str, Any] = {}
     for path, vis in files:                    # public first: hidden tests may `import public_tests`
         mods[str(path)] = _load(path, f"{vis}_tests")
+        mods[str(path)].SESSION = _SESSION.get(str(path), {})
     for t in tests:
         emit(event="start", test=t.key)
         t0 = time.perf_counter()
@@ -353,9 +372,11 @@ def _run_some(submission: Path, files: list[tuple[Path, str]], tests: list[TestS
 def grade(exercise: str, submission: str | Path, *, bundle: str | Path | None = None,
           exercises_dir: str | Path | None = None, limits: Limits | None = None) -> Grade:
     """Grade one submission of ``exercise``: public tests, plus hidden tests when ``bundle`` is given."""
-    import torch  # noqa: F401 - imported once here so that each forked child starts warm
+    import torch  # imported once here so that each forked child starts warm
 
-    import parallel_lab.distributed.launch  # noqa: F401
+    import parallel_lab.distributed.run  # noqa: F401 - with the model, train and launch modules
+
+    torch.set_num_threads(1)    # one thread per process (and no thread pool to break in forked children)
 
     limits = limits or Limits()
     exercises_dir = (Path(exercises_dir) if exercises_dir else default_exercises_dir()).resolve()

@@ -1,0 +1,75 @@
+"""The student distribution (what ``pip install`` builds: the wheel and the sdist) holds no hidden test,
+no reference solution and no mutant; the instructor bundle lives outside the package."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLE = REPO / "instructor"
+
+
+def _hidden_markers() -> list[str]:
+    """Texts only the bundle has: every hidden test's name, and the first line of every solution/mutant."""
+    out = []
+    for f in BUNDLE.glob("*/hidden_tests.py"):
+        out += [line.split("(")[0][4:] for line in f.read_text().splitlines() if line.startswith("def test_")]
+    for f in list(BUNDLE.glob("*/solution.*")) + list(BUNDLE.glob("*/mutants/*")):
+        out.append(f.read_text().splitlines()[0])
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The wheel and the sdist, built from a copy of the tree (the copy includes ``instructor/``)."""
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md", "parallel_lab", "exercises", "instructor"):
+        p = REPO / name
+        (shutil.copytree if p.is_dir() else shutil.copy)(p, src / name)
+    out = tmp_path_factory.mktemp("dist")
+    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(out), str(src)], capture_output=True, text=True, timeout=300)
+    assert wheel.returncode == 0, wheel.stderr[-2000:]
+    sdist = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                            f"print(b.build_sdist({str(out)!r}))"], cwd=src, capture_output=True, text=True,
+                           timeout=300)
+    assert sdist.returncode == 0, sdist.stderr[-2000:]
+    return next(out.glob("*.whl")), next(out.glob("*.tar.gz"))
+
+
+def _members(path: Path) -> dict[str, bytes]:
+    if path.suffix == ".whl":
+        with zipfile.ZipFile(path) as z:
+            return {n: z.read(n) for n in z.namelist()}
+    with tarfile.open(path) as t:
+        return {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
+
+
+def test_bundle_has_what_the_grader_needs():
+    exercises = sorted(p.name for p in (REPO / "exercises").iterdir() if (p / "public_tests.py").exists())
+    assert len(exercises) >= 12
+    for ex in exercises:
+        assert (BUNDLE / ex / "hidden_tests.py").exists() and list((BUNDLE / ex).glob("solution.*")), ex
+        assert list((BUNDLE / ex / "mutants").iterdir()), f"{ex} has no mutant"
+
+
+@pytest.mark.timeout(600)
+def test_wheel_and_sdist_hold_no_hidden_test(built):
+    markers = _hidden_markers()
+    assert len(markers) > 30
+    for dist in built:
+        members = _members(dist)
+        assert any(n.endswith("parallel_lab/grading/runner.py") for n in members), f"{dist.name}: grader missing"
+        bad = [n for n in members if "instructor" in n or "hidden_tests" in n or "/mutants/" in n
+               or n.endswith(("solution.py", "solution.yaml"))]
+        assert not bad, f"{dist.name} ships instructor files: {bad[:5]}"
+        text = b"\n".join(members.values()).decode("utf-8", "replace")
+        leaked = [m for m in markers if m in text]
+        assert not leaked, f"{dist.name} contains text of the instructor bundle: {leaked[:5]}"
