@@ -42,14 +42,14 @@ def test_expected_block_is_accurate(sub):
 
 
 def scaled_down(plan):
-    """The degrees capped at 2 each and at 4 ranks in all (dropping cp, then pp, then dp), on the tiny Llama."""
+    """The degrees capped at 2 each and at 4 ranks in all (dropping cp, then pp, then dp), for ``MICRO``."""
     deg = {k: min(getattr(plan, k), 2) for k in ("dp", "tp", "pp", "cp")}
     for k in ("cp", "pp", "dp"):
         if math.prod(deg.values()) > 4:
             deg[k] = 1
     pp = deg["pp"]
     schedule = plan.schedule if pp > 1 else "1f1b"
-    return plan.with_(**deg, zero=plan.zero if deg["dp"] > 1 else 0, sp=plan.sp and deg["tp"] > 1, seq=64,
+    return plan.with_(**deg, zero=plan.zero if deg["dp"] > 1 else 0, sp=plan.sp and deg["tp"] > 1, seq=32,
                       micro_batch=1, grad_accum=2 * pp, optimizer="adam-fp32", dtype="fp32", schedule=schedule,
                       interleave=plan.interleave if schedule == "interleaved" and 4 % (pp * plan.interleave) == 0
                       else 1, bucket_mb=0.5)
@@ -59,11 +59,11 @@ def scaled_down(plan):
 @limit(240)
 def test_scaled_down_run(sub):
     from parallel_lab.distributed.run import run
-    from parallel_lab.specs import ModelSpec
+    from parallel_lab.grading.micro import MICRO
 
     pf = _pub().load(sub)
     small = scaled_down(pf.plan)
-    rep = run(ModelSpec.preset("tiny-llama"), small, steps=1, timeout_s=180)
+    rep = run(MICRO, small, steps=1, timeout_s=180)
     where = f"scaled down to dp={small.dp} tp={small.tp} pp={small.pp} cp={small.cp} zero={small.zero}"
     if rep.max_abs_param_diff > 1e-4:
         raise Fail(f"{where}: parameters differ from one process by {rep.max_abs_param_diff:.2e}")
