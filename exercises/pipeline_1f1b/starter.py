@@ -13,7 +13,8 @@ grader inserts them with ``schedules.with_p2p``). Graded: the schedule passes th
 (every backward after its forward, every receive matched, no deadlock); its simulated bubble is
 ``(p - 1) / m`` (tolerance 1e-9) and stage ``r``'s peak in-flight count is ``min(p - r, m)`` for several
 ``(p, m)``; the library's pipeline executor runs it on 2 CPU ranks (a 2-stage model, 4 micro-batches)
-and the loss and parameters equal one process's within 1e-5.
+and the loss and parameters equal one process's within 1e-5, its point-to-point messages equal
+``parallel_lab.comm``'s prediction call by call.
 Check: ``parallel-lab grade pipeline_1f1b exercises/pipeline_1f1b/starter.py``.
 """
 

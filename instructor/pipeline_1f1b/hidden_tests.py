@@ -1,8 +1,10 @@
-"""Hidden tests of pipeline_1f1b: bubble and in-flight peaks over (p, m); executed on 2 ranks vs one process."""
+"""Hidden tests of pipeline_1f1b: bubble and in-flight peaks over (p, m); executed on 2 ranks vs one process,
+its point-to-point messages vs parallel_lab.comm."""
 
 from __future__ import annotations
 
-from parallel_lab.grading.harness import Fail, doing, points, run_ranks
+from parallel_lab import comm
+from parallel_lab.grading.harness import Fail, diff_calls, doing, expected_calls, points, run_ranks
 from parallel_lab.grading.micro import MICRO, micro_plan
 
 CASES = ((2, 2), (2, 5), (3, 3), (4, 4), (4, 8), (8, 4), (5, 12))
@@ -37,8 +39,6 @@ def test_inflight_peaks(sub):
 
 
 def _train(grid, sub):
-    import torch
-
     from parallel_lab.distributed.instruments import CommTracer
     from parallel_lab.distributed.model import build_model, synthetic_batch
     from parallel_lab.distributed.pipeline import PipelineExecutor, stage_layout
@@ -47,7 +47,8 @@ def _train(grid, sub):
     plan = micro_plan(pp=2, grad_accum=4, micro_batch=1)
     schedule = _built(sub, 2, 4)
     model = build_model(MICRO, seed=0)
-    rt = parallelize(model, grid, plan, CommTracer(grid.rank, grid.groups_by_dim()))
+    tracer = CommTracer(grid.rank, grid.groups_by_dim())
+    rt = parallelize(model, grid, plan, tracer)
     rt.forward_backward = PipelineExecutor(rt, stage_layout(MICRO, plan, grid.pp_rank), schedule[grid.rank], 4)
     micro = rt.micro_batches(synthetic_batch(MICRO, plan, 0))
     rt.dp.zero_grad()
@@ -60,7 +61,8 @@ def _train(grid, sub):
     rt.dp.step()
     rt.meter.remove()
     params = {n: t.detach().clone() for n, t in rt.dp.local_parameters().items()}
-    return float(loss) if rt.owns_loss else None, params, torch.__version__
+    calls = [(e.kind, e.message_bytes, e.group_size) for e in tracer.events if e.dim == "pp"]
+    return float(loss) if rt.owns_loss else None, params, calls
 
 
 def session_values():
@@ -81,7 +83,10 @@ def test_executed_equals_one_process(sub):
     loss = out[1][0]
     if loss is None or abs(loss - ref.losses[0]) > 1e-5:
         raise Fail(f"the last stage's loss {loss} differs from one process's {ref.losses[0]:.6f}")
-    for r, (_, params, _) in enumerate(out):
+    for r, (_, params, calls) in enumerate(out):
+        msg = diff_calls(calls, expected_calls(c for c in comm.collectives(MICRO, plan, stage=r) if c.dim == "pp"))
+        if msg:
+            raise Fail(f"stage {r}: point-to-point messages against parallel_lab.comm: {msg}")
         for n, t in params.items():
             err = float((t - ref.params[n]).abs().max())
             if err > 1e-5:
