@@ -426,11 +426,13 @@ def grade_batch(directory: str | Path, *, bundle: str | Path | None = None, exer
         raise ParallelLabError(f"no submissions in {directory}: expected DIR/LEARNER/EXERCISE.py (exercises: "
                                f"{', '.join(list_exercises(exercises_dir))})")
     out = []
-    for learner, ex, path in subs:
-        g = grade(ex, path, bundle=bundle, exercises_dir=exercises_dir, limits=limits)
-        out.append((learner, g))
-        if on_grade is not None:
-            on_grade(learner, g)
+    with tempfile.TemporaryDirectory(prefix="bundle-") as tmp:
+        b = open_bundle(bundle, Path(tmp))          # an archive is unpacked once for the whole class
+        for learner, ex, path in subs:
+            g = grade(ex, path, bundle=b, exercises_dir=exercises_dir, limits=limits)
+            out.append((learner, g))
+            if on_grade is not None:
+                on_grade(learner, g)
     return out
 
 
