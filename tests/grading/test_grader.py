@@ -110,8 +110,9 @@ def test_learner_loop_runs_public_tests_only():
     assert all("NotImplementedError" in t["message"] and "submission.py line" in t["message"] for t in g["tests"])
 
 
-def test_same_submission_same_grade(tmp_path):
+def test_same_submission_same_grade_from_a_directory_or_an_archive(tmp_path):
     sub = BUNDLE / "zigzag" / "mutants" / "work_without_diagonal.py"
-    runs = [grade("zigzag", str(sub), "--bundle", str(BUNDLE), timeout=120) for _ in range(2)]
+    archive = shutil.make_archive(str(tmp_path / "bundle"), "gztar", root_dir=REPO, base_dir="instructor")
+    runs = [grade("zigzag", str(sub), "--bundle", b, timeout=120) for b in (str(BUNDLE), archive)]
     strip = [[(t["name"], t["points"], t["message"]) for t in r["tests"]] for r in runs]
     assert strip[0] == strip[1] and runs[0]["points"] == runs[1]["points"] < runs[0]["max_points"]
