@@ -33,7 +33,9 @@ def _hidden_markers() -> list[str]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """The wheel and the sdist, built from a copy of the tree (the copy includes ``instructor/``)."""
+    """The wheel and the sdist, built from a copy of the tree (the copy includes ``instructor/``), offline with
+    the environment's setuptools (``python -m build`` may be missing; pip and setuptools' PEP 517 hooks are not)."""
+    pytest.importorskip("setuptools")
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "README.md", "parallel_lab", "exercises", "instructor"):
         p = REPO / name
