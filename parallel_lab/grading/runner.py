@@ -227,7 +227,8 @@ def _submission_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def _child(fd: int, submission: Path, files: list[tuple[Path, str]], tests: list[TestSpec], limits: Limits) -> None:
+def _child(fd: int, work: Path, submission: Path, files: list[tuple[Path, str]], tests: list[TestSpec],
+           limits: Limits) -> None:
     def emit(**obj: Any) -> None:
         os.write(fd, (json.dumps(obj) + "\n").encode())
 
@@ -235,8 +236,8 @@ def _child(fd: int, submission: Path, files: list[tuple[Path, str]], tests: list
     _limit_self(limits)
     harness.TIME_SCALE = limits.scale
     warnings.filterwarnings("ignore", category=FutureWarning)    # torch 2.13's renamed collectives
-    work = Path(tempfile.mkdtemp(prefix="grade-"))
     os.chdir(work)
+    tempfile.tempdir = str(work)          # the ranks' scratch too: the grader removes it all afterwards
     sys.addaudithook(_refuse_fixed_ports)
     if submission.suffix == ".py":
         shutil.copy(submission, work / "submission.py")
@@ -305,12 +306,13 @@ def _status_text(status: int) -> str:
 def _run_some(submission: Path, files: list[tuple[Path, str]], tests: list[TestSpec], limits: Limits
               ) -> list[tuple[TestSpec, dict]]:
     """Fork one child for ``tests``; return the results it produced, and a failure for the test it died in."""
+    work = Path(tempfile.mkdtemp(prefix="grade-"))    # the child's working directory, removed afterwards
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:                                      # the child
         os.close(r)
         try:
-            _child(w, submission, files, tests, limits)
+            _child(w, work, submission, files, tests, limits)
         finally:
             os._exit(0)
     os.close(w)
@@ -367,6 +369,7 @@ def _run_some(submission: Path, files: list[tuple[Path, str]], tests: list[TestS
                     deadline = time.monotonic() + 30.0       # between tests
     finally:
         os.close(r)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def grade(exercise: str, submission: str | Path, *, bundle: str | Path | None = None,
