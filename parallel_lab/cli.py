@@ -669,8 +669,10 @@ def _launch(args: argparse.Namespace) -> Output:
     return Output(data, "\n".join(lines))
 
 
+from parallel_lab.grading.cli import add_grade  # noqa: E402 - `grade` (parallel_lab/grading/cli.py)
+
 SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble, _add_plan,
-                                            _add_run, _add_launch]
+                                            _add_run, _add_launch, add_grade]
 
 
 def build_parser() -> argparse.ArgumentParser:

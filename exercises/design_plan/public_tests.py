@@ -1,0 +1,44 @@
+"""Public tests of design_plan: the plan file describes the task, and it fits."""
+
+from __future__ import annotations
+
+from parallel_lab.grading.harness import Fail, points
+
+MODEL, CLUSTER, GPUS, SEQ, BATCH, TARGET_S = "llama3-8b", "h100-sxm", 16, 8192, 64, 4.5
+
+
+def load(sub):
+    from parallel_lab.planfile import load_plan
+    from parallel_lab.specs import ParallelLabError
+
+    path = getattr(sub, "PATH", None)
+    if path is None:
+        raise Fail("submit a plan file (.yaml), e.g. the output of `parallel-lab plan ... --save plan.yaml`")
+    try:
+        return load_plan(path)
+    except ParallelLabError as e:
+        raise Fail(str(e)) from None
+
+
+@points(1)
+def test_describes_the_task(sub):
+    pf = load(sub)
+    got = (pf.model.name, pf.cluster.name, pf.gpus, pf.plan.seq, pf.plan.global_batch)
+    want = (MODEL, CLUSTER, GPUS, SEQ, BATCH)
+    for what, g, w in zip(("model", "cluster", "gpus", "seq", "global batch (sequences)"), got, want, strict=True):
+        if g != w:
+            raise Fail(f"the plan file's {what} is {g!r}; the task is {w!r} (global batch = micro_batch x "
+                       "grad_accum x dp)")
+
+
+@points(2)
+def test_fits(sub):
+    from parallel_lab import ledger
+
+    pf = load(sub)
+    led = ledger.memory(pf.model, pf.plan, pf.cluster, margin=0.1)
+    if not led.fits:
+        top = max(led.per_gpu_bytes, key=led.per_gpu_bytes.get)
+        raise Fail(f"{led.total_bytes / 1e9:.1f} GB per GPU does not fit in {pf.cluster.hbm_bytes * 0.9 / 1e9:.1f} GB; "
+                   f"the largest category is {top} ({led.per_gpu_bytes[top] / 1e9:.1f} GB): what shards or recomputes "
+                   "it?")

@@ -1,0 +1,17 @@
+"""Mutant: one warm-up forward too many on every stage."""
+
+from __future__ import annotations
+
+from parallel_lab.schedules import Action, B, F
+
+
+def one_f_one_b(p: int, m: int) -> list[list[Action]]:
+    orders = []
+    for r in range(p):
+        warm = min(p - r, m)
+        order = [F(i) for i in range(warm)]
+        for i in range(m - warm):
+            order += [F(warm + i), B(i)]
+        order += [B(i) for i in range(m - warm, m)]
+        orders.append(order)
+    return orders
