@@ -17,7 +17,8 @@ import pytest
 from parallel_lab.distributed.data import synthetic_batch
 from parallel_lab.distributed.launch import launch
 from parallel_lab.distributed.model import build_model, loss_fn
-from parallel_lab.distributed.pipeline import measured_step, replay, stage_layout
+from parallel_lab.distributed.pipeline import stage_layout
+from parallel_lab.distributed.pipeline_report import measured_step, replay
 from parallel_lab.distributed.train import CommTracer, parallelize
 from parallel_lab.schedules import Placement, Schedule, build_schedule
 from parallel_lab.simulate import simulate
@@ -87,16 +88,16 @@ def check(spec: ModelSpec, plan: Plan, schedule: Schedule) -> list[dict]:
     records = [r["pp"]["steps"][-1] for r in sorted(res, key=lambda r: r["coords"]["pp"])]
     meas = measured_step(records)
     sim = simulate(schedule)
-    key = sorted((row[0], row[3], row[4], row[5]) for row in meas["rows"])
-    assert key == sorted((i.rank, i.kind, i.microbatch, i.chunk) for i in sim.timeline)
+    key = sorted((i.rank, i.name, i.micro_batch, i.chunk) for i in meas["intervals"])
+    assert key == sorted((i.rank, i.name, i.micro_batch, i.chunk) for i in sim.timeline)
     assert meas["inflight_peak"] == sim.peak_inflight
     assert all(rec["inflight_trace"][-1] == 0 for rec in records)
-    rep = replay(schedule, meas["rows"])
-    assert rep["step_time"] <= meas["step_time"] * 1.001
+    rep = replay(schedule, meas["intervals"])
+    assert rep["stats"].step_time <= meas["stats"].step_time * 1.001
     print(f"p={plan.pp} m={plan.grad_accum}: loss diff {abs(owners[0]['loss'] - ref_loss):.1e}, worst grad diff "
-          f"{worst:.1e}; bubble ratio simulated {sim.bubble_ratio:.1%} measured {meas['bubble_ratio']:.1%} "
-          f"replayed {rep['bubble_ratio']:.1%}; idle fraction simulated {sim.idle_fraction:.1%} measured "
-          f"{meas['idle_fraction']:.1%}")
+          f"{worst:.1e}; bubble ratio simulated {sim.bubble_ratio:.1%} measured {meas['stats'].bubble_ratio:.1%} "
+          f"replayed {rep['stats'].bubble_ratio:.1%}; idle fraction simulated {sim.idle_fraction:.1%} measured "
+          f"{meas['stats'].idle_fraction:.1%}")
     return res
 
 
@@ -118,7 +119,7 @@ def test_four_stages(name):
 
     meas = measured_step([r["pp"]["steps"][-1] for r in sorted(res, key=lambda r: r["coords"]["pp"])])
     sim = simulate(build_schedule(name, 4, 8))
-    fig = pipeline_timelines_figure(sim, meas["rows"], measured_step_time=meas["step_time"])
+    fig = pipeline_timelines_figure(sim, meas["intervals"], measured_step_time=meas["stats"].step_time)
     sim_ax, meas_ax = fig.axes[:2]
     assert [t.get_text() for t in meas_ax.get_yticklabels()] == [f"rank {r}" for r in range(4)]
     assert f"{sim.idle_fraction:.1%}" in sim_ax.get_title()
