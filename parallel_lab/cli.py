@@ -44,6 +44,8 @@ from .specs import (
     MODEL_PRESETS,
     OPTIMIZERS,
     SCHEDULES,
+    ZERO1_REDUCES,
+    ZERO2_ACCUMULATES,
     ZERO_UNITS,
     ClusterSpec,
     GiB,
@@ -58,7 +60,8 @@ PROG = "parallel-lab"
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour", "tied_embeddings")
 #: Plan flags that map one-to-one onto :class:`Plan` fields (None = not given, Plan's default applies).
 PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "seq", "recompute",
-               "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb", "zero_unit")
+               "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb", "zero_unit",
+               "zero1_reduce", "zero2_accumulate")
 DEFAULT_CLUSTER = "h100-sxm"
 
 
@@ -140,6 +143,12 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-kind", choices=DP_KINDS, help="DDP gradient sync: bucketed or naive")
     g.add_argument("--bucket-mb", type=_positive_float, help="DDP bucket cap in MB (10^6 bytes; default 25)")
     g.add_argument("--zero-unit", choices=ZERO_UNITS, help="ZeRO/FSDP units: per block or one root unit")
+    g.add_argument("--zero1-reduce", choices=ZERO1_REDUCES,
+                   help="ZeRO-1 gradients: reduce_scatter (the paper, default) or all_reduce (torch's "
+                        "ZeroRedundancyOptimizer under DDP: 1.5x the bytes)")
+    g.add_argument("--zero2-accumulate", choices=ZERO2_ACCUMULATES,
+                   help="ZeRO-2 over micro-batches: unsharded (hold full gradients, default) or sharded "
+                        "(reduce-scatter every micro-batch)")
     g.add_argument("--gpus", type=int, help="total GPUs; must equal dp*tp*pp*cp (dp is inferred if omitted)")
     g.add_argument("--cluster", metavar="PRESET", help=f"machine: {', '.join(CLUSTER_PRESETS)} "
                    f"(default {DEFAULT_CLUSTER})")

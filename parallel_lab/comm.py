@@ -179,7 +179,9 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
     if plan.zero in (1, 2):
         kind = "all_reduce" if plan.zero == 1 and plan.zero1_reduce == "all_reduce" else "reduce_scatter"
         count = m if plan.zero == 2 and plan.zero2_accumulate == "sharded" else 1
-        out += [Collective("dp", kind, padded[u] * gb, g, count, "backward", f"grad of unit {u}", u)
+        how = " (all-reduce: torch's ZeroRedundancyOptimizer form, 1.5x DDP's bytes)" if kind == "all_reduce" \
+            else f" (every micro-batch: {m}x)" if count > 1 else ""
+        out += [Collective("dp", kind, padded[u] * gb, g, count, "backward", f"grad of unit {u}{how}", u)
                 for u in backward_order]
         out += [Collective("dp", "all_gather", padded[u] * pb, g, 1, "step", f"updated params of unit {u}", u)
                 for u in padded]

@@ -6,8 +6,10 @@ Categories (docs/conventions.md): ``parameters``, ``gradients``, ``optimizer_sta
 
 Model state (Rajbhandari et al. 2020, "ZeRO"). Each parameter costs ``param_bytes + grad_bytes +
 optim_bytes`` (2 + 2 + 12 for mixed-precision Adam). ZeRO-1 shards the optimizer states over the
-data-parallel ranks, ZeRO-2 also the gradients, ZeRO-3 also the parameters. Sharding is by *units*
-(conventions): a unit of ``n`` elements is padded to ``g * ceil(n / g)`` and every rank keeps
+data-parallel ranks, ZeRO-2 also the gradients, ZeRO-3 also the parameters. Gradients are counted at their
+peak over the step: ZeRO-2 accumulating over several micro-batches in full gradients (the default
+``zero2_accumulate="unsharded"``) holds them whole until the last one (:func:`gradients_sharded`).
+Sharding is by *units* (conventions): a unit of ``n`` elements is padded to ``g * ceil(n / g)`` and every rank keeps
 ``ceil(n / g)`` of them, so a sharded category costs ``sum over units of ceil(n_u / g) * bytes``. The
 sharding group ``g`` is the gradient-synchronisation group: ``dp``, or ``dp * cp`` with context parallelism
 (conventions: gradients are synchronised over dp x cp, as in Megatron).
