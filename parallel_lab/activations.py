@@ -40,6 +40,11 @@ of shape ``(s, 1, d)``. Outside the blocks: the token ids (and gpt's position id
 mask) for the embedding; the final norm, the LM head's input, the fp32 log-probabilities, the targets
 and a 4-byte scalar for the loss.
 
+Kernels (``Plan.attention``, ``Plan.mlp``; ``distributed/kernels.py``): ``attention="flash"`` replaces the
+core's saves by the unrepeated q, k, v and an fp32 log-sum-exp ``(b, a, s)`` (its output is the ``wo`` input,
+one storage); ``mlp="fused"`` keeps only the first matmuls' outputs (llama: gate and up outputs; gpt: the fc
+output), the activation and the second matmul's input being recomputed in backward.
+
 Recomputation: ``full`` keeps only each block's input (Korthikanti's ``2 sbh``); the rotary tables are
 then rebuilt inside the recomputed region and not saved. ``selective`` recomputes the attention core
 (q k^T, softmax, dropout, probs @ v) and keeps its inputs q, k, v instead (k and v with the kv heads
@@ -186,19 +191,31 @@ def block_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) 
     out: list[Saved] = []
     out += _norm(model, "attn_norm", t, a, ln_stats_bytes)
     out.append(Saved("attn.wq/wk/wv", "normed input", (t.b, t.s_n, t.h), a))
-    if plan.recompute == "selective":   # checkpointed core keeps its inputs
+    flash = plan.attention == "flash" and plan.cp == 1
+    if plan.recompute == "selective" or flash:   # checkpointed or flash core keeps its unrepeated inputs
+        op = "core (checkpoint)" if plan.recompute == "selective" else "core (flash)"
         q_store = "rope(q)" if model.flavour == "llama" else "q"
         k_store = "rope(k)" if model.flavour == "llama" else "k"
-        out += [Saved("core (checkpoint)", q_store, (t.b, t.s, t.heads * t.d), a),
-                Saved("core (checkpoint)", k_store, (t.b, t.s, t.kv_heads * t.d), a),
-                Saved("core (checkpoint)", "v", (t.b, t.s, t.kv_heads * t.d), a)]
+        out += [Saved(op, q_store, (t.b, t.s, t.heads * t.d), a),
+                Saved(op, k_store, (t.b, t.s, t.kv_heads * t.d), a),
+                Saved(op, "v", (t.b, t.s, t.kv_heads * t.d), a)]
+        if plan.recompute != "selective":        # the output is the wo input below (one storage)
+            out.append(Saved(op, "log-sum-exp (fp32)", (t.b, t.heads, t.s), LSE_BYTES))
     else:
         out += _core(model, plan, t, a)
     out.append(Saved("attn.wo", "attention output", (t.b, t.s, t.heads * t.d), a))
     if drop:
         out.append(Saved("attn dropout", "mask", (t.b, t.s_n, t.h), MASK_BYTES))
     out += _norm(model, "mlp_norm", t, a, ln_stats_bytes)
-    if model.flavour == "gpt":
+    if plan.mlp == "fused":                      # kernels.fused_mlp: the first matmuls' outputs only
+        first = "mlp.fc" if model.flavour == "gpt" else "mlp.gate/up"
+        out.append(Saved(first, "normed input", (t.b, t.s_n, t.h), a))
+        if model.flavour == "gpt":
+            out.append(Saved("gelu+proj (fused)", "fc output", (t.b, t.s, t.ffn), a))
+        else:
+            out += [Saved("swiglu+down (fused)", "gate output", (t.b, t.s, t.ffn), a),
+                    Saved("swiglu+down (fused)", "up output", (t.b, t.s, t.ffn), a)]
+    elif model.flavour == "gpt":
         out += [Saved("mlp.fc", "normed input", (t.b, t.s_n, t.h), a),
                 Saved("gelu", "fc output", (t.b, t.s, t.ffn), a),
                 Saved("mlp.proj", "gelu output", (t.b, t.s, t.ffn), a)]

@@ -35,11 +35,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .specs import (
+    ATTENTION_KINDS,
     CLUSTER_PRESETS,
     CP_KINDS,
     DP_KINDS,
     DTYPE_BYTES,
     GB,
+    MLP_KINDS,
     MODEL_PRESETS,
     OPTIMIZERS,
     SCHEDULES,
@@ -57,7 +59,8 @@ PROG = "parallel-lab"
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour", "tied_embeddings")
 #: Plan flags that map one-to-one onto :class:`Plan` fields (None = not given, Plan's default applies).
 PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "seq", "recompute",
-               "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb", "zero_unit")
+               "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb", "zero_unit",
+               "attention", "mlp")
 DEFAULT_CLUSTER = "h100-sxm"
 
 
@@ -139,6 +142,10 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-kind", choices=DP_KINDS, help="DDP gradient sync: bucketed or naive")
     g.add_argument("--bucket-mb", type=_positive_float, help="DDP bucket cap in MB (10^6 bytes; default 25)")
     g.add_argument("--zero-unit", choices=ZERO_UNITS, help="ZeRO/FSDP units: per block or one root unit")
+    g.add_argument("--attention", choices=ATTENTION_KINDS,
+                   help="attention kernel's saved tensors: eager (scores kept, default) or flash (q, k, v, out, lse)")
+    g.add_argument("--mlp", choices=MLP_KINDS,
+                   help="MLP's saved tensors: eager (every intermediate, default) or fused (first matmuls' outputs)")
     g.add_argument("--gpus", type=int, help="total GPUs; must equal dp*tp*pp*cp (dp is inferred if omitted)")
     g.add_argument("--cluster", metavar="PRESET", help=f"machine: {', '.join(CLUSTER_PRESETS)} "
                    f"(default {DEFAULT_CLUSTER})")
@@ -260,7 +267,8 @@ def describe(model: ModelSpec, plan: Plan) -> str:
     return (f"{model.summary()}\nplan: dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} zero={p.zero} sp={p.sp} "
             f"seq={p.seq} micro_batch={p.micro_batch} grad_accum={p.grad_accum} recompute={p.recompute} "
             f"optimizer={p.optimizer} dtype={p.dtype} schedule={p.schedule}"
-            + (f" interleave={p.interleave}" if p.interleave > 1 else "") + f" ({p.world} GPUs)")
+            + (f" interleave={p.interleave}" if p.interleave > 1 else "")
+            + f" attention={p.attention} mlp={p.mlp}" + f" ({p.world} GPUs)")
 
 
 # --------------------------------------------------------------------------------------------------

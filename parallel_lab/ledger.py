@@ -133,6 +133,12 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     many scores per rank; implementations with a fused/flash kernel save none of them, like selective
     recomputation).
 
+    Kernels (named Plan fields, so a reader sees which model produced a number): ``attention="flash"``
+    (FlashAttention, Dao et al. 2022) replaces the score terms by an fp32 log-sum-exp per local query and head,
+    ``4 a s b / t`` (the output it keeps is the output projection's input, already counted);
+    ``mlp="fused"`` keeps only the first matmuls' outputs: ``mlp_intermediate`` is ``2 f`` per token for
+    llama (gate and up outputs) and ``f`` for gpt (the fc output).
+
     Recomputation: ``selective`` drops the score terms (the attention core is recomputed from Q, K, V);
     ``full`` keeps only the layer input, ``sbh * d`` (Korthikanti's 2sbh; split by t with SP). The
     transient working set of the one layer being recomputed is not included (as in the paper).
@@ -154,14 +160,24 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
         "attention_output_input": sb * q_local * d,
         "attention_dropout_mask": sb * h * mask / sp,
         "mlp_input": sb * h * d / sp,
-        "mlp_intermediate": sb * f_local * (2 if model.flavour == "gpt" else 4) * d,
+        "mlp_intermediate": sb * f_local * _mlp_saved_widths(model, plan) * d,
         "mlp_dropout_mask": sb * h * mask / sp,
     }
-    if plan.recompute == "none":
+    if plan.recompute == "none" and plan.attention == "flash":
+        terms["log_sum_exp"] = model.heads / t * sb * activations.LSE_BYTES
+    elif plan.recompute == "none":
         heads_local = model.heads / t
         score = heads_local * s * plan.seq * b          # local queries x all keys
         terms["scores"] = score * (d + (d + MASK_BYTES if drop else 0))
     return terms
+
+
+def _mlp_saved_widths(model: ModelSpec, plan: Plan) -> int:
+    """ffn-wide tensors the MLP saves per token: eager gpt 2 (GeLU input, proj input), eager llama 4 (gate
+    output, SiLU output, up output, down input); fused: only the first matmuls' outputs (gpt 1, llama 2)."""
+    if plan.mlp == "fused":
+        return 1 if model.flavour == "gpt" else 2
+    return 2 if model.flavour == "gpt" else 4
 
 
 def activation_bytes_per_layer(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") -> float:

@@ -409,6 +409,14 @@ SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1")
 CP_KINDS: tuple[str, ...] = ("ring", "allgather", "ulysses")
 DP_KINDS: tuple[str, ...] = ("bucketed", "naive")
 ZERO_UNITS: tuple[str, ...] = ("block", "root")
+#: How the attention core stores what backward needs: ``eager`` materialises the (s x s) probabilities
+#: (Korthikanti et al.'s 5as/h term); ``flash`` keeps q, k, v, the output and an fp32 log-sum-exp
+#: (Dao et al. 2022). See parallel_lab/activations.py and distributed/kernels.py.
+ATTENTION_KINDS: tuple[str, ...] = ("eager", "flash")
+#: How the MLP stores what backward needs: ``eager`` saves every intermediate (llama 4 ffn, gpt 2 ffn per
+#: token); ``fused`` fuses the activation into the second matmul and keeps only the first matmuls' outputs
+#: (llama 2 ffn, gpt 1 ffn).
+MLP_KINDS: tuple[str, ...] = ("eager", "fused")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -428,6 +436,10 @@ class Plan:
     overlap), ``bucket_mb`` (DDP bucket cap in MB of gradient), ``zero_unit`` (ZeRO-3 gathers one block at
     a time, or the whole model at once), ``cp_kind`` (ring, all-gather or Ulysses context parallelism).
     ``dtype`` is the compute dtype of activations and of the TP/CP/PP messages.
+
+    Activation storage (what the kernels save for backward, :data:`ATTENTION_KINDS`, :data:`MLP_KINDS`):
+    ``attention`` ("eager" or "flash") and ``mlp`` ("eager" or "fused"), next to ``recompute`` (Korthikanti's
+    "none", "selective" = the attention core recomputed, "full" = the block recomputed).
     """
 
     dp: int = 1
@@ -448,6 +460,8 @@ class Plan:
     dp_kind: str = "bucketed"
     bucket_mb: float = 25.0
     zero_unit: str = "block"
+    attention: str = "eager"
+    mlp: str = "eager"
 
     def __post_init__(self) -> None:
         o = "Plan"
@@ -463,6 +477,8 @@ class Plan:
         _choice(o, "cp_kind", self.cp_kind, CP_KINDS)
         _choice(o, "dp_kind", self.dp_kind, DP_KINDS)
         _choice(o, "zero_unit", self.zero_unit, ZERO_UNITS)
+        _choice(o, "attention", self.attention, ATTENTION_KINDS)
+        _choice(o, "mlp", self.mlp, MLP_KINDS)
         if not isinstance(self.sp, bool):
             raise ParallelLabError(f"Plan.sp={self.sp!r} must be True or False")
         _real(o, "bucket_mb", self.bucket_mb)
@@ -573,6 +589,11 @@ class Plan:
                     f"Ulysses all-to-all puts heads={model.heads} on cp={self.cp} ranks; "
                     f"cp must divide heads; "
                     f"pick cp in {_fmt_set(divisors(model.heads))} or cp_kind='ring'"
+                )
+            if self.attention == "flash" and model.dropout > 0:
+                raise ParallelLabError(
+                    f"attention='flash' keeps no dropout mask but the model has dropout={model.dropout}; "
+                    f"use attention='eager' or a model with dropout=0"
                 )
             if model.flavour == "gpt" and self.seq > model.max_positions:
                 raise ParallelLabError(

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
+from parallel_lab.distributed.kernels import FlashCore, fused_mlp
 from parallel_lab.ledger import is_frozen
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
@@ -214,8 +215,11 @@ class MLP(nn.Module):
         else:
             self.fc = nn.Linear(spec.hidden, spec.ffn, bias=spec.bias)
             self.proj = nn.Linear(spec.ffn, spec.hidden, bias=spec.bias)
+        self.fused = False                        # Plan.mlp == "fused": distributed/kernels.fused_mlp
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fused:
+            return fused_mlp(self, x)
         if self.swiglu:
             return self.down(F.silu(self.gate(x)) * self.up(x))
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
@@ -254,10 +258,12 @@ class Transformer(nn.Module):
     """Decoder-only transformer built from a ModelSpec; parameter names follow ``spec.parameter_shapes()``.
 
     ``recompute``: "none", "full" (each block keeps only its input and recomputes the rest in backward)
-    or "selective" (the attention core is recomputed; Korthikanti et al. 2022).
+    or "selective" (the attention core is recomputed; Korthikanti et al. 2022). ``attention``: "eager"
+    (:class:`DotProductAttention`, scores materialised) or "flash" (``kernels.FlashCore``); ``mlp``: "eager"
+    or "fused" (``kernels.fused_mlp``): the saved-tensor choices of ``Plan.attention`` and ``Plan.mlp``.
     """
 
-    def __init__(self, spec: ModelSpec, recompute: str = "none"):
+    def __init__(self, spec: ModelSpec, recompute: str = "none", attention: str = "eager", mlp: str = "eager"):
         super().__init__()
         spec.require_shape("the runnable model")
         self.spec = spec
@@ -270,6 +276,20 @@ class Transformer(nn.Module):
             None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab, bias=False))
         self.has_head = True
         self.set_recompute(recompute)
+        self.set_kernels(attention, mlp)
+
+    def set_kernels(self, attention: str = "eager", mlp: str = "eager") -> None:
+        """Which attention core and MLP the blocks run (before any parallelism replaces the core)."""
+        if attention not in ("eager", "flash"):
+            raise ParallelLabError(f"attention={attention!r} is not known; pick eager or flash")
+        if mlp not in ("eager", "fused"):
+            raise ParallelLabError(f"mlp={mlp!r} is not known; pick eager or fused")
+        if attention == "flash" and self.spec.dropout > 0:
+            raise ParallelLabError(f"attention='flash' has no attention dropout but dropout={self.spec.dropout}; "
+                                   "set the model's dropout=0 or attention='eager'")
+        for blk in self.blocks.values():
+            blk.attn.core = FlashCore() if attention == "flash" else DotProductAttention(self.spec.dropout)
+            blk.mlp.fused = mlp == "fused"
 
     def set_recompute(self, recompute: str) -> None:
         if recompute not in ("none", "selective", "full"):
@@ -348,10 +368,10 @@ def init_weights(spec: ModelSpec, seed: int = 0) -> dict[str, Tensor]:
 
 
 def build_model(spec: ModelSpec, seed: int = 0, recompute: str = "none",
-                device: torch.device | str = "cpu") -> Transformer:
+                device: torch.device | str = "cpu", attention: str = "eager", mlp: str = "eager") -> Transformer:
     """A Transformer holding ``init_weights(spec, seed)``, on ``device``, in training mode."""
     with torch.device("meta"):
-        model = Transformer(spec, recompute=recompute)
+        model = Transformer(spec, recompute=recompute, attention=attention, mlp=mlp)
     model.to_empty(device=device)
     load_full_weights(model, init_weights(spec, seed))
     return model.train()

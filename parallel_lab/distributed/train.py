@@ -114,7 +114,8 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
                frozen: Iterable[str] = (), packed: bool = False, return_params: bool = True) -> RankResult:
     """Train ``steps`` optimizer steps of ``plan`` on this rank; see the module docstring."""
     check_runnable(spec, plan)
-    model = build_model(spec, seed, recompute=plan.recompute, device=grid.device)
+    model = build_model(spec, seed, recompute=plan.recompute, device=grid.device, attention=plan.attention,
+                        mlp=plan.mlp)
     to_compute_dtype(model, plan)               # adam-mixed: bf16 parameters (distributed/mixed_precision.py)
     freeze(model, frozen)
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
