@@ -44,6 +44,7 @@ from .specs import (
     MLP_KINDS,
     MODEL_PRESETS,
     OPTIMIZERS,
+    RECOMPUTE,
     SCHEDULES,
     ZERO_UNITS,
     ClusterSpec,
@@ -132,7 +133,8 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cp", type=int, help="context-parallel degree")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default 0 = plain DDP)")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism (needs --tp >= 2)")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
+    g.add_argument("--recompute", choices=RECOMPUTE,
+                   help="activation recomputation (Korthikanti's none/selective/full, torchtitan's op-sac)")
     g.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
                    help="optimizer state layout (default adam-mixed)")
     g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), help="compute dtype of activations and messages")

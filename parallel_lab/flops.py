@@ -16,7 +16,8 @@ FlopCounterMode on a small Llama with math attention matches ``6 N T + 12 L d S 
 
 Hardware FLOPs add what recomputation runs again: ``full`` one more forward of the blocks
 (``2 N_blocks + 4 L q_dim s`` per token), ``selective`` the attention core's forward (``4 L q_dim s``).
-The head is not recomputed.
+``op-sac`` the matmuls it does not keep and the core (:func:`op_sac_recomputed_params`). The head is not
+recomputed.
 
 MFU (Chowdhery et al. 2022): model FLOPs per second over the peak of all GPUs.
 """
@@ -27,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from . import activations
 from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 
 FORMULA = "6*N_matmul*T + 12*L*q_dim*s*T (PaLM App. B / Narayanan et al. 2021; no causal halving)"
@@ -62,6 +64,15 @@ def flops_per_token(model: ModelSpec, seq: int) -> float:
     return 6.0 * (n_blocks + n_head) + 12.0 * model.layers * q_dim * seq
 
 
+def op_sac_recomputed_params(model: ModelSpec, plan: Plan) -> int:
+    """Weights of the block matmuls op-sac recomputes (the bias-free ones it does not keep, plus every
+    linear with a bias), all layers: the recomputed forward is ``2 *`` this per token plus the core."""
+    kept = {name for name, _ in activations.op_sac_kept_matmuls(model, plan, activations.local_dims(model, plan))}
+    return sum(math.prod(s) for n, s in model.parameter_shapes()
+               if n.startswith("blocks.") and n.endswith(".weight") and len(s) == 2
+               and n.split(".", 2)[2].rsplit(".", 1)[0] not in kept)
+
+
 def step_flops(model: ModelSpec, plan: Plan) -> FlopsReport:
     """Model and hardware FLOPs of one step: ``global_batch * seq`` tokens (see the module docstring)."""
     plan.validate(model)
@@ -69,7 +80,8 @@ def step_flops(model: ModelSpec, plan: Plan) -> FlopsReport:
     n_blocks, _ = matmul_params(model)
     attn_fwd = 4.0 * model.layers * model.heads * model.head_dim * plan.seq       # per token, forward
     model_flops = flops_per_token(model, plan.seq) * tokens
-    extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks + attn_fwd}[plan.recompute]
+    extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks + attn_fwd,
+             "op-sac": 2.0 * op_sac_recomputed_params(model, plan) + attn_fwd}[plan.recompute]
     return FlopsReport(model_flops, model_flops + extra * tokens, tokens)
 
 

@@ -140,7 +140,10 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     llama (gate and up outputs) and ``f`` for gpt (the fc output).
 
     Recomputation: ``selective`` drops the score terms (the attention core is recomputed from Q, K, V);
-    ``full`` keeps only the layer input, ``sbh * d`` (Korthikanti's 2sbh; split by t with SP). The
+    ``full`` keeps only the layer input, ``sbh * d`` (Korthikanti's 2sbh; split by t with SP). ``op-sac``
+    (torchtitan's op-level selective activation checkpointing) keeps the layer input and every second
+    matmul output (llama: wq, wv, gate, down, ``sb (q/t + kv/t + f/t + h) d``;
+    ``activations.op_sac_kept_matmuls`` says which). The
     transient working set of the one layer being recomputed is not included (as in the paper).
     """
     model.require_shape("activation memory")
@@ -149,6 +152,9 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     sp = t if plan.sp else 1
     if plan.recompute == "full":
         return {"layer_input": s * b * h * d / sp}
+    if plan.recompute == "op-sac":
+        return {"layer_input": s * b * h * d / sp,
+                "kept_matmul_outputs": s * b * activations.op_sac_kept_width(model, plan) * d}
     drop = model.dropout > 0
     mask = MASK_BYTES if drop else 0
     q_local, kv_local, f_local = q_width_local(model, t), kv_width_local(model, t), model.ffn / t

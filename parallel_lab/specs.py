@@ -24,7 +24,8 @@ __all__ = ["ParallelLabError", "divisors", "chunk_layers", "stage_layers", "Mode
            "OptimizerSpec", "Plan", "GB", "GiB"]
 
 Flavour = Literal["gpt", "llama"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op-sac"]
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full", "op-sac")
 
 GB = 10**9
 GiB = 2**30
@@ -439,7 +440,8 @@ class Plan:
 
     Activation storage (what the kernels save for backward, :data:`ATTENTION_KINDS`, :data:`MLP_KINDS`):
     ``attention`` ("eager" or "flash") and ``mlp`` ("eager" or "fused"), next to ``recompute`` (Korthikanti's
-    "none", "selective" = the attention core recomputed, "full" = the block recomputed).
+    "none", "selective" = the attention core recomputed, "full" = the block recomputed) and torchtitan's
+    op-level selective checkpointing "op-sac" (every second matmul output kept, all else recomputed).
     """
 
     dp: int = 1
@@ -470,7 +472,7 @@ class Plan:
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ParallelLabError(f"Plan.zero={self.zero!r} is not a ZeRO stage; "
                                    "pick zero in {0, 1, 2, 3}")
-        _choice(o, "recompute", self.recompute, ("none", "selective", "full"))
+        _choice(o, "recompute", self.recompute, RECOMPUTE)
         _choice(o, "optimizer", self.optimizer, tuple(OPTIMIZERS))
         _choice(o, "dtype", self.dtype, tuple(DTYPE_BYTES))
         _choice(o, "schedule", self.schedule, SCHEDULES)

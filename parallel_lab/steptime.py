@@ -28,7 +28,7 @@ from .comm import Collective, collective_time
 from .flops import matmul_params
 from .layout import stage_blocks
 from .simulate import Costs, bubble_formula
-from .specs import LinkTier, ModelSpec, Plan
+from .specs import RECOMPUTE, LinkTier, ModelSpec, Plan
 
 
 @dataclass
@@ -86,7 +86,7 @@ def costs(recompute: str) -> Costs:
 
 #: (forward, backward) shares of a micro-batch's compute, from :func:`costs`.
 SHARES = {r: (c.f / (c.f + c.b + c.w), (c.b + c.w) / (c.f + c.b + c.w))
-          for r, c in ((r, costs(r)) for r in ("none", "selective", "full"))}
+          for r, c in ((r, costs(r)) for r in RECOMPUTE)}
 
 
 @lru_cache(maxsize=4096)

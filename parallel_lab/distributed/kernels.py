@@ -152,3 +152,49 @@ def fused_mlp(mlp: nn.Module, x: Tensor) -> Tensor:
     if reduce is not None:
         y = reduce(y)
     return y if second.bias is None else y + second.bias
+
+
+# --------------------------------------------------------------------------------------------------
+# Op-level selective activation checkpointing (torchtitan's policy)
+# --------------------------------------------------------------------------------------------------
+
+aten = torch.ops.aten
+
+#: The ops whose outputs torchtitan's op-level policy keeps (matmuls, the fused attention kernels, the
+#: reduce-scatter of sequence parallelism, ``max`` of float8 scaling); every other op is recomputed.
+OP_SAC_SAVE = {
+    aten.mm.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+    aten.max.default,
+}
+
+
+def op_sac_context(meter: Any = None) -> tuple[Any, Any]:
+    """The two dispatch modes of ``torch.utils.checkpoint`` for one checkpointed block (``context_fn``).
+
+    Policy (torchtitan's ``op_sac``): keep the output of every op in :data:`OP_SAC_SAVE`, except every
+    second ``aten.mm`` (counted per block forward: the 2nd, 4th, ... are recomputed), recompute the rest.
+    A linear without bias is one ``aten.mm``; a linear with bias is ``aten.addmm``, which the list does not
+    name. The kept outputs live in checkpoint's cache, not in autograd's saved tensors, so ``meter`` (a
+    ``SavedTensorMeter``, optional) is told about each one and holds its charge as long as the cache lives.
+    """
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    mm_count = [0]
+    held: list[Any] = []
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func is aten.mm.default:
+            mm_count[0] += 1
+        save = func in OP_SAC_SAVE and not (func is aten.mm.default and mm_count[0] % 2 == 0)
+        if save and meter is not None:
+            out = ctx.op_output
+            held.extend(meter.hold(t) for t in (out if isinstance(out, (tuple, list)) else (out,))
+                        if isinstance(t, Tensor))
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    fwd, rec = create_selective_checkpoint_contexts(policy)
+    fwd.storage[("parallel_lab: meter charges",)] = held      # released when checkpoint drops its cache
+    return fwd, rec

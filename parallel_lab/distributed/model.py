@@ -21,15 +21,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from parallel_lab.distributed.kernels import FlashCore, fused_mlp
+from parallel_lab.distributed.kernels import FlashCore, fused_mlp, op_sac_context
 from parallel_lab.ledger import is_frozen
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.specs import RECOMPUTE, ModelSpec, ParallelLabError, Plan
 
 NORM_EPS = 1e-5
 ROPE_BASE = 10000.0
@@ -236,6 +238,8 @@ class Block(nn.Module):
         self.mlp = MLP(spec)
         self.dropout_p = spec.dropout
         self.full_recompute = False
+        self.op_sac = False                       # recompute="op-sac": torchtitan's op-level policy
+        self.sac_meter: Any = None                # a SavedTensorMeter told about the outputs op-sac keeps
 
     def _forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
         x = x + dropout(self.attn(self.attn_norm(x), ctx), self.dropout_p, self.training)
@@ -247,6 +251,9 @@ class Block(nn.Module):
             # and skip what follows it (e.g. tensor parallelism's last all-reduce of the block)
             with set_checkpoint_early_stop(False):
                 return checkpoint(self._forward, x, ctx, use_reentrant=False)
+        if self.op_sac and self.training:
+            return checkpoint(self._forward, x, ctx, use_reentrant=False,
+                              context_fn=partial(op_sac_context, self.sac_meter))
         return self._forward(x, ctx)
 
 
@@ -258,7 +265,8 @@ class Transformer(nn.Module):
     """Decoder-only transformer built from a ModelSpec; parameter names follow ``spec.parameter_shapes()``.
 
     ``recompute``: "none", "full" (each block keeps only its input and recomputes the rest in backward)
-    or "selective" (the attention core is recomputed; Korthikanti et al. 2022). ``attention``: "eager"
+    or "selective" (the attention core is recomputed; Korthikanti et al. 2022) or "op-sac" (each block
+    checkpointed with torchtitan's op-level policy, ``kernels.op_sac_context``). ``attention``: "eager"
     (:class:`DotProductAttention`, scores materialised) or "flash" (``kernels.FlashCore``); ``mlp``: "eager"
     or "fused" (``kernels.fused_mlp``): the saved-tensor choices of ``Plan.attention`` and ``Plan.mlp``.
     """
@@ -292,11 +300,12 @@ class Transformer(nn.Module):
             blk.mlp.fused = mlp == "fused"
 
     def set_recompute(self, recompute: str) -> None:
-        if recompute not in ("none", "selective", "full"):
-            raise ParallelLabError(f"recompute={recompute!r} is not known; pick none, selective or full")
+        if recompute not in RECOMPUTE:
+            raise ParallelLabError(f"recompute={recompute!r} is not known; pick one of {', '.join(RECOMPUTE)}")
         self.recompute = recompute
         for blk in self.blocks.values():
             blk.full_recompute = recompute == "full"
+            blk.op_sac = recompute == "op-sac"
             blk.attn.selective_recompute = recompute == "selective"
 
     # ---- pieces (pipeline stages use them one by one) --------------------------------------------

@@ -100,6 +100,10 @@ def check_runnable(spec: ModelSpec, plan: Plan) -> None:
     if plan.optimizer not in ("adam-fp32", "sgd-momentum") and not mixed:
         raise ParallelLabError(f"optimizer={plan.optimizer!r} is not runnable; use adam-fp32 or sgd-momentum "
                                f"(or adam-mixed with --dtype bf16, or fsdp2-mixed with --zero 3)")
+    if plan.recompute == "op-sac" and (plan.tp > 1 or plan.cp > 1):
+        raise ParallelLabError(f"recompute='op-sac' runs here with tp=1 and cp=1 only (got tp={plan.tp}, "
+                               f"cp={plan.cp}): its recomputed forward would repeat TP/CP collectives that the "
+                               "communication model does not count; use recompute='full' or 'selective'")
     if plan.tp > 1:
         check_tp(spec, plan)
     if plan.cp > 1:

@@ -16,8 +16,8 @@ from parallel_lab.distributed.model import build_model, loss_fn  # noqa: E402
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan  # noqa: E402
 
 CASES = [(name, att, mlp, rec) for name, att, mlp, rec in itertools.product(
-    ("tiny-llama", "tiny-gpt"), ("eager", "flash"), ("eager", "fused"), ("none", "selective"))
-    if (att, mlp) != ("eager", "eager")]
+    ("tiny-llama", "tiny-gpt"), ("eager", "flash"), ("eager", "fused"), ("none", "selective", "op-sac"))
+    if (att, mlp, rec) != ("eager", "eager", "none") and (rec != "op-sac" or att == "eager")]
 
 
 def _saved(name: str, plan: Plan, dtype=torch.float32):
@@ -85,3 +85,21 @@ def test_flash_refuses_attention_dropout():
         Plan(attention="flash").validate(ModelSpec.preset("tiny-gpt").with_(dropout=0.1))
     with pytest.raises(ParallelLabError, match="pick eager or flash"):
         build_model(ModelSpec.preset("tiny-llama"), attention="sdpa")
+
+
+def test_op_sac_keeps_every_second_matmul_output_of_a_llama_block():
+    """torchtitan's policy on a bias-free llama block: wq, wv, gate and down outputs plus the block input."""
+    spec = ModelSpec.preset("llama3-8b")
+    s, h, f, kv = 8192, 4096, 14336, 1024
+    terms = ledger.activation_terms(spec, Plan(seq=s, recompute="op-sac"))
+    assert terms == {"layer_input": s * h * 2, "kept_matmul_outputs": s * (h + kv + f + h) * 2}
+    per_op = activations.per_op_bytes(spec, Plan(seq=s, recompute="op-sac"))["per_block_bytes"]
+    assert per_op == sum(terms.values())
+
+
+def test_op_sac_with_tensor_parallelism_is_refused_before_launch():
+    from parallel_lab.distributed.train import check_runnable
+
+    with pytest.raises(ParallelLabError, match="op-sac"):
+        check_runnable(ModelSpec.preset("tiny-llama"), Plan(tp=2, dtype="fp32", optimizer="adam-fp32",
+                                                            recompute="op-sac", seq=64))
