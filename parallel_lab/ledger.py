@@ -30,6 +30,7 @@ Models" (Sec. 4, Table 2), generalised as documented in :func:`activation_bytes_
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ from . import activations
 from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: re-exported, their home is layout)
     LocalParam,
     bucket_bytes,
+    chunk_layers,
     grad_comm_bytes,
     is_frozen,
     kv_width_local,
@@ -49,7 +51,7 @@ from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: r
     stage_params,
     unit_sizes,
 )
-from .schedules import head_inflight, peak_activation_units
+from .schedules import build_schedule, head_inflight, peak_activation_units, split_backward
 from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "logits_and_loss", "comm_buffers")
@@ -226,21 +228,52 @@ def inflight_microbatches(schedule: str, p: int, m: int, v: int = 1, stage: int 
     return peak_activation_units(schedule, p, m, v, stage)
 
 
+@functools.lru_cache(maxsize=4096)
+def block_inflight(layers: int, schedule: str, pp: int, m: int, v: int, stage: int, split: str = "layers") -> float:
+    """Blocks times micro-batches whose activations stage ``stage`` holds at its peak: the multiplier of one
+    block's per-micro-batch bytes.
+
+    Equal chunks: the stage's blocks x :func:`inflight_microbatches`. Unequal chunks (slots that do not
+    divide ``pp * v``, or ``split="embed-head"`` whose first and last chunks lose a block to the embedding
+    and the head): the schedule's own action list of the stage, each forward of chunk ``c`` adding its
+    blocks and its backward (ZB-H1: its W) removing them, and the peak of that sum.
+    """
+    cut = chunk_layers(layers, pp, v, split)
+    blocks = [len(cut[c * pp + stage]) for c in range(v)]      # local chunk c is model chunk c * pp + stage
+    if pp == 1:
+        return float(sum(blocks))
+    if len(set(blocks)) == 1:
+        return sum(blocks) * inflight_microbatches(schedule, pp, m, v, stage)
+    actions = build_schedule(schedule, pp, m, v)[stage]
+    split_b = split_backward(actions)
+    live = peak = 0
+    for a in actions:
+        if a.kind == "F":
+            live += blocks[a.chunk]
+        elif (a.kind == "B" and (a.microbatch, a.chunk) not in split_b) or a.kind == "W":
+            live -= blocks[a.chunk]
+        peak = max(peak, live)
+    return float(peak)
+
+
 def activation_bytes(model: ModelSpec, plan: Plan, stage: int = 0, *, formula: str = "korthikanti") -> float:
     """Activation bytes of stage ``stage``: per-micro-batch bytes x in-flight micro-batches.
 
-    Korthikanti: per-layer bytes x the stage's layers. Per-op: the stage's blocks, plus what every forward
-    shares (llama's rotary tables) and, on stage 0, the embedding's saved inputs.
+    Korthikanti: per-layer bytes x :func:`block_inflight` (the stage's blocks x in-flight micro-batches,
+    chunk by chunk). Per-op: the same for the blocks, plus what every forward shares (llama's rotary
+    tables) and, on stage 0, the embedding's saved inputs, per in-flight micro-batch of the stage.
     """
-    n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage))
     inflight = inflight_microbatches(plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage)
+    blocks = block_inflight(model.layers, plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage,
+                            plan.pp_split)
     if formula == "per-op":
+        n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage, plan.pp_split))
         d = _per_op(model, plan, layers=n_layers)
         extra = sum(e["bytes"] for e in d["shared"])
         if stage == 0:
             extra += sum(e["bytes"] for e in d["embedding"])
-        return float(d["per_block_bytes"] * n_layers + extra) * inflight
-    return activation_bytes_per_layer(model, plan, formula=formula) * n_layers * inflight
+        return float(d["per_block_bytes"] * blocks + extra * inflight)
+    return activation_bytes_per_layer(model, plan, formula=formula) * blocks
 
 
 # --------------------------------------------------------------------------------------------------
@@ -406,9 +439,13 @@ def _ledger_of_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec, activat
             per["logits_and_loss"] = 0.0
         inflight = inflight_microbatches(plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage)
         if plan.pp > 1:
-            n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage))
+            n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage, plan.pp_split))
+            blocks = block_inflight(model.layers, plan.schedule, plan.pp, plan.microbatches, plan.interleave,
+                                    stage, plan.pp_split)
             notes.append(f"activations: {n_layers} layers "
-                         f"x {inflight:g} in-flight micro-batches ({plan.schedule})")
+                         f"x {inflight:g} in-flight micro-batches ({plan.schedule})"
+                         + ("" if blocks == n_layers * inflight else
+                            f"; unequal chunks: peak {blocks:g} block-micro-batches from the schedule"))
         if plan.recompute == "full":
             notes.append("activations: full recomputation keeps the layer inputs only; the transient "
                          "activations of the one layer being recomputed are not counted")

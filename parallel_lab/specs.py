@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from . import layout
 from .errors import ParallelLabError
-from .layout import chunk_layers, divisors, fmt_set, stage_layers
+from .layout import PP_SPLITS, chunk_layers, divisors, fmt_set, stage_layers
 
 __all__ = ["ParallelLabError", "divisors", "chunk_layers", "stage_layers", "ModelSpec", "ClusterSpec", "LinkTier",
            "OptimizerSpec", "Plan", "GB", "GiB"]
@@ -442,6 +442,11 @@ class Plan:
     ``attention`` ("eager" or "flash") and ``mlp`` ("eager" or "fused"), next to ``recompute`` (Korthikanti's
     "none", "selective" = the attention core recomputed, "full" = the block recomputed) and torchtitan's
     op-level selective checkpointing "op-sac" (every second matmul output kept, all else recomputed).
+
+    ``pp_split`` (:data:`layout.PP_SPLITS`): "layers" splits the blocks alone over the ``pp * interleave``
+    chunks; "embed-head" counts the embedding and the head as one layer slot each (Meta's Llama 3 layout:
+    the first and last stages hold one block fewer). Slots need not divide evenly: the first chunks get
+    one more (uneven stages, interleaving included).
     """
 
     dp: int = 1
@@ -464,6 +469,7 @@ class Plan:
     zero_unit: str = "block"
     attention: str = "eager"
     mlp: str = "eager"
+    pp_split: str = "layers"
 
     def __post_init__(self) -> None:
         o = "Plan"
@@ -481,6 +487,7 @@ class Plan:
         _choice(o, "zero_unit", self.zero_unit, ZERO_UNITS)
         _choice(o, "attention", self.attention, ATTENTION_KINDS)
         _choice(o, "mlp", self.mlp, MLP_KINDS)
+        _choice(o, "pp_split", self.pp_split, PP_SPLITS)
         if not isinstance(self.sp, bool):
             raise ParallelLabError(f"Plan.sp={self.sp!r} must be True or False")
         _real(o, "bucket_mb", self.bucket_mb)
@@ -563,18 +570,12 @@ class Plan:
         if model.shape_known:
             layout.check_tp(model, self.tp)
             chunks = self.pp * self.interleave
-            if chunks > model.layers:
+            slots = model.layers + (2 if self.pp_split == "embed-head" else 0)
+            if chunks > slots:
                 raise ParallelLabError(
                     f"pp*interleave = {self.pp}*{self.interleave} = {chunks} model chunks but only "
-                    f"layers={model.layers}; pick pp*interleave <= {model.layers}"
-                )
-            if self.schedule == "interleaved" and model.layers % chunks:
-                ok_v = [v for v in divisors(model.layers) if model.layers % (self.pp * v) == 0]
-                hint = (f"pick interleave in {_fmt_set(ok_v)}" if ok_v
-                        else f"pick pp dividing layers={model.layers}")
-                raise ParallelLabError(
-                    f"interleaved schedule needs layers={model.layers} divisible by "
-                    f"pp*interleave={chunks}; {hint}"
+                    f"{slots} slots (layers={model.layers}, pp_split={self.pp_split}); "
+                    f"pick pp*interleave <= {slots}"
                 )
             if self.seq % (2 * self.cp) and self.cp > 1:
                 raise ParallelLabError(

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .comm import Collective, collective_time
-from .flops import matmul_params
+from .flops import matmul_params, op_sac_recomputed_params
 from .layout import stage_blocks
 from .simulate import Costs, bubble_formula
 from .specs import RECOMPUTE, LinkTier, ModelSpec, Plan
@@ -138,22 +138,26 @@ def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float
     return best
 
 
-def stages_to_check(pp: int) -> list[int]:
+def stages_to_check(pp: int, split: str = "layers") -> list[int]:
     """Stage 0 holds the most layers (chunks get the extra layers first), the embedding and the most
-    in-flight micro-batches; the last stage the head and the logits. No middle stage exceeds both."""
-    return sorted({0, pp - 1})
+    in-flight micro-batches; the last stage the head and the logits. No middle stage exceeds both. With
+    ``split="embed-head"`` stage 0 gives a block slot to the embedding, so stage 1 (as many in-flight
+    micro-batches as any later stage, and at least as many blocks) is checked too."""
+    return sorted({0, pp - 1} | ({min(1, pp - 1)} if split == "embed-head" else set()))
 
 
 class StageFlops:
     """Hardware FLOPs per token of a pipeline stage (``flops.py``'s formula, split by stage)."""
 
-    def __init__(self, model: ModelSpec, seq: int) -> None:
+    def __init__(self, model: ModelSpec, seq: int, split: str = "layers", mlp: str = "eager") -> None:
         n_blocks, n_head = matmul_params(model)
         q = model.heads * model.head_dim
-        self.model = model
+        self.model, self.split = model, split
         self.per_layer = 6.0 * n_blocks / model.layers + 12.0 * q * seq
         attn_fwd = 4.0 * q * seq
-        self.extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks / model.layers + attn_fwd}
+        sac = 2.0 * op_sac_recomputed_params(model, Plan(mlp=mlp)) / model.layers + attn_fwd
+        self.extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks / model.layers + attn_fwd,
+                      "op-sac": sac}
         self.head = 6.0 * n_head
         self.attn = 12.0 * q * seq
         self._nl: dict[tuple[int, int, int], int] = {}
@@ -161,7 +165,7 @@ class StageFlops:
     def n_layers(self, pp: int, v: int, stage: int) -> int:
         key = (pp, v, stage)
         if key not in self._nl:
-            self._nl[key] = stage_blocks(self.model.layers, pp, v, stage)
+            self._nl[key] = stage_blocks(self.model.layers, pp, v, stage, self.split)
         return self._nl[key]
 
     def stage(self, pp: int, v: int, stage: int, recompute: str) -> float:

@@ -130,7 +130,7 @@ def stage_layout(spec: ModelSpec, plan: Plan, rank: int) -> StageLayout:
     """The chunks of pipeline rank ``rank`` (``specs.chunk_layers``: contiguous, uneven allowed)."""
     if not 0 <= rank < plan.pp:
         raise ParallelLabError(f"pipeline rank {rank} is not in 0..{plan.pp - 1}")
-    cut = chunk_layers(spec.layers, plan.pp, plan.interleave)
+    cut = chunk_layers(spec.layers, plan.pp, plan.interleave, plan.pp_split)
     chunks = tuple(tuple(cut[c * plan.pp + rank]) for c in range(plan.interleave))
     return StageLayout(rank, plan.pp, plan.interleave, chunks)
 

@@ -88,7 +88,7 @@ class RunReport:
     def to_json(self) -> dict[str, Any]:
         return {"losses": self.losses, "reference_losses": self.reference_losses,
                 "max_abs_param_diff": self.max_abs_param_diff, "comm": self.comm, "memory": self.memory,
-                "wall_s": self.wall_s, "activation_model": activation_model_name(self.plan),
+                "wall_s": self.wall_s,
                 **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {})}
 
     def summary(self) -> str:
