@@ -288,12 +288,19 @@ def head_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) -
 
     With ``tp > 1`` the head's input is the whole (with SP: all-gathered) sequence, and the
     vocabulary-parallel cross-entropy of ``dist/tensor_parallel.py`` keeps this rank's ``V/tp`` columns of
-    the fp32 softmax and the target ids local to its vocabulary shard (no scalar weight).
+    the fp32 softmax and the target ids local to its vocabulary shard (no scalar weight). With
+    ``loss_chunk > 0`` (``distributed/kernels.ChunkedLinearCrossEntropy``): the head input, the targets and
+    an fp32 log-sum-exp per token, no logits.
     """
     t = local_dims(model, plan)
     a = plan.dtype_bytes
     rows = t.b * t.s
     head = _norm(model, "final_norm", t, a, ln_stats_bytes)
+    if plan.loss_chunk:                          # kernels.ChunkedLinearCrossEntropy: no logits kept
+        op = f"lm_head + cross_entropy (chunks of {plan.loss_chunk} tokens)"
+        return head + [Saved(op, "normed input", (rows, t.h), a),
+                       Saved(op, "targets", (rows,), ID_BYTES),
+                       Saved(op, "log-sum-exp (fp32)", (rows,), LSE_BYTES)]
     head.append(Saved("lm_head", "normed input", (rows, t.h), a))
     if plan.tp > 1:
         return head + [Saved("cross_entropy", "softmax, this rank's vocabulary columns (fp32)",

@@ -62,7 +62,7 @@ SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour
 #: Plan flags that map one-to-one onto :class:`Plan` fields (None = not given, Plan's default applies).
 PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "seq", "recompute",
                "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb", "zero_unit",
-               "attention", "mlp", "pp_split")
+               "attention", "mlp", "pp_split", "loss_chunk")
 DEFAULT_CLUSTER = "h100-sxm"
 
 
@@ -149,6 +149,8 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
                    help="attention kernel's saved tensors: eager (scores kept, default) or flash (q, k, v, out, lse)")
     g.add_argument("--mlp", choices=MLP_KINDS,
                    help="MLP's saved tensors: eager (every intermediate, default) or fused (first matmuls' outputs)")
+    g.add_argument("--loss-chunk", type=int, metavar="TOKENS",
+                   help="chunked cross-entropy fused with the LM head, TOKENS per chunk (default 0: eager logits)")
     g.add_argument("--pp-split", choices=PP_SPLITS,
                    help="pipeline split: layers (default) or embed-head (embedding and head take a layer slot each)")
     g.add_argument("--gpus", type=int, help="total GPUs; must equal dp*tp*pp*cp (dp is inferred if omitted)")

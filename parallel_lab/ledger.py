@@ -286,12 +286,16 @@ def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") 
     Per micro-batch: the logits in the compute dtype plus the fp32 log-probabilities that cross-entropy
     saves for backward, both vocabulary-parallel: ``(s/cp) b ceil(V/tp) (d + 4)``, times the micro-batches
     the last stage keeps at once (``schedules.head_inflight``: GPipe ``m``, ZB-H1 ``min(p, m)`` until the
-    delayed W, 1F1B and interleaved 1).
+    delayed W, 1F1B and interleaved 1). Chunked cross-entropy (``plan.loss_chunk > 0``): an fp32
+    log-sum-exp per token, ``(s/cp) b 4``; the one chunk of logits alive while it is computed,
+    ``loss_chunk V 4``, is transient and not counted.
     """
     model.require_shape("logits memory")
     kept = head_inflight(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
     if formula == "per-op":
         return float(sum(e["bytes"] for e in _per_op(model, plan)["head"])) * kept
+    if plan.loss_chunk:      # chunked: one fp32 log-sum-exp per token instead of the logits (transient chunk
+        return plan.seq / plan.cp * plan.micro_batch * activations.LSE_BYTES * kept     # not counted)
     vocab_local = math.ceil(model.vocab / plan.tp)
     per_mb = plan.seq / plan.cp * plan.micro_batch * vocab_local * (plan.dtype_bytes + LOSS_BYTES)
     return per_mb * kept

@@ -447,6 +447,9 @@ class Plan:
     chunks; "embed-head" counts the embedding and the head as one layer slot each (Meta's Llama 3 layout:
     the first and last stages hold one block fewer). Slots need not divide evenly: the first chunks get
     one more (uneven stages, interleaving included).
+
+    ``loss_chunk``: tokens per chunk of a cross-entropy fused with the LM head (the ``s b V`` logits never
+    held at once; kept per token: the head input and an fp32 log-sum-exp); 0: eager logits and softmax.
     """
 
     dp: int = 1
@@ -470,6 +473,7 @@ class Plan:
     attention: str = "eager"
     mlp: str = "eager"
     pp_split: str = "layers"
+    loss_chunk: int = 0
 
     def __post_init__(self) -> None:
         o = "Plan"
@@ -488,6 +492,9 @@ class Plan:
         _choice(o, "attention", self.attention, ATTENTION_KINDS)
         _choice(o, "mlp", self.mlp, MLP_KINDS)
         _choice(o, "pp_split", self.pp_split, PP_SPLITS)
+        if isinstance(self.loss_chunk, bool) or not isinstance(self.loss_chunk, int) or self.loss_chunk < 0:
+            raise ParallelLabError(f"Plan.loss_chunk={self.loss_chunk!r} must be an integer >= 0 "
+                                   "(tokens per cross-entropy chunk; 0: the whole logits at once); e.g. 1024")
         if not isinstance(self.sp, bool):
             raise ParallelLabError(f"Plan.sp={self.sp!r} must be True or False")
         _real(o, "bucket_mb", self.bucket_mb)

@@ -15,6 +15,10 @@ corresponding fused GPU kernel keeps; backward recomputes the rest from them.
   ``silu(gate) * up`` (or ``gelu(fc)``) for the second linear's weight gradient, as fused MLP kernels do.
   Only the matmul without its bias is fused, so a tensor-parallel row split still reduces the partial sum
   outside (:func:`fused_mlp`).
+* :class:`ChunkedLinearCrossEntropy` (``Plan.loss_chunk > 0``): the LM head and the cross-entropy over
+  chunks of tokens (the idea of fused linear cross-entropy kernels): the ``s b V`` logits, tens of GB at a
+  128K vocabulary, never exist at once; kept: the head input, the targets and an fp32 log-sum-exp per token.
+* :func:`op_sac_context` (``Plan.recompute = "op-sac"``): torchtitan's op-level selective checkpointing.
 
 The saved bytes are predicted by ``parallel_lab.activations`` and compared byte for byte with the
 saved-tensor meter in tests/distributed/test_kernels.py.
@@ -23,6 +27,7 @@ saved-tensor meter in tests/distributed/test_kernels.py.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -198,3 +203,63 @@ def op_sac_context(meter: Any = None) -> tuple[Any, Any]:
     fwd, rec = create_selective_checkpoint_contexts(policy)
     fwd.storage[("parallel_lab: meter charges",)] = held      # released when checkpoint drops its cache
     return fwd, rec
+
+
+# --------------------------------------------------------------------------------------------------
+# Chunked cross-entropy fused with the LM head
+# --------------------------------------------------------------------------------------------------
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of ``h @ W^T`` against ``targets`` without ever holding all the logits.
+
+    ``h (N, hidden)``, ``W (V, hidden)``, ``targets (N,)``. Forward runs ``chunk`` rows at a time: their
+    fp32 logits, log-sum-exp and target logit, then drops the logits. Saved: ``h``, the targets and the
+    fp32 log-sum-exp ``(N,)``: ``N (hidden d + 8 + 4)`` bytes instead of the eager ``N V (d + 4)``.
+    Backward recomputes each chunk's logits: ``dlogits = (softmax - onehot) / N``, ``dh = dlogits W``,
+    ``dW = dlogits^T h``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, h: Tensor, weight: Tensor, targets: Tensor, chunk: int) -> Tensor:
+        n = h.shape[0]
+        lse = torch.empty(n, dtype=torch.float32, device=h.device)
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        for a in range(0, n, chunk):
+            z = F.linear(h[a:a + chunk], weight).float()                  # (c, V): this chunk only
+            lse[a:a + chunk] = torch.logsumexp(z, dim=-1)
+            total += (lse[a:a + chunk] - z.gather(1, targets[a:a + chunk, None])[:, 0]).sum()
+        ctx.save_for_backward(h, weight, targets, lse)
+        ctx.chunk = chunk
+        return total / n
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        h, weight, targets, lse = ctx.saved_tensors
+        n, chunk = h.shape[0], ctx.chunk
+        dh = torch.empty_like(h)
+        dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        scale = grad.float() / n
+        for a in range(0, n, chunk):
+            z = F.linear(h[a:a + chunk], weight).float()
+            p = torch.exp(z - lse[a:a + chunk, None])                     # softmax, recomputed
+            p.scatter_add_(1, targets[a:a + chunk, None], torch.full_like(p[:, :1], -1.0))
+            p *= scale
+            dh[a:a + chunk] = (p @ weight.float()).to(h.dtype)
+            dw += p.t() @ h[a:a + chunk].float()
+        return dh, dw.to(weight.dtype), None, None
+
+
+@dataclass(frozen=True)
+class HeadInput:
+    """What the head hands the loss when the cross-entropy is chunked (``Plan.loss_chunk > 0``): the
+    normed hidden states ``(b, s, hidden)`` and the LM head's weight, instead of ``(b, s, V)`` logits."""
+
+    hidden: Tensor
+    weight: Tensor
+    chunk: int
+
+
+def chunked_cross_entropy(x: HeadInput, targets: Tensor) -> Tensor:
+    """Mean cross-entropy over every token, ``chunk`` tokens of logits at a time."""
+    return ChunkedLinearCrossEntropy.apply(x.hidden.flatten(0, 1), x.weight, targets.flatten(), x.chunk)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from parallel_lab.distributed.kernels import FlashCore, fused_mlp, op_sac_context
+from parallel_lab.distributed.kernels import FlashCore, HeadInput, chunked_cross_entropy, fused_mlp, op_sac_context
 from parallel_lab.ledger import is_frozen
 from parallel_lab.specs import RECOMPUTE, ModelSpec, ParallelLabError, Plan
 
@@ -271,7 +271,8 @@ class Transformer(nn.Module):
     or "fused" (``kernels.fused_mlp``): the saved-tensor choices of ``Plan.attention`` and ``Plan.mlp``.
     """
 
-    def __init__(self, spec: ModelSpec, recompute: str = "none", attention: str = "eager", mlp: str = "eager"):
+    def __init__(self, spec: ModelSpec, recompute: str = "none", attention: str = "eager", mlp: str = "eager",
+                 loss_chunk: int = 0):
         super().__init__()
         spec.require_shape("the runnable model")
         self.spec = spec
@@ -284,10 +285,14 @@ class Transformer(nn.Module):
             None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab, bias=False))
         self.has_head = True
         self.set_recompute(recompute)
-        self.set_kernels(attention, mlp)
+        self.set_kernels(attention, mlp, loss_chunk)
 
-    def set_kernels(self, attention: str = "eager", mlp: str = "eager") -> None:
-        """Which attention core and MLP the blocks run (before any parallelism replaces the core)."""
+    def set_kernels(self, attention: str = "eager", mlp: str = "eager", loss_chunk: int = 0) -> None:
+        """Which attention core and MLP the blocks run (before any parallelism replaces the core), and the
+        tokens per chunk of the cross-entropy (0: the whole logits at once)."""
+        if isinstance(loss_chunk, bool) or not isinstance(loss_chunk, int) or loss_chunk < 0:
+            raise ParallelLabError(f"loss_chunk={loss_chunk!r} must be an integer >= 0 (0: eager cross-entropy)")
+        self.loss_chunk = loss_chunk
         if attention not in ("eager", "flash"):
             raise ParallelLabError(f"attention={attention!r} is not known; pick eager or flash")
         if mlp not in ("eager", "fused"):
@@ -326,9 +331,13 @@ class Transformer(nn.Module):
             h = blk(h, ctx)
         return h
 
-    def head(self, h: Tensor) -> Tensor:
-        """Final norm and LM head: ``(b, s, h) -> (b, s, vocab)`` logits."""
+    def head(self, h: Tensor) -> Tensor | HeadInput:
+        """Final norm and LM head: ``(b, s, h) -> (b, s, vocab)`` logits; with ``loss_chunk > 0`` the normed
+        states and the head's weight for :func:`loss_fn`'s chunked cross-entropy (no logits)."""
         h = self.final_norm(h)
+        if self.loss_chunk:
+            return HeadInput(h, self.lm_head.weight if self.lm_head is not None else self.tok_emb.weight,
+                             self.loss_chunk)
         if self.lm_head is not None:
             return self.lm_head(h)
         return F.linear(h, self.tok_emb.weight)
@@ -346,8 +355,11 @@ class Transformer(nn.Module):
         return self.head(h) if self.has_head and self.final_norm is not None else h
 
 
-def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy over every token: ``logits (b, s, V)``, ``targets (b, s)``."""
+def loss_fn(logits: Tensor | HeadInput, targets: Tensor) -> Tensor:
+    """Mean cross-entropy over every token: ``logits (b, s, V)``, ``targets (b, s)`` (or the chunked
+    cross-entropy of ``kernels.chunked_cross_entropy`` when the head returned a ``HeadInput``)."""
+    if isinstance(logits, HeadInput):
+        return chunked_cross_entropy(logits, targets)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
@@ -377,10 +389,11 @@ def init_weights(spec: ModelSpec, seed: int = 0) -> dict[str, Tensor]:
 
 
 def build_model(spec: ModelSpec, seed: int = 0, recompute: str = "none",
-                device: torch.device | str = "cpu", attention: str = "eager", mlp: str = "eager") -> Transformer:
+                device: torch.device | str = "cpu", attention: str = "eager", mlp: str = "eager",
+                loss_chunk: int = 0) -> Transformer:
     """A Transformer holding ``init_weights(spec, seed)``, on ``device``, in training mode."""
     with torch.device("meta"):
-        model = Transformer(spec, recompute=recompute, attention=attention, mlp=mlp)
+        model = Transformer(spec, recompute=recompute, attention=attention, mlp=mlp, loss_chunk=loss_chunk)
     model.to_empty(device=device)
     load_full_weights(model, init_weights(spec, seed))
     return model.train()

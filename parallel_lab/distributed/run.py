@@ -65,8 +65,8 @@ def predicted_logits_and_loss(spec: ModelSpec, plan: Plan, stage: int = 0) -> in
 
 def activation_model_name(plan: Plan) -> str:
     """Which activation model the predicted column uses: the per-op model with this plan's kernels."""
-    return (f"per-op model (attention={plan.attention}, mlp={plan.mlp}, recompute={plan.recompute}; "
-            "parallel_lab.activations)")
+    return (f"per-op model (attention={plan.attention}, mlp={plan.mlp}, recompute={plan.recompute}, "
+            f"loss_chunk={plan.loss_chunk}; parallel_lab.activations)")
 
 
 @dataclass

@@ -22,7 +22,8 @@ CASES = [(name, att, mlp, rec) for name, att, mlp, rec in itertools.product(
 
 def _saved(name: str, plan: Plan, dtype=torch.float32):
     spec = ModelSpec.preset(name).with_(layers=3, dropout=0.0)
-    model = build_model(spec, recompute=plan.recompute, attention=plan.attention, mlp=plan.mlp).to(dtype)
+    model = build_model(spec, recompute=plan.recompute, attention=plan.attention, mlp=plan.mlp,
+                        loss_chunk=plan.loss_chunk).to(dtype)
     batch = synthetic_batch(spec, plan, 0)
     meter = SavedTensorMeter(model)
     with meter:
@@ -103,3 +104,33 @@ def test_op_sac_with_tensor_parallelism_is_refused_before_launch():
     with pytest.raises(ParallelLabError, match="op-sac"):
         check_runnable(ModelSpec.preset("tiny-llama"), Plan(tp=2, dtype="fp32", optimizer="adam-fp32",
                                                             recompute="op-sac", seq=64))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name, chunk", [("tiny-llama", 16), ("tiny-gpt", 100)])
+def test_chunked_cross_entropy_saves_no_logits_and_matches_eager(name, chunk):
+    """The head's saved bytes against the per-op model, and the loss and gradients against eager."""
+    plan = Plan(micro_batch=2, seq=48, dtype="fp32", loss_chunk=chunk)
+    spec, model, batch, meter, loss = _saved(name, plan)
+    pred = activations.per_op_bytes(spec, plan)
+    assert meter.live["logits_and_loss"] == pred["logits_and_loss"]
+    eager = activations.per_op_bytes(spec, plan.with_(loss_chunk=0))["logits_and_loss"]
+    rows = 2 * 48
+    assert eager - pred["logits_and_loss"] == rows * spec.vocab * 4 + 4 - rows * 4   # log-probs + weight - lse
+    loss.backward()
+    assert meter.live_total == 0
+    ref = build_model(spec)
+    ref_loss = loss_fn(ref(batch.tokens, batch.positions), batch.targets)
+    ref_loss.backward()
+    assert abs(loss.item() - ref_loss.item()) < 1e-5
+    for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_chunked_cross_entropy_in_the_ledger_removes_the_128k_vocabulary_logits():
+    spec = ModelSpec.preset("llama3-8b")
+    plan = Plan(seq=8192, dtype="bf16")
+    eager = ledger.logits_bytes(spec, plan)
+    chunked = ledger.logits_bytes(spec, plan.with_(loss_chunk=1024))
+    assert eager == 8192 * 128256 * (2 + 4)                    # 6.3 GB of logits and fp32 log-probabilities
+    assert chunked == 8192 * 4                                 # one fp32 log-sum-exp per token
