@@ -360,7 +360,7 @@ def _add_flops(sub: Any) -> None:
 
 
 def _flops(args: argparse.Namespace) -> Output:
-    from .flops import mfu, step_flops
+    from .flops import CONVENTIONS, mfu, step_flops
 
     model = model_from_args(args)
     model.require_shape("FLOPs")
@@ -368,7 +368,8 @@ def _flops(args: argparse.Namespace) -> Output:
     cluster = cluster_from_args(args)
     rep = step_flops(model, plan)
     data = {**rep.to_json(), **echo(model, plan)}
-    rows = [("model FLOPs per step", f"{rep.model_flops_per_step:.4e}"),
+    rows = [("model FLOPs per step (palm)", f"{rep.model_flops_per_step:.4e}"),
+            ("model FLOPs per step (causal)", f"{rep.model_flops_causal_per_step:.4e}"),
             ("hardware FLOPs per step", f"{rep.hardware_flops_per_step:.4e}"),
             ("tokens per step", f"{rep.tokens_per_step:,}"),
             ("model FLOPs per token", f"{rep.model_flops_per_step / rep.tokens_per_step:.4e}")]
@@ -376,10 +377,13 @@ def _flops(args: argparse.Namespace) -> Output:
         data["step_time_s"] = args.step_time
         data["mfu"] = mfu(model, plan, args.step_time, cluster)
         data["hfu"] = rep.hardware_flops_per_step / (args.step_time * plan.world * cluster.peak_flops)
-        rows += [("MFU", f"{data['mfu']:.2%}"), ("HFU", f"{data['hfu']:.2%}"),
-                 ("model TFLOP/s per GPU",
+        data["mfu_causal"] = rep.model_flops_causal_per_step / (args.step_time * plan.world * cluster.peak_flops)
+        rows += [("MFU (palm)", f"{data['mfu']:.2%}"), ("MFU (causal)", f"{data['mfu_causal']:.2%}"),
+                 ("HFU", f"{data['hfu']:.2%}"),
+                 ("model TFLOP/s per GPU (palm)",
                   f"{rep.model_flops_per_step / args.step_time / plan.world / 1e12:,.1f}")]
-    text = "\n".join([describe(model, plan), table(rows), f"formula: {rep.formula}"])
+    text = "\n".join([describe(model, plan), table(rows), f"palm: {rep.formula}",
+                      f"causal: {CONVENTIONS['causal']}"])
     return Output(data, text)
 
 
