@@ -194,8 +194,14 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 
 
 def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
-    """The :class:`ClusterSpec` preset named by ``--cluster`` (default h100-sxm)."""
-    return ClusterSpec.preset(getattr(args, "cluster", None) or DEFAULT_CLUSTER)
+    """The :class:`ClusterSpec` preset named by ``--cluster`` (default h100-sxm), or a profile file written
+    by ``parallel-lab calibrate`` (a path ending in ``.json``: the preset with its fitted step-time model)."""
+    name = getattr(args, "cluster", None) or DEFAULT_CLUSTER
+    if name.endswith(".json"):
+        from .calibrate import load_profile
+
+        return load_profile(name)
+    return ClusterSpec.preset(name)
 
 
 def plan_from_args(args: argparse.Namespace, model: ModelSpec | None = None) -> Plan:
@@ -608,10 +614,47 @@ def _run(args: argparse.Namespace) -> Output:
 # Entry point
 # --------------------------------------------------------------------------------------------------
 
+def _add_calibrate(sub: Any) -> None:
+    p = subcommand(sub, "calibrate", _calibrate, "fit the step-time model to measured runs; write a profile",
+                   description="Fit the roofline step-time model (matmul efficiency; with runs of several token "
+                               "counts also the per-micro-batch overhead) to runs measured on a cluster, and write "
+                               "a profile file that --cluster PROFILE.json gives to plan and the other commands.")
+    p.add_argument("--runs", required=True, metavar="FILE",
+                   help="CSV or YAML of runs (see parallel_lab/calibrate.py)")
+    p.add_argument("--cluster", metavar="PRESET",
+                   help=f"the cluster the runs were measured on, or a profile file (default {DEFAULT_CLUSTER})")
+    p.add_argument("--out", metavar="PROFILE.json", help="where to write the profile (default: print only)")
+    p.add_argument("--no-fit", action="store_true",
+                   help="only compare the runs with the --cluster profile's predictions (no fitting)")
+
+
+def _calibrate(args: argparse.Namespace) -> Output:
+    from .calibrate import fit_profile, load_runs, profile_to_json
+
+    runs = load_runs(args.runs)
+    if args.no_fit:
+        cluster, fitted = cluster_from_args(args), []
+        if cluster.profile is None:
+            raise ParallelLabError("--no-fit compares with a profile: give --cluster PROFILE.json")
+    else:
+        cluster, fitted = fit_profile(runs, cluster_from_args(args))
+    data = profile_to_json(cluster, runs, fitted)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(data, f, indent=2)
+    rows = [(k, f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in data["profile"].items()]
+    rows += [(f"{r['name']} (TFLOP/s per GPU)",
+              f"measured {r['measured_tflops_per_gpu']:.1f}  predicted {r['predicted_tflops_per_gpu']:.1f}")
+             for r in data["runs"]]
+    text = "\n".join([f"cluster {cluster.name}; fitted: {', '.join(fitted) or 'nothing (--no-fit)'}", table(rows)]
+                     + ([f"profile written to {args.out}"] if args.out else []))
+    return Output(data, text)
+
+
 #: One registrar per subcommand, in the order ``--help`` lists them. To add a subcommand, append yours.
 #: (``bubble`` and ``plan``: schedules/planner; ``run``: the runnable core, importing torch in its handler.)
 SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble, _add_plan,
-                                            _add_run]
+                                            _add_run, _add_calibrate]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -78,6 +78,7 @@ from .steptime import (
     dp_exposed,
     dp_times,
     plan_bubble,
+    roofline_stage,
     stages_to_check,
 )
 
@@ -253,9 +254,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
     for s in stages_to_check(plan.pp, plan.pp_split):
         rep = comm_mod.report(model, plan, cluster, stage=s)
         tier = layout.group_tier(cluster, plan, "dp", s)
-        stages.append(StageTimes(fl.stage(plan.pp, plan.interleave, s, plan.recompute) * tok / rate,
-                                 fl.attention(plan.pp, plan.interleave, s) * tok / rate, dict(rep.time_s),
-                                 dp_times(rep.collectives, tier, plan.zero, plan.microbatches)))
+        compute, attention = _compute(model, cluster, fl, plan.seq, plan.tp, plan.cp, plan.micro_batch,
+                                      plan.microbatches, plan.pp, plan.interleave, s, plan.recompute, tok, rate)
+        stages.append(StageTimes(compute, attention, dict(rep.time_s),
+                                 dp_times(rep.collectives, tier, plan.zero, plan.microbatches),
+                                 _tp_overlap(cluster, plan.sp)))
     bub = plan_bubble(plan) if bubble_ratio is None else bubble_ratio
     mf = step_flops(model, plan).model_flops_per_step
     step, comm_s, exposed, compute = combine(plan.zero, plan.cp_kind, plan.microbatches, plan.recompute, bub,
@@ -263,6 +266,20 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
     mfu = mf / (step * plan.world * cluster.peak_flops)
     return Estimate(plan.to_dict(), led.total_bytes, cluster.hbm_bytes * (1 - margin), compute, bub,
                     dict(comm_s), exposed, step, mfu, _plan=plan)
+
+
+def _compute(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, seq: int, tp: int, cp: int, mb: int, m: int,
+             pp: int, v: int, stage: int, recompute: str, tok: float, rate: float) -> tuple[float, float]:
+    """(compute, attention) seconds of a stage: the roofline of ``cluster.profile`` when it has one, else
+    the stage's hardware FLOPs at ``mfu_achievable`` of peak (``steptime`` module docstring)."""
+    if cluster.profile is None:
+        return fl.stage(pp, v, stage, recompute) * tok / rate, fl.attention(pp, v, stage) * tok / rate
+    return roofline_stage(model, cluster.profile, cluster.peak_flops, seq, tp, cp, mb, m, fl.n_layers(pp, v, stage),
+                          v, stage == pp - 1, recompute)
+
+
+def _tp_overlap(cluster: ClusterSpec, sp: bool) -> float:
+    return cluster.profile.tp_overlap if cluster.profile is not None and sp else 0.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -445,8 +462,9 @@ class _Fast:
                     cp_kind=cp_kind)), tc)
             out["cp"] = L * m * memo[key]
         tok = mb * m * self.seq / (t * c)
-        return StageTimes(self.fl.stage(pp, v, stage, recompute) * tok / self.rate,
-                          self.fl.attention(pp, v, stage) * tok / self.rate, out)
+        compute, attention = _compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
+                                      recompute, tok, self.rate)
+        return StageTimes(compute, attention, out, tp_overlap=_tp_overlap(self.cluster, sp))
 
     def times(self, plan: Plan, stage: int) -> StageTimes:
         """Seconds of stage ``stage``: compute, and per dim ``comm.report(..., stage=stage).time_s``."""

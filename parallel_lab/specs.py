@@ -20,7 +20,8 @@ from . import layout
 from .errors import ParallelLabError
 from .layout import PP_SPLITS, chunk_layers, divisors, fmt_set, stage_layers
 
-__all__ = ["ParallelLabError", "divisors", "chunk_layers", "stage_layers", "ModelSpec", "ClusterSpec", "LinkTier",
+__all__ = ["ParallelLabError", "divisors", "chunk_layers", "stage_layers", "ModelSpec", "ClusterSpec", "StepProfile",
+           "LinkTier",
            "OptimizerSpec", "Plan", "GB", "GiB"]
 
 Flavour = Literal["gpt", "llama"]
@@ -301,6 +302,38 @@ class LinkTier:
 
 
 @dataclass(frozen=True)
+class StepProfile:
+    """Parameters of the roofline step-time model (``parallel_lab.steptime``, "Roofline compute"), fitted by
+    ``parallel-lab calibrate`` from measured runs and saved with the cluster they were measured on.
+
+    ``matmul_efficiency``: the fraction of peak a large GEMM reaches; a GEMM whose smallest dimension is
+    ``d`` reaches ``matmul_efficiency * d / (d + half_width)`` (narrow TP shards and short micro-batches run
+    slower). ``attention_efficiency``: the fused attention kernel's fraction of peak over forward and
+    backward, counting causal FLOPs (default 0.35: FlashAttention-2 on H100 reaches about 335 TFLOP/s
+    forward + backward at head dim 128, causal, Dao 2023; a prior, not fitted).
+    ``overhead_s``: seconds per micro-batch per model chunk (launches, synchronisation).
+    ``tp_overlap``: the fraction of sequence-parallel TP traffic hidden behind the neighbouring GEMMs.
+    """
+
+    matmul_efficiency: float = 0.8
+    half_width: float = 64.0
+    attention_efficiency: float = 0.35
+    overhead_s: float = 0.0
+    tp_overlap: float = 0.0
+    source: str = "defaults"
+
+    def __post_init__(self) -> None:
+        for f in ("matmul_efficiency", "half_width", "attention_efficiency", "overhead_s", "tp_overlap"):
+            _real("StepProfile", f, getattr(self, f))
+        for f in ("matmul_efficiency", "attention_efficiency"):
+            if not 0 < getattr(self, f) <= 1:
+                raise ParallelLabError(f"StepProfile.{f}={getattr(self, f)} must be in (0, 1]")
+        if self.half_width < 0 or self.overhead_s < 0 or not 0 <= self.tp_overlap <= 1:
+            raise ParallelLabError(f"StepProfile: half_width={self.half_width} and overhead_s={self.overhead_s} "
+                                   f"must be >= 0 and tp_overlap={self.tp_overlap} in [0, 1]")
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """A homogeneous GPU cluster: nodes of ``gpus_per_node`` GPUs, two link tiers (intra/inter node)."""
 
@@ -311,6 +344,7 @@ class ClusterSpec:
     intra: LinkTier            # within a node (NVLink / NVSwitch; loopback for cpu-gloo)
     inter: LinkTier            # between nodes (InfiniBand / RoCE), per GPU
     mfu_achievable: float = 0.5  # fraction of peak a well-tuned dense step reaches (planner's compute time)
+    profile: StepProfile | None = None   # fitted roofline parameters (parallel-lab calibrate); None: mfu_achievable
 
     def __post_init__(self) -> None:
         _positive_int("ClusterSpec", "gpus_per_node", self.gpus_per_node)
