@@ -480,6 +480,9 @@ def _add_plan(sub: Any) -> None:
     g.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam-mixed", help="default adam-mixed")
     g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="default bf16")
     g.add_argument("--margin", type=float, default=0.1, help="HBM safety margin, fraction (default 0.1)")
+    g.add_argument("--attention", choices=ATTENTION_KINDS, default="eager", help="attention kernel (default eager)")
+    g.add_argument("--mlp", choices=MLP_KINDS, default="eager", help="MLP kernel (default eager)")
+    g.add_argument("--pp-split", choices=PP_SPLITS, default="layers", help="pipeline split (default layers)")
     g.add_argument("--save", metavar="FILE", help="write the best plan as a plan file (YAML)")
     g.add_argument("--phase", help="phase name for --save (default: seq<N>), e.g. pretrain-8k")
 
@@ -500,7 +503,8 @@ def _plan(args: argparse.Namespace) -> Output:
     model = model_from_args(args)
     cluster = cluster_from_args(args)
     kw: dict[str, Any] = {"fixed": parse_fix(args.fix), "max_tp": args.max_tp, "cp_kind": args.cp_kind,
-                          "optimizer": args.optimizer, "dtype": args.dtype, "margin": args.margin}
+                          "optimizer": args.optimizer, "dtype": args.dtype, "margin": args.margin,
+                          "attention": args.attention, "mlp": args.mlp, "pp_split": args.pp_split}
     for name, text, cast in (("schedules", args.schedules, str), ("zero_stages", args.zero_stages, int),
                              ("recompute", args.recompute, str)):
         if _split(text, cast):

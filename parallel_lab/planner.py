@@ -542,8 +542,10 @@ def _schedules(model: ModelSpec, c: Constraints, pp: int, m: int) -> list[tuple[
             out.append((s, 1))
         elif m % pp == 0 and fixed_v is not None:         # a fixed v may leave chunks unequal
             out += [(s, fixed_v)] if 1 < fixed_v and pp * fixed_v <= slots else []
-        elif m % pp == 0:                                 # searched: the v that split the slots evenly
+        elif m % pp == 0 and c.pp_split == "layers":      # searched: the v that split the layers evenly
             out += [(s, v) for v in divisors(slots) if v > 1 and slots % (pp * v) == 0]
+        # embed-head chunks are never equal (the first and last lose a block), so their in-flight peak is
+        # read off the action list (ledger.block_inflight): searched only for a fixed interleave
     if fixed_v is not None:
         out = [(s, v) for s, v in out if v == fixed_v]
     return out
