@@ -40,10 +40,17 @@ of shape ``(s, 1, d)``. Outside the blocks: the token ids (and gpt's position id
 mask) for the embedding; the final norm, the LM head's input, the fp32 log-probabilities, the targets
 and a 4-byte scalar for the loss.
 
-Recomputation: ``full`` keeps only each block's input (Korthikanti's ``2 sbh``); the rotary tables are
-then rebuilt inside the recomputed region and not saved. ``selective`` recomputes the attention core
-(q k^T, softmax, dropout, probs @ v) and keeps its inputs q, k, v instead (k and v with the kv heads
-only, so grouped-query attention saves less).
+Kernels (``Plan.attention``, ``Plan.mlp``; ``distributed/kernels.py``): ``attention="flash"`` replaces the
+core's saves by the unrepeated q, k, v and an fp32 log-sum-exp ``(b, a, s)`` (its output is the ``wo`` input,
+one storage); ``mlp="fused"`` keeps only the first matmuls' outputs (llama: gate and up outputs; gpt: the fc
+output), the activation and the second matmul's input being recomputed in backward.
+
+Recomputation: ``op-sac`` (torchtitan's op-level selective activation checkpointing) keeps each block's
+input and every second matmul output (:func:`op_sac_kept_matmuls`), the rotary tables being rebuilt in
+the recomputed region as under ``full``. ``full`` keeps only each block's input (Korthikanti's
+``2 sbh``); the rotary tables are then rebuilt inside the recomputed region and not saved.
+``selective`` recomputes the attention core (q k^T, softmax, dropout, probs @ v) and keeps its inputs
+q, k, v instead (k and v with the kv heads only, so grouped-query attention saves less).
 
 Parallelism changes the local shapes: tensor parallelism divides heads, kv heads (replicated when
 ``tp > kv_heads``) and ffn by ``tp``; sequence parallelism (``sp``) divides the sequence of the norm,
@@ -52,7 +59,7 @@ input (all-gathered again in backward, Korthikanti Sec. 4.2.2); context parallel
 sequence by ``cp`` and replaces the core's saves by those of the blockwise cores (:func:`_cp_core`: no
 probabilities). The ``tp=1, cp=1`` case is measured exactly (tests/test_activations.py). The
 other cases follow the Megatron layout (Korthikanti Sec. 4.2) and are checked by the tensor- and
-context-parallel tests; extend :func:`_local_dims` or :func:`_core` where an implementation saves
+context-parallel tests; extend :func:`local_dims` or :func:`_core` where an implementation saves
 something different.
 """
 
@@ -107,7 +114,7 @@ class LocalDims:
     ffn: int
 
 
-def _local_dims(model: ModelSpec, plan: Plan) -> LocalDims:
+def local_dims(model: ModelSpec, plan: Plan) -> LocalDims:
     """Local sizes under TP (heads, kv heads, ffn / tp), SP (norm region seq / tp) and CP (seq / cp)."""
     tp, cp = plan.tp, plan.cp
     layout.check_tp(model, tp)
@@ -175,30 +182,73 @@ def _core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
     return qkv + probs + v
 
 
+def block_matmuls(model: ModelSpec, plan: Plan, t: LocalDims) -> list[tuple[str, int, bool]]:
+    """The block's matmuls in forward order: ``(name, local output width, bias fused into it)``. The fused
+    MLP's second matmul has no bias inside it (``kernels.fused_mlp`` adds the bias after)."""
+    mlp = ([("mlp.fc", t.ffn), ("mlp.proj", t.h)] if model.flavour == "gpt"
+           else [("mlp.gate", t.ffn), ("mlp.up", t.ffn), ("mlp.down", t.h)])
+    attn = [("attn.wq", t.heads * t.d), ("attn.wk", t.kv_heads * t.d), ("attn.wv", t.kv_heads * t.d),
+            ("attn.wo", t.h)]
+    out = [(name, width, bool(model.bias)) for name, width in attn + mlp]
+    if plan.mlp == "fused":
+        out[-1] = (out[-1][0], out[-1][1], False)
+    return out
+
+
+def op_sac_kept_matmuls(model: ModelSpec, plan: Plan, t: LocalDims) -> list[tuple[str, int]]:
+    """The matmul outputs torchtitan's op-level policy keeps: a matmul without bias is one ``aten.mm``,
+    and of those the 1st, 3rd, 5th, ... are kept (llama: wq, wv, gate, down); a linear with bias is an
+    ``aten.addmm``, which the policy does not keep (so an eager gpt block keeps only its input, like
+    ``full``; the fused gpt MLP's bias-free second matmul is its one kept output)."""
+    mms = [(name, width) for name, width, bias in block_matmuls(model, plan, t) if not bias]
+    return mms[0::2]
+
+
+def op_sac_kept_width(model: ModelSpec, plan: Plan) -> int:
+    """Elements per local token of the matmul outputs op-sac keeps (the ledger's formula uses it)."""
+    return sum(width for _, width in op_sac_kept_matmuls(model, plan, local_dims(model, plan)))
+
+
 def block_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) -> list[Saved]:
     """Storages one transformer block saves for backward, op by op, for one micro-batch."""
     model.require_shape("the per-op activation model")
-    t = _local_dims(model, plan)
+    t = local_dims(model, plan)
     a = plan.dtype_bytes
     if plan.recompute == "full":
         return [Saved("checkpoint", "block input", (t.b, t.s_n, t.h), a)]
+    if plan.recompute == "op-sac":
+        return [Saved("checkpoint", "block input", (t.b, t.s_n, t.h), a)] + [
+            Saved(f"{name} (op-sac)", "matmul output", (t.b * t.s, width), a)
+            for name, width in op_sac_kept_matmuls(model, plan, t)]
     drop = model.dropout > 0
     out: list[Saved] = []
     out += _norm(model, "attn_norm", t, a, ln_stats_bytes)
     out.append(Saved("attn.wq/wk/wv", "normed input", (t.b, t.s_n, t.h), a))
-    if plan.recompute == "selective":   # checkpointed core keeps its inputs
+    flash = plan.attention == "flash" and plan.cp == 1
+    if plan.recompute == "selective" or flash:   # checkpointed or flash core keeps its unrepeated inputs
+        op = "core (checkpoint)" if plan.recompute == "selective" else "core (flash)"
         q_store = "rope(q)" if model.flavour == "llama" else "q"
         k_store = "rope(k)" if model.flavour == "llama" else "k"
-        out += [Saved("core (checkpoint)", q_store, (t.b, t.s, t.heads * t.d), a),
-                Saved("core (checkpoint)", k_store, (t.b, t.s, t.kv_heads * t.d), a),
-                Saved("core (checkpoint)", "v", (t.b, t.s, t.kv_heads * t.d), a)]
+        out += [Saved(op, q_store, (t.b, t.s, t.heads * t.d), a),
+                Saved(op, k_store, (t.b, t.s, t.kv_heads * t.d), a),
+                Saved(op, "v", (t.b, t.s, t.kv_heads * t.d), a)]
+        if plan.recompute != "selective":        # the output is the wo input below (one storage)
+            out.append(Saved(op, "log-sum-exp (fp32)", (t.b, t.heads, t.s), LSE_BYTES))
     else:
         out += _core(model, plan, t, a)
     out.append(Saved("attn.wo", "attention output", (t.b, t.s, t.heads * t.d), a))
     if drop:
         out.append(Saved("attn dropout", "mask", (t.b, t.s_n, t.h), MASK_BYTES))
     out += _norm(model, "mlp_norm", t, a, ln_stats_bytes)
-    if model.flavour == "gpt":
+    if plan.mlp == "fused":                      # kernels.fused_mlp: the first matmuls' outputs only
+        first = "mlp.fc" if model.flavour == "gpt" else "mlp.gate/up"
+        out.append(Saved(first, "normed input", (t.b, t.s_n, t.h), a))
+        if model.flavour == "gpt":
+            out.append(Saved("gelu+proj (fused)", "fc output", (t.b, t.s, t.ffn), a))
+        else:
+            out += [Saved("swiglu+down (fused)", "gate output", (t.b, t.s, t.ffn), a),
+                    Saved("swiglu+down (fused)", "up output", (t.b, t.s, t.ffn), a)]
+    elif model.flavour == "gpt":
         out += [Saved("mlp.fc", "normed input", (t.b, t.s_n, t.h), a),
                 Saved("gelu", "fc output", (t.b, t.s, t.ffn), a),
                 Saved("mlp.proj", "gelu output", (t.b, t.s, t.ffn), a)]
@@ -215,16 +265,16 @@ def block_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) 
 
 def shared_saves(model: ModelSpec, plan: Plan) -> list[Saved]:
     """Saved once per forward and used by every block: llama's rotary tables (not under full recompute)."""
-    if model.flavour != "llama" or plan.recompute == "full":
+    if model.flavour != "llama" or plan.recompute in ("full", "op-sac"):
         return []
-    t = _local_dims(model, plan)
+    t = local_dims(model, plan)
     return [Saved("rope", "cos", (t.s, 1, t.d), plan.dtype_bytes),
             Saved("rope", "sin", (t.s, 1, t.d), plan.dtype_bytes)]
 
 
 def embedding_saves(model: ModelSpec, plan: Plan) -> list[Saved]:
     """Token ids for the embedding's backward (gpt: also position ids and the embedding dropout mask)."""
-    t = _local_dims(model, plan)
+    t = local_dims(model, plan)
     out = [Saved("tok_emb", "token ids", (t.b, t.s), ID_BYTES)]
     if model.flavour == "gpt":
         out.append(Saved("pos_emb", "position ids", (t.s,), ID_BYTES))
@@ -238,12 +288,19 @@ def head_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) -
 
     With ``tp > 1`` the head's input is the whole (with SP: all-gathered) sequence, and the
     vocabulary-parallel cross-entropy of ``dist/tensor_parallel.py`` keeps this rank's ``V/tp`` columns of
-    the fp32 softmax and the target ids local to its vocabulary shard (no scalar weight).
+    the fp32 softmax and the target ids local to its vocabulary shard (no scalar weight). With
+    ``loss_chunk > 0`` (``distributed/kernels.ChunkedLinearCrossEntropy``): the head input, the targets and
+    an fp32 log-sum-exp per token, no logits.
     """
-    t = _local_dims(model, plan)
+    t = local_dims(model, plan)
     a = plan.dtype_bytes
     rows = t.b * t.s
     head = _norm(model, "final_norm", t, a, ln_stats_bytes)
+    if plan.loss_chunk:                          # kernels.ChunkedLinearCrossEntropy: no logits kept
+        op = f"lm_head + cross_entropy (chunks of {plan.loss_chunk} tokens)"
+        return head + [Saved(op, "normed input", (rows, t.h), a),
+                       Saved(op, "targets", (rows,), ID_BYTES),
+                       Saved(op, "log-sum-exp (fp32)", (rows,), LSE_BYTES)]
     head.append(Saved("lm_head", "normed input", (rows, t.h), a))
     if plan.tp > 1:
         return head + [Saved("cross_entropy", "softmax, this rank's vocabulary columns (fp32)",

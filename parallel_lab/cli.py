@@ -36,13 +36,17 @@ from typing import Any
 
 from .schedules import SCHEDULE_NAMES
 from .specs import (
+    ATTENTION_KINDS,
     CLUSTER_PRESETS,
     CP_KINDS,
     DP_KINDS,
     DTYPE_BYTES,
     GB,
+    MLP_KINDS,
     MODEL_PRESETS,
     OPTIMIZERS,
+    PP_SPLITS,
+    RECOMPUTE,
     SCHEDULES,
     ZERO1_REDUCES,
     ZERO2_ACCUMULATES,
@@ -61,7 +65,7 @@ SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour
 #: Plan flags that map one-to-one onto :class:`Plan` fields (None = not given, Plan's default applies).
 PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "seq", "recompute",
                "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb", "zero_unit",
-               "zero1_reduce", "zero2_accumulate")
+               "zero1_reduce", "zero2_accumulate", "attention", "mlp", "pp_split", "loss_chunk")
 DEFAULT_CLUSTER = "h100-sxm"
 
 
@@ -133,7 +137,8 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cp", type=int, help="context-parallel degree")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default 0 = plain DDP)")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism (needs --tp >= 2)")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
+    g.add_argument("--recompute", choices=RECOMPUTE,
+                   help="activation recomputation (Korthikanti's none/selective/full, torchtitan's op-sac)")
     g.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
                    help="optimizer state layout (default adam-mixed)")
     g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), help="compute dtype of activations and messages")
@@ -149,6 +154,14 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--zero2-accumulate", choices=ZERO2_ACCUMULATES,
                    help="ZeRO-2 over micro-batches: unsharded (hold full gradients, default) or sharded "
                         "(reduce-scatter every micro-batch)")
+    g.add_argument("--attention", choices=ATTENTION_KINDS,
+                   help="attention kernel's saved tensors: eager (scores kept, default) or flash (q, k, v, out, lse)")
+    g.add_argument("--mlp", choices=MLP_KINDS,
+                   help="MLP's saved tensors: eager (every intermediate, default) or fused (first matmuls' outputs)")
+    g.add_argument("--loss-chunk", type=int, metavar="TOKENS",
+                   help="chunked cross-entropy fused with the LM head, TOKENS per chunk (default 0: eager logits)")
+    g.add_argument("--pp-split", choices=PP_SPLITS,
+                   help="pipeline split: layers (default) or embed-head (embedding and head take a layer slot each)")
     g.add_argument("--gpus", type=int, help="total GPUs; must equal dp*tp*pp*cp (dp is inferred if omitted)")
     g.add_argument("--cluster", metavar="PRESET", help=f"machine: {', '.join(CLUSTER_PRESETS)} "
                    f"(default {DEFAULT_CLUSTER})")
@@ -190,8 +203,14 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 
 
 def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
-    """The :class:`ClusterSpec` preset named by ``--cluster`` (default h100-sxm)."""
-    return ClusterSpec.preset(getattr(args, "cluster", None) or DEFAULT_CLUSTER)
+    """The :class:`ClusterSpec` preset named by ``--cluster`` (default h100-sxm), or a profile file written
+    by ``parallel-lab calibrate`` (a path ending in ``.json``: the preset with its fitted step-time model)."""
+    name = getattr(args, "cluster", None) or DEFAULT_CLUSTER
+    if name.endswith(".json"):
+        from .calibrate import load_profile
+
+        return load_profile(name)
+    return ClusterSpec.preset(name)
 
 
 def plan_from_args(args: argparse.Namespace, model: ModelSpec | None = None) -> Plan:
@@ -270,7 +289,8 @@ def describe(model: ModelSpec, plan: Plan) -> str:
     return (f"{model.summary()}\nplan: dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} zero={p.zero} sp={p.sp} "
             f"seq={p.seq} micro_batch={p.micro_batch} grad_accum={p.grad_accum} recompute={p.recompute} "
             f"optimizer={p.optimizer} dtype={p.dtype} schedule={p.schedule}"
-            + (f" interleave={p.interleave}" if p.interleave > 1 else "") + f" ({p.world} GPUs)")
+            + (f" interleave={p.interleave}" if p.interleave > 1 else "")
+            + f" attention={p.attention} mlp={p.mlp}" + f" ({p.world} GPUs)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -369,7 +389,7 @@ def _add_flops(sub: Any) -> None:
 
 
 def _flops(args: argparse.Namespace) -> Output:
-    from .flops import mfu, step_flops
+    from .flops import CONVENTIONS, mfu, step_flops
 
     model = model_from_args(args)
     model.require_shape("FLOPs")
@@ -377,7 +397,8 @@ def _flops(args: argparse.Namespace) -> Output:
     cluster = cluster_from_args(args)
     rep = step_flops(model, plan)
     data = {**rep.to_json(), **echo(model, plan)}
-    rows = [("model FLOPs per step", f"{rep.model_flops_per_step:.4e}"),
+    rows = [("model FLOPs per step (palm)", f"{rep.model_flops_per_step:.4e}"),
+            ("model FLOPs per step (causal)", f"{rep.model_flops_causal_per_step:.4e}"),
             ("hardware FLOPs per step", f"{rep.hardware_flops_per_step:.4e}"),
             ("tokens per step", f"{rep.tokens_per_step:,}"),
             ("model FLOPs per token", f"{rep.model_flops_per_step / rep.tokens_per_step:.4e}")]
@@ -385,10 +406,13 @@ def _flops(args: argparse.Namespace) -> Output:
         data["step_time_s"] = args.step_time
         data["mfu"] = mfu(model, plan, args.step_time, cluster)
         data["hfu"] = rep.hardware_flops_per_step / (args.step_time * plan.world * cluster.peak_flops)
-        rows += [("MFU", f"{data['mfu']:.2%}"), ("HFU", f"{data['hfu']:.2%}"),
-                 ("model TFLOP/s per GPU",
+        data["mfu_causal"] = rep.model_flops_causal_per_step / (args.step_time * plan.world * cluster.peak_flops)
+        rows += [("MFU (palm)", f"{data['mfu']:.2%}"), ("MFU (causal)", f"{data['mfu_causal']:.2%}"),
+                 ("HFU", f"{data['hfu']:.2%}"),
+                 ("model TFLOP/s per GPU (palm)",
                   f"{rep.model_flops_per_step / args.step_time / plan.world / 1e12:,.1f}")]
-    text = "\n".join([describe(model, plan), table(rows), f"formula: {rep.formula}"])
+    text = "\n".join([describe(model, plan), table(rows), f"palm: {rep.formula}",
+                      f"causal: {CONVENTIONS['causal']}"])
     return Output(data, text)
 
 
@@ -492,6 +516,9 @@ def _add_plan(sub: Any) -> None:
     g.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam-mixed", help="default adam-mixed")
     g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="default bf16")
     g.add_argument("--margin", type=float, default=0.1, help="HBM safety margin, fraction (default 0.1)")
+    g.add_argument("--attention", choices=ATTENTION_KINDS, default="eager", help="attention kernel (default eager)")
+    g.add_argument("--mlp", choices=MLP_KINDS, default="eager", help="MLP kernel (default eager)")
+    g.add_argument("--pp-split", choices=PP_SPLITS, default="layers", help="pipeline split (default layers)")
     g.add_argument("--save", metavar="FILE", help="write the best plan as a plan file (YAML)")
     g.add_argument("--phase", help="phase name for --save (default: seq<N>), e.g. pretrain-8k")
 
@@ -512,7 +539,8 @@ def _plan(args: argparse.Namespace) -> Output:
     model = model_from_args(args)
     cluster = cluster_from_args(args)
     kw: dict[str, Any] = {"fixed": parse_fix(args.fix), "max_tp": args.max_tp, "cp_kind": args.cp_kind,
-                          "optimizer": args.optimizer, "dtype": args.dtype, "margin": args.margin}
+                          "optimizer": args.optimizer, "dtype": args.dtype, "margin": args.margin,
+                          "attention": args.attention, "mlp": args.mlp, "pp_split": args.pp_split}
     for name, text, cast in (("schedules", args.schedules, str), ("zero_stages", args.zero_stages, int),
                              ("recompute", args.recompute, str)):
         if _split(text, cast):
@@ -626,6 +654,43 @@ def _run(args: argparse.Namespace) -> Output:
 # Entry point
 # --------------------------------------------------------------------------------------------------
 
+def _add_calibrate(sub: Any) -> None:
+    p = subcommand(sub, "calibrate", _calibrate, "fit the step-time model to measured runs; write a profile",
+                   description="Fit the roofline step-time model (matmul efficiency; with runs of several token "
+                               "counts also the per-micro-batch overhead) to runs measured on a cluster, and write "
+                               "a profile file that --cluster PROFILE.json gives to plan and the other commands.")
+    p.add_argument("--runs", required=True, metavar="FILE",
+                   help="CSV or YAML of runs (see parallel_lab/calibrate.py)")
+    p.add_argument("--cluster", metavar="PRESET",
+                   help=f"the cluster the runs were measured on, or a profile file (default {DEFAULT_CLUSTER})")
+    p.add_argument("--out", metavar="PROFILE.json", help="where to write the profile (default: print only)")
+    p.add_argument("--no-fit", action="store_true",
+                   help="only compare the runs with the --cluster profile's predictions (no fitting)")
+
+
+def _calibrate(args: argparse.Namespace) -> Output:
+    from .calibrate import fit_profile, load_runs, profile_to_json
+
+    runs = load_runs(args.runs)
+    if args.no_fit:
+        cluster, fitted = cluster_from_args(args), []
+        if cluster.profile is None:
+            raise ParallelLabError("--no-fit compares with a profile: give --cluster PROFILE.json")
+    else:
+        cluster, fitted = fit_profile(runs, cluster_from_args(args))
+    data = profile_to_json(cluster, runs, fitted)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(data, f, indent=2)
+    rows = [(k, f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in data["profile"].items()]
+    rows += [(f"{r['name']} (TFLOP/s per GPU)",
+              f"measured {r['measured_tflops_per_gpu']:.1f}  predicted {r['predicted_tflops_per_gpu']:.1f}")
+             for r in data["runs"]]
+    text = "\n".join([f"cluster {cluster.name}; fitted: {', '.join(fitted) or 'nothing (--no-fit)'}", table(rows)]
+                     + ([f"profile written to {args.out}"] if args.out else []))
+    return Output(data, text)
+
+
 #: One registrar per subcommand, in the order ``--help`` lists them. To add a subcommand, append yours.
 #: (``bubble`` and ``plan``: schedules/planner; ``run``: the runnable core, importing torch in its handler.)
 def _add_launch(sub: Any) -> None:
@@ -681,7 +746,7 @@ def _launch(args: argparse.Namespace) -> Output:
 from parallel_lab.grading.cli import add_grade  # noqa: E402 - `grade` (parallel_lab/grading/cli.py)
 
 SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble, _add_plan,
-                                            _add_run, _add_launch, add_grade]
+                                            _add_run, _add_launch, _add_calibrate, add_grade]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -111,7 +111,7 @@ class Collective:
 # --------------------------------------------------------------------------------------------------
 
 def _n_layers(model: ModelSpec, plan: Plan, stage: int) -> int:
-    return stage_blocks(model.layers, plan.pp, plan.interleave, stage)
+    return stage_blocks(model.layers, plan.pp, plan.interleave, stage, plan.pp_split)
 
 
 def _act_bytes(model: ModelSpec, plan: Plan) -> int:

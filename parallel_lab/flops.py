@@ -16,7 +16,12 @@ FlopCounterMode on a small Llama with math attention matches ``6 N T + 12 L d S 
 
 Hardware FLOPs add what recomputation runs again: ``full`` one more forward of the blocks
 (``2 N_blocks + 4 L q_dim s`` per token), ``selective`` the attention core's forward (``4 L q_dim s``).
-The head is not recomputed.
+``op-sac`` the matmuls it does not keep and the core (:func:`op_sac_recomputed_params`). The head is not
+recomputed.
+
+Two conventions, named (:data:`CONVENTIONS`): ``palm`` (the full square above; the seed's and Meta's MFU
+figures use it) and ``causal`` (only the ``s (s + 1) / 2`` query-key pairs a causal mask leaves, about
+half the attention term; what causal kernels compute). ``step_flops`` reports both.
 
 MFU (Chowdhery et al. 2022): model FLOPs per second over the peak of all GPUs.
 """
@@ -27,9 +32,18 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from . import activations
 from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 
 FORMULA = "6*N_matmul*T + 12*L*q_dim*s*T (PaLM App. B / Narayanan et al. 2021; no causal halving)"
+#: Attention FLOP conventions: ``palm`` counts the full ``s x s`` square of scores (the seed's and the
+#: papers' MFU figures); ``causal`` counts only the query-key pairs a causal mask leaves visible,
+#: ``s (s + 1) / 2`` per sequence, i.e. ``(s + 1) / 2`` keys per token (what a kernel that skips masked
+#: tiles does, up to its diagonal tiles).
+CONVENTIONS: dict[str, str] = {
+    "palm": FORMULA,
+    "causal": "6*N_matmul*T + 12*L*q_dim*(s+1)/2*T (causal: only the visible query-key pairs)",
+}
 
 
 def matmul_params(model: ModelSpec) -> tuple[int, int]:
@@ -44,22 +58,42 @@ def matmul_params(model: ModelSpec) -> tuple[int, int]:
 class FlopsReport:
     """FLOPs of one optimizer step over the global batch (all GPUs together)."""
 
-    model_flops_per_step: float
+    model_flops_per_step: float            # PaLM convention (full square)
     hardware_flops_per_step: float
     tokens_per_step: int
     formula: str = FORMULA
+    model_flops_causal_per_step: float = 0.0   # causal convention (visible pairs only)
 
     def to_json(self) -> dict[str, Any]:
         return {"model_flops_per_step": self.model_flops_per_step,
                 "hardware_flops_per_step": self.hardware_flops_per_step,
-                "tokens_per_step": self.tokens_per_step, "formula": self.formula}
+                "tokens_per_step": self.tokens_per_step, "formula": self.formula,
+                "model_flops_causal_per_step": self.model_flops_causal_per_step,
+                "conventions": dict(CONVENTIONS)}
 
 
-def flops_per_token(model: ModelSpec, seq: int) -> float:
-    """Model FLOPs per trained token at sequence length ``seq``: ``6 N_matmul + 12 L q_dim s``."""
+def attention_keys(seq: int, convention: str = "palm") -> float:
+    """Keys each query attends to on average: ``s`` (PaLM's full square) or ``(s + 1) / 2`` (causal)."""
+    if convention not in CONVENTIONS:
+        raise ParallelLabError(f"FLOP convention {convention!r} is not known; pick one of {', '.join(CONVENTIONS)}")
+    return float(seq) if convention == "palm" else (seq + 1) / 2
+
+
+def flops_per_token(model: ModelSpec, seq: int, convention: str = "palm") -> float:
+    """Model FLOPs per trained token at sequence length ``seq``: ``6 N_matmul + 12 L q_dim k``, with ``k``
+    the keys per query of the convention (:func:`attention_keys`: ``s`` for PaLM, ``(s + 1) / 2`` causal)."""
     n_blocks, n_head = matmul_params(model)
     q_dim = model.heads * model.head_dim
-    return 6.0 * (n_blocks + n_head) + 12.0 * model.layers * q_dim * seq
+    return 6.0 * (n_blocks + n_head) + 12.0 * model.layers * q_dim * attention_keys(seq, convention)
+
+
+def op_sac_recomputed_params(model: ModelSpec, plan: Plan) -> int:
+    """Weights of the block matmuls op-sac recomputes (the bias-free ones it does not keep, plus every
+    linear with a bias), all layers: the recomputed forward is ``2 *`` this per token plus the core."""
+    kept = {name for name, _ in activations.op_sac_kept_matmuls(model, plan, activations.local_dims(model, plan))}
+    return sum(math.prod(s) for n, s in model.parameter_shapes()
+               if n.startswith("blocks.") and n.endswith(".weight") and len(s) == 2
+               and n.split(".", 2)[2].rsplit(".", 1)[0] not in kept)
 
 
 def step_flops(model: ModelSpec, plan: Plan) -> FlopsReport:
@@ -69,8 +103,10 @@ def step_flops(model: ModelSpec, plan: Plan) -> FlopsReport:
     n_blocks, _ = matmul_params(model)
     attn_fwd = 4.0 * model.layers * model.heads * model.head_dim * plan.seq       # per token, forward
     model_flops = flops_per_token(model, plan.seq) * tokens
-    extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks + attn_fwd}[plan.recompute]
-    return FlopsReport(model_flops, model_flops + extra * tokens, tokens)
+    extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks + attn_fwd,
+             "op-sac": 2.0 * op_sac_recomputed_params(model, plan) + attn_fwd}[plan.recompute]
+    return FlopsReport(model_flops, model_flops + extra * tokens, tokens,
+                       model_flops_causal_per_step=flops_per_token(model, plan.seq, "causal") * tokens)
 
 
 def mfu(model: ModelSpec, plan: Plan, step_time_s: float, cluster: ClusterSpec) -> float:

@@ -115,42 +115,56 @@ def column_rows(model: ModelSpec, leaf: str, fan_out: int, tp: int) -> int:
 # Pipeline stages
 # --------------------------------------------------------------------------------------------------
 
-def chunk_layers(layers: int, pp: int, interleave: int = 1) -> list[list[int]]:
+#: How the pipeline split counts slots: ``layers`` (blocks only, the embedding rides on stage 0 and the head
+#: on the last stage) or ``embed-head`` (the embedding and the head each take one layer slot, so the first
+#: and last stages hold one block fewer: Meta's Llama 3 layout, Megatron's
+#: ``--account-for-embedding-in-pipeline-split`` with ``--account-for-loss-in-pipeline-split``).
+PP_SPLITS: tuple[str, ...] = ("layers", "embed-head")
+
+
+def chunk_layers(layers: int, pp: int, interleave: int = 1, split: str = "layers") -> list[list[int]]:
     """The layer ids of each of the ``pp * interleave`` model chunks, in model order.
 
-    Contiguous split; when ``layers`` is not divisible, the first ``layers % chunks`` chunks get one extra
-    layer (as ``numpy.array_split``). Chunk ``c`` runs on pipeline stage ``c % pp``. Embeddings live on
-    stage 0 with chunk 0; the final norm and the head on the stage of the last chunk, ``pp - 1``.
+    Contiguous split of ``layers`` slots (``split="embed-head"``: ``layers + 2`` slots, the first the
+    embedding and the last the head, so a chunk may hold no block at all); when the slots are not
+    divisible, the first ``slots % chunks`` chunks get one extra slot (as ``numpy.array_split``). Chunk ``c``
+    runs on pipeline stage ``c % pp``. Embeddings live on stage 0 with chunk 0; the final norm and the head
+    on the stage of the last chunk, ``pp - 1``.
     """
-    chunks = pp * interleave
-    if chunks < 1 or chunks > layers:
+    if split not in PP_SPLITS:
+        raise ParallelLabError(f"pp_split={split!r} is not known; pick one of {', '.join(PP_SPLITS)}")
+    extra = 2 if split == "embed-head" else 0
+    slots, chunks = layers + extra, pp * interleave
+    if chunks < 1 or chunks > slots:
         raise ParallelLabError(f"pp*interleave = {pp}*{interleave} = {chunks} chunks cannot split "
-                               f"layers={layers}; pick pp*interleave in 1..{layers}")
-    q, r = divmod(layers, chunks)
+                               f"{slots} slots (layers={layers}, pp_split={split}); "
+                               f"pick pp*interleave in 1..{slots}")
+    q, r = divmod(slots, chunks)
     out, start = [], 0
     for c in range(chunks):
         n = q + (1 if c < r else 0)
-        out.append(list(range(start, start + n)))
+        ids = range(start - extra // 2, start + n - extra // 2)      # slot i holds block i - 1 (embed-head)
+        out.append([i for i in ids if 0 <= i < layers])
         start += n
     return out
 
 
-def stage_layers(layers: int, pp: int, interleave: int = 1, stage: int = 0) -> list[int]:
+def stage_layers(layers: int, pp: int, interleave: int = 1, stage: int = 0, split: str = "layers") -> list[int]:
     """The layer ids that pipeline stage ``stage`` holds (all its chunks), in model order."""
     if not 0 <= stage < pp:
         raise ParallelLabError(f"stage={stage} is not a pipeline stage; pick stage in 0..{pp - 1}")
-    if interleave == 1:                              # closed form: one chunk per stage
+    if interleave == 1 and split == "layers":        # closed form: one chunk per stage
         q, r = divmod(layers, pp)
         if pp > layers:
             chunk_layers(layers, pp, interleave)     # raises with the message
         start = stage * q + min(stage, r)
         return list(range(start, start + q + (1 if stage < r else 0)))
-    return [i for c, ids in enumerate(chunk_layers(layers, pp, interleave)) if c % pp == stage for i in ids]
+    return [i for c, ids in enumerate(chunk_layers(layers, pp, interleave, split)) if c % pp == stage for i in ids]
 
 
-def stage_blocks(layers: int, pp: int, interleave: int = 1, stage: int = 0) -> int:
+def stage_blocks(layers: int, pp: int, interleave: int = 1, stage: int = 0, split: str = "layers") -> int:
     """How many transformer blocks stage ``stage`` holds."""
-    return len(stage_layers(layers, pp, interleave, stage))
+    return len(stage_layers(layers, pp, interleave, stage, split))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -194,13 +208,13 @@ def local_parameters(model: ModelSpec, plan: Plan, stage: int = 0) -> list[Local
     embedding for the head (Megatron), whose gradient is all-reduced with stage 0's.
     """
     model.require_shape("the per-tensor parameter layout")
-    return list(_local_parameters(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage))
+    return list(_local_parameters(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage, plan.pp_split))
 
 
 @functools.lru_cache(maxsize=256)
 def _local_parameters(model: ModelSpec, tp: int, pp: int, interleave: int, zero_unit: str,
-                      stage: int) -> tuple[LocalParam, ...]:
-    layers = set(stage_layers(model.layers, pp, interleave, stage))
+                      stage: int, split: str = "layers") -> tuple[LocalParam, ...]:
+    layers = set(stage_layers(model.layers, pp, interleave, stage, split))
     first, last = stage == 0, stage == pp - 1
     on_stage = {"tok_emb": first, "pos_emb": first, "final_norm": last, "lm_head": last}
     out: list[LocalParam] = []
@@ -258,12 +272,13 @@ def stage_params(model: ModelSpec, plan: Plan, stage: int = 0, frozen: tuple[str
     if frozen:
         return _stage_params_of(tuple(p for p in local_parameters(model, plan, stage)
                                       if not is_frozen(p.name, frozen)))
-    return _stage_params(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage)
+    return _stage_params(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage, plan.pp_split)
 
 
 @functools.lru_cache(maxsize=4096)
-def _stage_params(model: ModelSpec, tp: int, pp: int, interleave: int, zero_unit: str, stage: int) -> StageParams:
-    return _stage_params_of(_local_parameters(model, tp, pp, interleave, zero_unit, stage))
+def _stage_params(model: ModelSpec, tp: int, pp: int, interleave: int, zero_unit: str, stage: int,
+                  split: str = "layers") -> StageParams:
+    return _stage_params_of(_local_parameters(model, tp, pp, interleave, zero_unit, stage, split))
 
 
 def _stage_params_of(params: tuple[LocalParam, ...]) -> StageParams:
@@ -348,7 +363,7 @@ def bucket_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[int, ...
     """The sizes of :func:`ddp_buckets` (memoised on what they depend on: the stage's tensors, the cap)."""
     if not model.shape_known:
         return tuple(b for _, b in ddp_buckets(model, plan, stage))
-    sp = _stage_params(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage)
+    sp = _stage_params(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage, plan.pp_split)
     return _bucket_sizes(sp.numels, grad_comm_bytes(plan), plan.bucket_mb)
 
 

@@ -23,6 +23,7 @@ Models" (Sec. 4, Table 2), generalised as documented in :func:`activation_bytes_
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from . import activations
 from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: re-exported, their home is layout)
     LocalParam,
     bucket_bytes,
+    chunk_layers,
     grad_comm_bytes,
     is_frozen,
     kv_width_local,
@@ -42,7 +44,7 @@ from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: r
     stage_params,
     unit_sizes,
 )
-from .schedules import head_inflight, peak_activation_units
+from .schedules import build_schedule, head_inflight, peak_activation_units, split_backward
 from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "logits_and_loss", "comm_buffers")
@@ -157,8 +159,17 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     many scores per rank; implementations with a fused/flash kernel save none of them, like selective
     recomputation).
 
+    Kernels (named Plan fields, so a reader sees which model produced a number): ``attention="flash"``
+    (FlashAttention, Dao et al. 2022) replaces the score terms by an fp32 log-sum-exp per local query and head,
+    ``4 a s b / t`` (the output it keeps is the output projection's input, already counted);
+    ``mlp="fused"`` keeps only the first matmuls' outputs: ``mlp_intermediate`` is ``2 f`` per token for
+    llama (gate and up outputs) and ``f`` for gpt (the fc output).
+
     Recomputation: ``selective`` drops the score terms (the attention core is recomputed from Q, K, V);
-    ``full`` keeps only the layer input, ``sbh * d`` (Korthikanti's 2sbh; split by t with SP). The
+    ``full`` keeps only the layer input, ``sbh * d`` (Korthikanti's 2sbh; split by t with SP). ``op-sac``
+    (torchtitan's op-level selective activation checkpointing) keeps the layer input and every second
+    matmul output (llama: wq, wv, gate, down, ``sb (q/t + kv/t + f/t + h) d``;
+    ``activations.op_sac_kept_matmuls`` says which). The
     transient working set of the one layer being recomputed is not included (as in the paper).
     """
     model.require_shape("activation memory")
@@ -167,6 +178,9 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     sp = t if plan.sp else 1
     if plan.recompute == "full":
         return {"layer_input": s * b * h * d / sp}
+    if plan.recompute == "op-sac":
+        return {"layer_input": s * b * h * d / sp,
+                "kept_matmul_outputs": s * b * activations.op_sac_kept_width(model, plan) * d}
     drop = model.dropout > 0
     mask = MASK_BYTES if drop else 0
     q_local, kv_local, f_local = q_width_local(model, t), kv_width_local(model, t), model.ffn / t
@@ -178,14 +192,24 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
         "attention_output_input": sb * q_local * d,
         "attention_dropout_mask": sb * h * mask / sp,
         "mlp_input": sb * h * d / sp,
-        "mlp_intermediate": sb * f_local * (2 if model.flavour == "gpt" else 4) * d,
+        "mlp_intermediate": sb * f_local * _mlp_saved_widths(model, plan) * d,
         "mlp_dropout_mask": sb * h * mask / sp,
     }
-    if plan.recompute == "none":
+    if plan.recompute == "none" and plan.attention == "flash":
+        terms["log_sum_exp"] = model.heads / t * sb * activations.LSE_BYTES
+    elif plan.recompute == "none":
         heads_local = model.heads / t
         score = heads_local * s * plan.seq * b          # local queries x all keys
         terms["scores"] = score * (d + (d + MASK_BYTES if drop else 0))
     return terms
+
+
+def _mlp_saved_widths(model: ModelSpec, plan: Plan) -> int:
+    """ffn-wide tensors the MLP saves per token: eager gpt 2 (GeLU input, proj input), eager llama 4 (gate
+    output, SiLU output, up output, down input); fused: only the first matmuls' outputs (gpt 1, llama 2)."""
+    if plan.mlp == "fused":
+        return 1 if model.flavour == "gpt" else 2
+    return 2 if model.flavour == "gpt" else 4
 
 
 def activation_bytes_per_layer(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") -> float:
@@ -228,21 +252,52 @@ def inflight_microbatches(schedule: str, p: int, m: int, v: int = 1, stage: int 
     return peak_activation_units(schedule, p, m, v, stage)
 
 
+@functools.lru_cache(maxsize=4096)
+def block_inflight(layers: int, schedule: str, pp: int, m: int, v: int, stage: int, split: str = "layers") -> float:
+    """Blocks times micro-batches whose activations stage ``stage`` holds at its peak: the multiplier of one
+    block's per-micro-batch bytes.
+
+    Equal chunks: the stage's blocks x :func:`inflight_microbatches`. Unequal chunks (slots that do not
+    divide ``pp * v``, or ``split="embed-head"`` whose first and last chunks lose a block to the embedding
+    and the head): the schedule's own action list of the stage, each forward of chunk ``c`` adding its
+    blocks and its backward (ZB-H1: its W) removing them, and the peak of that sum.
+    """
+    cut = chunk_layers(layers, pp, v, split)
+    blocks = [len(cut[c * pp + stage]) for c in range(v)]      # local chunk c is model chunk c * pp + stage
+    if pp == 1:
+        return float(sum(blocks))
+    if len(set(blocks)) == 1:
+        return sum(blocks) * inflight_microbatches(schedule, pp, m, v, stage)
+    actions = build_schedule(schedule, pp, m, v)[stage]
+    split_b = split_backward(actions)
+    live = peak = 0
+    for a in actions:
+        if a.kind == "F":
+            live += blocks[a.chunk]
+        elif (a.kind == "B" and (a.microbatch, a.chunk) not in split_b) or a.kind == "W":
+            live -= blocks[a.chunk]
+        peak = max(peak, live)
+    return float(peak)
+
+
 def activation_bytes(model: ModelSpec, plan: Plan, stage: int = 0, *, formula: str = "korthikanti") -> float:
     """Activation bytes of stage ``stage``: per-micro-batch bytes x in-flight micro-batches.
 
-    Korthikanti: per-layer bytes x the stage's layers. Per-op: the stage's blocks, plus what every forward
-    shares (llama's rotary tables) and, on stage 0, the embedding's saved inputs.
+    Korthikanti: per-layer bytes x :func:`block_inflight` (the stage's blocks x in-flight micro-batches,
+    chunk by chunk). Per-op: the same for the blocks, plus what every forward shares (llama's rotary
+    tables) and, on stage 0, the embedding's saved inputs, per in-flight micro-batch of the stage.
     """
-    n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage))
     inflight = inflight_microbatches(plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage)
+    blocks = block_inflight(model.layers, plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage,
+                            plan.pp_split)
     if formula == "per-op":
+        n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage, plan.pp_split))
         d = _per_op(model, plan, layers=n_layers)
         extra = sum(e["bytes"] for e in d["shared"])
         if stage == 0:
             extra += sum(e["bytes"] for e in d["embedding"])
-        return float(d["per_block_bytes"] * n_layers + extra) * inflight
-    return activation_bytes_per_layer(model, plan, formula=formula) * n_layers * inflight
+        return float(d["per_block_bytes"] * blocks + extra * inflight)
+    return activation_bytes_per_layer(model, plan, formula=formula) * blocks
 
 
 # --------------------------------------------------------------------------------------------------
@@ -257,12 +312,16 @@ def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") 
     The logits in the compute dtype are not kept: the loss casts them to fp32 and log_softmax saves only
     its output (measured at full size in fake tensors, distributed/measure.py). Times the micro-batches
     the last stage keeps at once (``schedules.head_inflight``: GPipe ``m``, ZB-H1 ``min(p, m)`` until the
-    delayed W, 1F1B and interleaved 1).
+    delayed W, 1F1B and interleaved 1). Chunked cross-entropy (``plan.loss_chunk > 0``): an fp32
+    log-sum-exp per token, ``(s/cp) b 4``; the one chunk of logits alive while it is computed,
+    ``loss_chunk V 4``, is transient and not counted.
     """
     model.require_shape("logits memory")
     kept = head_inflight(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
     if formula == "per-op":
         return float(sum(e["bytes"] for e in _per_op(model, plan)["head"])) * kept
+    if plan.loss_chunk:      # chunked: one fp32 log-sum-exp per token instead of the logits (transient chunk
+        return plan.seq / plan.cp * plan.micro_batch * activations.LSE_BYTES * kept     # not counted)
     vocab_local = math.ceil(model.vocab / plan.tp)
     kept_per_token = vocab_local * LOSS_BYTES + 2 * model.hidden * plan.dtype_bytes
     per_mb = plan.seq / plan.cp * plan.micro_batch * kept_per_token
@@ -415,9 +474,13 @@ def _ledger_of_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec, activat
             per["logits_and_loss"] = 0.0
         inflight = inflight_microbatches(plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage)
         if plan.pp > 1:
-            n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage))
+            n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage, plan.pp_split))
+            blocks = block_inflight(model.layers, plan.schedule, plan.pp, plan.microbatches, plan.interleave,
+                                    stage, plan.pp_split)
             notes.append(f"activations: {n_layers} layers "
-                         f"x {inflight:g} in-flight micro-batches ({plan.schedule})")
+                         f"x {inflight:g} in-flight micro-batches ({plan.schedule})"
+                         + ("" if blocks == n_layers * inflight else
+                            f"; unequal chunks: peak {blocks:g} block-micro-batches from the schedule"))
         if plan.recompute == "full":
             notes.append("activations: full recomputation keeps the layer inputs only; the transient "
                          "activations of the one layer being recomputed are not counted")

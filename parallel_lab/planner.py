@@ -66,7 +66,7 @@ from typing import Any
 from . import comm as comm_mod
 from . import layout, ledger
 from .flops import flops_per_token, step_flops
-from .schedules import head_inflight, peak_activation_units
+from .schedules import head_inflight
 from .specs import CP_KINDS, ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan, divisors
 from .steptime import (
     DpTimes,
@@ -78,6 +78,7 @@ from .steptime import (
     dp_exposed,
     dp_times,
     plan_bubble,
+    roofline_stage,
     stages_to_check,
 )
 
@@ -147,6 +148,9 @@ class Constraints:
     dtype: str = "bf16"
     margin: float = 0.1
     max_micro_batch: int | None = None
+    attention: str = "eager"
+    mlp: str = "eager"
+    pp_split: str = "layers"
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.fixed) - set(FIXABLE))
@@ -245,14 +249,16 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
     led = ledger.memory(model, plan, cluster, margin=margin)
     rate = cluster.mfu_achievable * cluster.peak_flops
     tok = plan.micro_batch * plan.microbatches * plan.seq / (plan.tp * plan.cp)
-    fl = StageFlops(model, plan.seq)
+    fl = StageFlops(model, plan.seq, plan.pp_split, plan.mlp)
     stages = []
-    for s in stages_to_check(plan.pp):
+    for s in stages_to_check(plan.pp, plan.pp_split):
         rep = comm_mod.report(model, plan, cluster, stage=s)
         tier = layout.group_tier(cluster, plan, "dp", s)
-        stages.append(StageTimes(fl.stage(plan.pp, plan.interleave, s, plan.recompute) * tok / rate,
-                                 fl.attention(plan.pp, plan.interleave, s) * tok / rate, dict(rep.time_s),
-                                 dp_times(rep.collectives, tier, plan.zero, plan.microbatches)))
+        compute, attention = _compute(model, cluster, fl, plan.seq, plan.tp, plan.cp, plan.micro_batch,
+                                      plan.microbatches, plan.pp, plan.interleave, s, plan.recompute, tok, rate)
+        stages.append(StageTimes(compute, attention, dict(rep.time_s),
+                                 dp_times(rep.collectives, tier, plan.zero, plan.microbatches),
+                                 _tp_overlap(cluster, plan.sp)))
     bub = plan_bubble(plan) if bubble_ratio is None else bubble_ratio
     mf = step_flops(model, plan).model_flops_per_step
     step, comm_s, exposed, compute = combine(plan.zero, plan.cp_kind, plan.microbatches, plan.recompute, bub,
@@ -260,6 +266,20 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
     mfu = mf / (step * plan.world * cluster.peak_flops)
     return Estimate(plan.to_dict(), led.total_bytes, cluster.hbm_bytes * (1 - margin), compute, bub,
                     dict(comm_s), exposed, step, mfu, _plan=plan)
+
+
+def _compute(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, seq: int, tp: int, cp: int, mb: int, m: int,
+             pp: int, v: int, stage: int, recompute: str, tok: float, rate: float) -> tuple[float, float]:
+    """(compute, attention) seconds of a stage: the roofline of ``cluster.profile`` when it has one, else
+    the stage's hardware FLOPs at ``mfu_achievable`` of peak (``steptime`` module docstring)."""
+    if cluster.profile is None:
+        return fl.stage(pp, v, stage, recompute) * tok / rate, fl.attention(pp, v, stage) * tok / rate
+    return roofline_stage(model, cluster.profile, cluster.peak_flops, seq, tp, cp, mb, m, fl.n_layers(pp, v, stage),
+                          v, stage == pp - 1, recompute)
+
+
+def _tp_overlap(cluster: ClusterSpec, sp: bool) -> float:
+    return cluster.profile.tp_overlap if cluster.profile is not None and sp else 0.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -300,8 +320,9 @@ class _Fast:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, seq: int, c: Constraints) -> None:
         self.model, self.cluster, self.seq, self.c = model, cluster, seq, c
-        self.base = Plan(seq=seq, optimizer=c.optimizer, dtype=c.dtype, cp_kind=c.cp_kind)
-        self.fl = StageFlops(model, seq)
+        self.base = Plan(seq=seq, optimizer=c.optimizer, dtype=c.dtype, cp_kind=c.cp_kind, attention=c.attention,
+                         mlp=c.mlp, pp_split=c.pp_split)
+        self.fl = StageFlops(model, seq, c.pp_split, c.mlp)
         self.rate = cluster.mfu_achievable * cluster.peak_flops
         self._memo: dict[tuple, Any] = {}
 
@@ -353,10 +374,9 @@ class _Fast:
         p = plan
         state, buf = self.state_and_buffers(p.tp, p.pp, p.interleave, stage, p.dp * p.cp, p.zero, p.zero_unit,
                                             p.dp_kind, p.microbatches)
-        inflight = 1.0 if p.pp == 1 else \
-            peak_activation_units(p.schedule, p.pp, p.microbatches, p.interleave, stage)
         act = (self.act_per_layer(p.tp, p.sp, p.cp, p.micro_batch, p.recompute)
-               * self.fl.n_layers(p.pp, p.interleave, stage) * inflight)
+               * ledger.block_inflight(self.model.layers, p.schedule, p.pp, p.microbatches, p.interleave, stage,
+                                       p.pp_split))
         logits = 0.0
         if stage == p.pp - 1:
             logits = self.logits_per_mb(p.tp, p.cp, p.micro_batch) * head_inflight(
@@ -446,8 +466,9 @@ class _Fast:
                     cp_kind=cp_kind)), tc)
             out["cp"] = L * m * memo[key]
         tok = mb * m * self.seq / (t * c)
-        return StageTimes(self.fl.stage(pp, v, stage, recompute) * tok / self.rate,
-                          self.fl.attention(pp, v, stage) * tok / self.rate, out)
+        compute, attention = _compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
+                                      recompute, tok, self.rate)
+        return StageTimes(compute, attention, out, tp_overlap=_tp_overlap(self.cluster, sp))
 
     def times(self, plan: Plan, stage: int) -> StageTimes:
         """Seconds of stage ``stage``: compute, and per dim ``comm.report(..., stage=stage).time_s``."""
@@ -504,7 +525,8 @@ class PlannerResult:
 def _family_reason(model: ModelSpec, cluster: ClusterSpec, c: Constraints, tp: int, cp: int, pp: int,
                    seq: int) -> str | None:
     try:
-        Plan(tp=tp, cp=cp, pp=pp, seq=seq, cp_kind=c.cp_kind).validate(model)
+        Plan(tp=tp, cp=cp, pp=pp, seq=seq, cp_kind=c.cp_kind, attention=c.attention, mlp=c.mlp,
+             pp_split=c.pp_split).validate(model)
     except ParallelLabError:
         return "divisibility"
     if tp > (c.max_tp or cluster.gpus_per_node):
@@ -517,13 +539,19 @@ def _schedules(model: ModelSpec, c: Constraints, pp: int, m: int) -> list[tuple[
     if pp == 1:
         return [("1f1b", 1)]
     out: list[tuple[str, int]] = []
+    slots = model.layers + (2 if c.pp_split == "embed-head" else 0)
+    fixed_v = c.fixed.get("interleave")
     for s in c.options("schedule", c.schedules):
         if s != "interleaved":
             out.append((s, 1))
-        elif m % pp == 0:
-            out += [(s, v) for v in divisors(model.layers) if v > 1 and model.layers % (pp * v) == 0]
-    if "interleave" in c.fixed:
-        out = [(s, v) for s, v in out if v == c.fixed["interleave"]]
+        elif m % pp == 0 and fixed_v is not None:         # a fixed v may leave chunks unequal
+            out += [(s, fixed_v)] if 1 < fixed_v and pp * fixed_v <= slots else []
+        elif m % pp == 0 and c.pp_split == "layers":      # searched: the v that split the layers evenly
+            out += [(s, v) for v in divisors(slots) if v > 1 and slots % (pp * v) == 0]
+        # embed-head chunks are never equal (the first and last lose a block), so their in-flight peak is
+        # read off the action list (ledger.block_inflight): searched only for a fixed interleave
+    if fixed_v is not None:
+        out = [(s, v) for s, v in out if v == fixed_v]
     return out
 
 
@@ -639,7 +667,8 @@ class _Search:
         self.fast = _Fast(model, cluster, seq, c)
         self.usable = cluster.hbm_bytes * (1 - c.margin)
         self.model_flops = flops_per_token(model, seq) * batch * seq
-        self.common = {"seq": seq, "optimizer": c.optimizer, "dtype": c.dtype, "cp_kind": c.cp_kind}
+        self.common = {"seq": seq, "optimizer": c.optimizer, "dtype": c.dtype, "cp_kind": c.cp_kind,
+                       "attention": c.attention, "mlp": c.mlp, "pp_split": c.pp_split}
         self.records: list[_Record] = []
         self.candidates = 0
 
@@ -648,7 +677,7 @@ class _Search:
         many fit."""
         c, fast = self.c, self.fast
         before = len(self.records)
-        stages = stages_to_check(pp)
+        stages = stages_to_check(pp, fast.base.pp_split)
         fam = _Family(tp, cp, pp, dp, stages, [fast.tiers(dp, pp, cp, tp, s)["dp"] for s in stages],
                       [z for z in c.options("zero", c.zero_stages) if z == 0 or dp > 1])
         per_replica = self.batch // dp
@@ -657,17 +686,13 @@ class _Search:
             if rest or (c.max_micro_batch and mb > c.max_micro_batch) or c.fixed.get("grad_accum", m) != m:
                 continue
             # per schedule, the activation multiplier of each stage: its layers x in-flight micro-batches
-            scheds = {(sched, v): [fast.fl.n_layers(pp, v, s) * self._inflight(sched, pp, m, v, s)
+            scheds = {(sched, v): [ledger.block_inflight(self.model.layers, sched, pp, m, v, s, fast.base.pp_split)
                                    for s in stages] for sched, v in _schedules(self.model, c, pp, m)}
             for recompute in c.options("recompute", c.recompute):
                 for sp in c.options("sp", c.sp):
                     if not sp or tp > 1:
                         self._variants(fam, mb, m, recompute, sp, scheds)
         return len(self.records) - before
-
-    @staticmethod
-    def _inflight(sched: str, pp: int, m: int, v: int, stage: int) -> float:
-        return 1.0 if pp == 1 else peak_activation_units(sched, pp, m, v, stage)
 
     def _variants(self, fam: _Family, mb: int, m: int, recompute: str, sp: bool,
                   scheds: dict[tuple[str, int], list[float]]) -> None:

@@ -18,13 +18,15 @@ from typing import Any, Literal
 
 from . import layout
 from .errors import ParallelLabError
-from .layout import chunk_layers, divisors, fmt_set, stage_layers
+from .layout import PP_SPLITS, chunk_layers, divisors, fmt_set, stage_layers
 
-__all__ = ["ParallelLabError", "divisors", "chunk_layers", "stage_layers", "ModelSpec", "ClusterSpec", "LinkTier",
+__all__ = ["ParallelLabError", "divisors", "chunk_layers", "stage_layers", "ModelSpec", "ClusterSpec", "StepProfile",
+           "LinkTier",
            "OptimizerSpec", "Plan", "GB", "GiB"]
 
 Flavour = Literal["gpt", "llama"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op-sac"]
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full", "op-sac")
 
 GB = 10**9
 GiB = 2**30
@@ -300,6 +302,38 @@ class LinkTier:
 
 
 @dataclass(frozen=True)
+class StepProfile:
+    """Parameters of the roofline step-time model (``parallel_lab.steptime``, "Roofline compute"), fitted by
+    ``parallel-lab calibrate`` from measured runs and saved with the cluster they were measured on.
+
+    ``matmul_efficiency``: the fraction of peak a large GEMM reaches; a GEMM whose smallest dimension is
+    ``d`` reaches ``matmul_efficiency * d / (d + half_width)`` (narrow TP shards and short micro-batches run
+    slower). ``attention_efficiency``: the fused attention kernel's fraction of peak over forward and
+    backward, counting causal FLOPs (default 0.35: FlashAttention-2 on H100 reaches about 335 TFLOP/s
+    forward + backward at head dim 128, causal, Dao 2023; a prior, not fitted).
+    ``overhead_s``: seconds per micro-batch per model chunk (launches, synchronisation).
+    ``tp_overlap``: the fraction of sequence-parallel TP traffic hidden behind the neighbouring GEMMs.
+    """
+
+    matmul_efficiency: float = 0.8
+    half_width: float = 64.0
+    attention_efficiency: float = 0.35
+    overhead_s: float = 0.0
+    tp_overlap: float = 0.0
+    source: str = "defaults"
+
+    def __post_init__(self) -> None:
+        for f in ("matmul_efficiency", "half_width", "attention_efficiency", "overhead_s", "tp_overlap"):
+            _real("StepProfile", f, getattr(self, f))
+        for f in ("matmul_efficiency", "attention_efficiency"):
+            if not 0 < getattr(self, f) <= 1:
+                raise ParallelLabError(f"StepProfile.{f}={getattr(self, f)} must be in (0, 1]")
+        if self.half_width < 0 or self.overhead_s < 0 or not 0 <= self.tp_overlap <= 1:
+            raise ParallelLabError(f"StepProfile: half_width={self.half_width} and overhead_s={self.overhead_s} "
+                                   f"must be >= 0 and tp_overlap={self.tp_overlap} in [0, 1]")
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """A homogeneous GPU cluster: nodes of ``gpus_per_node`` GPUs, two link tiers (intra/inter node)."""
 
@@ -310,6 +344,7 @@ class ClusterSpec:
     intra: LinkTier            # within a node (NVLink / NVSwitch; loopback for cpu-gloo)
     inter: LinkTier            # between nodes (InfiniBand / RoCE), per GPU
     mfu_achievable: float = 0.5  # fraction of peak a well-tuned dense step reaches (planner's compute time)
+    profile: StepProfile | None = None   # fitted roofline parameters (parallel-lab calibrate); None: mfu_achievable
 
     def __post_init__(self) -> None:
         _positive_int("ClusterSpec", "gpus_per_node", self.gpus_per_node)
@@ -428,6 +463,14 @@ def check_zero_variants(zero: int, zero1_reduce: str, zero2_accumulate: str, own
     if zero2_accumulate != "unsharded" and zero != 2:
         raise ParallelLabError(f"zero2_accumulate={zero2_accumulate!r} is a ZeRO-2 variant but zero={zero}; "
                                f"set zero=2, or zero2_accumulate='unsharded'")
+#: How the attention core stores what backward needs: ``eager`` materialises the (s x s) probabilities
+#: (Korthikanti et al.'s 5as/h term); ``flash`` keeps q, k, v, the output and an fp32 log-sum-exp
+#: (Dao et al. 2022). See parallel_lab/activations.py and distributed/kernels.py.
+ATTENTION_KINDS: tuple[str, ...] = ("eager", "flash")
+#: How the MLP stores what backward needs: ``eager`` saves every intermediate (llama 4 ffn, gpt 2 ffn per
+#: token); ``fused`` fuses the activation into the second matmul and keeps only the first matmuls' outputs
+#: (llama 2 ffn, gpt 1 ffn).
+MLP_KINDS: tuple[str, ...] = ("eager", "fused")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -448,6 +491,19 @@ class Plan:
     a time, or the whole model at once), ``cp_kind`` (ring, all-gather or Ulysses context parallelism).
     ZeRO variants: ``zero1_reduce`` (:data:`ZERO1_REDUCES`) and ``zero2_accumulate`` (:data:`ZERO2_ACCUMULATES`).
     ``dtype`` is the compute dtype of activations and of the TP/CP/PP messages.
+
+    Activation storage (what the kernels save for backward, :data:`ATTENTION_KINDS`, :data:`MLP_KINDS`):
+    ``attention`` ("eager" or "flash") and ``mlp`` ("eager" or "fused"), next to ``recompute`` (Korthikanti's
+    "none", "selective" = the attention core recomputed, "full" = the block recomputed) and torchtitan's
+    op-level selective checkpointing "op-sac" (every second matmul output kept, all else recomputed).
+
+    ``pp_split`` (:data:`layout.PP_SPLITS`): "layers" splits the blocks alone over the ``pp * interleave``
+    chunks; "embed-head" counts the embedding and the head as one layer slot each (Meta's Llama 3 layout:
+    the first and last stages hold one block fewer). Slots need not divide evenly: the first chunks get
+    one more (uneven stages, interleaving included).
+
+    ``loss_chunk``: tokens per chunk of a cross-entropy fused with the LM head (the ``s b V`` logits never
+    held at once; kept per token: the head input and an fp32 log-sum-exp); 0: eager logits and softmax.
     """
 
     dp: int = 1
@@ -470,6 +526,10 @@ class Plan:
     zero_unit: str = "block"
     zero1_reduce: str = "reduce_scatter"
     zero2_accumulate: str = "unsharded"
+    attention: str = "eager"
+    mlp: str = "eager"
+    pp_split: str = "layers"
+    loss_chunk: int = 0
 
     def __post_init__(self) -> None:
         o = "Plan"
@@ -478,7 +538,7 @@ class Plan:
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ParallelLabError(f"Plan.zero={self.zero!r} is not a ZeRO stage; "
                                    "pick zero in {0, 1, 2, 3}")
-        _choice(o, "recompute", self.recompute, ("none", "selective", "full"))
+        _choice(o, "recompute", self.recompute, RECOMPUTE)
         _choice(o, "optimizer", self.optimizer, tuple(OPTIMIZERS))
         _choice(o, "dtype", self.dtype, tuple(DTYPE_BYTES))
         _choice(o, "schedule", self.schedule, SCHEDULES)
@@ -486,6 +546,12 @@ class Plan:
         _choice(o, "dp_kind", self.dp_kind, DP_KINDS)
         _choice(o, "zero_unit", self.zero_unit, ZERO_UNITS)
         check_zero_variants(self.zero, self.zero1_reduce, self.zero2_accumulate)
+        _choice(o, "attention", self.attention, ATTENTION_KINDS)
+        _choice(o, "mlp", self.mlp, MLP_KINDS)
+        _choice(o, "pp_split", self.pp_split, PP_SPLITS)
+        if isinstance(self.loss_chunk, bool) or not isinstance(self.loss_chunk, int) or self.loss_chunk < 0:
+            raise ParallelLabError(f"Plan.loss_chunk={self.loss_chunk!r} must be an integer >= 0 "
+                                   "(tokens per cross-entropy chunk; 0: the whole logits at once); e.g. 1024")
         if not isinstance(self.sp, bool):
             raise ParallelLabError(f"Plan.sp={self.sp!r} must be True or False")
         _real(o, "bucket_mb", self.bucket_mb)
@@ -568,18 +634,12 @@ class Plan:
         if model.shape_known:
             layout.check_tp(model, self.tp)
             chunks = self.pp * self.interleave
-            if chunks > model.layers:
+            slots = model.layers + (2 if self.pp_split == "embed-head" else 0)
+            if chunks > slots:
                 raise ParallelLabError(
                     f"pp*interleave = {self.pp}*{self.interleave} = {chunks} model chunks but only "
-                    f"layers={model.layers}; pick pp*interleave <= {model.layers}"
-                )
-            if self.schedule == "interleaved" and model.layers % chunks:
-                ok_v = [v for v in divisors(model.layers) if model.layers % (self.pp * v) == 0]
-                hint = (f"pick interleave in {_fmt_set(ok_v)}" if ok_v
-                        else f"pick pp dividing layers={model.layers}")
-                raise ParallelLabError(
-                    f"interleaved schedule needs layers={model.layers} divisible by "
-                    f"pp*interleave={chunks}; {hint}"
+                    f"{slots} slots (layers={model.layers}, pp_split={self.pp_split}); "
+                    f"pick pp*interleave <= {slots}"
                 )
             if self.seq % (2 * self.cp) and self.cp > 1:
                 raise ParallelLabError(
@@ -596,6 +656,11 @@ class Plan:
                     f"Ulysses all-to-all puts heads={model.heads} on cp={self.cp} ranks; "
                     f"cp must divide heads; "
                     f"pick cp in {_fmt_set(divisors(model.heads))} or cp_kind='ring'"
+                )
+            if self.attention == "flash" and model.dropout > 0:
+                raise ParallelLabError(
+                    f"attention='flash' keeps no dropout mask but the model has dropout={model.dropout}; "
+                    f"use attention='eager' or a model with dropout=0"
                 )
             if model.flavour == "gpt" and self.seq > model.max_positions:
                 raise ParallelLabError(

@@ -16,6 +16,17 @@ published result; the assumptions, one line each):
   ZeRO-3 is prefetched under the whole step (exposed: ``max(one unit's calls, zero3 - compute)``).
 Collective times are comm's alpha-beta model on the tier each group lands on (``layout.group_tier``).
 MFU = model FLOPs per step / (step time * GPUs * peak), Chowdhery et al. 2022.
+
+Roofline compute (a cluster with a fitted ``ClusterSpec.profile``, :func:`roofline_stage`): instead of one
+fixed fraction of peak, each GEMM of a block on one rank, ``(T tokens) x (k) -> (n)`` with the TP-local
+``n`` or ``k``, takes ``2 T n k / (peak * e(d))`` forward and twice that backward, ``e(d) = e_max d / (d +
+d_half)`` for its smallest dimension ``d`` (small shards and short micro-batches are less efficient);
+attention takes ``3 * 4 T keys q_local / (peak * e_attn)`` with ``keys`` the *causal* count,
+``(S + 1) / 2`` per query (``flops.attention_keys``; FLOPs reported for MFU stay PaLM's); recomputation adds
+the forward it repeats; each micro-batch costs ``overhead_s`` per model chunk. TP/SP overlap rule: plain
+TP's all-reduces are exposed; with SP a fraction ``tp_overlap`` of the all-gathers and reduce-scatters hides
+behind the neighbouring GEMMs (Megatron's TP communication overlap). ``parallel-lab calibrate`` fits
+``e_max`` (and, given enough runs, ``overhead_s``) to measured step times.
 """
 
 from __future__ import annotations
@@ -24,11 +35,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from . import layout
 from .comm import Collective, collective_time
-from .flops import matmul_params
+from .flops import attention_keys, matmul_params, op_sac_recomputed_params
 from .layout import stage_blocks
 from .simulate import Costs, bubble_formula
-from .specs import LinkTier, ModelSpec, Plan
+from .specs import RECOMPUTE, LinkTier, ModelSpec, Plan, StepProfile
 
 
 @dataclass
@@ -39,6 +51,7 @@ class StageTimes:
     attention: float
     comm: dict[str, float]
     dp: DpTimes = field(default_factory=lambda: DpTimes())
+    tp_overlap: float = 0.0     # fraction of the TP time hidden (profile.tp_overlap with SP, else 0)
 
 
 @dataclass(frozen=True)
@@ -86,7 +99,7 @@ def costs(recompute: str) -> Costs:
 
 #: (forward, backward) shares of a micro-batch's compute, from :func:`costs`.
 SHARES = {r: (c.f / (c.f + c.b + c.w), (c.b + c.w) / (c.f + c.b + c.w))
-          for r, c in ((r, costs(r)) for r in ("none", "selective", "full"))}
+          for r, c in ((r, costs(r)) for r in RECOMPUTE)}
 
 
 @lru_cache(maxsize=4096)
@@ -115,7 +128,7 @@ def dp_exposed(zero: int, compute: float, m: int, recompute: str, d: DpTimes) ->
 
 def critical_path(st: StageTimes, cp_kind: str, bubble_ratio: float) -> tuple[float, float, float, float]:
     """(per-micro-batch critical path times the pipeline factor, + PP) and its parts: tp, exposed cp, pp."""
-    tp = st.comm.get("tp", 0.0) + st.comm.get("tp_vocab", 0.0)
+    tp = (st.comm.get("tp", 0.0) + st.comm.get("tp_vocab", 0.0)) * (1.0 - st.tp_overlap)
     cp = st.comm.get("cp", 0.0)
     cp_exp = max(0.0, cp - st.attention) if cp_kind == "ring" else cp
     pp = st.comm.get("pp", 0.0)
@@ -138,22 +151,26 @@ def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float
     return best
 
 
-def stages_to_check(pp: int) -> list[int]:
+def stages_to_check(pp: int, split: str = "layers") -> list[int]:
     """Stage 0 holds the most layers (chunks get the extra layers first), the embedding and the most
-    in-flight micro-batches; the last stage the head and the logits. No middle stage exceeds both."""
-    return sorted({0, pp - 1})
+    in-flight micro-batches; the last stage the head and the logits. No middle stage exceeds both. With
+    ``split="embed-head"`` stage 0 gives a block slot to the embedding, so stage 1 (as many in-flight
+    micro-batches as any later stage, and at least as many blocks) is checked too."""
+    return sorted({0, pp - 1} | ({min(1, pp - 1)} if split == "embed-head" else set()))
 
 
 class StageFlops:
     """Hardware FLOPs per token of a pipeline stage (``flops.py``'s formula, split by stage)."""
 
-    def __init__(self, model: ModelSpec, seq: int) -> None:
+    def __init__(self, model: ModelSpec, seq: int, split: str = "layers", mlp: str = "eager") -> None:
         n_blocks, n_head = matmul_params(model)
         q = model.heads * model.head_dim
-        self.model = model
+        self.model, self.split = model, split
         self.per_layer = 6.0 * n_blocks / model.layers + 12.0 * q * seq
         attn_fwd = 4.0 * q * seq
-        self.extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks / model.layers + attn_fwd}
+        sac = 2.0 * op_sac_recomputed_params(model, Plan(mlp=mlp)) / model.layers + attn_fwd
+        self.extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks / model.layers + attn_fwd,
+                      "op-sac": sac}
         self.head = 6.0 * n_head
         self.attn = 12.0 * q * seq
         self._nl: dict[tuple[int, int, int], int] = {}
@@ -161,7 +178,7 @@ class StageFlops:
     def n_layers(self, pp: int, v: int, stage: int) -> int:
         key = (pp, v, stage)
         if key not in self._nl:
-            self._nl[key] = stage_blocks(self.model.layers, pp, v, stage)
+            self._nl[key] = stage_blocks(self.model.layers, pp, v, stage, self.split)
         return self._nl[key]
 
     def stage(self, pp: int, v: int, stage: int, recompute: str) -> float:
@@ -170,3 +187,63 @@ class StageFlops:
 
     def attention(self, pp: int, v: int, stage: int) -> float:
         return self.n_layers(pp, v, stage) * self.attn
+
+
+# --------------------------------------------------------------------------------------------------
+# Roofline compute (cluster profiles fitted by `parallel-lab calibrate`)
+# --------------------------------------------------------------------------------------------------
+
+def block_gemms(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
+    """``(name, n, k)`` of each weight GEMM of one block on one TP rank: output and input widths."""
+    out = []
+    for name, shape in model.parameter_shapes():
+        parts = name.split(".")
+        if parts[0] != "blocks" or parts[1] != "0" or parts[-1] != "weight" or len(shape) != 2:
+            continue
+        (fan_out, fan_in), leaf = shape, parts[3]
+        if leaf in layout.COLUMN_PARALLEL:
+            out.append((leaf, layout.column_rows(model, leaf, fan_out, tp), fan_in))
+        else:
+            out.append((leaf, fan_out, fan_in // tp))
+    return out
+
+
+def gemm_time(tokens: float, n: int, k: int, peak: float, prof: StepProfile) -> float:
+    """Forward seconds of ``(tokens x k) @ (k x n)`` at the shape's efficiency (module docstring)."""
+    d = min(tokens, n, k)
+    return 2.0 * tokens * n * k / (peak * prof.matmul_efficiency * d / (d + prof.half_width))
+
+
+@lru_cache(maxsize=8192)
+def roofline_layer(model: ModelSpec, prof: StepProfile, peak: float, seq: int, tp: int, cp: int, mb: int,
+                   recompute: str) -> tuple[float, float, float]:
+    """``(block forward+backward, its attention part, the recomputed forward)`` seconds of one block for one
+    micro-batch on one rank (tokens ``mb * seq / cp``; the GEMMs see them all, SP gathers them first)."""
+    tokens = mb * seq / cp
+    gemms = {name: gemm_time(tokens, n, k, peak, prof) for name, n, k in block_gemms(model, tp)}
+    fwd = sum(gemms.values())
+    q_local = model.heads // tp * model.head_dim
+    attn_fwd = 4.0 * tokens * attention_keys(seq, "causal") * q_local / (peak * prof.attention_efficiency)
+    if recompute == "full":
+        again = fwd + attn_fwd
+    elif recompute == "op-sac":
+        again = fwd * op_sac_recomputed_params(model, Plan()) / max(1, matmul_params(model)[0]) + attn_fwd
+    elif recompute == "selective":
+        again = attn_fwd
+    else:
+        again = 0.0
+    return 3.0 * (fwd + attn_fwd), 3.0 * attn_fwd, again
+
+
+def roofline_stage(model: ModelSpec, prof: StepProfile, peak: float, plan_seq: int, tp: int, cp: int, mb: int,
+                   m: int, n_layers: int, v: int, last: bool, recompute: str) -> tuple[float, float]:
+    """``(compute, attention)`` seconds of one stage for the whole step under the roofline (``m``
+    micro-batches, ``n_layers`` blocks, the head on the last stage, ``overhead_s`` per micro-batch per
+    chunk)."""
+    layer, attn, again = roofline_layer(model, prof, peak, plan_seq, tp, cp, mb, recompute)
+    head = 0.0
+    if last:
+        tokens = mb * plan_seq / cp
+        head = 3.0 * gemm_time(tokens, layout.vocab_local(model, tp), model.hidden, peak, prof)
+    compute = m * (n_layers * (layer + again) + head + v * prof.overhead_s)
+    return compute, m * n_layers * attn

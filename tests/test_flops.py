@@ -100,3 +100,20 @@ def test_matches_torch_flop_counter():
     measured = counter.get_total_flops()
     predicted = step_flops(spec, Plan(seq=s, micro_batch=b)).model_flops_per_step
     assert measured == pytest.approx(predicted, rel=1e-3), (measured, predicted)
+
+
+def test_causal_convention_counts_the_pairs_the_runnable_mask_leaves():
+    """The causal convention's (s + 1) / 2 keys per query: the zeros of the model's own causal mask."""
+    torch = pytest.importorskip("torch")
+    from parallel_lab.distributed.model import make_context
+    from parallel_lab.flops import attention_keys, flops_per_token
+
+    s = 96
+    bias = make_context(torch.arange(s)).mask_bias(torch.float32)
+    visible = int((bias == 0).sum())
+    assert visible == s * (s + 1) // 2 == attention_keys(s, "causal") * s
+    m = ModelSpec.preset("llama3-405b")
+    q, L = m.heads * m.head_dim, m.layers
+    assert flops_per_token(m, 8192) - flops_per_token(m, 8192, "causal") == 12 * L * q * (8192 - 8193 / 2)
+    rep = step_flops(m, Plan(seq=8192, dp=128, tp=8, pp=16, grad_accum=16))
+    assert rep.model_flops_causal_per_step / rep.model_flops_per_step == pytest.approx(0.9614, abs=1e-4)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from parallel_lab import comm, ledger
+from parallel_lab import comm, layout, ledger
 from parallel_lab.planner import (
     Constraints,
     _Fast,
@@ -185,12 +185,16 @@ def meta_plan(seq, **kw):
     return Plan(**d)
 
 
-def test_meta_interleaving_not_expressible():
-    with pytest.raises(ParallelLabError, match="128 model chunks but only layers=126"):
+def test_meta_interleaving_is_expressible_with_the_embedding_and_head_slots():
+    """126 blocks + embedding + head = 128 slots in 16 x 8 chunks (Meta); blocks alone cannot fill 128."""
+    with pytest.raises(ParallelLabError, match="128 model chunks but only 126 slots"):
         meta_plan(8192, schedule="interleaved", interleave=8).validate(L405)
-    for v in (2, 3, 7):   # no interleaving of 126 layers over 16 stages is even
-        with pytest.raises(ParallelLabError, match="divisible"):
-            meta_plan(8192, schedule="interleaved", interleave=v).validate(L405)
+    plan = meta_plan(8192, schedule="interleaved", interleave=8, pp_split="embed-head").validate(L405)
+    assert [len(layout.stage_layers(126, 16, 8, s, "embed-head")) for s in (0, 1, 14, 15)] == [7, 8, 8, 7]
+    led = ledger.memory(L405, plan, H100)
+    assert led.stage == 1          # stage 0 gave a slot to the embedding: stage 1 is the fullest
+    for v in (2, 3, 7):   # 126 blocks do not divide 16 v: unequal chunks, still a valid plan
+        meta_plan(8192, schedule="interleaved", interleave=v).validate(L405)
 
 
 @pytest.mark.parametrize("seq,reported_tflops", [(8192, 400.0), (131072, 380.0)])

@@ -21,14 +21,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
+from parallel_lab.distributed.kernels import FlashCore, HeadInput, chunked_cross_entropy, fused_mlp, op_sac_context
 from parallel_lab.ledger import is_frozen
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.specs import RECOMPUTE, ModelSpec, ParallelLabError, Plan
 
 NORM_EPS = 1e-5
 ROPE_BASE = 10000.0
@@ -214,8 +217,11 @@ class MLP(nn.Module):
         else:
             self.fc = nn.Linear(spec.hidden, spec.ffn, bias=spec.bias)
             self.proj = nn.Linear(spec.ffn, spec.hidden, bias=spec.bias)
+        self.fused = False                        # Plan.mlp == "fused": distributed/kernels.fused_mlp
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fused:
+            return fused_mlp(self, x)
         if self.swiglu:
             return self.down(F.silu(self.gate(x)) * self.up(x))
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
@@ -232,6 +238,8 @@ class Block(nn.Module):
         self.mlp = MLP(spec)
         self.dropout_p = spec.dropout
         self.full_recompute = False
+        self.op_sac = False                       # recompute="op-sac": torchtitan's op-level policy
+        self.sac_meter: Any = None                # a SavedTensorMeter told about the outputs op-sac keeps
 
     def _forward(self, x: Tensor, ctx: AttnContext) -> Tensor:
         x = x + dropout(self.attn(self.attn_norm(x), ctx), self.dropout_p, self.training)
@@ -243,6 +251,9 @@ class Block(nn.Module):
             # and skip what follows it (e.g. tensor parallelism's last all-reduce of the block)
             with set_checkpoint_early_stop(False):
                 return checkpoint(self._forward, x, ctx, use_reentrant=False)
+        if self.op_sac and self.training:
+            return checkpoint(self._forward, x, ctx, use_reentrant=False,
+                              context_fn=partial(op_sac_context, self.sac_meter))
         return self._forward(x, ctx)
 
 
@@ -254,10 +265,14 @@ class Transformer(nn.Module):
     """Decoder-only transformer built from a ModelSpec; parameter names follow ``spec.parameter_shapes()``.
 
     ``recompute``: "none", "full" (each block keeps only its input and recomputes the rest in backward)
-    or "selective" (the attention core is recomputed; Korthikanti et al. 2022).
+    or "selective" (the attention core is recomputed; Korthikanti et al. 2022) or "op-sac" (each block
+    checkpointed with torchtitan's op-level policy, ``kernels.op_sac_context``). ``attention``: "eager"
+    (:class:`DotProductAttention`, scores materialised) or "flash" (``kernels.FlashCore``); ``mlp``: "eager"
+    or "fused" (``kernels.fused_mlp``): the saved-tensor choices of ``Plan.attention`` and ``Plan.mlp``.
     """
 
-    def __init__(self, spec: ModelSpec, recompute: str = "none"):
+    def __init__(self, spec: ModelSpec, recompute: str = "none", attention: str = "eager", mlp: str = "eager",
+                 loss_chunk: int = 0):
         super().__init__()
         spec.require_shape("the runnable model")
         self.spec = spec
@@ -270,13 +285,32 @@ class Transformer(nn.Module):
             None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab, bias=False))
         self.has_head = True
         self.set_recompute(recompute)
+        self.set_kernels(attention, mlp, loss_chunk)
+
+    def set_kernels(self, attention: str = "eager", mlp: str = "eager", loss_chunk: int = 0) -> None:
+        """Which attention core and MLP the blocks run (before any parallelism replaces the core), and the
+        tokens per chunk of the cross-entropy (0: the whole logits at once)."""
+        if isinstance(loss_chunk, bool) or not isinstance(loss_chunk, int) or loss_chunk < 0:
+            raise ParallelLabError(f"loss_chunk={loss_chunk!r} must be an integer >= 0 (0: eager cross-entropy)")
+        self.loss_chunk = loss_chunk
+        if attention not in ("eager", "flash"):
+            raise ParallelLabError(f"attention={attention!r} is not known; pick eager or flash")
+        if mlp not in ("eager", "fused"):
+            raise ParallelLabError(f"mlp={mlp!r} is not known; pick eager or fused")
+        if attention == "flash" and self.spec.dropout > 0:
+            raise ParallelLabError(f"attention='flash' has no attention dropout but dropout={self.spec.dropout}; "
+                                   "set the model's dropout=0 or attention='eager'")
+        for blk in self.blocks.values():
+            blk.attn.core = FlashCore() if attention == "flash" else DotProductAttention(self.spec.dropout)
+            blk.mlp.fused = mlp == "fused"
 
     def set_recompute(self, recompute: str) -> None:
-        if recompute not in ("none", "selective", "full"):
-            raise ParallelLabError(f"recompute={recompute!r} is not known; pick none, selective or full")
+        if recompute not in RECOMPUTE:
+            raise ParallelLabError(f"recompute={recompute!r} is not known; pick one of {', '.join(RECOMPUTE)}")
         self.recompute = recompute
         for blk in self.blocks.values():
             blk.full_recompute = recompute == "full"
+            blk.op_sac = recompute == "op-sac"
             blk.attn.selective_recompute = recompute == "selective"
 
     # ---- pieces (pipeline stages use them one by one) --------------------------------------------
@@ -297,9 +331,13 @@ class Transformer(nn.Module):
             h = blk(h, ctx)
         return h
 
-    def head(self, h: Tensor) -> Tensor:
-        """Final norm and LM head: ``(b, s, h) -> (b, s, vocab)`` logits."""
+    def head(self, h: Tensor) -> Tensor | HeadInput:
+        """Final norm and LM head: ``(b, s, h) -> (b, s, vocab)`` logits; with ``loss_chunk > 0`` the normed
+        states and the head's weight for :func:`loss_fn`'s chunked cross-entropy (no logits)."""
         h = self.final_norm(h)
+        if self.loss_chunk:
+            return HeadInput(h, self.lm_head.weight if self.lm_head is not None else self.tok_emb.weight,
+                             self.loss_chunk)
         if self.lm_head is not None:
             return self.lm_head(h)
         return F.linear(h, self.tok_emb.weight)
@@ -317,8 +355,11 @@ class Transformer(nn.Module):
         return self.head(h) if self.has_head and self.final_norm is not None else h
 
 
-def loss_fn(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy over every token: ``logits (b, s, V)``, ``targets (b, s)``."""
+def loss_fn(logits: Tensor | HeadInput, targets: Tensor) -> Tensor:
+    """Mean cross-entropy over every token: ``logits (b, s, V)``, ``targets (b, s)`` (or the chunked
+    cross-entropy of ``kernels.chunked_cross_entropy`` when the head returned a ``HeadInput``)."""
+    if isinstance(logits, HeadInput):
+        return chunked_cross_entropy(logits, targets)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
@@ -348,10 +389,11 @@ def init_weights(spec: ModelSpec, seed: int = 0) -> dict[str, Tensor]:
 
 
 def build_model(spec: ModelSpec, seed: int = 0, recompute: str = "none",
-                device: torch.device | str = "cpu") -> Transformer:
+                device: torch.device | str = "cpu", attention: str = "eager", mlp: str = "eager",
+                loss_chunk: int = 0) -> Transformer:
     """A Transformer holding ``init_weights(spec, seed)``, on ``device``, in training mode."""
     with torch.device("meta"):
-        model = Transformer(spec, recompute=recompute)
+        model = Transformer(spec, recompute=recompute, attention=attention, mlp=mlp, loss_chunk=loss_chunk)
     model.to_empty(device=device)
     load_full_weights(model, init_weights(spec, seed))
     return model.train()

@@ -158,7 +158,7 @@ def stage_layout(spec: ModelSpec, plan: Plan, rank: int, placement: Placement | 
     if place.p != plan.pp:
         raise ParallelLabError(f"the schedule's placement has {place.p} ranks but pp={plan.pp}; build the "
                                f"schedule for p={plan.pp}")
-    cut = chunk_layers(spec.layers, plan.pp, place.v)
+    cut = chunk_layers(spec.layers, plan.pp, place.v, plan.pp_split)
     chunks = tuple(tuple(cut[place.stage(rank, c)]) for c in range(place.v))
     return StageLayout(rank, plan.pp, place.v, chunks, placement)
 

@@ -63,6 +63,12 @@ def predicted_logits_and_loss(spec: ModelSpec, plan: Plan, stage: int = 0) -> in
     return int(round(ledger.logits_bytes(spec, plan, formula="per-op"))) if stage == plan.pp - 1 else 0
 
 
+def activation_model_name(plan: Plan) -> str:
+    """Which activation model the predicted column uses: the per-op model with this plan's kernels."""
+    return (f"per-op model (attention={plan.attention}, mlp={plan.mlp}, recompute={plan.recompute}, "
+            f"loss_chunk={plan.loss_chunk}; parallel_lab.activations)")
+
+
 @dataclass
 class RunReport:
     """Measured against predicted for one ``run``; :meth:`to_json` is the ``--json`` contract."""
@@ -101,7 +107,8 @@ class RunReport:
             lines.append(f"{dim:<8} {c['measured_bytes']:>13,} {c['predicted_bytes']:>13,}  {ok}")
         if not self.comm:
             lines.append("(none: a single rank per gradient group)")
-        lines += ["", "memory per rank (bytes)", "category           measured      predicted"]
+        lines += ["", "memory per rank (bytes); predicted activations: " + activation_model_name(self.plan),
+                  "category           measured      predicted"]
         rows = dict(self.memory)
         if "logits_and_loss" in self.extra:
             rows["logits_and_loss"] = self.extra["logits_and_loss"]

@@ -102,6 +102,13 @@ def check_runnable(spec: ModelSpec, plan: Plan) -> None:
     if plan.optimizer not in ("adam-fp32", "sgd-momentum") and not mixed:
         raise ParallelLabError(f"optimizer={plan.optimizer!r} is not runnable; use adam-fp32 or sgd-momentum "
                                f"(or adam-mixed with --dtype bf16, or fsdp2-mixed with --zero 3)")
+    if plan.recompute == "op-sac" and (plan.tp > 1 or plan.cp > 1):
+        raise ParallelLabError(f"recompute='op-sac' runs here with tp=1 and cp=1 only (got tp={plan.tp}, "
+                               f"cp={plan.cp}): its recomputed forward would repeat TP/CP collectives that the "
+                               "communication model does not count; use recompute='full' or 'selective'")
+    if plan.loss_chunk and plan.tp > 1:
+        raise ParallelLabError(f"loss_chunk={plan.loss_chunk} (chunked cross-entropy) runs with tp=1 only; the "
+                               "vocabulary-parallel cross-entropy of tp > 1 is not chunked here; set loss_chunk=0")
     if plan.tp > 1:
         check_tp(spec, plan)
     if plan.cp > 1:
@@ -116,7 +123,8 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
                frozen: Iterable[str] = (), packed: bool = False, return_params: bool = True) -> RankResult:
     """Train ``steps`` optimizer steps of ``plan`` on this rank; see the module docstring."""
     check_runnable(spec, plan)
-    model = build_model(spec, seed, recompute=plan.recompute, device=grid.device)
+    model = build_model(spec, seed, recompute=plan.recompute, device=grid.device, attention=plan.attention,
+                        mlp=plan.mlp, loss_chunk=plan.loss_chunk)
     to_compute_dtype(model, plan)               # adam-mixed: bf16 parameters (distributed/mixed_precision.py)
     freeze(model, frozen)
     tracer = CommTracer(grid.rank, grid.groups_by_dim())

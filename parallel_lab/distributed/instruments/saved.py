@@ -88,6 +88,8 @@ class SavedTensorMeter:
 
     def watch(self, model: nn.Module) -> None:
         for name, module in model.named_modules():
+            if hasattr(module, "sac_meter"):      # op-level checkpointing keeps outputs outside autograd
+                module.sac_meter = self
             cat = self._category_of(name)
             if cat is not None:
                 self._handles.append(module.register_forward_pre_hook(self._enter_scope(name, cat)))
@@ -142,6 +144,12 @@ class SavedTensorMeter:
             self.peak_total = max(self.peak_total, sum(self.live.values()))
         entry[1] += 1
         return _Saved(t, key, self)
+
+    def hold(self, t: Tensor) -> _Saved:
+        """Charge a tensor kept for backward outside autograd's saved tensors (checkpoint's op-level cache,
+        ``distributed/kernels.op_sac_context``) to the current scope; the charge lasts while the returned
+        token lives."""
+        return self._pack(t)
 
     @staticmethod
     def _unpack(s: _Saved) -> Tensor:

@@ -1,0 +1,169 @@
+"""Fit the step-time model's parameters to measured runs, and save them as a cluster profile.
+
+A *run* is a plan someone trained on their cluster and the throughput they measured: the plan's fields
+(``dp tp pp cp seq micro_batch grad_accum schedule interleave sp zero recompute ...``), the model (a preset
+name), and either ``tflops_per_gpu`` (model FLOPs, PaLM's convention, per GPU per second) or
+``step_time_s``. Runs come from a small CSV (one run per row, a header naming the columns) or YAML (a list
+of mappings, or ``{runs: [...]}``).
+
+The fit (:func:`fit_profile`): the roofline of ``steptime`` ("Roofline compute") with the profile's
+``matmul_efficiency`` ``e_max`` chosen to minimise ``sum (log predicted - log measured)^2`` over the runs
+(one run: matched exactly); with runs of at least two different ``micro_batch * seq / cp`` token counts
+``overhead_s`` (seconds per micro-batch and chunk) is fitted too. The other parameters keep their priors
+(``specs.StepProfile``). Predicted step times are :func:`parallel_lab.planner.evaluate`'s, the same code
+the planner ranks with, so a profile written by ``parallel-lab calibrate`` and given back as ``--cluster
+PROFILE.json`` changes the planner's ranking and nothing else.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ParallelLabError
+from .flops import step_flops
+from .specs import ClusterSpec, ModelSpec, Plan, StepProfile
+
+_INT = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "grad_accum", "seq", "interleave", "loss_chunk")
+_BOOL = ("sp",)
+_PLAN = {f.name for f in fields(Plan)}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: the model, the plan, and the measured TFLOP/s per GPU (PaLM convention)."""
+
+    name: str
+    model: ModelSpec
+    plan: Plan
+    tflops_per_gpu: float
+
+
+def _value(key: str, raw: Any) -> Any:
+    if key in _INT:
+        return int(raw)
+    if key in _BOOL:
+        return raw if isinstance(raw, bool) else str(raw).strip().lower() in ("1", "true", "yes", "on")
+    return str(raw).strip() if isinstance(raw, str) else raw
+
+
+def run_from_dict(d: dict[str, Any], index: int = 0) -> Run:
+    """A :class:`Run` from one CSV row or YAML mapping (unknown keys are an error naming them)."""
+    d = {k.strip(): v for k, v in d.items() if v not in (None, "")}
+    known = _PLAN | {"model", "name", "tflops_per_gpu", "step_time_s", "gpus"}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ParallelLabError(f"run {index}: unknown column(s) {unknown}; use Plan fields, model, name, gpus, "
+                               "tflops_per_gpu or step_time_s")
+    if "model" not in d:
+        raise ParallelLabError(f"run {index}: no 'model' column; give a preset name such as llama3-405b")
+    model = ModelSpec.preset(str(d["model"]))
+    plan = Plan(**{k: _value(k, v) for k, v in d.items() if k in _PLAN}).validate(
+        model, int(d["gpus"]) if "gpus" in d else None)
+    if "tflops_per_gpu" in d:
+        tflops = float(d["tflops_per_gpu"])
+    elif "step_time_s" in d:
+        tflops = step_flops(model, plan).model_flops_per_step / (float(d["step_time_s"]) * plan.world) / 1e12
+    else:
+        raise ParallelLabError(f"run {index}: give tflops_per_gpu or step_time_s")
+    if not tflops > 0:
+        raise ParallelLabError(f"run {index}: measured throughput {tflops} must be > 0")
+    return Run(str(d.get("name", f"run {index}")), model, plan, tflops)
+
+
+def load_runs(path: str | Path) -> list[Run]:
+    """Runs from a ``.csv`` or ``.yaml``/``.yml`` file (module docstring)."""
+    p = Path(path)
+    if not p.exists():
+        raise ParallelLabError(f"runs file {str(p)!r} does not exist")
+    if p.suffix.lower() == ".csv":
+        with p.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    elif p.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(p.read_text())
+        rows = data.get("runs", []) if isinstance(data, dict) else data
+    else:
+        raise ParallelLabError(f"runs file {str(p)!r}: use .csv or .yaml")
+    if not rows:
+        raise ParallelLabError(f"runs file {str(p)!r} holds no runs")
+    return [run_from_dict(dict(r), i) for i, r in enumerate(rows)]
+
+
+def predicted_tflops(run: Run, cluster: ClusterSpec) -> float:
+    """Model TFLOP/s per GPU the step-time model predicts for ``run`` on ``cluster`` (its profile)."""
+    from .planner import evaluate
+
+    est = evaluate(run.model, cluster, run.plan)
+    return step_flops(run.model, run.plan).model_flops_per_step / (est.step_time_s * run.plan.world) / 1e12
+
+
+def _loss(runs: list[Run], cluster: ClusterSpec) -> float:
+    return sum((math.log(predicted_tflops(r, cluster)) - math.log(r.tflops_per_gpu)) ** 2 for r in runs)
+
+
+def _golden(f: Any, lo: float, hi: float, iters: int = 40) -> float:
+    """Minimiser of a unimodal ``f`` on ``[lo, hi]`` (golden-section search)."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iters):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def fit_profile(runs: list[Run], cluster: ClusterSpec,
+                prior: StepProfile | None = None) -> tuple[ClusterSpec, list[str]]:
+    """``cluster`` with a fitted :class:`StepProfile`, and the names of the fitted parameters."""
+    if not runs:
+        raise ParallelLabError("calibrate needs at least one run")
+    prior = prior or cluster.profile or StepProfile()
+    token_counts = {r.plan.micro_batch * r.plan.seq // r.plan.cp for r in runs}
+    fitted = ["matmul_efficiency"] + (["overhead_s"] if len(token_counts) > 1 else [])
+
+    def with_(e: float, o: float) -> ClusterSpec:
+        return replace(cluster, profile=replace(prior, matmul_efficiency=e, overhead_s=o,
+                                                source=f"fitted to {len(runs)} run(s): "
+                                                       + ", ".join(r.name for r in runs)))
+
+    def best_e(o: float) -> float:
+        return _golden(lambda e: _loss(runs, with_(e, o)), 0.05, 1.0)
+
+    if "overhead_s" in fitted:
+        o = _golden(lambda o: _loss(runs, with_(best_e(o), o)), 0.0, 0.05, iters=20)
+    else:
+        o = prior.overhead_s
+    return with_(best_e(o), o), fitted
+
+
+def profile_to_json(cluster: ClusterSpec, runs: list[Run], fitted: list[str]) -> dict[str, Any]:
+    """The profile file's content: the cluster preset, the fitted parameters, each run against the fit."""
+    assert cluster.profile is not None
+    return {"cluster": cluster.name, "profile": asdict(cluster.profile), "fitted": fitted,
+            "runs": [{"name": r.name, "measured_tflops_per_gpu": r.tflops_per_gpu,
+                      "predicted_tflops_per_gpu": predicted_tflops(r, cluster)} for r in runs]}
+
+
+def load_profile(path: str | Path) -> ClusterSpec:
+    """The cluster of a profile file written by ``parallel-lab calibrate`` (preset + fitted profile)."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+        cluster = ClusterSpec.preset(data["cluster"])
+        profile = StepProfile(**data["profile"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ParallelLabError(f"{str(p)!r} is not a profile file written by parallel-lab calibrate ({e})") from None
+    return replace(cluster, profile=profile)

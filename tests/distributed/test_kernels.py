@@ -1,0 +1,136 @@
+"""The fused kernels (distributed/kernels.py): the same numbers as the eager ops, and exactly the saved
+bytes that ``parallel_lab.activations`` predicts for ``Plan.attention`` / ``Plan.mlp``."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from parallel_lab import activations, ledger  # noqa: E402
+from parallel_lab.distributed.data import synthetic_batch  # noqa: E402
+from parallel_lab.distributed.instruments import SavedTensorMeter  # noqa: E402
+from parallel_lab.distributed.model import build_model, loss_fn  # noqa: E402
+from parallel_lab.specs import ModelSpec, ParallelLabError, Plan  # noqa: E402
+
+CASES = [(name, att, mlp, rec) for name, att, mlp, rec in itertools.product(
+    ("tiny-llama", "tiny-gpt"), ("eager", "flash"), ("eager", "fused"), ("none", "selective", "op-sac"))
+    if (att, mlp, rec) != ("eager", "eager", "none") and (rec != "op-sac" or att == "eager")]
+
+
+def _saved(name: str, plan: Plan, dtype=torch.float32):
+    spec = ModelSpec.preset(name).with_(layers=3, dropout=0.0)
+    model = build_model(spec, recompute=plan.recompute, attention=plan.attention, mlp=plan.mlp,
+                        loss_chunk=plan.loss_chunk).to(dtype)
+    batch = synthetic_batch(spec, plan, 0)
+    meter = SavedTensorMeter(model)
+    with meter:
+        loss = loss_fn(model(batch.tokens, batch.positions), batch.targets)
+    return spec, model, batch, meter, loss
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name, attention, mlp, recompute", CASES)
+def test_fp32_saved_bytes_equal_the_per_op_model_and_gradients_equal_eager(name, attention, mlp, recompute):
+    plan = Plan(micro_batch=2, seq=48, dtype="fp32", recompute=recompute, attention=attention, mlp=mlp)
+    spec, model, batch, meter, loss = _saved(name, plan)
+    pred = activations.per_op_bytes(spec, plan)
+    assert meter.forward_bytes["blocks.1"] == pred["per_block_bytes"]
+    assert meter.live["activations"] == pred["activations"]
+    assert meter.live["logits_and_loss"] == pred["logits_and_loss"]
+    loss.backward()
+    assert meter.live_total == 0
+    ref = build_model(spec)
+    ref_loss = loss_fn(ref(batch.tokens, batch.positions), batch.targets)
+    ref_loss.backward()
+    assert abs(loss.item() - ref_loss.item()) < 1e-5
+    for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt"])
+def test_bf16_within_one_percent_and_exact_with_cpu_norm_statistics(name):
+    plan = Plan(micro_batch=2, seq=32, dtype="bf16", attention="flash", mlp="fused")
+    spec, _model, _batch, meter, _graph = _saved(name, plan, torch.bfloat16)
+    exact = activations.per_op_bytes(spec, plan, ln_stats_bytes=2)
+    gpu = activations.per_op_bytes(spec, plan)
+    assert meter.live["activations"] == exact["activations"]
+    assert abs(meter.live["activations"] - gpu["activations"]) <= 0.01 * gpu["activations"]
+
+
+def test_flash_drops_korthikantis_score_term_and_keeps_an_fp32_log_sum_exp():
+    """Seed shape (s=4096, h=4096, a=32, gpt, bf16, dropout 0.1 replaced by 0 so flash applies)."""
+    spec = ModelSpec(layers=32, hidden=4096, heads=32, flavour="gpt", dropout=0.0)
+    s, h, a = 4096, 4096, 32
+    eager = ledger.activation_bytes_per_layer(spec, Plan(seq=s))
+    flash = ledger.activation_bytes_per_layer(spec, Plan(seq=s, attention="flash"))
+    assert eager == s * h * 32 + 2 * a * s * s              # no masks without dropout: 32 sbh + 2 a s^2
+    assert flash == s * h * 32 + 4 * a * s                  # the score term becomes a s fp32 values
+    fused = ledger.activation_bytes_per_layer(spec, Plan(seq=s, attention="flash", mlp="fused"))
+    assert flash - fused == s * 4 * h * 2                   # GeLU's output (f = 4h, 2 bytes) is not kept
+
+
+def test_fused_swiglu_keeps_two_of_four_ffn_tensors():
+    spec = ModelSpec.preset("llama2-7b")
+    plan = Plan(seq=4096, dtype="bf16")
+    eager = ledger.activation_terms(spec, plan)["mlp_intermediate"]
+    fused = ledger.activation_terms(spec, plan.with_(mlp="fused"))["mlp_intermediate"]
+    assert eager == 4096 * 11008 * 4 * 2 and fused == eager / 2
+
+
+def test_flash_refuses_attention_dropout():
+    with pytest.raises(ParallelLabError, match="attention='flash'"):
+        Plan(attention="flash").validate(ModelSpec.preset("tiny-gpt").with_(dropout=0.1))
+    with pytest.raises(ParallelLabError, match="pick eager or flash"):
+        build_model(ModelSpec.preset("tiny-llama"), attention="sdpa")
+
+
+def test_op_sac_keeps_every_second_matmul_output_of_a_llama_block():
+    """torchtitan's policy on a bias-free llama block: wq, wv, gate and down outputs plus the block input."""
+    spec = ModelSpec.preset("llama3-8b")
+    s, h, f, kv = 8192, 4096, 14336, 1024
+    terms = ledger.activation_terms(spec, Plan(seq=s, recompute="op-sac"))
+    assert terms == {"layer_input": s * h * 2, "kept_matmul_outputs": s * (h + kv + f + h) * 2}
+    per_op = activations.per_op_bytes(spec, Plan(seq=s, recompute="op-sac"))["per_block_bytes"]
+    assert per_op == sum(terms.values())
+
+
+def test_op_sac_with_tensor_parallelism_is_refused_before_launch():
+    from parallel_lab.distributed.train import check_runnable
+
+    with pytest.raises(ParallelLabError, match="op-sac"):
+        check_runnable(ModelSpec.preset("tiny-llama"), Plan(tp=2, dtype="fp32", optimizer="adam-fp32",
+                                                            recompute="op-sac", seq=64))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name, chunk", [("tiny-llama", 16), ("tiny-gpt", 100)])
+def test_chunked_cross_entropy_saves_no_logits_and_matches_eager(name, chunk):
+    """The head's saved bytes against the per-op model, and the loss and gradients against eager."""
+    plan = Plan(micro_batch=2, seq=48, dtype="fp32", loss_chunk=chunk)
+    spec, model, batch, meter, loss = _saved(name, plan)
+    pred = activations.per_op_bytes(spec, plan)
+    assert meter.live["logits_and_loss"] == pred["logits_and_loss"]
+    eager = activations.per_op_bytes(spec, plan.with_(loss_chunk=0))["logits_and_loss"]
+    rows = 2 * 48
+    assert eager - pred["logits_and_loss"] == rows * spec.vocab * 4 + 4 - rows * 4   # log-probs + weight - lse
+    loss.backward()
+    assert meter.live_total == 0
+    ref = build_model(spec)
+    ref_loss = loss_fn(ref(batch.tokens, batch.positions), batch.targets)
+    ref_loss.backward()
+    assert abs(loss.item() - ref_loss.item()) < 1e-5
+    for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_chunked_cross_entropy_in_the_ledger_removes_the_128k_vocabulary_logits():
+    spec = ModelSpec.preset("llama3-8b")
+    plan = Plan(seq=8192, dtype="bf16")
+    eager = ledger.logits_bytes(spec, plan)
+    chunked = ledger.logits_bytes(spec, plan.with_(loss_chunk=1024))
+    assert eager == 8192 * 128256 * (2 + 4)                    # 6.3 GB of logits and fp32 log-probabilities
+    assert chunked == 8192 * 4                                 # one fp32 log-sum-exp per token

@@ -1,0 +1,45 @@
+"""Llama 3 405B as Meta ran it (Dubey et al. 2024, Table 4 and Sec. 3.3.2; shared/reference/published_runs.md):
+each of the three Table 4 configurations fits in an H100's 80 GB once the ledger is given Meta's settings.
+
+Settings and how they are spelled here: FSDP sharding optimizer states and gradients but not parameters
+(``zero=2``), gradients accumulated and reduce-scattered in FP32 (``optimizer="adam-mixed-fp32-grad"``: a
+bf16 gradient plus an fp32 accumulator, fp32 on the wire), the interleaved schedule with the embedding and
+the head in a layer slot of the first and last stage (``schedule="interleaved"``, ``interleave=8``,
+``pp_split="embed-head"``: 128 slots in 16 x 8 chunks), FlashAttention-style attention and a fused SwiGLU
+(``attention="flash"``, ``mlp="fused"``), sequence parallelism, no activation checkpointing (the 8K stage),
+all-gather context parallelism at 128K. Micro-batch 1; ``grad_accum`` is the sequences per DP rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from parallel_lab import ledger
+from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
+
+L405 = ModelSpec.preset("llama3-405b")
+H100 = ClusterSpec.preset("h100-sxm")
+META = dict(tp=8, pp=16, zero=2, sp=True, optimizer="adam-mixed-fp32-grad", schedule="interleaved", interleave=8,
+            pp_split="embed-head", attention="flash", mlp="fused", recompute="none", micro_batch=1)
+#: Table 4: (GPUs, CP, DP, sequence, sequences per DP rank)
+TABLE4 = [(8192, 1, 64, 8192, 32), (16384, 1, 128, 8192, 16), (16384, 16, 8, 131072, 16)]
+
+
+@pytest.mark.parametrize("gpus, cp, dp, seq, per_dp", TABLE4)
+def test_each_table4_configuration_fits_in_80_gb(gpus, cp, dp, seq, per_dp):
+    plan = Plan(dp=dp, cp=cp, seq=seq, grad_accum=per_dp, cp_kind="allgather", **META).validate(L405, gpus)
+    assert plan.global_batch_tokens == 16 * 2**20                      # 16M tokens per batch, every row
+    led = ledger.memory(L405, plan, H100)
+    assert led.fits and led.total_bytes < 72e9, led.total_bytes         # 80 GB less the 10% margin
+    assert led.stage == 1                                               # stage 0 lost a block to the embedding
+    # the same plan with eager kernels and Korthikanti's selective recompute (the issue's starting point)
+    # does not fit: the MLP's four ffn-wide tensors and the eager stage layout are what was missing
+    eager = plan.with_(attention="eager", mlp="eager", recompute="selective", schedule="1f1b", interleave=1,
+                       pp_split="layers")
+    assert not ledger.memory(L405, eager, H100).fits
+
+
+def test_the_fused_kernels_are_what_makes_the_8k_run_fit():
+    plan = Plan(dp=128, seq=8192, grad_accum=16, **META)
+    assert ledger.memory(L405, plan, H100).fits
+    assert not ledger.memory(L405, plan.with_(mlp="eager"), H100).fits
