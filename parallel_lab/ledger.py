@@ -151,9 +151,10 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     byte; no dropout (llama, or ``dropout=0``) means no masks and no dropout output (the scores keep
     only the softmax output, ``d a s^2 b``); key/value widths follow GQA (``kv_heads * head_dim``);
     the llama MLP (SwiGLU) keeps its input, the gate output (SiLU's input), SiLU's output, the up output
-    and the down projection's input: ``h + 4 ffn`` elements (gpt: ``h + 2 ffn``); each llama RMSNorm,
-    written out, keeps its input and ``x * rstd``: ``2 sbh`` per norm, where a LayerNorm keeps ``sbh``
-    (measured at full size in fake tensors, distributed/measure.py). Context parallelism
+    and the down projection's input: ``h + 4 ffn`` elements (gpt: ``h + 2 ffn``). Each norm keeps its input
+    (what a fused RMSNorm/LayerNorm kernel saves besides per-row statistics); the tiny model's written-out
+    RMSNorm also keeps ``x * rstd``, which the per-op model counts and this formula does not (measured at full
+    size in fake tensors, tests/distributed/test_measure.py). Context parallelism
     splits the sequence: the ``sbh`` terms use ``s / cp``; the score term uses the local queries against
     all keys, ``a (s/cp) s b``, whichever CP kind (ring, all-gather and Ulysses all compute exactly that
     many scores per rank; implementations with a fused/flash kernel save none of them, like selective
@@ -186,7 +187,7 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     q_local, kv_local, f_local = q_width_local(model, t), kv_width_local(model, t), model.ffn / t
     sb = s * b
     terms = {
-        "norm_inputs": 2 * sb * h * d / sp * (2 if model.flavour == "llama" else 1),
+        "norm_inputs": 2 * sb * h * d / sp,
         "attention_input": sb * h * d / sp,
         "qkv": sb * (q_local + 2 * kv_local) * d,
         "attention_output_input": sb * q_local * d,

@@ -2,7 +2,8 @@
 each of the three Table 4 configurations fits in an H100's 80 GB once the ledger is given Meta's settings.
 
 Settings and how they are spelled here: FSDP sharding optimizer states and gradients but not parameters
-(``zero=2``), gradients accumulated and reduce-scattered in FP32 (``optimizer="adam-mixed-fp32-grad"``: a
+(``zero=2``; FSDP reduce-scatters every micro-batch into the gradient shard: ``zero2_accumulate="sharded"``),
+gradients accumulated and reduce-scattered in FP32 (``optimizer="adam-mixed-fp32-grad"``: a
 bf16 gradient plus an fp32 accumulator, fp32 on the wire), the interleaved schedule with the embedding and
 the head in a layer slot of the first and last stage (``schedule="interleaved"``, ``interleave=8``,
 ``pp_split="embed-head"``: 128 slots in 16 x 8 chunks), FlashAttention-style attention and a fused SwiGLU
@@ -19,7 +20,7 @@ from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
 
 L405 = ModelSpec.preset("llama3-405b")
 H100 = ClusterSpec.preset("h100-sxm")
-META = dict(tp=8, pp=16, zero=2, sp=True, optimizer="adam-mixed-fp32-grad", schedule="interleaved", interleave=8,
+META = dict(tp=8, pp=16, zero=2, zero2_accumulate="sharded", sp=True, optimizer="adam-mixed-fp32-grad", schedule="interleaved", interleave=8,
             pp_split="embed-head", attention="flash", mlp="fused", recompute="none", micro_batch=1)
 #: Table 4: (GPUs, CP, DP, sequence, sequences per DP rank)
 TABLE4 = [(8192, 1, 64, 8192, 32), (16384, 1, 128, 8192, 16), (16384, 16, 8, 131072, 16)]

@@ -37,11 +37,11 @@ def test_1b_zero1_mixed_matches_the_ledger():
     assert m.measured["activations"] == pred["activations"]          # the per-op model, storage by storage
     assert m.measured["logits_and_loss"] == pred["logits_and_loss"]
     assert abs(m.tracker_activations / m.measured["activations"] - 1) < 0.01   # torch's tracker agrees
-    # Korthikanti's formula (generalised) leaves out, per block, exactly: the two RMSNorms' rstd vectors,
-    # and the key/value heads repeated to all query heads before the score matmul (autograd keeps the
-    # repeated copies: h wide, not kv_dim)
+    # Korthikanti's formula (generalised) leaves out, per block, exactly: the written-out RMSNorm's second
+    # saved tensor x * rstd and its rstd (two norms), and the key/value heads repeated to all query heads
+    # before the score matmul (autograd keeps the repeated copies: h wide, not kv_dim)
     s, h, d, L = plan.seq, LLAMA_1B.hidden, plan.dtype_bytes, LLAMA_1B.layers
-    left_out = L * (2 * s * d + 2 * s * (h - LLAMA_1B.kv_dim) * d)
+    left_out = L * (2 * s * h * d + 2 * s * d + 2 * s * (h - LLAMA_1B.kv_dim) * d)
     shared = 2 * s * LLAMA_1B.head_dim * d + s * 8                  # rotary cos/sin tables, token ids
     assert m.measured["activations"] == m.predicted["korthikanti"]["activations"] + left_out + shared
     assert 0 < m.measured["peak"] and abs(m.error("peak")) < 0.15
