@@ -723,7 +723,7 @@ def _run(args: argparse.Namespace) -> Output:
     no_model = args.model is None and args.params is None and all(
         getattr(args, f, None) is None for f in SHAPE_FLAGS)
     file_model, plan = (None, None)
-    if args.plan_file:
+    if args.plan_file is not None:
         file_model, plan = _plan_from_file(args.plan_file)
     if no_model:
         args.model = None if file_model is not None else "tiny-llama"
