@@ -14,7 +14,8 @@ raised), :data:`EXIT_RUN_TIMEOUT` (no progress, or over the wall-clock limit) or
 
 Every number has a range (:data:`LIMITS`), so that no single value can make a call take seconds or
 gigabytes: GPUs and degrees up to 2^17, pipeline stages up to 64, layers up to 512, and so on; out of
-range is an error that says the range. Messages are bounded (:data:`MAX_MESSAGE` characters; a long value is shown truncated).
+range is an error that says the range. Messages are bounded (:data:`MAX_MESSAGE` characters; a long
+value is shown truncated).
 
 Adding a subcommand is one self-contained edit: write ``_add_<name>(sub)``, which calls
 :func:`subcommand` (it adds ``--json``) and the shared flag helpers, and a handler ``args -> Output``;
