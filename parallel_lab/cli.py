@@ -38,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -88,6 +89,14 @@ SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour
 PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "seq", "recompute",
                "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb", "zero_unit")
 DEFAULT_CLUSTER = "h100-sxm"
+#: Plan fields ``parallel-lab run`` fills when not given: CPU-sized and runnable (fp32). Its --help shows
+#: these; ``distributed.run`` and the example plan files take them from here.
+RUN_DEFAULTS: dict[str, Any] = {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}
+RUN_TIMEOUT_S = 60.0        #: ``run --timeout``: seconds without a completed step before a run counts as stuck
+#: ``run`` refuses worlds over this many ranks per available core (each rank is a process with torch, and a
+#: step of the tiny model takes ~0.05 s alone; 8 ranks per core already run ~8x slower per step).
+MAX_RANKS_PER_CORE = 8
+RANK_OVERHEAD_BYTES = 400 * 10**6   #: resident memory of one rank beyond its model state (torch, gloo, buffers)
 
 
 class RunFailed(Exception):
@@ -694,8 +703,15 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--seed", type=int_in("seed"), default=0, help="seed of the weights and the synthetic data")
     p.add_argument("--packed", action="store_true",
                    help="pack several documents per sequence (document masks)")
-    p.add_argument("--timeout", type=_positive_float, default=300.0,
-                   help="seconds before a hung run is killed (default 300)")
+    p.add_argument("--timeout", type=_positive_float, default=RUN_TIMEOUT_S, metavar="SECONDS",
+                   help="progress timeout: when no rank completes a step for this long the run is stopped and "
+                        f"the stuck rank named (default {RUN_TIMEOUT_S:g})")
+    p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
+                   help="optional wall-clock limit of the whole run (default: none)")
+    for action in p._actions:         # --help shows the defaults a run really uses, not Plan's
+        if action.dest in RUN_DEFAULTS and action.help:
+            base = re.sub(r"\s*\(default [^)]*\)", "", action.help)
+            action.help = f"{base} (default for run: {RUN_DEFAULTS[action.dest]})"
 
 
 def _plan_from_file(path: str) -> tuple[ModelSpec | None, Plan]:
@@ -717,10 +733,10 @@ def _plan_from_file(path: str) -> tuple[ModelSpec | None, Plan]:
 
 
 def _run(args: argparse.Namespace) -> Output:
-    from .distributed.run import RUN_DEFAULTS, run
+    from .distributed.launch import LaunchTimeout, RankError
+    from .distributed.run import run
+    from .distributed.train import check_runnable
 
-    if args.steps < 1:
-        raise ParallelLabError(f"--steps {args.steps} must be >= 1")
     no_model = args.model is None and args.params is None and all(
         getattr(args, f, None) is None for f in SHAPE_FLAGS)
     file_model, plan = (None, None)
@@ -737,9 +753,88 @@ def _run(args: argparse.Namespace) -> Output:
     else:
         given = {f: getattr(args, f) for f in PLAN_FIELDS if getattr(args, f, None) is not None}
         plan = plan.with_(**given).validate(model)
-    rep = run(model, plan, steps=args.steps, seed=args.seed, packed=args.packed, timeout_s=args.timeout,
-              progress=True)
-    return Output(rep.to_json(), rep.summary())
+    check_runnable(model, plan)
+    check_fits_this_machine(model, plan)
+    try:
+        rep = run(model, plan, steps=args.steps, seed=args.seed, packed=args.packed, timeout_s=args.timeout,
+                  time_limit_s=args.time_limit, progress=True)
+    except RankError as e:
+        raise _rank_failed(e, args.steps) from None
+    except LaunchTimeout as e:
+        raise RunFailed(f"\n{PROG} run: stopped: {e}\n  if steps of this plan really take longer, raise "
+                        f"--timeout (now {args.timeout:g} s)", EXIT_RUN_TIMEOUT) from None
+    data = {**rep.to_json(), "predicted_activation_model": "per-op"}
+    note = ("predicted activations: the per-op model of the tensors saved for backward "
+            "(parallel_lab/activations.py; `parallel-lab memory --activation-model per-op`), not the "
+            "Korthikanti formulas that `memory` uses by default")
+    return Output(data, rep.summary() + "\n" + note)
+
+
+def _rank_failed(e: Any, steps: int) -> Exception:
+    """The short report of a rank that raised or died (or a one-line error when the rank found bad input)."""
+    if e.exc_type == "ParallelLabError":
+        return ParallelLabError(f"rank {e.rank}: {e.last_line.split(':', 1)[-1].strip()}")
+    done = "before its first step" if not e.step else f"after step {e.step} of {steps}"
+    if e.signal is not None:
+        how = f"was killed by signal {e.signal}" + (" (SIGKILL: kill -9 or the out-of-memory killer)"
+                                                    if e.signal == 9 else "")
+    elif e.exc_type is None:
+        how = e.last_line.replace("process ", "", 1)
+    else:
+        how = f"raised {bounded(e.last_line, 300)}"
+    log = (f"its traceback: {e.log}" if e.log else
+           "it left no traceback (its own output, if any, is above)")
+    return RunFailed(f"\n{PROG} run: failed: rank {e.rank} {how} {done}; the other ranks were stopped\n"
+                     f"  {log}", EXIT_RUN_FAILED)
+
+
+def available_memory_bytes() -> int:
+    """Memory this process may still use: MemAvailable, or the cgroup's limit minus its use if smaller."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            room = int(limit) - used
+            avail = room if avail is None else min(avail, room)
+    except (OSError, ValueError):
+        pass
+    return avail if avail is not None else 2**62
+
+
+def check_fits_this_machine(model: ModelSpec, plan: Plan) -> None:
+    """Refuse, before any process starts, a run whose ranks cannot all live on this machine.
+
+    World: at most :data:`MAX_RANKS_PER_CORE` ranks per available core. Memory: the ledger's bytes of
+    the fullest rank (cluster ``cpu-gloo``) for each of ``world`` ranks plus the one-process reference,
+    plus :data:`RANK_OVERHEAD_BYTES` per rank, against :func:`available_memory_bytes`.
+    """
+    from .ledger import memory
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    most = MAX_RANKS_PER_CORE * cores
+    if plan.world > most:
+        raise ParallelLabError(f"the plan has {plan.world:,} ranks (dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*"
+                               f"{plan.cp}) but this machine runs at most {most} ({MAX_RANKS_PER_CORE} per core x "
+                               f"{cores} cores); pick smaller degrees, e.g. --dp 2 --tp 2")
+    per_rank = memory(model, plan, ClusterSpec.preset("cpu-gloo")).total_bytes
+    need = (plan.world + 1) * per_rank + plan.world * RANK_OVERHEAD_BYTES
+    have = available_memory_bytes()
+    if need > have:
+        raise ParallelLabError(f"{plan.world} ranks + the one-process reference need about {fmt_bytes(need)} "
+                               f"({plan.world + 1} x {fmt_bytes(per_rank)} by the ledger + {plan.world} x "
+                               f"{RANK_OVERHEAD_BYTES / 1e6:.0f} MB per process) but this machine has "
+                               f"{fmt_bytes(have)} available; pick a smaller model (e.g. --model tiny-llama) or "
+                               f"shard more (--zero 3, --tp, --pp)")
 
 
 # --------------------------------------------------------------------------------------------------

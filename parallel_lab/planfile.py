@@ -495,7 +495,7 @@ def load_plan(path: str | Path) -> PlanFile:
 def tiny_examples() -> dict[str, PlanFile]:
     """Plan files for the tiny model on CPU ranks (what ``parallel-lab run --plan`` takes)."""
     model, cluster = ModelSpec.preset("tiny-llama"), ClusterSpec.preset("cpu-gloo")
-    run = {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}
+    from .cli import RUN_DEFAULTS as run
     plans = {
         "tiny-dp2-zero3": Plan(dp=2, zero=3, **run),
         "tiny-tp2-sp": Plan(tp=2, sp=True, **run),

@@ -472,13 +472,18 @@ class PipelineExecutor:
 # Plug-in
 # --------------------------------------------------------------------------------------------------
 
+def check_pp(spec: ModelSpec, plan: Plan) -> None:
+    """Plans the executor cannot run (``train.check_runnable`` calls it before any process starts)."""
+    if spec.tied_embeddings:
+        raise ParallelLabError("tied embeddings put one weight on the first and the last pipeline stage; the "
+                               "runnable pipeline needs untied embeddings (tied_embeddings=False) or pp=1")
+
+
 def apply_pp(rt: Any) -> None:
     """Keep this rank's stage of ``rt.model`` and set ``rt.forward_backward`` to the schedule's executor."""
     plan: Plan = rt.plan
     spec: ModelSpec = rt.model.spec
-    if spec.tied_embeddings:
-        raise ParallelLabError("tied embeddings put one weight on the first and the last pipeline stage; the "
-                               "runnable pipeline needs untied embeddings (tied_embeddings=False) or pp=1")
+    check_pp(spec, plan)
     layout = stage_layout(spec, plan, rt.grid.pp_rank)
     keep_stage(rt.model, layout)
     schedule = validate(build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave))
