@@ -858,8 +858,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def bounded(message: str, n: int = MAX_MESSAGE) -> str:
-    """One line of at most ``n`` characters."""
-    one = " ".join(str(message).split())
+    """One line of at most ``n`` characters; a word over 60 characters (a pasted value) is cut to 40."""
+    one = " ".join(w if len(w) <= 60 else w[:40] + "..." for w in str(message).split())
     return one if len(one) <= n else one[:n - 3] + "..."
 
 

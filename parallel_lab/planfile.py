@@ -29,7 +29,8 @@ integer), every field is required unless the schema gives its default (``replan_
 valid for the model on ``gpus`` GPUs of the cluster and ``replan_when`` agrees with the file. The file is
 parsed safely and bounded before anything is built: at most :data:`MAX_FILE_BYTES`, UTF-8, nesting at
 most :data:`MAX_DEPTH` deep, no anchors or aliases (``&a`` / ``*a``: a few lines of them expand to
-gigabytes), integers within +-2^53. Every problem raises :class:`ParallelLabError` naming the file, the
+gigabytes), no key twice, integers within +-2^53; its last line is :data:`END_LINE` (a truncated file
+can still be valid YAML). Every problem raises :class:`ParallelLabError` naming the file, the
 field and the fix. ``parallel-lab run --plan FILE`` takes such a file.
 """
 
@@ -70,6 +71,9 @@ OPTIONAL = {"replan_when": [], "expected.step_time_s": None, "expected.mfu": Non
 PLAN_FIELDS_V1 = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "seq", "recompute",
                   "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb",
                   "zero_unit")
+#: The last line of every plan file: a file cut short (an interrupted copy) loses it, though what remains
+#: may still be valid YAML (a shorter replan_when list, a shorter reason).
+END_LINE = "# end of plan file"
 #: ``replan_when`` fields and the type of their value.
 REPLAN_FIELDS = {"seq": int, "gpus": int, "global_batch": int, "model": str, "cluster": str}
 
@@ -231,7 +235,7 @@ def save_plan(path: str | Path, model: ModelSpec | PlanFile, cluster: ClusterSpe
         pf = make_plan_file(model, cluster, plan, phase=phase, gpus=gpus, expected=expected,
                             replan_when=replan_when)
     text = (f"# parallel_lab plan file, schema {pf.schema_version}: load with "
-            f"parallel_lab.planfile.load_plan\n" + yaml.safe_dump(pf.to_dict(), sort_keys=False))
+            f"parallel_lab.planfile.load_plan\n" + yaml.safe_dump(pf.to_dict(), sort_keys=False) + END_LINE + "\n")
     write_atomic(path, text)
     return pf
 
@@ -485,7 +489,12 @@ def load_plan(path: str | Path) -> PlanFile:
             raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise ParallelLabError(f"{where}: cannot be read ({e.strerror or e}); check the path") from None
-    return plan_file_from_data(parse_plan_text(raw, where), where)
+    pf = plan_file_from_data(parse_plan_text(raw, where), where)
+    if raw.rstrip().rsplit(b"\n", 1)[-1].strip() != END_LINE.encode():
+        raise ParallelLabError(f"{where} does not end with the line '{END_LINE}': it was cut short (an "
+                               f"interrupted copy?); write it again with parallel-lab plan --save (a file "
+                               f"written by hand: add that line)")
+    return pf
 
 
 # --------------------------------------------------------------------------------------------------
