@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import random
 import resource
@@ -84,7 +85,10 @@ def in_fork(fn: Callable[[], int], timeout_s: float = 3 * MAX_S) -> tuple[int | 
                 cpu0 = ru0.ru_utime + ru0.ru_stime
                 cap = int((vm + _HARD_CAP_MB) * 2**20)
                 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-                signal.alarm(int(timeout_s) + 1)
+                cpu = int(math.ceil(timeout_s))               # CPU seconds: the bound; wall: a backstop
+                resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler
+                signal.alarm(int(20 * timeout_s))
                 code = fn()
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -335,7 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     tally: dict[str, int] = {}
     failures: list[tuple[list[str], list[str], str]] = []
     worst = [0.0, 0.0]
-    for _ in range(args.cli):
+    t0 = time.monotonic()
+    for i in range(args.cli):
+        if i and i % 1000 == 0:
+            print(f"  {i} argument lists, {len(failures)} failures, {time.monotonic() - t0:.0f} s", flush=True)
         r = run_cli_case(random_argv(rng, flags))
         worst = [max(worst[0], r.wall_s), max(worst[1], r.grew_mb)]
         tally[f"exit {r.code}"] = tally.get(f"exit {r.code}", 0) + 1
