@@ -152,3 +152,47 @@ def test_a_long_healthy_run_is_not_cut_by_the_progress_timeout():
 def test_the_wall_clock_limit_is_separate():
     with pytest.raises(LaunchTimeout, match="wall-clock limit of 2 s"):
         launch(_steps, 2, timeout_s=30, time_limit_s=2, n=1000)
+
+
+# ---- the same through `parallel-lab run`: a short report and a distinct exit code, no traceback ----------
+
+def _run_cli_and(action, timeout_s: float = 8):
+    """Start `parallel-lab run --dp 2` with many steps, apply ``action`` to rank 1's process, return the end."""
+    import subprocess
+    import sys
+
+    psutil = pytest.importorskip("psutil")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.Popen([sys.executable, "-m", "parallel_lab", "run", "--dp", "2", "--steps", "100000",
+                          "--timeout", str(timeout_s)], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        deadline = time.monotonic() + 120
+        ranks: list = []
+        while len(ranks) < 2 and time.monotonic() < deadline and p.poll() is None:
+            ranks = sorted(psutil.Process(p.pid).children(), key=lambda c: c.pid)   # forked in rank order
+            time.sleep(0.2)
+        assert len(ranks) == 2, "the ranks did not start"
+        time.sleep(3)                                                     # a few steps
+        t0 = time.monotonic()
+        action(ranks[1].pid)
+        out, err = p.communicate(timeout=120)
+        return p.returncode, err, time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.timeout(300)
+def test_cli_run_names_a_killed_rank_with_exit_3():
+    code, err, _ = _run_cli_and(lambda pid: os.kill(pid, signal.SIGKILL))
+    assert code == 3, err[-1000:]
+    assert "failed: rank 1 was killed by signal 9" in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(300)
+def test_cli_run_names_a_stopped_rank_with_exit_4_within_the_progress_timeout():
+    code, err, took = _run_cli_and(lambda pid: os.kill(pid, signal.SIGSTOP), timeout_s=8)
+    assert code == 4, err[-1000:]
+    assert "rank 1 stopped responding" in err and "Traceback" not in err
+    assert took < 8 + 30
