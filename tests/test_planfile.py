@@ -275,7 +275,7 @@ def test_yaml_bombs_deep_nesting_and_huge_numbers_are_refused_fast(tmp_path):
         f"{chr(98 + i)}: &{chr(98 + i)} [" .encode() + b", ".join([f"*{chr(97 + i)}".encode()] * 9) + b"]\n"
         for i in range(9))
     assert len(bomb) < 2000                                   # ~9^10 strings when expanded
-    t0 = time.perf_counter()
+    t0 = time.process_time()                                 # CPU time: the machine is shared
     _refused(tmp_path, bomb, "anchors and aliases", "line 1")
     _refused(tmp_path, good.replace(b"phase: ", b"phase: &p ", 1), "anchors and aliases")
     _refused(tmp_path, good + b"\nx: " + b"[" * 1000 + b"]" * 1000 + b"\n", f"nesting deeper than {8}")
@@ -285,7 +285,7 @@ def test_yaml_bombs_deep_nesting_and_huge_numbers_are_refused_fast(tmp_path):
     _refused(tmp_path, good + b"\nphase: again\n", "'phase' appears twice")
     _refused(tmp_path, good + b"\n" + b"#" * (300 * 1024), "bytes; a plan file is at most")
     _refused(tmp_path, b"x: !!python/object/apply:os.system [echo hi]\n", "not valid YAML")
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
 
 
 def test_save_is_atomic(tmp_path, monkeypatch):
