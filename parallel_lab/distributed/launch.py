@@ -71,7 +71,10 @@ import torch.multiprocessing as mp
 from parallel_lab.distributed.grid import Grid
 from parallel_lab.specs import ParallelLabError, Plan
 
-DEFAULT_TIMEOUT_S = 60.0      #: seconds without a completed step before a run counts as stuck
+#: Seconds without a completed step (or a result) before a launch counts as stuck; generous, because a
+#: function that never calls ``grid.notify`` makes progress only when it returns (``parallel-lab run``
+#: notifies every step and uses 60 s, ``cli.RUN_TIMEOUT_S``).
+DEFAULT_TIMEOUT_S = 300.0
 HEARTBEAT_S = 1.0            #: a rank's heartbeat period; ~5 missed beats mean it is stopped or frozen
 ERROR_GRACE_S = 1.5          #: how long an error waits for news that a peer died first
 
