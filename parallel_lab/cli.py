@@ -562,8 +562,7 @@ def _bubble_closed_form(args: argparse.Namespace, costs: Any) -> Output:
     if costs.p2p != 0 or not exact:
         why = "--p2p > 0" if costs.p2p != 0 else f"{args.schedule} with these costs"
         raise ParallelLabError(f"{size} is over the simulator's limit of {BUBBLE_SIM_LIMIT:,} and {why} has no "
-                               f"closed form; pick --stages x --microbatches x --interleave <= {BUBBLE_SIM_LIMIT:,} "
-                               f"(e.g. a smaller m: the bubble ratio's dependence on m is visible well below)")
+                               f"closed form; pick --stages x --microbatches x --interleave <= {BUBBLE_SIM_LIMIT:,}")
     if args.schedule == "interleaved" and m % p:
         raise ParallelLabError(f"interleaved 1F1B runs micro-batches in groups of p={p}; m={m} is not a "
                                f"multiple of it; pick m in {{{p}, {2 * p}, {3 * p}, ...}}")
