@@ -24,11 +24,15 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 app: $(STAMP)
-	@# Voila on 127.0.0.1, code hidden, offline template, idle kernels culled: see parallel_lab/viz/serve.py
-	$(BIN)/python -m parallel_lab.viz.serve --port=$(PORT)
+	@# Voila on 127.0.0.1 (Host-checked, one kernel per page session, a kernel cap), code hidden, offline
+	@# template, idle kernels culled; the URL is printed once the server answers: see parallel_lab/viz/serve.py
+	@$(BIN)/python -m parallel_lab.viz.serve --port=$(PORT)
+
+# Jupyter refuses to start as root unless told; in a container root is the usual user, so tell it there.
+ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks --no-browser --ServerApp.ip=127.0.0.1 --port=$(PORT)
+	$(BIN)/jupyter lab notebooks --no-browser --ServerApp.ip=127.0.0.1 --port=$(PORT) $(ALLOW_ROOT)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -5,8 +5,17 @@
     parallel-lab flops   --model llama3-405b --seq 8192 --dp 128 --tp 8 --pp 16 --grad-accum 16
 
 Every subcommand prints a readable table, or with ``--json`` one JSON object whose keys are documented in
-the README (numbers unrounded: bytes, FLOPs, seconds). An invalid model, plan or flag combination prints
-one line ``parallel-lab: error: ...`` on stderr and exits with status 2, never a traceback.
+the README (numbers unrounded: bytes, FLOPs, seconds; never NaN or Infinity). One error path: anything a
+user can get wrong (a flag, a value, a model, a plan, a plan file, a file to write) prints one line
+``parallel-lab CMD: error: ...`` on stderr, naming the bad value and a fix, and exits with status 2,
+never a traceback. A run that fails after it started prints a short report instead (which rank, what it
+was doing, how it ended, where its log is) and exits with :data:`EXIT_RUN_FAILED` (a rank died or
+raised), :data:`EXIT_RUN_TIMEOUT` (no progress, or over the wall-clock limit) or 130 (Ctrl-C).
+
+Every number has a range (:data:`LIMITS`), so that no single value can make a call take seconds or
+gigabytes: GPUs and degrees up to 2^17, pipeline stages up to 64, layers up to 512, and so on; out of
+range is an error that says the range. Messages are bounded (:data:`MAX_MESSAGE` characters; a long
+value is shown truncated).
 
 Adding a subcommand is one self-contained edit: write ``_add_<name>(sub)``, which calls
 :func:`subcommand` (it adds ``--json``) and the shared flag helpers, and a handler ``args -> Output``;
@@ -29,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,6 +69,26 @@ from .specs import (
 )
 
 PROG = "parallel-lab"
+EXIT_USAGE = 2          #: bad input of any kind
+EXIT_RUN_FAILED = 3     #: ``run``: a rank raised, died (signal, OOM killer) or could not start
+EXIT_RUN_TIMEOUT = 4    #: ``run``: no step completed within --timeout, or over --time-limit
+EXIT_INTERNAL = 70      #: a bug of parallel_lab (EX_SOFTWARE); the one line asks for a report
+MAX_MESSAGE = 600       #: characters of one error line
+
+#: Inclusive ranges of the integer flags (the bound keeps every call fast and small; see the docstring).
+#: The ledger's cost grows as pp x layers (every stage's parameters, ~0.1 ms per pair here), the planner's
+#: with the divisors of the GPU count: 512 layers (published models have <= 126), 64 stages and 2^17 GPUs
+#: (Llama 3 405B trained on 16,384) keep each call under a second on this machine.
+LIMITS: dict[str, tuple[int, int]] = {
+    "layers": (1, 512), "hidden": (1, 2**20), "heads": (1, 2**16), "kv_heads": (1, 2**16),
+    "ffn": (1, 2**24), "vocab": (1, 2**24), "seq": (1, 2**24), "micro_batch": (1, 2**16),
+    "grad_accum": (1, 2**20), "dp": (1, 2**17), "tp": (1, 2**17), "pp": (1, 64), "cp": (1, 2**17),
+    "interleave": (1, 512), "gpus": (1, 2**17), "stage": (0, 63), "global_batch": (1, 2**30),
+    "stages": (1, 2**20), "microbatches": (1, 2**20), "width": (20, 10_000), "top": (1, 10_000),
+    "max_tp": (1, 2**17), "steps": (1, 100_000), "seed": (0, 2**63 - 1), "zero": (0, 3),
+}
+#: Largest finite float accepted by a time or size flag (keeps sums and products finite).
+MAX_FLOAT = 1e15
 
 #: Shape flags: given together instead of --model or --params.
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour", "tied_embeddings")
@@ -67,6 +97,22 @@ PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum"
                "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb", "zero_unit",
                "zero1_reduce", "zero2_accumulate", "attention", "mlp", "pp_split", "loss_chunk")
 DEFAULT_CLUSTER = "h100-sxm"
+#: Plan fields ``parallel-lab run`` fills when not given: CPU-sized and runnable (fp32). Its --help shows
+#: these; ``distributed.run`` and the example plan files take them from here.
+RUN_DEFAULTS: dict[str, Any] = {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}
+RUN_TIMEOUT_S = 60.0        #: ``run --timeout``: seconds without a completed step before a run counts as stuck
+#: ``run`` refuses worlds over this many ranks per available core (each rank is a process with torch, and a
+#: step of the tiny model takes ~0.05 s alone; 8 ranks per core already run ~8x slower per step).
+MAX_RANKS_PER_CORE = 8
+RANK_OVERHEAD_BYTES = 400 * 10**6   #: resident memory of one rank beyond its model state (torch, gloo, buffers)
+
+
+class RunFailed(Exception):
+    """A run that started and then failed: ``report`` (a few lines for the user) and the exit ``code``."""
+
+    def __init__(self, report: str, code: int):
+        super().__init__(report)
+        self.report, self.code = report, code
 
 
 @dataclass
@@ -81,37 +127,103 @@ class Output:
 # Shared flags
 # --------------------------------------------------------------------------------------------------
 
+def shorten(value: Any, n: int = 40) -> str:
+    """``repr(value)`` cut to ``n`` characters (messages never echo a whole file or a huge number)."""
+    r = repr(value) if not isinstance(value, str) else repr(value[:n + 1])
+    return r if len(r) <= n else r[:n - 3] + "..."
+
+
+def int_in(name: str) -> Callable[[str], int]:
+    """An argparse type: a whole number within ``LIMITS[name]``."""
+    lo, hi = LIMITS[name]
+
+    def parse(text: str) -> int:
+        if len(text) > 30:
+            raise argparse.ArgumentTypeError(f"{shorten(text)} is not a whole number in [{lo:,}, {hi:,}]")
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                f = float(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{shorten(text)} is not a whole number; e.g. {max(lo, 1)}") \
+                    from None
+            if not (math.isfinite(f) and f == int(f)):
+                raise argparse.ArgumentTypeError(f"{shorten(text)} is not a whole number; e.g. {max(lo, 1)}") \
+                    from None
+            value = int(f)
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{shorten(text)} is outside [{lo:,}, {hi:,}]")
+        return value
+
+    parse.__name__ = name           # argparse names the type in "invalid <name> value"
+    return parse
+
+
+def float_in(lo: float, hi: float = MAX_FLOAT, *, open_lo: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{shorten(text)} is not a number") from None
+        low_ok = value > lo if open_lo else value >= lo
+        if not (math.isfinite(value) and low_ok and value <= hi):
+            raise argparse.ArgumentTypeError(f"{shorten(text)} must be a finite number in "
+                                             f"{'(' if open_lo else '['}{lo:g}, {hi:g}]")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def _count(text: str) -> int:
     """A positive count that may be written in float notation (``7e9``, ``6.74e9``)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; e.g. 7e9") from None
+        raise argparse.ArgumentTypeError(f"{shorten(text)} is not a number; e.g. 7e9") from None
     if not math.isfinite(value) or value < 1 or value != int(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number; e.g. 7e9")
+        raise argparse.ArgumentTypeError(f"{shorten(text)} is not a positive whole number; e.g. 7e9")
+    if value > 1e16:
+        raise argparse.ArgumentTypeError(f"{shorten(text)} parameters is over 1e16; e.g. 7e9")
     return int(value)
 
 
-def _positive_float(text: str) -> float:
+_positive_float = float_in(0.0, open_lo=True)
+
+
+def _tokens(text: str) -> str:
+    """A global batch in tokens: a whole number, optionally with K/M/G (powers of 2^10), up to 2^40."""
+    from .planner import parse_tokens
+
+    t = text.strip().upper()
     try:
-        value = float(text)
+        num = float(t[:-1] if t[-1:] in ("K", "M", "G") else t)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
+        num = float("nan")
+    if not (math.isfinite(num) and 0 < num <= 2**40):
+        raise argparse.ArgumentTypeError(f"{shorten(text)} is not a token count; e.g. 16M (= 16*2^20 tokens) "
+                                         "or 16777216")
+    try:
+        if parse_tokens(text) > 2**40:
+            raise argparse.ArgumentTypeError(f"{shorten(text)} tokens is over 2^40")
+    except ParallelLabError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     """The model flags: a preset, an explicit shape, or a bare parameter count (exactly one)."""
     g = parser.add_argument_group("model (one of --model, the shape flags, or --params)")
     g.add_argument("--model", metavar="PRESET", help=f"a preset: {', '.join(MODEL_PRESETS)}")
-    g.add_argument("--layers", type=int, help="transformer blocks L")
-    g.add_argument("--hidden", type=int, help="hidden size h")
-    g.add_argument("--heads", type=int, help="attention heads a")
-    g.add_argument("--kv-heads", type=int, help="key/value heads (GQA); default: heads")
-    g.add_argument("--ffn", type=int, help="MLP width; default 4h (gpt) or Llama's 8h/3 rounded to 256")
-    g.add_argument("--vocab", type=int, help="vocabulary size; default 32000")
+    g.add_argument("--layers", type=int_in("layers"), help="transformer blocks L")
+    g.add_argument("--hidden", type=int_in("hidden"), help="hidden size h")
+    g.add_argument("--heads", type=int_in("heads"), help="attention heads a")
+    g.add_argument("--kv-heads", type=int_in("kv_heads"), help="key/value heads (GQA); default: heads")
+    g.add_argument("--ffn", type=int_in("ffn"),
+                   help="MLP width; default 4h (gpt) or Llama's 8h/3 rounded to 256")
+    g.add_argument("--vocab", type=int_in("vocab"), help="vocabulary size; default 32000")
     g.add_argument("--flavour", choices=("gpt", "llama"), help="block flavour; default gpt")
     g.add_argument("--tied-embeddings", action="store_true", default=None,
                    help="share the input embedding with the output head")
@@ -127,15 +239,16 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     (dp=tp=pp=cp=1, zero 0, seq 2048, micro-batch 1, bf16, adam-mixed, 1f1b, ...).
     """
     g = parser.add_argument_group("plan")
-    g.add_argument("--seq", type=int, help="sequence length in tokens (default 2048)")
-    g.add_argument("--micro-batch", type=int, help="sequences per micro-batch per model replica (default 1)")
-    g.add_argument("--grad-accum", "--microbatches", type=int, dest="grad_accum",
+    g.add_argument("--seq", type=int_in("seq"), help="sequence length in tokens (default 2048)")
+    g.add_argument("--micro-batch", type=int_in("micro_batch"),
+                   help="sequences per micro-batch per model replica (default 1)")
+    g.add_argument("--grad-accum", "--microbatches", type=int_in("grad_accum"), dest="grad_accum",
                    help="micro-batches per optimizer step (= pipeline micro-batches m; default 1)")
-    g.add_argument("--dp", type=int, help="data-parallel degree (inferred from --gpus when omitted)")
-    g.add_argument("--tp", type=int, help="tensor-parallel degree")
-    g.add_argument("--pp", type=int, help="pipeline-parallel degree (stages)")
-    g.add_argument("--cp", type=int, help="context-parallel degree")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default 0 = plain DDP)")
+    g.add_argument("--dp", type=int_in("dp"), help="data-parallel degree (inferred from --gpus when omitted)")
+    g.add_argument("--tp", type=int_in("tp"), help="tensor-parallel degree")
+    g.add_argument("--pp", type=int_in("pp"), help="pipeline-parallel degree (stages)")
+    g.add_argument("--cp", type=int_in("cp"), help="context-parallel degree")
+    g.add_argument("--zero", type=int_in("zero"), choices=(0, 1, 2, 3), help="ZeRO stage (default 0 = plain DDP)")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism (needs --tp >= 2)")
     g.add_argument("--recompute", choices=RECOMPUTE,
                    help="activation recomputation (Korthikanti's none/selective/full, torchtitan's op-sac)")
@@ -143,7 +256,8 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
                    help="optimizer state layout (default adam-mixed)")
     g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), help="compute dtype of activations and messages")
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
-    g.add_argument("--interleave", type=int, help="model chunks per stage v (needs --schedule interleaved)")
+    g.add_argument("--interleave", type=int_in("interleave"),
+                   help="model chunks per stage v (needs --schedule interleaved)")
     g.add_argument("--cp-kind", choices=CP_KINDS, help="context parallelism: ring, allgather or ulysses")
     g.add_argument("--dp-kind", choices=DP_KINDS, help="DDP gradient sync: bucketed or naive")
     g.add_argument("--bucket-mb", type=_positive_float, help="DDP bucket cap in MB (10^6 bytes; default 25)")
@@ -162,7 +276,8 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
                    help="chunked cross-entropy fused with the LM head, TOKENS per chunk (default 0: eager logits)")
     g.add_argument("--pp-split", choices=PP_SPLITS,
                    help="pipeline split: layers (default) or embed-head (embedding and head take a layer slot each)")
-    g.add_argument("--gpus", type=int, help="total GPUs; must equal dp*tp*pp*cp (dp is inferred if omitted)")
+    g.add_argument("--gpus", type=int_in("gpus"),
+                   help="total GPUs; must equal dp*tp*pp*cp (dp is inferred if omitted)")
     g.add_argument("--cluster", metavar="PRESET", help=f"machine: {', '.join(CLUSTER_PRESETS)} "
                    f"(default {DEFAULT_CLUSTER})")
     g.add_argument("--activation-model", choices=("korthikanti", "per-op"),
@@ -301,8 +416,9 @@ def _add_memory(sub: Any) -> None:
     p = subcommand(sub, "memory", _memory, "memory ledger per GPU by category, and whether it fits")
     add_model_args(p)
     add_plan_args(p)
-    p.add_argument("--stage", type=int, help="pipeline stage to report (default: the fullest one)")
-    p.add_argument("--margin", type=float, default=0.1, help="HBM safety margin, fraction (default 0.1)")
+    p.add_argument("--stage", type=int_in("stage"), help="pipeline stage to report (default: the fullest one)")
+    p.add_argument("--margin", type=float_in(0.0, 0.99), default=0.1,
+                   help="HBM safety margin, fraction in [0, 0.99] (default 0.1)")
     p.add_argument("--measure", action="store_true",
                    help="also run one training step of the reported stage's rank at full size in fake tensors "
                         "and print measured beside predicted (torch; seconds to minutes)")
@@ -351,7 +467,7 @@ def _add_comm(sub: Any) -> None:
                    "communication per GPU per optimizer step, by dimension and collective")
     add_model_args(p)
     add_plan_args(p)
-    p.add_argument("--stage", type=int, help="pipeline stage to report (default: the busiest one)")
+    p.add_argument("--stage", type=int_in("stage"), help="pipeline stage to report (default: the busiest one)")
 
 
 def _comm(args: argparse.Namespace) -> Output:
@@ -403,6 +519,11 @@ def _flops(args: argparse.Namespace) -> Output:
             ("tokens per step", f"{rep.tokens_per_step:,}"),
             ("model FLOPs per token", f"{rep.model_flops_per_step / rep.tokens_per_step:.4e}")]
     if args.step_time is not None:
+        floor = rep.model_flops_per_step / (plan.world * cluster.peak_flops)
+        if args.step_time < floor:
+            raise ParallelLabError(f"--step-time {args.step_time:g} s is shorter than the {floor:.4g} s that "
+                                   f"{rep.model_flops_per_step:.3e} model FLOPs take at the peak of {plan.world:,} "
+                                   f"x {cluster.name}; a measured step cannot beat the peak (MFU > 100%)")
         data["step_time_s"] = args.step_time
         data["mfu"] = mfu(model, plan, args.step_time, cluster)
         data["hfu"] = rep.hardware_flops_per_step / (args.step_time * plan.world * cluster.peak_flops)
@@ -434,17 +555,23 @@ def _add_bubble(sub: Any) -> None:
     p.add_argument("--schedule", choices=SCHEDULE_NAMES, help="pipeline schedule (or --schedule-file)")
     p.add_argument("--schedule-file", metavar="FILE.csv",
                    help="a schedule in torch's pipelining CSV format (compute-only or with comms), validated")
-    p.add_argument("--stages", type=int, metavar="P", help="pipeline stages (ranks) p")
-    p.add_argument("--microbatches", type=int, metavar="M", help="micro-batches per step m")
-    p.add_argument("--interleave", type=int, default=1, metavar="V",
+    p.add_argument("--stages", type=int_in("stages"), metavar="P", help="pipeline stages (ranks) p")
+    p.add_argument("--microbatches", type=int_in("microbatches"), metavar="M", help="micro-batches per step m")
+    p.add_argument("--interleave", type=int_in("interleave"), default=1, metavar="V",
                    help="model chunks per stage v (interleaved only; default 1)")
     p.add_argument("--f", type=_positive_float, default=1.0, help="forward time per chunk (default 1)")
     p.add_argument("--b", type=_positive_float, default=1.0,
                    help="input-gradient backward time per chunk (default 1)")
-    p.add_argument("--w", type=float, default=1.0,
+    p.add_argument("--w", type=float_in(0.0), default=1.0,
                    help="weight-gradient backward time per chunk (default 1; >= 0)")
-    p.add_argument("--p2p", type=float, default=0.0, help="time of one point-to-point message (default 0)")
-    p.add_argument("--width", type=int, default=120, help="timeline width in characters (default 120)")
+    p.add_argument("--p2p", type=float_in(0.0), default=0.0, help="time of one point-to-point message (default 0)")
+    p.add_argument("--width", type=int_in("width"), default=120,
+                   help="timeline width in characters (default 120)")
+
+
+#: Largest p * m * v the simulator is asked for: it takes about a second there on a loaded 2-core machine
+#: and grows faster than linearly. Beyond it ``bubble`` answers with the closed form only.
+BUBBLE_SIM_LIMIT = 2048
 
 
 def _bubble(args: argparse.Namespace) -> Output:
@@ -462,6 +589,8 @@ def _bubble(args: argparse.Namespace) -> Output:
     else:
         if args.stages is None or args.microbatches is None:
             raise ParallelLabError(f"--schedule {args.schedule} needs --stages P and --microbatches M")
+        if args.stages * args.microbatches * args.interleave > BUBBLE_SIM_LIMIT:
+            return _bubble_closed_form(args, costs)
         sched = validate(build_schedule(args.schedule, args.stages, args.microbatches, args.interleave))
         name = args.schedule
         formula = bubble_formula(args.schedule, args.stages, args.microbatches, args.interleave, costs)
@@ -476,6 +605,33 @@ def _bubble(args: argparse.Namespace) -> Output:
         idle,
         "peak in-flight (micro-batch, chunk) pairs per rank: " + " ".join(map(str, res.peak_inflight)),
         text_timeline(res, args.width),
+    ])
+    return Output(data, text)
+
+
+def _bubble_closed_form(args: argparse.Namespace, costs: Any) -> Output:
+    """``bubble`` above :data:`BUBBLE_SIM_LIMIT`: the schedule's closed form, where one applies."""
+    from .simulate import bubble_formula
+
+    p, m, v = args.stages, args.microbatches, args.interleave
+    size = f"p*m*v = {p:,}*{m:,}*{v:,} = {p * m * v:,}"
+    exact = args.schedule in ("gpipe", "1f1b", "interleaved") or (
+        args.schedule == "zb-h1" and costs.w <= min(costs.f, costs.b))
+    if costs.p2p != 0 or not exact:
+        why = "--p2p > 0" if costs.p2p != 0 else f"{args.schedule} with these costs"
+        raise ParallelLabError(f"{size} is over the simulator's limit of {BUBBLE_SIM_LIMIT:,} and {why} has no "
+                               f"closed form; pick --stages x --microbatches x --interleave <= {BUBBLE_SIM_LIMIT:,}")
+    if args.schedule == "interleaved" and m % p:
+        raise ParallelLabError(f"interleaved 1F1B runs micro-batches in groups of p={p}; m={m} is not a "
+                               f"multiple of it; pick m in {{{p}, {2 * p}, {3 * p}, ...}}")
+    formula = bubble_formula(args.schedule, p, m, v, costs)
+    data = {"schedule": args.schedule, "p": p, "m": m, "v": v,
+            "costs": {"f": costs.f, "b": costs.b, "w": costs.w, "p2p": costs.p2p},
+            "bubble_ratio": formula, "bubble_ratio_formula": formula, "simulated": False}
+    text = "\n".join([
+        f"{args.schedule}: p={p} stages, m={m} micro-batches" + (f", v={v} chunks" if v > 1 else ""),
+        f"bubble_ratio  {formula:.4f} ({formula:.1%}) from the closed form; {size} is over the "
+        f"simulator's limit of {BUBBLE_SIM_LIMIT:,}, so no timeline is drawn",
     ])
     return Output(data, text)
 
@@ -499,23 +655,24 @@ def _add_plan(sub: Any) -> None:
     g = p.add_argument_group("search")
     g.add_argument("--cluster", metavar="PRESET", help=f"machine: {', '.join(CLUSTER_PRESETS)} "
                    f"(default {DEFAULT_CLUSTER})")
-    g.add_argument("--gpus", type=int, required=True, help="number of GPUs")
-    g.add_argument("--seq", type=int, required=True, help="sequence length in tokens")
-    g.add_argument("--global-batch-tokens", metavar="TOKENS",
+    g.add_argument("--gpus", type=int_in("gpus"), required=True, help="number of GPUs")
+    g.add_argument("--seq", type=int_in("seq"), required=True, help="sequence length in tokens")
+    g.add_argument("--global-batch-tokens", metavar="TOKENS", type=_tokens,
                    help="global batch in tokens; K/M/G are 2^10/2^20/2^30 (16M = 16,777,216)")
-    g.add_argument("--global-batch", type=int, metavar="N", help="global batch in sequences")
-    g.add_argument("--top", type=int, default=10, help="plans to print (default 10; --json too)")
+    g.add_argument("--global-batch", type=int_in("global_batch"), metavar="N", help="global batch in sequences")
+    g.add_argument("--top", type=int_in("top"), default=10, help="plans to print (default 10; --json too)")
     g.add_argument("--fix", metavar="F=V,...", help="pin Plan fields, e.g. --fix tp=8,pp=16,schedule=1f1b")
     g.add_argument("--schedules", metavar="S,...",
                    help="pipeline schedules to try (default 1f1b,interleaved,zb-h1; gpipe only when asked)")
     g.add_argument("--zero-stages", metavar="Z,...", help="ZeRO stages to try (default 0,1,2,3)")
     g.add_argument("--recompute", metavar="R,...",
                    help="recompute modes to try (default none,selective,full)")
-    g.add_argument("--max-tp", type=int, help="largest TP degree (default: GPUs per node)")
+    g.add_argument("--max-tp", type=int_in("max_tp"), help="largest TP degree (default: GPUs per node)")
     g.add_argument("--cp-kind", choices=CP_KINDS, default="ring", help="context parallelism (default ring)")
     g.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam-mixed", help="default adam-mixed")
     g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="default bf16")
-    g.add_argument("--margin", type=float, default=0.1, help="HBM safety margin, fraction (default 0.1)")
+    g.add_argument("--margin", type=float_in(0.0, 0.99), default=0.1,
+                   help="HBM safety margin, fraction in [0, 0.99] (default 0.1)")
     g.add_argument("--attention", choices=ATTENTION_KINDS, default="eager", help="attention kernel (default eager)")
     g.add_argument("--mlp", choices=MLP_KINDS, default="eager", help="MLP kernel (default eager)")
     g.add_argument("--pp-split", choices=PP_SPLITS, default="layers", help="pipeline split (default layers)")
@@ -538,7 +695,12 @@ def _plan(args: argparse.Namespace) -> Output:
 
     model = model_from_args(args)
     cluster = cluster_from_args(args)
-    kw: dict[str, Any] = {"fixed": parse_fix(args.fix), "max_tp": args.max_tp, "cp_kind": args.cp_kind,
+    fixed = parse_fix(args.fix)
+    for k, v in fixed.items():
+        lo, hi = LIMITS.get(k, (None, None))
+        if isinstance(v, int) and not isinstance(v, bool) and lo is not None and not lo <= v <= hi:
+            raise ParallelLabError(f"--fix {k}={v} is outside [{lo:,}, {hi:,}]; e.g. --fix {k}={max(lo, 1)}")
+    kw: dict[str, Any] = {"fixed": fixed, "max_tp": args.max_tp, "cp_kind": args.cp_kind,
                           "optimizer": args.optimizer, "dtype": args.dtype, "margin": args.margin,
                           "attention": args.attention, "mlp": args.mlp, "pp_split": args.pp_split}
     for name, text, cast in (("schedules", args.schedules, str), ("zero_stages", args.zero_stages, int),
@@ -598,12 +760,19 @@ def _add_run(sub: Any) -> None:
     add_plan_args(p)
     p.add_argument("--plan", dest="plan_file", metavar="FILE",
                    help="a plan file (YAML, see parallel-lab plan); flags given as well override its fields")
-    p.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
+    p.add_argument("--steps", type=int_in("steps"), default=3, help="optimizer steps (default 3)")
+    p.add_argument("--seed", type=int_in("seed"), default=0, help="seed of the weights and the synthetic data")
     p.add_argument("--packed", action="store_true",
                    help="pack several documents per sequence (document masks)")
-    p.add_argument("--timeout", type=_positive_float, default=300.0,
-                   help="seconds before a hung run is killed (default 300)")
+    p.add_argument("--timeout", type=_positive_float, default=RUN_TIMEOUT_S, metavar="SECONDS",
+                   help="progress timeout: when no rank completes a step for this long the run is stopped and "
+                        f"the stuck rank named (default {RUN_TIMEOUT_S:g})")
+    p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
+                   help="optional wall-clock limit of the whole run (default: none)")
+    for action in p._actions:         # --help shows the defaults a run really uses, not Plan's
+        if action.dest in RUN_DEFAULTS and action.help:
+            base = re.sub(r"\s*\(default [^)]*\)", "", action.help)
+            action.help = f"{base} (default for run: {RUN_DEFAULTS[action.dest]})"
 
 
 def _plan_from_file(path: str) -> tuple[ModelSpec | None, Plan]:
@@ -625,14 +794,14 @@ def _plan_from_file(path: str) -> tuple[ModelSpec | None, Plan]:
 
 
 def _run(args: argparse.Namespace) -> Output:
-    from .distributed.run import RUN_DEFAULTS, run
+    from .distributed.launch import LaunchTimeout, RankError
+    from .distributed.run import run
+    from .distributed.train import check_runnable
 
-    if args.steps < 1:
-        raise ParallelLabError(f"--steps {args.steps} must be >= 1")
     no_model = args.model is None and args.params is None and all(
         getattr(args, f, None) is None for f in SHAPE_FLAGS)
     file_model, plan = (None, None)
-    if args.plan_file:
+    if args.plan_file is not None:
         file_model, plan = _plan_from_file(args.plan_file)
     if no_model:
         args.model = None if file_model is not None else "tiny-llama"
@@ -645,9 +814,88 @@ def _run(args: argparse.Namespace) -> Output:
     else:
         given = {f: getattr(args, f) for f in PLAN_FIELDS if getattr(args, f, None) is not None}
         plan = plan.with_(**given).validate(model)
-    rep = run(model, plan, steps=args.steps, seed=args.seed, packed=args.packed, timeout_s=args.timeout,
-              progress=True)
-    return Output(rep.to_json(), rep.summary())
+    check_runnable(model, plan)
+    check_fits_this_machine(model, plan)
+    try:
+        rep = run(model, plan, steps=args.steps, seed=args.seed, packed=args.packed, timeout_s=args.timeout,
+                  time_limit_s=args.time_limit, progress=True)
+    except RankError as e:
+        raise _rank_failed(e, args.steps) from None
+    except LaunchTimeout as e:
+        raise RunFailed(f"\n{PROG} run: stopped: {e}\n  if steps of this plan really take longer, raise "
+                        f"--timeout (now {args.timeout:g} s)", EXIT_RUN_TIMEOUT) from None
+    data = {**rep.to_json(), "predicted_activation_model": "per-op"}
+    note = ("predicted activations: the per-op model of the tensors saved for backward "
+            "(parallel_lab/activations.py; `parallel-lab memory --activation-model per-op`), not the "
+            "Korthikanti formulas that `memory` uses by default")
+    return Output(data, rep.summary() + "\n" + note)
+
+
+def _rank_failed(e: Any, steps: int) -> Exception:
+    """The short report of a rank that raised or died (or a one-line error when the rank found bad input)."""
+    if e.exc_type == "ParallelLabError":
+        return ParallelLabError(f"rank {e.rank}: {e.last_line.split(':', 1)[-1].strip()}")
+    done = "before its first step" if not e.step else f"after step {e.step} of {steps}"
+    if e.signal is not None:
+        how = f"was killed by signal {e.signal}" + (" (SIGKILL: kill -9 or the out-of-memory killer)"
+                                                    if e.signal == 9 else "")
+    elif e.exc_type is None:
+        how = e.last_line.replace("process ", "", 1)
+    else:
+        how = f"raised {bounded(e.last_line, 300)}"
+    log = (f"its traceback: {e.log}" if e.log else
+           "it left no traceback (its own output, if any, is above)")
+    return RunFailed(f"\n{PROG} run: failed: rank {e.rank} {how} {done}; the other ranks were stopped\n"
+                     f"  {log}", EXIT_RUN_FAILED)
+
+
+def available_memory_bytes() -> int:
+    """Memory this process may still use: MemAvailable, or the cgroup's limit minus its use if smaller."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            room = int(limit) - used
+            avail = room if avail is None else min(avail, room)
+    except (OSError, ValueError):
+        pass
+    return avail if avail is not None else 2**62
+
+
+def check_fits_this_machine(model: ModelSpec, plan: Plan) -> None:
+    """Refuse, before any process starts, a run whose ranks cannot all live on this machine.
+
+    World: at most :data:`MAX_RANKS_PER_CORE` ranks per available core. Memory: the ledger's bytes of
+    the fullest rank (cluster ``cpu-gloo``) for each of ``world`` ranks plus the one-process reference,
+    plus :data:`RANK_OVERHEAD_BYTES` per rank, against :func:`available_memory_bytes`.
+    """
+    from .ledger import memory
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    most = MAX_RANKS_PER_CORE * cores
+    if plan.world > most:
+        raise ParallelLabError(f"the plan has {plan.world:,} ranks (dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*"
+                               f"{plan.cp}) but this machine runs at most {most} ({MAX_RANKS_PER_CORE} per core x "
+                               f"{cores} cores); pick smaller degrees, e.g. --dp 2 --tp 2")
+    per_rank = memory(model, plan, ClusterSpec.preset("cpu-gloo")).total_bytes
+    need = (plan.world + 1) * per_rank + plan.world * RANK_OVERHEAD_BYTES
+    have = available_memory_bytes()
+    if need > have:
+        raise ParallelLabError(f"{plan.world} ranks + the one-process reference need about {fmt_bytes(need)} "
+                               f"({plan.world + 1} x {fmt_bytes(per_rank)} by the ledger + {plan.world} x "
+                               f"{RANK_OVERHEAD_BYTES / 1e6:.0f} MB per process) but this machine has "
+                               f"{fmt_bytes(have)} available; pick a smaller model (e.g. --model tiny-llama) or "
+                               f"shard more (--zero 3, --tp, --pp)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -749,8 +997,24 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, 
                                             _add_run, _add_launch, _add_calibrate, add_grade]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the lab's one-line errors: ``parallel-lab CMD: error: ...`` and exit 2 (no usage dump)."""
+
+    def error(self, message: str) -> Any:   # type: ignore[override]
+        hint = f"; see {self.prog} --help"
+        print(f"{self.prog}: error: {bounded(message, MAX_MESSAGE - len(self.prog) - len(hint))}{hint}",
+              file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def bounded(message: str, n: int = MAX_MESSAGE) -> str:
+    """One line of at most ``n`` characters; a word over 60 characters (a pasted value) is cut to 40."""
+    one = " ".join(w if len(w) <= 60 else w[:40] + "..." for w in str(message).split())
+    return one if len(one) <= n else one[:n - 3] + "..."
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         description="parallel_lab: memory, communication and FLOPs of multi-GPU LLM training plans.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -769,19 +1033,32 @@ def _jsonable(x: Any) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 2 invalid input)."""
+    """Run the CLI; returns the exit status (0 ok, 2 invalid input, 3/4 a failed or stuck run, 130 Ctrl-C)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    where = f"{PROG} {args.command}"
     try:
         out = args.handler(args)
+        text = json.dumps(_jsonable(out.data), indent=2, allow_nan=False) if args.json else out.text
     except ParallelLabError as e:
-        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        print(f"{where}: error: {bounded(str(e))}", file=sys.stderr)
+        return EXIT_USAGE
+    except RunFailed as e:
+        print(e.report, file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print(f"\n{where}: interrupted (Ctrl-C); every process it started was stopped", file=sys.stderr)
+        return 130
+    except (MemoryError, RecursionError) as e:
+        print(f"{where}: error: the input is too large to compute ({type(e).__name__}); use smaller "
+              f"values", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:                               # a bug: still one line, and a distinct status
+        print(f"{where}: internal error: {bounded(f'{type(e).__name__}: {e}', 300)}; please report it "
+              f"with the command line", file=sys.stderr)
+        return EXIT_INTERNAL
     try:
-        if args.json:
-            print(json.dumps(_jsonable(out.data), indent=2))
-        else:
-            print(out.text)
+        print(text)
         sys.stdout.flush()
     except BrokenPipeError:                                 # e.g. `parallel-lab comm ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -21,16 +21,26 @@ against it and a change of circumstances noticed::
       - {field: seq, value: 8192, reason: ...}
 
 :func:`save_plan` writes one (computing ``expected`` from the ledger, the comm module and the planner's
-time model when not given); :func:`load_plan` reads it back into a :class:`PlanFile` and validates it:
-the schema version must be known, every field known, the plan valid for the model on ``gpus`` GPUs of
-the cluster. Every problem raises :class:`ParallelLabError` naming the file and the fix. The
-``parallel-lab run --plan FILE`` launcher of the runnable core takes such a file.
+time model when not given) atomically: a temporary file in the same folder, renamed over the target, so
+an interrupted save never leaves a truncated plan. :func:`load_plan` reads it back into a
+:class:`PlanFile` and validates it against the schema (:data:`SCHEMA`): the version must be known (an
+integer), every field is required unless the schema gives its default (``replan_when: []``,
+``expected.step_time_s`` and ``expected.mfu``: null), every value has its type and range, the plan is
+valid for the model on ``gpus`` GPUs of the cluster and ``replan_when`` agrees with the file. The file is
+parsed safely and bounded before anything is built: at most :data:`MAX_FILE_BYTES`, UTF-8, nesting at
+most :data:`MAX_DEPTH` deep, no anchors or aliases (``&a`` / ``*a``: a few lines of them expand to
+gigabytes), no key twice, integers within +-2^53; its last line is :data:`END_LINE` (a truncated file
+can still be valid YAML). Every problem raises :class:`ParallelLabError` naming the file, the
+field and the fix. ``parallel-lab run --plan FILE`` takes such a file.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+import tempfile
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +61,21 @@ from .specs import (
 SCHEMA_VERSION = 1
 KNOWN_VERSIONS = (1,)
 TOP_FIELDS = ("schema_version", "phase", "model", "cluster", "gpus", "plan", "expected", "replan_when")
-_PHASE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PHASE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+MAX_FILE_BYTES = 256 * 1024      #: a plan file is a few kB; a larger one is refused unread
+MAX_DEPTH = 8                    #: mappings/lists nested deeper than this are refused while parsing
+MAX_INT = 2**53                  #: integers beyond +-2^53 are refused (no count in a plan is that large)
+#: Fields with a default; every other field of the schema is required.
+OPTIONAL = {"replan_when": [], "expected.step_time_s": None, "expected.mfu": None}
+#: The Plan fields of schema 1: all required (a field added to Plan later takes Plan's default).
+PLAN_FIELDS_V1 = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "seq", "recompute",
+                  "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb",
+                  "zero_unit")
+#: The last line of every plan file: a file cut short (an interrupted copy) loses it, though what remains
+#: may still be valid YAML (a shorter replan_when list, a shorter reason).
+END_LINE = "# end of plan file"
+#: ``replan_when`` fields and the type of their value.
+REPLAN_FIELDS = {"seq": int, "gpus": int, "global_batch": int, "model": str, "cluster": str}
 
 
 @dataclass(frozen=True)
@@ -211,9 +235,38 @@ def save_plan(path: str | Path, model: ModelSpec | PlanFile, cluster: ClusterSpe
         pf = make_plan_file(model, cluster, plan, phase=phase, gpus=gpus, expected=expected,
                             replan_when=replan_when)
     text = (f"# parallel_lab plan file, schema {pf.schema_version}: load with "
-            f"parallel_lab.planfile.load_plan\n" + yaml.safe_dump(pf.to_dict(), sort_keys=False))
-    Path(path).write_text(text)
+            f"parallel_lab.planfile.load_plan\n" + yaml.safe_dump(pf.to_dict(), sort_keys=False) + END_LINE + "\n")
+    write_atomic(path, text)
     return pf
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename (all or nothing);
+    an unwritable target raises ParallelLabError naming the path and the reason."""
+    p = Path(path)
+    where = f"cannot write the plan file {str(p)[:200]}"
+    if p.is_dir():
+        raise ParallelLabError(f"{where}: it is a directory; give a file name, e.g. {str(p / 'plan.yaml')[:200]}")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise ParallelLabError(f"{where}: the folder {str(folder)[:200]} does not exist; create it first")
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:100]}.", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        tmp = None
+    except OSError as e:
+        raise ParallelLabError(f"{where}: {e.strerror or e}; pick a writable path with free space") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _check_phase(where: str, phase: Any) -> None:
@@ -222,66 +275,226 @@ def _check_phase(where: str, phase: Any) -> None:
                                "or '-', e.g. pretrain-8k")
 
 
+def _show(value: Any) -> str:
+    """A value as a message shows it: its repr, at most 40 characters."""
+    r = repr(value)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _type_error(name: str, value: Any, want: str) -> ParallelLabError:
+    return ParallelLabError(f"{name}={_show(value)} must be {want}")
+
+
+def _int(name: str, value: Any, lo: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= MAX_INT:
+        raise _type_error(name, value, f"an integer in [{lo}, 2^53]")
+    return value
+
+
+def _number(name: str, value: Any, lo: float = 0.0, hi: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not lo <= value <= hi:
+        raise _type_error(name, value, f"a finite number in [{lo:g}, {hi:g}]")
+    return value
+
+
+def _mapping(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ParallelLabError(f"{name} must be a mapping of names to values, got {_show(value)}")
+    return value
+
+
+def _require(name: str, data: dict[str, Any], required: tuple[str, ...] | list[str]) -> None:
+    missing = [f for f in required if f not in data]
+    if missing:
+        raise ParallelLabError(f"{name}: missing field(s) {missing}; the schema requires them (see "
+                               f"parallel_lab/planfile.py, or write the file with parallel-lab plan --save)")
+
+
+def _plan_from_data(data: Any) -> Plan:
+    """The ``plan`` mapping: every schema-1 field present, each of its Plan type."""
+    d = _mapping("plan", data)
+    defaults = {f.name: f.default for f in fields(Plan)}
+    if set(d) - set(defaults):
+        Plan.from_dict(d)                        # raises its own "unknown plan field(s)" message
+    _require("plan", d, PLAN_FIELDS_V1)
+    for k, v in d.items():
+        want = defaults[k]
+        if want is MISSING:
+            continue
+        if isinstance(want, bool):
+            if not isinstance(v, bool):
+                raise _type_error(f"plan.{k}", v, "true or false")
+        elif isinstance(want, int):
+            _int(f"plan.{k}", v, lo=0 if k == "zero" else 1)
+        elif isinstance(want, float):
+            _number(f"plan.{k}", v, lo=0.0)
+        elif isinstance(want, str) and not isinstance(v, str):
+            raise _type_error(f"plan.{k}", v, "a name (a string)")
+    return Plan.from_dict(d)
+
+
+def _expected_from_data(data: Any, plan: Plan) -> Expectations:
+    exp = _mapping("expected", data)
+    _known("expected", exp, [f.name for f in fields(Expectations)])
+    _require("expected", exp, [f.name for f in fields(Expectations) if f"expected.{f.name}" not in OPTIONAL])
+    for key in ("memory_bytes_per_gpu", "bytes_per_step"):
+        for k, v in _mapping(f"expected.{key}", exp[key]).items():
+            _number(f"expected.{key}.{k}", v)
+    _int("expected.memory_stage", exp["memory_stage"], lo=0)
+    if exp["memory_stage"] >= plan.pp:
+        raise ParallelLabError(f"expected.memory_stage={exp['memory_stage']} must be a pipeline stage, "
+                               f"0..{plan.pp - 1}")
+    if not isinstance(exp["fits"], bool):
+        raise _type_error("expected.fits", exp["fits"], "true or false")
+    _number("expected.bubble_ratio", exp["bubble_ratio"])
+    if exp.get("step_time_s") is not None:
+        _number("expected.step_time_s", exp["step_time_s"], lo=0.0)
+    if exp.get("mfu") is not None:
+        _number("expected.mfu", exp["mfu"], hi=1.0)
+    return Expectations(**{**{k[len("expected."):]: v for k, v in OPTIONAL.items() if k.startswith("expected.")},
+                           **exp})
+
+
+def _replan_from_data(data: Any, current: dict[str, Any]) -> list[ReplanCondition]:
+    if not isinstance(data, list):
+        raise ParallelLabError("replan_when must be a list of {field, value, reason} mappings")
+    out = []
+    for i, c in enumerate(data):
+        name = f"replan_when[{i}]"
+        c = _mapping(name, c)
+        _known(name, c, ("field", "value", "reason"))
+        _require(name, c, ("field", "value", "reason"))
+        f, v = c["field"], c["value"]
+        if f not in REPLAN_FIELDS:
+            raise ParallelLabError(f"{name}.field={_show(f)} is not known; pick one of {', '.join(REPLAN_FIELDS)}")
+        if REPLAN_FIELDS[f] is int:
+            _int(f"{name}.value", v)
+        elif not isinstance(v, str):
+            raise _type_error(f"{name}.value", v, "a name (a string)")
+        if not isinstance(c["reason"], str):
+            raise _type_error(f"{name}.reason", c["reason"], "a sentence (a string)")
+        if current.get(f, v) != v:
+            raise ParallelLabError(f"{name} says {f}={_show(v)} but the file's plan has {f}={_show(current[f])}; "
+                                   f"the file contradicts itself (edited by hand?); write it again with "
+                                   f"parallel-lab plan --save")
+        out.append(ReplanCondition(f, v, c["reason"]))
+    return out
+
+
 def plan_file_from_data(data: Any, where: str = "plan file") -> PlanFile:
-    """Validate the parsed YAML of a plan file and build the :class:`PlanFile`."""
+    """Validate the parsed YAML of a plan file against the schema and build the :class:`PlanFile`."""
     if not isinstance(data, dict):
         raise ParallelLabError(f"{where}: the document must be a mapping with fields {', '.join(TOP_FIELDS)}")
     if "schema_version" not in data:
         raise ParallelLabError(f"{where}: no schema_version; this parallel_lab reads "
                                f"schema_version {', '.join(map(str, KNOWN_VERSIONS))}")
     version = data["schema_version"]
-    if version not in KNOWN_VERSIONS or isinstance(version, bool):
-        raise ParallelLabError(f"{where}: schema_version {version!r} is not known; this parallel_lab reads "
-                               f"{', '.join(map(str, KNOWN_VERSIONS))} (written by a newer version? upgrade)")
-    _known(where, data, TOP_FIELDS)
-    missing = [f for f in TOP_FIELDS if f not in data and f != "replan_when"]
-    if missing:
-        raise ParallelLabError(f"{where}: missing field(s) {missing}")
-    _check_phase(where, data["phase"])
+    if isinstance(version, bool) or not isinstance(version, int) or version not in KNOWN_VERSIONS:
+        raise ParallelLabError(f"{where}: schema_version {_show(version)} is not known; this parallel_lab reads "
+                               f"{', '.join(map(str, KNOWN_VERSIONS))} (an integer; written by a newer version? "
+                               f"upgrade)")
     try:
+        _mapping("the document", data)
+        _known(where, data, TOP_FIELDS)
+        _require(where, data, [f for f in TOP_FIELDS if f not in OPTIONAL])
+        _check_phase(where, data["phase"])
         model = _model_from_data(where, data["model"])
         cluster = _cluster_from_data(where, data["cluster"])
-        gpus = data["gpus"]
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-            raise ParallelLabError(f"gpus={gpus!r} must be a positive integer")
-        if not isinstance(data["plan"], dict):
-            raise ParallelLabError("plan must be a mapping of Plan fields")
-        plan = Plan.from_dict(data["plan"]).validate(model, gpus=gpus, cluster=cluster)
-        exp = data["expected"]
-        if not isinstance(exp, dict):
-            raise ParallelLabError("expected must be a mapping")
-        _known("expected", exp, [f.name for f in fields(Expectations)])
-        expected = Expectations(**exp)
-        conds = data.get("replan_when") or []
-        if not isinstance(conds, list) or not all(isinstance(c, dict) for c in conds):
-            raise ParallelLabError("replan_when must be a list of {field, value, reason} mappings")
-        replan = []
-        for c in conds:
-            _known("replan_when entry", c, ("field", "value", "reason"))
-            replan.append(ReplanCondition(**c))
+        gpus = _int("gpus", data["gpus"])
+        plan = _plan_from_data(data["plan"]).validate(model, gpus=gpus, cluster=cluster)
+        expected = _expected_from_data(data["expected"], plan)
+        current = {"seq": plan.seq, "gpus": gpus, "global_batch": plan.global_batch, "model": model.name,
+                   "cluster": cluster.name}
+        replan = _replan_from_data(data.get("replan_when", OPTIONAL["replan_when"]), current)
     except ParallelLabError as e:
         msg = str(e)
         raise ParallelLabError(msg if msg.startswith(where) else f"{where}: {msg}") from None
-    except TypeError as e:   # a missing field of a nested mapping
-        raise ParallelLabError(f"{where}: {e}") from None
+    except (TypeError, ValueError, OverflowError) as e:   # a missing or odd field of a nested mapping
+        raise ParallelLabError(f"{where}: {str(e)[:300]}") from None
     return PlanFile(data["phase"], model, cluster, gpus, plan, expected, replan, version)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses anchors and aliases and nesting deeper than MAX_DEPTH, while
+    composing (before anything is expanded or built)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _Refused(f"anchors and aliases (&name, *name) are not allowed in a plan file, at line "
+                           f"{event.start_mark.line + 1}; write the values out")
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(f"nesting deeper than {MAX_DEPTH} levels at line {event.start_mark.line + 1}; a plan "
+                           f"file is a flat mapping of a few mappings")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and key in seen:
+                raise _Refused(f"the field {_show(key)} appears twice (line {key_node.start_mark.line + 1}); "
+                               f"keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _Refused(Exception):
+    pass
+
+
+def parse_plan_text(raw: bytes, where: str = "plan file") -> Any:
+    """The YAML document in ``raw``, bounded and safe (see the module docstring)."""
+    if len(raw) > MAX_FILE_BYTES:
+        raise ParallelLabError(f"{where} is {len(raw):,} bytes; a plan file is at most {MAX_FILE_BYTES:,} "
+                               f"(is it the right file?)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ParallelLabError(f"{where} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+                               f"save it as UTF-8") from None
+    if "\x00" in text:
+        raise ParallelLabError(f"{where} contains a NUL byte; it is not a text file")
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)   # noqa: S506  (a SafeLoader subclass)
+    except _Refused as e:
+        raise ParallelLabError(f"{where}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())[:200]
+        raise ParallelLabError(f"{where} is not valid YAML{at}: {problem}") from None
+    except (ValueError, OverflowError, RecursionError) as e:    # e.g. an integer of 5,000 digits
+        raise ParallelLabError(f"{where}: a value cannot be read ({' '.join(str(e).split())[:120]})") from None
 
 
 def load_plan(path: str | Path) -> PlanFile:
     """Read and validate a plan file (see the module docstring)."""
     p = Path(path)
-    where = f"plan file {p}"
+    where = f"plan file {str(p)[:200]}"
+    if not str(path).strip():
+        raise ParallelLabError("plan file '': no path given; e.g. --plan examples/plans/tiny-dp2-zero3.yaml")
     try:
-        text = p.read_text()
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise ParallelLabError(f"{where} is {p.stat().st_size:,} bytes; a plan file is at most "
+                                   f"{MAX_FILE_BYTES:,} (is it the right file?)")
+        with p.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise ParallelLabError(f"{where}: cannot be read ({e.strerror or e}); check the path") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ParallelLabError(f"{where} is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
-    return plan_file_from_data(data, where)
+    pf = plan_file_from_data(parse_plan_text(raw, where), where)
+    if raw.rstrip().rsplit(b"\n", 1)[-1].strip() != END_LINE.encode():
+        raise ParallelLabError(f"{where} does not end with the line '{END_LINE}': it was cut short (an "
+                               f"interrupted copy?); write it again with parallel-lab plan --save (a file "
+                               f"written by hand: add that line)")
+    return pf
 
 
 # --------------------------------------------------------------------------------------------------
@@ -291,7 +504,7 @@ def load_plan(path: str | Path) -> PlanFile:
 def tiny_examples() -> dict[str, PlanFile]:
     """Plan files for the tiny model on CPU ranks (what ``parallel-lab run --plan`` takes)."""
     model, cluster = ModelSpec.preset("tiny-llama"), ClusterSpec.preset("cpu-gloo")
-    run = {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}
+    from .cli import RUN_DEFAULTS as run
     plans = {
         "tiny-dp2-zero3": Plan(dp=2, zero=3, **run),
         "tiny-tp2-sp": Plan(tp=2, sp=True, **run),

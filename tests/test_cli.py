@@ -157,3 +157,159 @@ def test_a_subcommand_is_one_small_edit(capsys, monkeypatch):
     assert code == 0 and json.loads(out) == {"layers": 4, "dp": 2}
     code, out, _ = run_main(capsys, "hello", "--model", "tiny-llama")
     assert code == 0 and out.strip() == "hello"
+
+
+# ---- issue 18: every bad input one line and exit 2, bounded work, valid JSON ----------------------------
+
+SEED_7B = ["--model", "llama2-7b", "--gpus", "64", "--seq", "4096", "--global-batch-tokens", "4M"]
+BUBBLE = ["bubble", "--schedule", "1f1b", "--stages", "4", "--microbatches", "8"]
+
+
+def one_line_error(capsys, *argv: str) -> str:
+    code, out, err = run_main(capsys, *argv)
+    assert code == 2 and out == "", (code, out, err)
+    assert err.startswith(f"parallel-lab {argv[0]}: error:") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and len(err) <= cli.MAX_MESSAGE + 100
+    return err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["memory", "--model", "llama3-8b", "--gpus", "8", "--tp", "0"], ["--tp", "'0'", "[1,"]),
+    (["memory", "--model", "llama3-8b", "--pp", "0"], ["--pp", "'0'"]),
+    (["memory", "--model", "llama3-8b", "--cp", "0"], ["--cp", "'0'"]),
+    (["plan", *SEED_7B, "--fix", "tp=0"], ["--fix tp=0", "outside"]),
+    (["plan", *SEED_7B, "--fix", "micro_batch=0"], ["micro_batch=0"]),
+    (["plan", "--model", "llama2-7b", "--gpus", "64", "--seq", "0", "--global-batch-tokens", "4M"], ["--seq"]),
+    ([*BUBBLE, "--w", "nan"], ["--w", "'nan'", "finite"]),
+    ([*BUBBLE, "--p2p", "inf"], ["--p2p", "finite"]),
+    ([*BUBBLE, "--p2p", "nan", "--json"], ["--p2p"]),
+    ([*BUBBLE, "--f", "1e308"], ["--f"]),
+    ([*BUBBLE, "--width", "0"], ["--width"]),
+    (["plan", "--model", "llama2-7b", "--gpus", "64", "--seq", "4096", "--global-batch-tokens", "nanM"],
+     ["nanM", "token count"]),
+    (["plan", "--model", "llama2-7b", "--gpus", "64", "--seq", "4096", "--global-batch-tokens", "infG"], ["infG"]),
+    (["memory", "--layers", "999999999999", "--hidden", "128", "--heads", "4"], ["--layers", "outside"]),
+    (["memory", "--layers", "1e6", "--hidden", "128", "--heads", "4"], ["--layers"]),
+    (["comm", "--model", "llama3-8b", "--dp", "1e7"], ["--dp"]),
+    (["plan", "--model", "llama2-7b", "--gpus", "999999999999", "--seq", "4096", "--global-batch", "8"],
+     ["--gpus"]),
+    (["memory", "--hidden", "100000001", "--layers", "2", "--heads", "3"], ["--hidden"]),
+    (["flops", "--model", "llama3-8b", "--step-time", "1e-9"], ["--step-time 1e-09", "peak", "MFU > 100%"]),
+    (["flops", "--model", "llama3-8b", "--step-time", "1e-320", "--json"], ["--step-time", "peak"]),
+    (["memory", "--model", "x" * 5000], ["pick one of"]),
+])
+def test_bad_values_are_one_line_errors(capsys, argv, words):
+    err = one_line_error(capsys, *argv)
+    for w in words:
+        assert w in err
+
+
+def test_divisor_suggestions_are_short_and_fast(capsys):
+    """ffn = 2^24 - 1 has 96 divisors: the message shows its ends and the count, at once (was a hang)."""
+    err = one_line_error(capsys, "memory", "--layers", "2", "--hidden", "128", "--heads", "8", "--ffn",
+                         "16777215", "--tp", "8")
+    assert "tp=8 does not divide ffn=16777215" in err and "(96 values)" in err and ", ..., " in err
+
+
+def test_bubble_beyond_the_simulator_uses_the_closed_form(capsys):
+    import time
+
+    t0 = time.perf_counter()
+    code, out, _ = run_main(capsys, "bubble", "--schedule", "1f1b", "--stages", "4096", "--microbatches", "8192",
+                            "--json")
+    assert code == 0 and time.perf_counter() - t0 < 1.0
+    j = json.loads(out)
+    assert j["bubble_ratio"] == 4095 / 8192 and j["simulated"] is False
+    err = one_line_error(capsys, "bubble", "--schedule", "1f1b", "--stages", "4096", "--microbatches", "8192",
+                         "--p2p", "0.1")
+    assert "no closed form" in err
+
+
+def test_unwritable_save_targets_are_one_line_errors(capsys, tmp_path):
+    base = ["plan", "--model", "tiny-llama", "--cluster", "cpu-gloo", "--gpus", "2", "--seq", "128",
+            "--global-batch", "8"]
+    assert "it is a directory" in one_line_error(capsys, *base, "--save", str(tmp_path))
+    assert "does not exist" in one_line_error(capsys, *base, "--save", str(tmp_path / "no" / "p.yaml"))
+    code, _, _ = run_main(capsys, *base, "--save", str(tmp_path / "p.yaml"))
+    assert code == 0 and (tmp_path / "p.yaml").read_text().startswith("# parallel_lab plan file")
+    assert [p.name for p in tmp_path.iterdir()] == ["p.yaml"]          # no temporary file left behind
+
+
+def test_json_output_never_has_nan_or_infinity(capsys, monkeypatch):
+    """A non-finite number reaching the JSON printer is a bug: one line and exit 70, never 'NaN' on stdout."""
+    from parallel_lab import ledger
+
+    real = ledger.memory
+
+    def poisoned(*a, **k):
+        led = real(*a, **k)
+        led.per_gpu_bytes["parameters"] = float("nan")
+        return led
+
+    monkeypatch.setattr(ledger, "memory", poisoned)
+    code, out, err = run_main(capsys, "memory", "--model", "tiny-llama", "--json")
+    assert code == cli.EXIT_INTERNAL and out == "" and "internal error" in err and len(err.splitlines()) == 1
+
+
+def test_interrupt_and_internal_errors_are_one_line(capsys, monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    def broken(args):
+        raise TypeError("a bug")
+
+    for handler, code_wanted, words in ((interrupted, 130, "interrupted"), (broken, cli.EXIT_INTERNAL, "a bug")):
+        monkeypatch.setattr(cli, "_comm", handler)
+        code, out, err = run_main(capsys, "comm", "--model", "tiny-llama")
+        assert code == code_wanted and out == "" and words in err and "Traceback" not in err
+
+
+def test_argparse_errors_are_one_line(capsys):
+    for argv in (["memory", "--bogus"], ["memory", "--tp"], ["nosuch"], ["bubble", "--schedule", "1f1b"]):
+        code, out, err = run_main(capsys, *argv)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert err.startswith("parallel-lab") and ": error:" in err
+
+
+# ---- run: refused before any process starts -------------------------------------------------------------
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fail the test if `run` would start a process."""
+    from parallel_lab.distributed import run as run_mod
+
+    def refuse(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(run_mod, "launch", refuse)
+
+
+def test_issue_11_tied_embeddings_with_pp_is_refused_before_start(capsys, no_launch):
+    err = one_line_error(capsys, "run", "--layers", "4", "--hidden", "128", "--heads", "4", "--vocab", "512",
+                         "--flavour", "llama", "--tied-embeddings", "--pp", "2", "--grad-accum", "2")
+    assert "tied embeddings" in err and "pp=1" in err
+
+
+def test_run_refuses_a_plan_that_does_not_fit_this_machine(capsys, no_launch, monkeypatch):
+    err = one_line_error(capsys, "run", "--model", "llama3-8b", "--dp", "2")
+    assert "available" in err and "3 x" in err and "GB" in err
+    err = one_line_error(capsys, "run", "--plan", "examples/plans/llama3-405b-pretrain-8k.yaml",
+                         "--optimizer", "adam-fp32", "--dtype", "fp32", "--zero", "0")
+    assert "16,384 ranks" in err and "per core" in err
+    monkeypatch.setattr(cli, "available_memory_bytes", lambda: 10**6)       # a machine with 1 MB free
+    err = one_line_error(capsys, "run", "--dp", "2")
+    assert "this machine has 1.00 MB (0.95 MiB) available" in err
+
+
+def test_run_plan_empty_path_is_refused(capsys, no_launch):
+    assert "no path given" in one_line_error(capsys, "run", "--plan", "")
+
+
+def test_run_help_shows_the_run_defaults(capsys):
+    code, out, _ = run_main(capsys, "run", "--help")
+    assert code == 0
+    flat = " ".join(out.split())
+    for words in ("(default for run: 128)", "(default for run: 4)", "(default for run: adam-fp32)",
+                  "(default for run: fp32)", "progress timeout", "--time-limit"):
+        assert words in flat, words
+    assert cli.RUN_DEFAULTS == {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}

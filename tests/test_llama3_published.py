@@ -20,7 +20,8 @@ from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
 
 L405 = ModelSpec.preset("llama3-405b")
 H100 = ClusterSpec.preset("h100-sxm")
-META = dict(tp=8, pp=16, zero=2, zero2_accumulate="sharded", sp=True, optimizer="adam-mixed-fp32-grad", schedule="interleaved", interleave=8,
+META = dict(tp=8, pp=16, zero=2, zero2_accumulate="sharded", sp=True, optimizer="adam-mixed-fp32-grad",
+            schedule="interleaved", interleave=8,
             pp_split="embed-head", attention="flash", mlp="fused", recompute="none", micro_batch=1)
 #: Table 4: (GPUs, CP, DP, sequence, sequences per DP rank)
 TABLE4 = [(8192, 1, 64, 8192, 32), (16384, 1, 128, 8192, 16), (16384, 16, 8, 131072, 16)]

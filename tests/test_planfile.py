@@ -73,7 +73,7 @@ def test_needs_replan():
 
 def _write(tmp_path, text: str) -> Path:
     p = tmp_path / "x.yaml"
-    p.write_text(text)
+    p.write_text(text + "\n# end of plan file\n")
     return p
 
 
@@ -167,3 +167,141 @@ def test_405b_examples_load_and_match_the_core(name, seq):
     assert again.bytes_per_step == pytest.approx(pf.expected.bytes_per_step, rel=1e-12)
     assert again.step_time_s == pytest.approx(pf.expected.step_time_s, rel=1e-9)
     assert pf.expected.fits
+
+
+# ---- issue 18: the schema, bounded parsing, atomic save ---------------------------------------------------
+
+def _write_bytes(tmp_path, raw: bytes, end: bool = True) -> Path:
+    p = tmp_path / "x.yaml"
+    p.write_bytes(raw + (b"\n# end of plan file\n" if end else b""))
+    return p
+
+
+def _refused(tmp_path, data_or_raw, *words: str) -> str:
+    raw = data_or_raw if isinstance(data_or_raw, bytes) else yaml.safe_dump(data_or_raw).encode()
+    with pytest.raises(ParallelLabError) as info:
+        load_plan(_write_bytes(tmp_path, raw))
+    msg = str(info.value)
+    assert "\n" not in msg and len(msg) < 700 and "x.yaml" in msg
+    for w in words:
+        assert w in msg, (w, msg)
+    return msg
+
+
+def test_a_plan_file_without_seq_is_refused_naming_it(tmp_path):
+    """Was: loaded with Plan's default seq 2048 while its own expected/replan_when said 128."""
+    d = _good_data()
+    del d["plan"]["seq"]
+    _refused(tmp_path, d, "plan: missing field(s) ['seq']")
+
+
+@pytest.mark.parametrize("path,value,words", [
+    (("schema_version",), 1.0, ["schema_version 1.0 is not known", "an integer"]),
+    (("schema_version",), True, ["schema_version True"]),
+    (("gpus",), "2", ["gpus='2'"]),
+    (("plan", "tp"), 1.0, ["plan.tp=1.0"]),
+    (("plan", "sp"), "no", ["plan.sp='no'", "true or false"]),
+    (("plan", "bucket_mb"), float("nan"), ["plan.bucket_mb=nan"]),
+    (("expected", "fits"), "yes", ["expected.fits='yes'"]),
+    (("expected", "bubble_ratio"), float("inf"), ["expected.bubble_ratio=inf"]),
+    (("expected", "memory_stage"), 5, ["memory_stage=5", "0..0"]),
+    (("expected", "mfu"), 3.0, ["expected.mfu=3.0"]),
+    (("expected", "memory_bytes_per_gpu"), [1, 2], ["expected.memory_bytes_per_gpu must be a mapping"]),
+    (("expected", "bytes_per_step", "dp"), -5, ["expected.bytes_per_step.dp=-5"]),
+    (("replan_when",), {"field": "seq"}, ["replan_when must be a list"]),
+])
+def test_types_and_ranges_are_checked(tmp_path, path, value, words):
+    d = _good_data()
+    node = d
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    _refused(tmp_path, d, *words)
+
+
+def test_replan_when_entries_are_checked_and_agree_with_the_plan(tmp_path):
+    d = _good_data()
+    d["replan_when"][0]["value"] = "128"
+    _refused(tmp_path, d, "replan_when[0].value='128'")
+    d = _good_data()
+    d["replan_when"][0]["field"] = "weather"
+    _refused(tmp_path, d, "replan_when[0].field='weather' is not known")
+    d = _good_data()
+    del d["replan_when"][1]["reason"]
+    _refused(tmp_path, d, "replan_when[1]: missing field(s) ['reason']")
+    d = _good_data()
+    d["replan_when"][0]["value"] = 2048
+    _refused(tmp_path, d, "says seq=2048 but the file's plan has seq=128")
+    d = _good_data()
+    del d["replan_when"]                                      # documented default: []
+    assert load_plan(_write_bytes(tmp_path, yaml.safe_dump(d).encode())).replan_when == []
+
+
+def test_every_required_field_is_required(tmp_path):
+    for top in ("phase", "model", "cluster", "gpus", "plan", "expected"):
+        d = _good_data()
+        del d[top]
+        _refused(tmp_path, d, f"missing field(s) ['{top}']")
+    for key in ("memory_bytes_per_gpu", "memory_stage", "fits", "bytes_per_step", "bubble_ratio"):
+        d = _good_data()
+        del d["expected"][key]
+        _refused(tmp_path, d, f"expected: missing field(s) ['{key}']")
+    d = _good_data()
+    del d["expected"]["mfu"], d["expected"]["step_time_s"]   # documented default: null
+    pf = load_plan(_write_bytes(tmp_path, yaml.safe_dump(d).encode()))
+    assert pf.expected.mfu is None and pf.expected.step_time_s is None
+
+
+def test_truncated_files_never_load(tmp_path):
+    good = (EXAMPLES / "tiny-pp2-1f1b.yaml").read_bytes()
+    cuts = sorted({len(good) * k // 29 for k in range(1, 29)} | {good.rindex(b"\n- field")})
+    loaded = []
+    for n in cuts:
+        try:
+            load_plan(_write_bytes(tmp_path, good[:n], end=False))
+            loaded.append(n)
+        except ParallelLabError:
+            pass
+    assert loaded == [], loaded
+    with pytest.raises(ParallelLabError, match="does not end with the line '# end of plan file': it was cut short"):
+        load_plan(_write_bytes(tmp_path, good[:good.rindex(b"\n- field")], end=False))
+
+
+def test_yaml_bombs_deep_nesting_and_huge_numbers_are_refused_fast(tmp_path):
+    import time
+
+    good = (EXAMPLES / "tiny-pp2-1f1b.yaml").read_bytes()
+    bomb = b"a: &a [x, x, x, x, x, x, x, x, x]\n" + b"".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [" .encode() + b", ".join([f"*{chr(97 + i)}".encode()] * 9) + b"]\n"
+        for i in range(9))
+    assert len(bomb) < 2000                                   # ~9^10 strings when expanded
+    t0 = time.process_time()                                 # CPU time: the machine is shared
+    _refused(tmp_path, bomb, "anchors and aliases", "line 1")
+    _refused(tmp_path, good.replace(b"phase: ", b"phase: &p ", 1), "anchors and aliases")
+    _refused(tmp_path, good + b"\nx: " + b"[" * 1000 + b"]" * 1000 + b"\n", f"nesting deeper than {8}")
+    _refused(tmp_path, good.replace(b"gpus: 2", b"gpus: " + b"9" * 4300, 1), "gpus=999", "2^53")
+    _refused(tmp_path, good.replace(b"gpus: 2", b"gpus: " + b"9" * 5000, 1), "cannot be read")
+    _refused(tmp_path, good + b"\n\xff\xfe bad\n", "not UTF-8", "byte")
+    _refused(tmp_path, good + b"\nphase: again\n", "'phase' appears twice")
+    _refused(tmp_path, good + b"\n" + b"#" * (300 * 1024), "bytes; a plan file is at most")
+    _refused(tmp_path, b"x: !!python/object/apply:os.system [echo hi]\n", "not valid YAML")
+    assert time.process_time() - t0 < 2.0
+
+
+def test_save_is_atomic(tmp_path, monkeypatch):
+    """A save interrupted before the rename leaves the old file whole and no temporary file behind."""
+    import os
+
+    path = tmp_path / "p.yaml"
+    save_plan(path, tiny_file())
+    before = path.read_bytes()
+
+    def interrupted(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    other = make_plan_file(TINY, CPU, Plan(dp=2, seq=64, micro_batch=4, dtype="fp32", optimizer="adam-fp32"),
+                           phase="other")
+    with pytest.raises(ParallelLabError, match="No space left on device"):
+        save_plan(path, other)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]

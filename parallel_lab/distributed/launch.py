@@ -15,8 +15,16 @@ How (measured on this machine, ``shared/reference/torch_cpu_notes.md``):
 * CPU: backend gloo and ``torch.set_num_threads(1)`` per rank (torchrun sets OMP_NUM_THREADS=1,
   multiprocessing does not). GPUs: backend nccl and ``cuda:{local_rank}``; chosen automatically.
 * A rank's exception comes back to the caller as :class:`RankError` naming the rank, with the rank's
-  traceback text; the other ranks are killed at once. If the ranks do not all finish within
-  ``timeout_s`` (a hang), all are killed and :class:`LaunchTimeout` is raised.
+  traceback text (also written to a log file, :attr:`RankError.log`); the other ranks are killed at
+  once. A rank that dies without a word (a signal: kill -9, the OOM killer) is named as the cause, not
+  the peers whose collectives then fail: an error is held back for a moment to see whether a peer died.
+* ``timeout_s`` is a *progress* timeout: every rank reports a heartbeat (a thread, once a second, into
+  shared memory) and each completed step (``grid.notify``); when no rank completed a step for
+  ``timeout_s`` seconds, all are killed and :class:`LaunchTimeout` names the stuck rank: one whose
+  heartbeat stopped (stopped or frozen), else the ranks furthest behind (alive but waiting: a hang).
+  A long healthy run is never cut off by it; ``time_limit_s`` (optional) bounds the whole launch.
+  The process-group timeout defaults to ``timeout_s + 30`` s, so the launcher, not a peer's
+  collective, sees a stuck rank first.
 * Teardown ``gc.collect(); dist.barrier(); dist.destroy_process_group()``: without the collect and the
   barrier, DTensor-based code aborts at exit in ~15% of runs. A rank that crashes *after* its result was
   received does not fail the launch.
@@ -46,7 +54,10 @@ import atexit
 import gc
 import os
 import pickle
+import signal
 import socket
+import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -60,20 +71,42 @@ import torch.multiprocessing as mp
 from parallel_lab.distributed.grid import Grid
 from parallel_lab.specs import ParallelLabError, Plan
 
+#: Seconds without a completed step (or a result) before a launch counts as stuck; generous, because a
+#: function that never calls ``grid.notify`` makes progress only when it returns (``parallel-lab run``
+#: notifies every step and uses 60 s, ``cli.RUN_TIMEOUT_S``).
 DEFAULT_TIMEOUT_S = 300.0
+HEARTBEAT_S = 1.0            #: a rank's heartbeat period; ~5 missed beats mean it is stopped or frozen
+ERROR_GRACE_S = 1.5          #: how long an error waits for news that a peer died first
 
 
 class RankError(RuntimeError):
-    """A rank raised; the message names the rank and carries its traceback."""
+    """A rank raised or died; the message names the rank and carries its traceback.
 
-    def __init__(self, rank: int, tb: str):
+    ``rank``; ``traceback`` (text); ``exc_type`` (the exception's class name, or None when the rank died
+    without one); ``signal`` (the signal that ended it, or None); ``step`` (steps it completed, or None
+    when it never reported one); ``log`` (a file with the full traceback, or None).
+    """
+
+    def __init__(self, rank: int, tb: str, *, signal: int | None = None, step: int | None = None,
+                 log: str | None = None, exc_type: str | None = None):
         last = tb.strip().splitlines()[-1] if tb.strip() else "unknown error"
         super().__init__(f"rank {rank} failed: {last}\n--- traceback of rank {rank} ---\n{tb}")
-        self.rank, self.traceback = rank, tb
+        self.rank, self.traceback, self.signal, self.step, self.log = rank, tb, signal, step, log
+        self.exc_type = exc_type
+        self.last_line = last
 
 
 class LaunchTimeout(RuntimeError):
-    """The ranks did not all finish within the launch timeout (a hang); all were killed."""
+    """No step completed within the progress timeout (or the wall-clock limit passed); all ranks were killed.
+
+    ``ranks``: the ranks named as stuck; ``steps``: steps completed per rank; ``stopped``: ranks whose
+    heartbeat had stopped (a stopped or frozen process) when the launch gave up.
+    """
+
+    def __init__(self, message: str, ranks: list[int] | None = None, steps: list[int] | None = None,
+                 stopped: list[int] | None = None):
+        super().__init__(message)
+        self.ranks, self.steps, self.stopped = ranks or [], steps or [], stopped or []
 
 
 def free_port() -> int:
@@ -139,9 +172,19 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+def _heartbeat(beats: Any, rank: int) -> None:
+    """Write this rank's clock into shared memory once a second (no lock: one writer per slot)."""
+    while True:
+        beats[rank] = time.monotonic()
+        time.sleep(HEARTBEAT_S)
+
+
 def _worker(rank: int, fn: Callable, plan: Plan, port: int, queue: Any, pg_timeout_s: float,
-            device: str | None, args: tuple, kwargs: dict) -> None:
+            device: str | None, args: tuple, kwargs: dict, beats: Any = None) -> None:
     try:
+        if beats is not None:
+            beats[rank] = time.monotonic()
+            threading.Thread(target=_heartbeat, args=(beats, rank), daemon=True).start()
         dev = _init(rank, plan.world, rank, f"tcp://127.0.0.1:{port}", pg_timeout_s, device)
         grid = Grid.create(plan, rank, dev)
         grid.notify = lambda msg: queue.put(("progress", rank, msg))
@@ -168,19 +211,48 @@ def _kill(procs: list) -> None:
         p.join(timeout=5)
 
 
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _write_log(rank: int, text: str) -> str | None:
+    """The full traceback of a failed rank in a file (its path goes into the report)."""
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"parallel_lab-rank{rank}-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return path
+    except OSError:
+        return None
+
+
+def _exc_type(tb: str) -> str | None:
+    last = tb.strip().splitlines()[-1] if tb.strip() else ""
+    name = last.split(":", 1)[0].strip()
+    return name.rsplit(".", 1)[-1] if name and " " not in name else None
+
+
 def launch(fn: Callable[..., Any], plan: Plan | int, *args: Any, start_method: str = "fork",
-           timeout_s: float = DEFAULT_TIMEOUT_S, pg_timeout_s: float | None = None, device: str | None = None,
+           timeout_s: float = DEFAULT_TIMEOUT_S, time_limit_s: float | None = None,
+           pg_timeout_s: float | None = None, device: str | None = None,
            on_progress: Callable[[int, Any], None] | None = None, **kwargs: Any) -> list[Any]:
     """Run ``fn(grid, *args, **kwargs)`` on ``plan.world`` ranks; return the results in rank order.
 
     ``plan``: a Plan (its grid shape is used) or a world size (a pure data-parallel grid).
-    ``timeout_s``: the whole launch (start to last result); ``pg_timeout_s``: collectives (default:
-    ``timeout_s``). ``device``: force "cpu" or "cuda" (default: cuda when available).
-    ``on_progress(rank, msg)``: called in the caller for every ``grid.notify(msg)`` of a rank.
-    Raises :class:`RankError` (first rank that failed) or :class:`LaunchTimeout`.
+    ``timeout_s``: the progress timeout (no step completed, i.e. no ``grid.notify`` and no result, for
+    that long: stuck); ``time_limit_s``: an optional wall-clock limit on the whole launch;
+    ``pg_timeout_s``: collectives (default ``timeout_s + 30``). ``device``: force "cpu" or "cuda"
+    (default: cuda when available). ``on_progress(rank, msg)``: called in the caller for every
+    ``grid.notify(msg)`` of a rank. Raises :class:`RankError` (the rank that failed first, a dead rank
+    before the peers it took down) or :class:`LaunchTimeout`.
     """
     plan = _as_plan(plan)
-    pg_timeout_s = timeout_s if pg_timeout_s is None else pg_timeout_s
+    if not (timeout_s > 0 and (time_limit_s is None or time_limit_s > 0)):
+        raise ParallelLabError(f"timeout_s={timeout_s!r} and time_limit_s={time_limit_s!r} must be > 0 seconds")
+    pg_timeout_s = timeout_s + 30.0 if pg_timeout_s is None else pg_timeout_s
     if under_torchrun():
         return _launch_torchrun(fn, plan, args, kwargs, pg_timeout_s, device)
     if dist.is_initialized():
@@ -191,43 +263,115 @@ def launch(fn: Callable[..., Any], plan: Plan | int, *args: Any, start_method: s
     if start_method not in ("fork", "spawn", "forkserver"):
         raise ParallelLabError(f"start_method={start_method!r}; pick fork, spawn or forkserver")
     world = plan.world
-    queue = mp.get_context(start_method).SimpleQueue()
-    ctx = mp.start_processes(_worker, args=(fn, plan, free_port(), queue, pg_timeout_s, device, args, kwargs),
+    context = mp.get_context(start_method)
+    queue = context.SimpleQueue()
+    beats = context.RawArray("d", world)           # each rank's last heartbeat (time.monotonic)
+    start = time.monotonic()
+    ctx = mp.start_processes(_worker, args=(fn, plan, free_port(), queue, pg_timeout_s, device, args, kwargs,
+                                            beats),
                              nprocs=world, join=False, start_method=start_method)
     procs = ctx.processes
+    watch = _Watch(procs, beats, start)
     results: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout_s
-    exited_at: dict[int, float] = {}
     try:
         while len(results) < world:
             while not queue.empty():
                 status, rank, data = queue.get()
                 if status == "err":
-                    raise RankError(rank, data)
+                    raise watch.blame(RankError(rank, data, step=watch.steps[rank], log=_write_log(rank, data),
+                                                exc_type=_exc_type(data)), queue)
+                watch.progress(rank)
                 if status == "progress":
+                    if isinstance(data, int) and not isinstance(data, bool):
+                        watch.steps[rank] = data
                     if on_progress is not None:
                         on_progress(rank, data)
                     continue
                 results[rank] = pickle.loads(data)
             now = time.monotonic()
-            for r, p in enumerate(procs):
-                if r not in results and p.exitcode is not None:
-                    exited_at.setdefault(r, now)
-                    if now - exited_at[r] > 1.0:    # dead and nothing arrived from it
-                        raise RankError(r, f"process exited with code {p.exitcode} before returning a result "
-                                           f"(killed by a signal if negative)\n")
-            if now > deadline:
-                missing = [r for r in range(world) if r not in results]
-                raise LaunchTimeout(f"ranks {missing} did not finish within timeout_s={timeout_s:g} s (a "
-                                    f"hang, e.g. a collective that not every rank calls); all ranks killed")
+            dead = watch.dead(results, now)
+            if dead is not None:
+                raise watch.blame(dead, queue)
+            if now - watch.last_progress > timeout_s:
+                raise watch.stuck(results, now, f"no rank completed a step for {timeout_s:g} s (--timeout)")
+            if time_limit_s is not None and now - start > time_limit_s:
+                raise watch.stuck(results, now, f"the run passed its wall-clock limit of {time_limit_s:g} s "
+                                                f"(--time-limit)")
             time.sleep(0.005)
     except BaseException:
         _kill(procs)
         raise
     for p in procs:   # teardown is a barrier; a rank stuck there after its result is killed
-        p.join(timeout=min(30.0, max(5.0, deadline - time.monotonic())))
+        p.join(timeout=min(30.0, max(5.0, timeout_s)))
     _kill(procs)
     return [results[r] for r in range(world)]
+
+
+class _Watch:
+    """What the launcher knows of its ranks: steps, heartbeats, exits; and whom to blame."""
+
+    def __init__(self, procs: list, beats: Any, start: float):
+        self.procs, self.beats = procs, beats
+        self.steps: list[int | None] = [None] * len(procs)
+        self.start = self.last_progress = start
+        self.exited_at: dict[int, float] = {}
+
+    def progress(self, rank: int) -> None:
+        self.last_progress = time.monotonic()
+
+    def _died(self, r: int) -> RankError:
+        code = self.procs[r].exitcode
+        sig = -code if code is not None and code < 0 else None
+        how = (f"killed by {_signal_name(sig)}" + (" (kill -9 or the out-of-memory killer)" if sig == 9 else "")
+               if sig else f"exited with code {code}")
+        text = f"process {how} before returning a result (killed by a signal if negative: code {code})\n"
+        return RankError(r, text, signal=sig, step=self.steps[r])
+
+    def dead(self, results: dict[int, Any], now: float) -> RankError | None:
+        """A rank whose process ended without a result or an error (after a second to let its message in)."""
+        for r, p in enumerate(self.procs):
+            if r not in results and p.exitcode is not None:
+                self.exited_at.setdefault(r, now)
+                if now - self.exited_at[r] > 1.0:
+                    return self._died(r)
+        return None
+
+    def blame(self, err: RankError, queue: Any) -> RankError:
+        """``err``, unless another rank died by a signal meanwhile: peers of a dead rank fail in their
+        collectives, and it is the dead one the user must hear about."""
+        if err.signal is not None:
+            return err
+        spoke = {err.rank}
+        deadline = time.monotonic() + ERROR_GRACE_S
+        while time.monotonic() < deadline:
+            for _ in range(2):                       # drain, look, and drain again before blaming
+                while not queue.empty():
+                    status, rank, _data = queue.get()
+                    if status == "err":
+                        spoke.add(rank)
+                silent = [r for r, p in enumerate(self.procs)
+                          if r not in spoke and p.exitcode is not None and p.exitcode != 0]
+            if silent:
+                return self._died(silent[0])
+            time.sleep(0.02)
+        return err
+
+    def stuck(self, results: dict[int, Any], now: float, why: str) -> LaunchTimeout:
+        waiting = [r for r in range(len(self.procs)) if r not in results]
+        stopped = [r for r in waiting if now - max(self.beats[r], self.start) > 5 * HEARTBEAT_S]
+        done = [s or 0 for s in self.steps]
+        if stopped:
+            ranks = stopped
+            what = (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} stopped responding (no "
+                    f"heartbeat for {now - max(self.beats[r] for r in ranks):.0f} s: a stopped or frozen "
+                    f"process) after step {', '.join(str(done[r]) for r in ranks)}")
+        else:
+            low = min(done[r] for r in waiting)
+            ranks = [r for r in waiting if done[r] == low]
+            what = (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} made no progress after "
+                    f"step {low} while alive (a hang: e.g. a collective that not every rank calls)")
+        steps = ", ".join(f"rank {r}: {done[r]}" for r in range(len(done)))
+        return LaunchTimeout(f"{why}: {what}; steps completed: {steps}; all ranks killed", ranks, done, stopped)
 
 
 def hello(grid: Grid) -> dict[str, Any]:

@@ -46,8 +46,9 @@ from parallel_lab.specs import ModelSpec, Plan
 
 STATE = ("parameters", "gradients", "optimizer_states")
 
-#: Plan fields ``parallel-lab run`` fills when not given: CPU-sized and runnable (fp32).
-RUN_DEFAULTS = {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}
+#: Plan fields ``parallel-lab run`` fills when not given: CPU-sized and runnable (fp32); defined by the CLI,
+#: whose --help shows them.
+from parallel_lab.cli import RUN_DEFAULTS  # noqa: E402, F401  (re-exported: tests and notebooks use it)
 
 
 def predicted_activations(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
@@ -142,7 +143,7 @@ class ProgressBar:
 
 
 def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: Iterable[str] = (),
-        packed: bool = False, timeout_s: float = 300.0, progress: bool = False,
+        packed: bool = False, timeout_s: float = 300.0, time_limit_s: float | None = None, progress: bool = False,
         on_progress: Callable[[int, Any], None] | None = None) -> RunReport:
     """Run ``plan`` on ranks and the reference in this process; compare (module docstring)."""
     check_runnable(spec, plan)
@@ -157,7 +158,8 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
 
     t0 = time.perf_counter()
     results: list[RankResult] = launch(train_rank, plan, spec, plan, steps, seed, frozen=frozen,
-                                       packed=packed, timeout_s=timeout_s, on_progress=report)
+                                       packed=packed, timeout_s=timeout_s, time_limit_s=time_limit_s,
+                                       on_progress=report)
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close("(reference in one process...)")

@@ -1,7 +1,7 @@
 """Serve the explorers as a web app with Voila: ``python -m parallel_lab.viz.serve [--port N]``.
 
-``make app`` and the browser test both build their command line here, so what the test checks is what
-a learner runs. Voila is started with:
+``make app`` and the browser tests both build their command line here (:func:`voila_argv`), so what the
+tests check is what a learner runs. Voila runs in a child process, with:
 
 * ``--Voila.ip=127.0.0.1`` and ``--Voila.port_retries=0``: local only, on exactly the port asked for;
 * ``--template=parallel-lab``: Voila's lab template without its Font Awesome links to a CDN (found under
@@ -10,16 +10,37 @@ a learner runs. Voila is started with:
 * ``--MappingKernelManager.cull_idle_timeout=120`` and ``cull_interval=30``: a closed tab's kernel is
   stopped after two idle minutes (Voila cannot shut it down itself: the request lacks an _xsrf cookie).
 
-Code cells are hidden by Voila by default. SIGTERM stops Voila and its kernels cleanly.
+and three guards that Voila lacks, installed on every handler it registers (:func:`run_voila`):
+
+* Host check: a request whose ``Host`` is not 127.0.0.1, ::1 or localhost is refused (403); Voila itself
+  allows any Host, so a foreign name that resolves here (DNS rebinding) would get a page and a kernel.
+  ``--allow-remote`` turns the check off (behind a proxy you trust).
+* One kernel per page session: the page sets a random, signed, HttpOnly session cookie and records which
+  kernel it started for that session; the kernel's websocket, its REST handler, Voila's shutdown and
+  query handlers answer only that session (403 for anyone else, even one who knows the kernel's id).
+* A cap on live kernels (``--max-kernels``, default :data:`MAX_KERNELS`; each is ~125 MB): past it the
+  page is a short 503 that says so and what to do, instead of one more kernel.
+
+``main`` prints the URL once the server answers (not before), then waits; Ctrl-C or SIGTERM stop Voila
+and its kernels cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ipaddress
 import os
+import re
+import secrets
+import signal
 import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 APP_NOTEBOOK = REPO / "notebooks" / "app.ipynb"
@@ -27,6 +48,10 @@ TEMPLATE_ROOT = REPO / "notebooks" / "share" / "jupyter"
 TEMPLATE = "parallel-lab"
 CULL_IDLE_S = 120
 CULL_INTERVAL_S = 30
+MAX_KERNELS = 8                       #: live page kernels at most (about 125 MB each)
+SESSION_COOKIE = "parallel_lab_session"
+LOCAL_NAMES = ("localhost",)          #: host names served besides loopback addresses
+_KERNEL_ID = re.compile(r'"kernelId":\s*"([0-9a-f-]{36})"')
 
 
 def free_port() -> int:
@@ -37,10 +62,12 @@ def free_port() -> int:
 
 
 def voila_argv(port: int, notebook: Path | str = APP_NOTEBOOK, *, python: str = sys.executable,
-               preheat: bool = True) -> list[str]:
-    """The Voila command line that serves ``notebook`` on ``127.0.0.1:port``."""
+               preheat: bool = True, allow_remote: bool = False, max_kernels: int = MAX_KERNELS) -> list[str]:
+    """The command line that serves ``notebook`` on ``127.0.0.1:port`` (Voila with this module's guards)."""
+    ours = [f"--max-kernels={max_kernels}"] + (["--allow-remote"] if allow_remote else [])
     return [
-        python, "-m", "voila", str(notebook), "--no-browser",
+        python, "-m", "parallel_lab.viz.serve", "--voila", *ours, "--",
+        str(notebook), "--no-browser",
         f"--port={port}", "--Voila.ip=127.0.0.1", "--Voila.port_retries=0",
         f"--template={TEMPLATE}", f"--preheat_kernel={preheat}",
         f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_S}",
@@ -56,16 +83,175 @@ def voila_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def main(argv: list[str] | None = None) -> None:
+def is_local_host(host_header: str) -> bool:
+    """True for ``127.0.0.1:8866``, ``[::1]:8866``, ``localhost``; False for any other name or address."""
+    m = re.match(r"^(\[[^\]]*\]|[^:]*)(:\d+)?$", host_header or "")
+    host = (m.group(1) if m else "").strip("[]").lower()
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host in LOCAL_NAMES
+
+
+# --------------------------------------------------------------------------------------------------
+# The guards, installed in the Voila process
+# --------------------------------------------------------------------------------------------------
+
+class Guard:
+    """Which page session owns which kernel, and the limits (one per server process)."""
+
+    def __init__(self, max_kernels: int, allow_remote: bool):
+        self.max_kernels, self.allow_remote = max_kernels, allow_remote
+        self.owner: dict[str, str] = {}          # kernel id -> session token
+
+    def live(self, kernel_manager: Any) -> int:
+        alive = set(kernel_manager.list_kernel_ids())
+        for k in [k for k in self.owner if k not in alive]:
+            del self.owner[k]
+        return len(self.owner)
+
+
+FULL_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>parallel_lab: the app is full</title></head>
+<body style="font-family: sans-serif; max-width: 40em; margin: 4em auto">
+<h1>The app is full</h1>
+<p>{live} pages are open, each with its own kernel (about 125 MB), and this server allows {cap}.</p>
+<p>Close a tab you no longer use and reload this page in two minutes (idle kernels are stopped after
+{idle} s), or restart the app with a larger <code>--max-kernels</code>.</p></body></html>"""
+
+
+def _guarded(cls: type, guard: Guard, owned: bool) -> type:
+    """``cls`` with the Host check (and, for handlers addressed by a kernel id, the owner check)."""
+    from tornado import web
+
+    class Guarded(cls):  # type: ignore[misc, valid-type]
+        def prepare(self, *args: Any, **kwargs: Any) -> Any:
+            if not guard.allow_remote and not is_local_host(self.request.host):
+                raise web.HTTPError(403, f"Host {self.request.host[:80]!r} is not served; this app answers "
+                                         f"127.0.0.1 and localhost only (start it with --allow-remote)")
+            if owned:
+                kernel_id = self.path_kwargs.get("kernel_id") or (self.path_args[0] if self.path_args else "")
+                token = self.get_secure_cookie(SESSION_COOKIE)
+                if token is None or guard.owner.get(str(kernel_id)) != token.decode():
+                    raise web.HTTPError(403, "this kernel belongs to another page session")
+            return super().prepare(*args, **kwargs)
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{cls.__name__}"
+    return Guarded
+
+
+def _page(cls: type, guard: Guard) -> type:
+    """The notebook page: a session cookie, the kernel cap, and the record of the kernel it starts."""
+    from tornado import web
+
+    base = _guarded(cls, guard, owned=False)
+
+    class Page(base):  # type: ignore[misc, valid-type]
+        @web.authenticated
+        async def get(self, path: Any = None) -> None:
+            live = guard.live(self.kernel_manager)
+            if live >= guard.max_kernels:
+                self.set_status(503)
+                self.set_header("Content-Type", "text/html")
+                self.set_header("Retry-After", str(CULL_IDLE_S))
+                self.finish(FULL_PAGE.format(live=live, cap=guard.max_kernels, idle=CULL_IDLE_S))
+                return
+            token = self.get_secure_cookie(SESSION_COOKIE)
+            self.session = token.decode() if token else secrets.token_urlsafe(24)
+            if token is None:
+                self.set_secure_cookie(SESSION_COOKIE, self.session, httponly=True, samesite="Strict")
+            await super().get(path)
+
+        async def get_generator(self, path: Any = None) -> Any:
+            found = False
+            async for html in super().get_generator(path=path):
+                if not found and (m := _KERNEL_ID.search(html)):
+                    guard.owner[m.group(1)] = self.session      # before the browser can know the id
+                    found = True
+                yield html
+
+    Page.__name__ = Page.__qualname__ = f"Page{cls.__name__}"
+    return Page
+
+
+def run_voila(argv: list[str]) -> None:
+    """Voila, in this process, with the guards on every handler (``argv``: ours, ``--``, Voila's)."""
+    ap = argparse.ArgumentParser(prog="parallel_lab.viz.serve --voila")
+    ap.add_argument("--max-kernels", type=int, default=MAX_KERNELS)
+    ap.add_argument("--allow-remote", action="store_true")
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:split])
+    voila_args = argv[split + 1:]
+
+    from voila.app import Voila
+    from voila.handler import VoilaHandler
+
+    guard = Guard(max(1, args.max_kernels), args.allow_remote)
+    original = Voila.init_handlers
+
+    def init_handlers(self: Any) -> list:
+        out = []
+        for spec in original(self):
+            pattern, cls, *rest = spec
+            if isinstance(cls, type) and issubclass(cls, VoilaHandler):
+                cls = _page(cls, guard)
+            elif isinstance(cls, type) and hasattr(cls, "prepare"):
+                cls = _guarded(cls, guard, owned="kernel_id" in str(pattern))
+            out.append((pattern, cls, *rest))
+        return out
+
+    Voila.init_handlers = init_handlers  # type: ignore[method-assign]
+    Voila.launch_instance(argv=voila_args,
+                          tornado_settings={"allow_remote_access": args.allow_remote,
+                                            "local_hostnames": list(LOCAL_NAMES)})
+
+
+# --------------------------------------------------------------------------------------------------
+# ``make app``
+# --------------------------------------------------------------------------------------------------
+
+def wait_until_up(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> bool:
+    """Poll ``url`` until it answers (True) or the process ends or the time is up (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(url, timeout=2).read()
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--voila"]:
+        run_voila(argv[1:])
+        return 0
     ap = argparse.ArgumentParser(prog="python -m parallel_lab.viz.serve", description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--notebook", default=str(APP_NOTEBOOK), help="notebook to serve (default: the app)")
+    ap.add_argument("--max-kernels", type=int, default=MAX_KERNELS,
+                    help=f"live page kernels at most, ~125 MB each (default {MAX_KERNELS})")
+    ap.add_argument("--allow-remote", action="store_true",
+                    help="serve requests whatever their Host header (default: 127.0.0.1 and localhost only)")
     args = ap.parse_args(argv)
     port = args.port or free_port()
-    print(f"parallel_lab app: http://127.0.0.1:{port}/   (Ctrl-C stops it)", flush=True)
-    cmd = voila_argv(port, args.notebook)
-    os.execve(cmd[0], cmd, voila_env())   # replace this process: Ctrl-C and SIGTERM reach Voila directly
+    cmd = voila_argv(port, args.notebook, allow_remote=args.allow_remote, max_kernels=args.max_kernels)
+    proc = subprocess.Popen(cmd, env=voila_env())
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        if wait_until_up(url + "voila/static/voila.js", proc):
+            print(f"parallel_lab app: {url}   (Ctrl-C stops it)", flush=True)
+        elif proc.poll() is None:
+            print(f"parallel_lab app: the server did not answer at {url} within 120 s; still waiting",
+                  flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:             # Ctrl-C reached Voila too (same process group); let it finish
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return 130
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

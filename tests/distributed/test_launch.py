@@ -1,8 +1,10 @@
-"""The launcher: results in rank order, errors named by rank, hangs cut off by the launch timeout."""
+"""The launcher: results in rank order, errors named by rank (a dead rank, not the peer it took down),
+a stopped rank named within the progress timeout, a long healthy run never cut off by it."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -105,3 +107,92 @@ def test_the_same_launch_runs_under_torchrun(tmp_path):
     for rank, (a, b) in enumerate(outs):                 # each process filled only its own entry
         mine = [i for i, r in enumerate(a) if r is not None]
         assert mine == [rank] and a[rank]["rank_sum"] == b[rank]["rank_sum"] == 1
+
+
+def _steps(grid, n=40, victim=-1, at=3, how="stop", pause=0.05):
+    """``n`` steps of an all-reduce; rank ``victim`` stops (SIGSTOP) or is killed (SIGKILL) before step ``at``."""
+    for i in range(n):
+        if grid.rank == victim and i == at:
+            os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
+        t = torch.ones(256)
+        dist.all_reduce(t)
+        time.sleep(pause)
+        grid.notify(i + 1)
+    return grid.rank
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_killed_rank_is_named_not_the_survivor(victim):
+    """kill -9 of one rank: its peer then fails in the all-reduce, but the report names the dead rank."""
+    with pytest.raises(RankError) as info:
+        launch(_steps, 2, timeout_s=30, victim=victim, how="kill")
+    e = info.value
+    assert e.rank == victim and e.signal == 9 and e.step == 3
+    assert f"rank {victim} failed" in str(e) and "SIGKILL" in str(e)
+
+
+def test_a_stopped_rank_is_named_within_the_progress_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        launch(_steps, 2, timeout_s=6, victim=1, how="stop")
+    took = time.monotonic() - t0
+    e = info.value
+    assert e.ranks == [1] and e.stopped == [1] and e.steps == [3, 3]
+    assert "rank 1 stopped responding" in str(e) and "6 s" in str(e)
+    assert 6 <= took < 6 + 15                       # the progress timeout plus start-up, not 300 s
+
+
+def test_a_long_healthy_run_is_not_cut_by_the_progress_timeout():
+    """80 steps of ~0.06 s (about 5 s in all) under a 2 s progress timeout: the run completes."""
+    t0 = time.monotonic()
+    assert launch(_steps, 2, timeout_s=2, n=80) == [0, 1]
+    assert time.monotonic() - t0 > 2 * 2               # it really ran past the timeout in total
+
+
+def test_the_wall_clock_limit_is_separate():
+    with pytest.raises(LaunchTimeout, match="wall-clock limit of 2 s"):
+        launch(_steps, 2, timeout_s=30, time_limit_s=2, n=1000)
+
+
+# ---- the same through `parallel-lab run`: a short report and a distinct exit code, no traceback ----------
+
+def _run_cli_and(action, timeout_s: float = 8):
+    """Start `parallel-lab run --dp 2` with many steps, apply ``action`` to rank 1's process, return the end."""
+    import subprocess
+    import sys
+
+    psutil = pytest.importorskip("psutil")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.Popen([sys.executable, "-m", "parallel_lab", "run", "--dp", "2", "--steps", "100000",
+                          "--timeout", str(timeout_s)], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        deadline = time.monotonic() + 120
+        ranks: list = []
+        while len(ranks) < 2 and time.monotonic() < deadline and p.poll() is None:
+            ranks = sorted(psutil.Process(p.pid).children(), key=lambda c: c.pid)   # forked in rank order
+            time.sleep(0.2)
+        assert len(ranks) == 2, "the ranks did not start"
+        time.sleep(3)                                                     # a few steps
+        t0 = time.monotonic()
+        action(ranks[1].pid)
+        out, err = p.communicate(timeout=120)
+        return p.returncode, err, time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.timeout(300)
+def test_cli_run_names_a_killed_rank_with_exit_3():
+    code, err, _ = _run_cli_and(lambda pid: os.kill(pid, signal.SIGKILL))
+    assert code == 3, err[-1000:]
+    assert "failed: rank 1 was killed by signal 9" in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(300)
+def test_cli_run_names_a_stopped_rank_with_exit_4_within_the_progress_timeout():
+    code, err, took = _run_cli_and(lambda pid: os.kill(pid, signal.SIGSTOP), timeout_s=8)
+    assert code == 4, err[-1000:]
+    assert "rank 1 stopped responding" in err and "Traceback" not in err
+    assert took < 8 + 30
