@@ -41,7 +41,6 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .schedules import SCHEDULE_NAMES
@@ -57,6 +56,7 @@ from .specs import (
     OPTIMIZERS,
     PP_SPLITS,
     RECOMPUTE,
+    RUN_DEFAULTS,
     SCHEDULES,
     ZERO1_REDUCES,
     ZERO2_ACCUMULATES,
@@ -67,6 +67,7 @@ from .specs import (
     ParallelLabError,
     Plan,
 )
+from .subcommands import Output, add_json_arg, subcommand  # noqa: F401  (Output: handlers' type)
 
 PROG = "parallel-lab"
 EXIT_USAGE = 2          #: bad input of any kind
@@ -99,7 +100,6 @@ PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum"
 DEFAULT_CLUSTER = "h100-sxm"
 #: Plan fields ``parallel-lab run`` fills when not given: CPU-sized and runnable (fp32). Its --help shows
 #: these; ``distributed.run`` and the example plan files take them from here.
-RUN_DEFAULTS: dict[str, Any] = {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}
 RUN_TIMEOUT_S = 60.0        #: ``run --timeout``: seconds without a completed step before a run counts as stuck
 #: ``run`` refuses worlds over this many ranks per available core (each rank is a process with torch, and a
 #: step of the tiny model takes ~0.05 s alone; 8 ranks per core already run ~8x slower per step).
@@ -113,14 +113,6 @@ class RunFailed(Exception):
     def __init__(self, report: str, code: int):
         super().__init__(report)
         self.report, self.code = report, code
-
-
-@dataclass
-class Output:
-    """What a handler returns: ``data`` is printed for ``--json``, ``text`` otherwise."""
-
-    data: dict[str, Any]
-    text: str
 
 
 # --------------------------------------------------------------------------------------------------
@@ -349,19 +341,6 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec | None = None) -> 
             kw["dp"] = gpus // rest
     plan = Plan(**kw)
     return plan.validate(model, gpus=gpus)
-
-
-def add_json_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-
-
-def subcommand(sub: Any, name: str, handler: Callable[[argparse.Namespace], Output], help: str,
-               description: str | None = None) -> argparse.ArgumentParser:
-    """Create subcommand ``name`` running ``handler``; it always has ``--json``."""
-    p = sub.add_parser(name, help=help, description=description or help)
-    add_json_arg(p)
-    p.set_defaults(handler=handler)
-    return p
 
 
 # --------------------------------------------------------------------------------------------------

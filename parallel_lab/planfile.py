@@ -51,6 +51,7 @@ from .planner import evaluate, plan_bubble
 from .specs import (
     CLUSTER_PRESETS,
     MODEL_PRESETS,
+    RUN_DEFAULTS,
     ClusterSpec,
     LinkTier,
     ModelSpec,
@@ -326,7 +327,7 @@ def _plan_from_data(data: Any) -> Plan:
             if not isinstance(v, bool):
                 raise _type_error(f"plan.{k}", v, "true or false")
         elif isinstance(want, int):
-            _int(f"plan.{k}", v, lo=0 if k == "zero" else 1)
+            _int(f"plan.{k}", v, lo=0 if k in ("zero", "loss_chunk") else 1)
         elif isinstance(want, float):
             _number(f"plan.{k}", v, lo=0.0)
         elif isinstance(want, str) and not isinstance(v, str):
@@ -504,7 +505,7 @@ def load_plan(path: str | Path) -> PlanFile:
 def tiny_examples() -> dict[str, PlanFile]:
     """Plan files for the tiny model on CPU ranks (what ``parallel-lab run --plan`` takes)."""
     model, cluster = ModelSpec.preset("tiny-llama"), ClusterSpec.preset("cpu-gloo")
-    from .cli import RUN_DEFAULTS as run
+    run = RUN_DEFAULTS
     plans = {
         "tiny-dp2-zero3": Plan(dp=2, zero=3, **run),
         "tiny-tp2-sp": Plan(tp=2, sp=True, **run),

@@ -477,6 +477,11 @@ MLP_KINDS: tuple[str, ...] = ("eager", "fused")
 # Plan
 # --------------------------------------------------------------------------------------------------
 
+#: The plan fields ``parallel-lab run`` uses unless told otherwise: the tiny model on CPU ranks computes in fp32
+#: with AdamW, on short sequences (the analytic subcommands keep Plan's own defaults: seq 2048, bf16, ...).
+RUN_DEFAULTS: dict[str, Any] = {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}
+
+
 @dataclass(frozen=True)
 class Plan:
     """How one training step is split over ``dp * tp * pp * cp`` GPUs.

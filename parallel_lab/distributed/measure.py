@@ -44,7 +44,7 @@ from parallel_lab.distributed.grid import Grid, mesh
 from parallel_lab.distributed.instruments import CommTracer
 from parallel_lab.distributed.model import Transformer
 from parallel_lab.distributed.pipeline import check_pp
-from parallel_lab.distributed.runtime import Runtime
+from parallel_lab.distributed.runtime import Runtime, sequential_forward_backward
 from parallel_lab.distributed.tensor_parallel import check_tp
 from parallel_lab.distributed.train import parallelize
 from parallel_lab.distributed.zero import check_zero
@@ -323,7 +323,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
                     f"[{time.perf_counter() - t0:.0f} s]")
                 rt.dp.zero_grad()
                 with rt.meter:
-                    rt.forward_backward(rt, micro)
+                    (rt.forward_backward or sequential_forward_backward)(rt, micro)
                 rt.dp.finish()
                 for fn in rt.finalize_grads:
                     fn()

@@ -48,7 +48,7 @@ STATE = ("parameters", "gradients", "optimizer_states")
 
 #: Plan fields ``parallel-lab run`` fills when not given: CPU-sized and runnable (fp32); defined by the CLI,
 #: whose --help shows them.
-from parallel_lab.cli import RUN_DEFAULTS  # noqa: E402, F401  (re-exported: tests and notebooks use it)
+from parallel_lab.specs import RUN_DEFAULTS  # noqa: E402, F401  (re-exported: tests and notebooks use it)
 
 
 def predicted_activations(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:

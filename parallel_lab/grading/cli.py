@@ -15,9 +15,10 @@ import argparse
 import sys
 from typing import Any
 
+from parallel_lab.subcommands import Output, subcommand
+
 
 def _handle(args: argparse.Namespace) -> Any:
-    from parallel_lab.cli import Output
     from parallel_lab.grading import runner
     from parallel_lab.specs import ParallelLabError
 
@@ -53,7 +54,6 @@ def _handle(args: argparse.Namespace) -> Any:
 
 def add_grade(sub: Any) -> None:
     """Register ``grade`` on the CLI's subparsers."""
-    from parallel_lab.cli import subcommand
 
     p = subcommand(sub, "grade", _handle, "grade a submission of an exercise (or a class with --batch)",
                    __doc__.split("\n\n")[1] if __doc__ else None)
