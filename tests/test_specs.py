@@ -111,3 +111,21 @@ def test_chunk_layers_split():
         stage_layers(8, 2, 1, 2)
     with pytest.raises(ParallelLabError):
         chunk_layers(4, 8)
+
+
+def test_one_answer_everywhere_for_kv_heads_tp_does_not_split():
+    """kv_heads=6 on tp=4 can be neither split nor replicated evenly: the plan, the ledger, the comm module,
+    the per-op activation model and the runnable TP all refuse it with the same rule (layout.check_tp)."""
+    from parallel_lab import activations, comm, layout, ledger
+
+    model = ModelSpec(layers=2, hidden=96, heads=12, kv_heads=6, flavour="llama")
+    plan = Plan(tp=4)
+    calls = [lambda: plan.validate(model), lambda: ledger.memory(model, plan), lambda: comm.collectives(model, plan),
+             lambda: activations.per_op_bytes(model, plan), lambda: layout.check_tp(model, 4)]
+    messages = set()
+    for call in calls:
+        with pytest.raises(ParallelLabError, match="cannot split kv_heads=6") as e:
+            call()
+        messages.add(str(e.value))
+    assert len(messages) == 1 and "pick tp in {1, 2}" in messages.pop()
+    assert 3 not in layout.valid_tp(model) and layout.valid_tp(model) == [1, 2]

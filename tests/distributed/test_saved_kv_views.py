@@ -30,3 +30,15 @@ def test_saved_key_value_bytes_equal_the_prediction(spec, tp, micro_batch):
     one_kv_head = (spec.kv_heads // tp if tp <= spec.kv_heads else 1) == 1
     repeated = [x for x in core if x.tensor.startswith(("k^T", "v"))]
     assert all(x.shape[1] == (1 if one_kv_head and micro_batch == 1 else spec.heads // tp) for x in repeated)
+
+
+def test_the_runnable_tp_refuses_what_the_plan_refuses():
+    from parallel_lab.distributed.tensor_parallel import check_tp
+    from parallel_lab.errors import ParallelLabError
+
+    model = ModelSpec(layers=2, hidden=96, heads=12, kv_heads=6, flavour="llama")
+    with pytest.raises(ParallelLabError) as ours:
+        check_tp(model, Plan(tp=4))
+    with pytest.raises(ParallelLabError) as plan:
+        Plan(tp=4).validate(model)
+    assert str(ours.value) == str(plan.value)
