@@ -27,7 +27,7 @@ from matplotlib.path import Path
 from matplotlib.textpath import TextPath
 from matplotlib.transforms import Affine2D
 
-from parallel_lab.simulate import Interval
+from parallel_lab.simulate import Interval, timeline_stats
 
 from .base import KIND_COLORS, KIND_LABELS, chart_on, field, lighten, new_figure, set_title, sticky_ceil
 
@@ -230,19 +230,14 @@ def timelines_figure(simulated: Any, measured: Any = None, *, sim_title: str = "
 
 
 def timeline_figures(timeline: Any, step_time: float | None = None) -> dict[str, float]:
-    """``idle_fraction`` and ``bubble_ratio`` of a timeline, as ``simulate.simulate`` defines them: over the
-    window ``[0, step_time]`` (default: first start to last end), ``1 - sum(busy) / (ranks * window)`` and
-    ``(window - busiest rank's busy time) / busiest``."""
+    """``idle_fraction`` and ``bubble_ratio`` of a timeline: ``simulate.timeline_stats``, the one definition
+    (the simulator's and the pipeline report's), over ``[0, step_time]`` (default: first start to last end)."""
     rows = timeline_rows(timeline)
     if not rows:
         return {"idle_fraction": 0.0, "bubble_ratio": 0.0, "window": 0.0}
-    window = step_time if step_time is not None else max(r[2] for r in rows) - min(r[1] for r in rows)
-    busy: dict[int, float] = {}
-    for rank, start, end, *_ in rows:
-        busy[rank] = busy.get(rank, 0.0) + end - start
-    top = max(busy.values())
-    return {"idle_fraction": 1.0 - sum(busy.values()) / (len(busy) * window) if window else 0.0,
-            "bubble_ratio": (window - top) / top if top else 0.0, "window": window}
+    intervals = [Interval(rank, "compute", kind, start, end, mb, chunk) for rank, start, end, kind, mb, chunk in rows]
+    stats = timeline_stats(intervals, 0.0, step_time) if step_time is not None else timeline_stats(intervals)
+    return {"idle_fraction": stats.idle_fraction, "bubble_ratio": stats.bubble_ratio, "window": stats.step_time}
 
 
 def pipeline_timelines_figure(simulated: Any, measured: Any, *, measured_step_time: float | None = None,
