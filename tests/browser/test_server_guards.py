@@ -18,9 +18,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from test_app import ARTIFACTS, CHROMIUM, LAUNCH_ARGS, psutil, sync_api  # noqa: F401 (skips as test_app does)
+from test_app import ARTIFACTS, psutil, sync_api  # noqa: F401 (skips as test_app does)
 
+from parallel_lab.viz.browser import LAUNCH_ARGS, chromium_path
 from parallel_lab.viz.serve import REPO, free_port, voila_argv, voila_env
+
+CHROMIUM = chromium_path()
 
 pytestmark = pytest.mark.browser
 CAP = 2
