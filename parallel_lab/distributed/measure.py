@@ -43,11 +43,8 @@ from parallel_lab.distributed.data import Batch
 from parallel_lab.distributed.grid import Grid, mesh
 from parallel_lab.distributed.instruments import CommTracer
 from parallel_lab.distributed.model import Transformer
-from parallel_lab.distributed.pipeline import check_pp
 from parallel_lab.distributed.runtime import Runtime, sequential_forward_backward
-from parallel_lab.distributed.tensor_parallel import check_tp
-from parallel_lab.distributed.train import parallelize
-from parallel_lab.distributed.zero import check_zero
+from parallel_lab.distributed.train import check_parallelisms, parallelize
 from parallel_lab.ledger import CATEGORIES, memory
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
@@ -178,12 +175,7 @@ def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
         raise ParallelLabError(f"tp={plan.tp} > kv_heads={model.kv_heads} replicates key/value heads over process "
                                f"groups built from tensors, which fake tensors cannot read; measure with tp <= "
                                f"{model.kv_heads}")
-    if plan.tp > 1:
-        check_tp(model, plan)
-    if plan.pp > 1:
-        check_pp(model, plan)
-    if plan.zero:
-        check_zero(model, plan)
+    check_parallelisms(model, plan)
     return dtype
 
 

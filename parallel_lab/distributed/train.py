@@ -109,6 +109,12 @@ def check_runnable(spec: ModelSpec, plan: Plan) -> None:
     if plan.loss_chunk and plan.tp > 1:
         raise ParallelLabError(f"loss_chunk={plan.loss_chunk} (chunked cross-entropy) runs with tp=1 only; the "
                                "vocabulary-parallel cross-entropy of tp > 1 is not chunked here; set loss_chunk=0")
+    check_parallelisms(spec, plan)
+
+
+def check_parallelisms(spec: ModelSpec, plan: Plan) -> None:
+    """Each parallelism's own refusals (``check_tp``, ``check_cp``, ``check_pp``, ``check_zero``), in the order
+    :func:`parallelize` applies them."""
     if plan.tp > 1:
         check_tp(spec, plan)
     if plan.cp > 1:
