@@ -313,18 +313,19 @@ def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") 
     The logits in the compute dtype are not kept: the loss casts them to fp32 and log_softmax saves only
     its output (measured at full size in fake tensors, distributed/measure.py). Times the micro-batches
     the last stage keeps at once (``schedules.head_inflight``: GPipe ``m``, ZB-H1 ``min(p, m)`` until the
-    delayed W, 1F1B and interleaved 1). Chunked cross-entropy (``plan.loss_chunk > 0``): an fp32
-    log-sum-exp per token, ``(s/cp) b 4``; the one chunk of logits alive while it is computed,
+    delayed W, 1F1B and interleaved 1). Chunked cross-entropy (``plan.loss_chunk > 0``): the same inputs and an fp32
+    log-sum-exp per token, ``(s/cp) b (4 + 2 h d)``; the one chunk of logits alive while it is computed,
     ``loss_chunk V 4``, is transient and not counted.
     """
     model.require_shape("logits memory")
     kept = head_inflight(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
     if formula == "per-op":
         return float(sum(e["bytes"] for e in _per_op(model, plan)["head"])) * kept
+    inputs = 2 * model.hidden * plan.dtype_bytes         # the final norm's and the head's inputs, per token
     if plan.loss_chunk:      # chunked: one fp32 log-sum-exp per token instead of the logits (transient chunk
-        return plan.seq / plan.cp * plan.micro_batch * activations.LSE_BYTES * kept     # not counted)
+        return plan.seq / plan.cp * plan.micro_batch * (activations.LSE_BYTES + inputs) * kept   # not counted)
     vocab_local = math.ceil(model.vocab / plan.tp)
-    kept_per_token = vocab_local * LOSS_BYTES + 2 * model.hidden * plan.dtype_bytes
+    kept_per_token = vocab_local * LOSS_BYTES + inputs
     per_mb = plan.seq / plan.cp * plan.micro_batch * kept_per_token
     return per_mb * kept
 

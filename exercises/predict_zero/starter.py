@@ -6,7 +6,9 @@ Here a single unit holds every parameter (sharded into ``ceil(Psi / g)`` element
 collectives of one step are, with bf16 messages of ``2 Psi`` bytes (padded to ``g ceil(Psi / g)`` elements):
 
 * stage 0 (DDP): all-reduce the gradients;
-* stage 1 (optimizer states sharded): all-reduce the gradients, then all-gather the updated parameters;
+* stage 1 (optimizer states sharded): reduce-scatter the gradients (each rank needs only its shard to step),
+  then all-gather the updated parameters (the ZeRO paper, Sec. 7; torch's ZeroRedundancyOptimizer all-reduces
+  instead, 1.5x the bytes);
 * stage 2 (+ gradients sharded): reduce-scatter the gradients, all-gather the parameters;
 * stage 3 (+ parameters sharded; the unit gathered once per step, kept through backward): all-gather
   the parameters before forward, reduce-scatter the gradients after backward.

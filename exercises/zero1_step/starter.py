@@ -6,9 +6,11 @@ each of the ``g`` data-parallel ranks. Here one *unit* holds every trainable par
 padded with zeros to ``g * S`` with ``S = ceil(n / g)``; rank ``r`` owns elements ``[r S, (r + 1) S)``.
 One step, after the ranks' backward passes:
 
-1. all-reduce the flat (padded) gradient and divide by ``g``: the gradient of the global mean loss;
-2. run AdamW on the owned shard only: an ``nn.Parameter`` of ``S`` elements, its ``.grad`` the owned
-   slice of the averaged gradient, ``torch.optim.AdamW([shard], foreach=False, **ADAMW)``;
+1. reduce-scatter the flat (padded) gradient (``dist.reduce_scatter_tensor``: rank ``r`` receives the sum
+   of elements ``[r S, (r + 1) S)``) and divide by ``g``: its shard of the gradient of the global mean loss
+   (the ZeRO paper's stage 1: ``Psi`` bytes, where torch's ZeroRedundancyOptimizer all-reduces, ``2 Psi``);
+2. run AdamW on the owned shard only: an ``nn.Parameter`` of ``S`` elements, its ``.grad`` that averaged
+   shard, ``torch.optim.AdamW([shard], foreach=False, **ADAMW)``;
 3. all-gather the updated shards (``dist.all_gather_into_tensor``) and copy them back into the model.
 
 Implement :class:`Zero1` (``self.optimizer`` must be the shard's AdamW: the grader measures its state).
@@ -36,7 +38,7 @@ class Zero1:
         # TODO: the owned shard (nn.Parameter of S elements, from the flat parameters) and its AdamW
 
     def step(self) -> None:
-        # TODO: all-reduce + average the flat gradient, AdamW on the shard, all-gather, copy back
+        # TODO: reduce-scatter + average the flat gradient, AdamW on the shard, all-gather, copy back
         raise NotImplementedError("step")
 
 

@@ -30,7 +30,7 @@ def test_state_equals_ledger(sub):
 def test_bytes_equal_comm(sub):
     for psi, g, st in CASES:
         m = ModelSpec.from_params(psi)
-        want = comm.per_step_bytes(comm.collectives(m, Plan(dp=g, zero=st)))["dp"]
+        want = comm.per_step_bytes(comm.collectives(m, Plan(dp=g, zero=st, zero_unit="root")))["dp"]
         fb = check(sub.zero_dp_bytes(psi, g, st, 2), want, rtol=1e-6, unit="B",
                    name=f"bytes sent per GPU per step, Psi={psi:,}, g={g}, stage {st}")
         if not fb:

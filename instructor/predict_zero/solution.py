@@ -14,5 +14,5 @@ def zero_state(psi, g, stage, bytes_per_param=(2, 2, 12)):
 
 def zero_dp_bytes(psi, g, stage, elem_bytes=2):
     message = g * math.ceil(psi / g) * elem_bytes if stage else psi * elem_bytes
-    halves = {0: 2, 1: 3, 2: 2, 3: 2}[stage]          # all-reduce = 2 halves, all-gather / reduce-scatter = 1
+    halves = {0: 2, 1: 2, 2: 2, 3: 2}[stage]          # all-reduce = 2 halves, all-gather / reduce-scatter = 1
     return halves * (g - 1) / g * message

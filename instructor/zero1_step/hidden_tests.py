@@ -33,7 +33,7 @@ def test_calls_match_prediction(sub):
     for r, (_, calls, _) in enumerate(results(sub)):
         msg = diff_calls(calls[0], predicted)
         if msg:
-            raise Fail(f"rank {r}, step 0: {msg} (ZeRO-1: one all-reduce of the padded flat gradient, one "
+            raise Fail(f"rank {r}, step 0: {msg} (ZeRO-1: one reduce-scatter of the padded flat gradient, one "
                        "all-gather of the padded flat parameters)")
 
 

@@ -279,7 +279,7 @@ def launch(fn: Callable[..., Any], plan: Plan | int, *args: Any, start_method: s
                 status, rank, data = queue.get()
                 if status == "err":
                     raise watch.blame(RankError(rank, data, step=watch.steps[rank], log=_write_log(rank, data),
-                                                exc_type=_exc_type(data)), queue)
+                                                exc_type=_exc_type(data)), queue, results)
                 watch.progress(rank)
                 if status == "progress":
                     if isinstance(data, int) and not isinstance(data, bool):
@@ -291,7 +291,7 @@ def launch(fn: Callable[..., Any], plan: Plan | int, *args: Any, start_method: s
             now = time.monotonic()
             dead = watch.dead(results, now)
             if dead is not None:
-                raise watch.blame(dead, queue)
+                raise watch.blame(dead, queue, results)
             if now - watch.last_progress > timeout_s:
                 raise watch.stuck(results, now, f"no rank completed a step for {timeout_s:g} s (--timeout)")
             if time_limit_s is not None and now - start > time_limit_s:
@@ -328,20 +328,21 @@ class _Watch:
         return RankError(r, text, signal=sig, step=self.steps[r])
 
     def dead(self, results: dict[int, Any], now: float) -> RankError | None:
-        """A rank whose process ended without a result or an error (after a second to let its message in)."""
+        """A rank whose process ended without a result or an error (after a second to let its message in);
+        of several, the one that ended first (its peers often die of its absence: the first is the cause)."""
         for r, p in enumerate(self.procs):
             if r not in results and p.exitcode is not None:
                 self.exited_at.setdefault(r, now)
-                if now - self.exited_at[r] > 1.0:
-                    return self._died(r)
-        return None
+        gone = [r for r in self.exited_at if r not in results and now - self.exited_at[r] > 1.0]
+        return self._died(min(gone, key=lambda r: (self.exited_at[r], r))) if gone else None
 
-    def blame(self, err: RankError, queue: Any) -> RankError:
+    def blame(self, err: RankError, queue: Any, results: dict[int, Any] | None = None) -> RankError:
         """``err``, unless another rank died by a signal meanwhile: peers of a dead rank fail in their
-        collectives, and it is the dead one the user must hear about."""
+        collectives, and it is the dead one the user must hear about. A rank that returned its result and
+        then failed its teardown (a peer was gone) is not to blame."""
         if err.signal is not None:
             return err
-        spoke = {err.rank}
+        spoke = {err.rank} | set(results or ())
         deadline = time.monotonic() + ERROR_GRACE_S
         while time.monotonic() < deadline:
             for _ in range(2):                       # drain, look, and drain again before blaming

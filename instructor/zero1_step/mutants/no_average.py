@@ -28,8 +28,9 @@ class Zero1:
 
     def step(self) -> None:
         grad = self._flat([p.grad for p in self.params])
-        dist.all_reduce(grad)
-        self.shard.grad = grad[self.rank * self.S:(self.rank + 1) * self.S].clone()
+        own = torch.empty(self.S)
+        dist.reduce_scatter_tensor(own, grad)            # the paper's ZeRO-1: each rank gets its shard's sum
+        self.shard.grad = own
         self.optimizer.step()
         full = torch.empty(self.g * self.S)
         dist.all_gather_into_tensor(full, self.shard.detach())

@@ -28,9 +28,10 @@ class Zero1:
 
     def step(self) -> None:
         grad = self._flat([p.grad for p in self.params])
-        dist.all_reduce(grad)
-        grad /= self.g
-        self.shard.grad = grad[self.rank * self.S:(self.rank + 1) * self.S].clone()
+        own = torch.empty(self.S)
+        dist.reduce_scatter_tensor(own, grad)            # the paper's ZeRO-1: each rank gets its shard's sum
+        own /= self.g
+        self.shard.grad = own
         self.optimizer.step()
         full = self._flat([p.detach() for p in self.params])
         full[self.rank * self.S:(self.rank + 1) * self.S] = self.shard.detach()
