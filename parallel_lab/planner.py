@@ -67,7 +67,7 @@ from . import comm as comm_mod
 from . import layout, ledger
 from .flops import flops_per_token, step_flops
 from .schedules import head_inflight
-from .specs import CP_KINDS, ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan, divisors
+from .specs import CP_KINDS, RECOMPUTE, SCHEDULES, ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan, divisors
 from .steptime import (
     DpTimes,
     StageFlops,
@@ -89,6 +89,12 @@ ROW_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum",
 #: Plan fields a constraint may fix (``--fix tp=8,pp=16``).
 FIXABLE = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "recompute", "schedule",
            "interleave", "cp_kind")
+
+
+def shorten_list(values: Iterable[Any], n: int = 4) -> str:
+    """``['128', 'x']``, at most ``n`` values, each cut to 20 characters (error messages stay short)."""
+    vals = [str(v)[:20] for v in values]
+    return repr(vals[:n] + (["..."] if len(vals) > n else []))
 
 
 def parse_tokens(text: str | int) -> int:
@@ -160,6 +166,12 @@ class Constraints:
             raise ParallelLabError(f"cp_kind={self.cp_kind!r}; pick one of {', '.join(CP_KINDS)}")
         if not 0 <= self.margin < 1:
             raise ParallelLabError(f"margin={self.margin} must be a fraction in [0, 1); e.g. 0.1")
+        for name, values, known in (("recompute", self.recompute, RECOMPUTE), ("schedules", self.schedules, SCHEDULES),
+                                    ("zero_stages", self.zero_stages, (0, 1, 2, 3))):
+            bad = [v for v in values if v not in known]
+            if bad or not values:
+                raise ParallelLabError(f"{name}={shorten_list(bad or values)} is not known; pick from "
+                                       f"{', '.join(map(str, known))}")
 
     def options(self, name: str, default: Iterable[Any]) -> list[Any]:
         return [self.fixed[name]] if name in self.fixed else list(default)

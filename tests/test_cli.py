@@ -318,3 +318,12 @@ def test_run_help_shows_the_run_defaults(capsys):
                   "(default for run: fp32)", "progress timeout", "--time-limit"):
         assert words in flat, words
     assert cli.RUN_DEFAULTS == {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}
+
+
+@pytest.mark.parametrize("flag,value", [("--recompute", "128"), ("--recompute", "١"), ("--zero-stages", "131072"),
+                                        ("--schedules", "nosuch")])
+def test_plan_refuses_unknown_search_options_in_one_line(capsys, flag, value):
+    """Found by the full-scale fuzzer: unknown values of the search lists were a KeyError deep in the planner."""
+    err = one_line_error(capsys, "plan", "--model", "llama2-7b", "--gpus", "64", "--seq", "4096",
+                         "--global-batch-tokens", "4M", flag, value)
+    assert "pick from" in err
