@@ -60,7 +60,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from operator import attrgetter
+from operator import add, attrgetter
 from typing import Any
 
 from . import comm as comm_mod
@@ -715,20 +715,23 @@ class _Search:
         abuf = fast.act_buffers(tp, sp, cp, mb, pp, c.cp_kind)
         lpm = fast.logits_per_mb(tp, cp, mb)
         timed_v: dict[int, list[StageTimes]] = {}
+        states_v: dict[int, list[tuple[int, list[float]]]] = {}
+        usable, records, n_zeros = self.usable, self.records, len(fam.zeros)
         for (sched, v), layers_x_inflight in scheds.items():
             act = [apl * n + abuf for n in layers_x_inflight]
             act[-1] += lpm * head_inflight(sched, pp, m, v)                  # the last stage's logits
-            bub = bubble(sched, pp, m, v, recompute)
+            states = states_v.get(v)
+            if states is None:
+                states = states_v[v] = [(zero, fam.state(fast, v, zero, m)) for zero in fam.zeros]
+            self.candidates += n_zeros
             variant = None
-            for zero in fam.zeros:
-                self.candidates += 1
-                sb = fam.state(fast, v, zero, m)
-                mem = sb[0] + act[0]
-                if len(sb) == 2 and sb[1] + act[1] > mem:
-                    mem = sb[1] + act[1]
-                if mem > self.usable:
+            for zero, sb in states:
+                # the largest checked stage: state + buffers + activations (+ logits on the last)
+                mem = max(map(add, sb, act))
+                if mem > usable:
                     continue
                 if variant is None:
+                    bub = bubble(sched, pp, m, v, recompute)
                     sts = timed_v.get(v)
                     if sts is None:      # TP, CP, PP and compute are the same for every schedule
                         sts = timed_v[v] = [fast.times_raw(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
@@ -742,7 +745,7 @@ class _Search:
                     if best is None or step > best[0]:
                         best = (step, i, dpe, dpt)
                 assert best is not None
-                self.records.append(_Record(best[0], mem, len(self.records), variant, zero, *best[1:]))
+                records.append(_Record(best[0], mem, len(records), variant, zero, *best[1:]))
 
     def build(self, record: _Record) -> Estimate:
         """The :class:`Estimate` of one record (see :meth:`family`)."""

@@ -116,6 +116,22 @@ def test_search_estimate_equals_evaluate(search_8k):
             assert e.exposed_s[dim] == pytest.approx(t, rel=1e-9, abs=1e-15)
 
 
+def test_search_memory_is_the_largest_stage_with_embed_head_split():
+    # regression: with pp_split="embed-head" the search checks three stages (0, 1 and the last); it once
+    # compared only the first with the budget, so the last stage's logits and stage 1's extra block were
+    # missed and plans that do not fit were listed (70B on 512 GPUs: 244 of 319 sampled plans were low)
+    model = ModelSpec.preset("llama3-70b")
+    res = plan_search(model, H100, 512, 8192, global_batch_tokens="4M", constraints=Constraints(pp_split="embed-head"))
+    deep = [e for e in res.estimates if e.fields["pp"] >= 3]
+    assert len(deep) > 100
+    for e in random.Random(3).sample(deep, 40):
+        plan = e.plan
+        want = max(ledger.memory(model, plan, H100, stage=s).total_bytes for s in range(plan.pp))
+        assert e.memory_bytes == pytest.approx(want, rel=1e-12), plan
+        assert e.memory_bytes <= e.usable_bytes
+        assert e.step_time_s == pytest.approx(evaluate(model, H100, plan).step_time_s, rel=1e-9), plan
+
+
 def test_small_search_is_exhaustive_and_consistent():
     # llama2-7b on 16 GPUs (ZeRO 0/1/3, no or full recompute): every fitting plan's estimate equals
     # evaluate(); a plan the search dropped for memory is over the ledger's budget
