@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ParallelLabError
-from .flops import step_flops
+from .flops import CONVENTIONS, step_flops
 from .specs import ClusterSpec, ModelSpec, Plan, StepProfile
 
 _INT = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "grad_accum", "seq", "interleave", "loss_chunk")
@@ -35,12 +35,18 @@ _PLAN = {f.name for f in fields(Plan)}
 
 @dataclass(frozen=True)
 class Run:
-    """One measured run: the model, the plan, and the measured TFLOP/s per GPU (PaLM convention)."""
+    """One measured run: the model, the plan, and the measured TFLOP/s per GPU (in ``convention``)."""
 
     name: str
     model: ModelSpec
     plan: Plan
     tflops_per_gpu: float
+    convention: str = "palm"
+
+    def model_flops(self) -> float:
+        """Model FLOPs of one step, counted in the run's convention."""
+        f = step_flops(self.model, self.plan)
+        return f.model_flops_per_step if self.convention == "palm" else f.model_flops_causal_per_step
 
 
 def _value(key: str, raw: Any) -> Any:
@@ -51,10 +57,11 @@ def _value(key: str, raw: Any) -> Any:
     return str(raw).strip() if isinstance(raw, str) else raw
 
 
-def run_from_dict(d: dict[str, Any], index: int = 0) -> Run:
-    """A :class:`Run` from one CSV row or YAML mapping (unknown keys are an error naming them)."""
+def run_from_dict(d: dict[str, Any], index: int = 0, convention: str | None = None) -> Run:
+    """A :class:`Run` from one CSV row or YAML mapping (unknown keys are an error naming them);
+    ``convention`` overrides the row's ``flops_convention``."""
     d = {k.strip(): v for k, v in d.items() if v not in (None, "")}
-    known = _PLAN | {"model", "name", "tflops_per_gpu", "step_time_s", "gpus"}
+    known = _PLAN | {"model", "name", "tflops_per_gpu", "step_time_s", "gpus", "flops_convention"}
     unknown = sorted(set(d) - known)
     if unknown:
         raise ParallelLabError(f"run {index}: unknown column(s) {unknown}; use Plan fields, model, name, gpus, "
@@ -64,19 +71,25 @@ def run_from_dict(d: dict[str, Any], index: int = 0) -> Run:
     model = ModelSpec.preset(str(d["model"]))
     plan = Plan(**{k: _value(k, v) for k, v in d.items() if k in _PLAN}).validate(
         model, int(d["gpus"]) if "gpus" in d else None)
+    conv = convention or str(d.get("flops_convention", "palm")).strip()
+    if conv not in CONVENTIONS:
+        raise ParallelLabError(f"run {index}: flops_convention={conv!r} is not known; pick one of "
+                               f"{', '.join(CONVENTIONS)}")
+    run = Run(str(d.get("name", f"run {index}")), model, plan, 1.0, conv)
     if "tflops_per_gpu" in d:
         tflops = float(d["tflops_per_gpu"])
     elif "step_time_s" in d:
-        tflops = step_flops(model, plan).model_flops_per_step / (float(d["step_time_s"]) * plan.world) / 1e12
+        tflops = run.model_flops() / (float(d["step_time_s"]) * plan.world) / 1e12
     else:
         raise ParallelLabError(f"run {index}: give tflops_per_gpu or step_time_s")
     if not tflops > 0:
         raise ParallelLabError(f"run {index}: measured throughput {tflops} must be > 0")
-    return Run(str(d.get("name", f"run {index}")), model, plan, tflops)
+    return replace(run, tflops_per_gpu=tflops)
 
 
-def load_runs(path: str | Path) -> list[Run]:
-    """Runs from a ``.csv`` or ``.yaml``/``.yml`` file (module docstring)."""
+def load_runs(path: str | Path, convention: str | None = None) -> list[Run]:
+    """Runs from a ``.csv`` or ``.yaml``/``.yml`` file (module docstring); ``convention`` overrides each
+    run's ``flops_convention``."""
     p = Path(path)
     if not p.exists():
         raise ParallelLabError(f"runs file {str(p)!r} does not exist")
@@ -92,15 +105,16 @@ def load_runs(path: str | Path) -> list[Run]:
         raise ParallelLabError(f"runs file {str(p)!r}: use .csv or .yaml")
     if not rows:
         raise ParallelLabError(f"runs file {str(p)!r} holds no runs")
-    return [run_from_dict(dict(r), i) for i, r in enumerate(rows)]
+    return [run_from_dict(dict(r), i, convention) for i, r in enumerate(rows)]
 
 
 def predicted_tflops(run: Run, cluster: ClusterSpec) -> float:
-    """Model TFLOP/s per GPU the step-time model predicts for ``run`` on ``cluster`` (its profile)."""
+    """Model TFLOP/s per GPU (in the run's convention) the step-time model predicts for ``run`` on
+    ``cluster`` (its profile)."""
     from .planner import evaluate
 
     est = evaluate(run.model, cluster, run.plan)
-    return step_flops(run.model, run.plan).model_flops_per_step / (est.step_time_s * run.plan.world) / 1e12
+    return run.model_flops() / (est.step_time_s * run.plan.world) / 1e12
 
 
 def _loss(runs: list[Run], cluster: ClusterSpec) -> float:
@@ -153,7 +167,7 @@ def profile_to_json(cluster: ClusterSpec, runs: list[Run], fitted: list[str]) ->
     """The profile file's content: the cluster preset, the fitted parameters, each run against the fit."""
     assert cluster.profile is not None
     return {"cluster": cluster.name, "profile": asdict(cluster.profile), "fitted": fitted,
-            "runs": [{"name": r.name, "measured_tflops_per_gpu": r.tflops_per_gpu,
+            "runs": [{"name": r.name, "flops_convention": r.convention, "measured_tflops_per_gpu": r.tflops_per_gpu,
                       "predicted_tflops_per_gpu": predicted_tflops(r, cluster)} for r in runs]}
 
 

@@ -893,12 +893,15 @@ def _add_calibrate(sub: Any) -> None:
     p.add_argument("--out", metavar="PROFILE.json", help="where to write the profile (default: print only)")
     p.add_argument("--no-fit", action="store_true",
                    help="only compare the runs with the --cluster profile's predictions (no fitting)")
+    p.add_argument("--flops-convention", choices=("palm", "causal"), default=None,
+                   help="how the runs' TFLOP/s count attention: palm = the full s x s square, causal = the visible "
+                        "half (default: each run's flops_convention column, else palm)")
 
 
 def _calibrate(args: argparse.Namespace) -> Output:
     from .calibrate import fit_profile, load_runs, profile_to_json
 
-    runs = load_runs(args.runs)
+    runs = load_runs(args.runs, args.flops_convention)
     if args.no_fit:
         cluster, fitted = cluster_from_args(args), []
         if cluster.profile is None:
@@ -910,7 +913,7 @@ def _calibrate(args: argparse.Namespace) -> Output:
         with open(args.out, "w") as f:
             json.dump(data, f, indent=2)
     rows = [(k, f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in data["profile"].items()]
-    rows += [(f"{r['name']} (TFLOP/s per GPU)",
+    rows += [(f"{r['name']} (TFLOP/s per GPU, {r['flops_convention']})",
               f"measured {r['measured_tflops_per_gpu']:.1f}  predicted {r['predicted_tflops_per_gpu']:.1f}")
              for r in data["runs"]]
     text = "\n".join([f"cluster {cluster.name}; fitted: {', '.join(fitted) or 'nothing (--no-fit)'}", table(rows)]

@@ -19,9 +19,10 @@ Hardware FLOPs add what recomputation runs again: ``full`` one more forward of t
 ``op-sac`` the matmuls it does not keep and the core (:func:`op_sac_recomputed_params`). The head is not
 recomputed.
 
-Two conventions, named (:data:`CONVENTIONS`): ``palm`` (the full square above; the seed's and Meta's MFU
-figures use it) and ``causal`` (only the ``s (s + 1) / 2`` query-key pairs a causal mask leaves, about
-half the attention term; what causal kernels compute). ``step_flops`` reports both.
+Two conventions, named (:data:`CONVENTIONS`): ``palm`` (the full square above, PaLM's MFU appendix;
+the Llama 3 paper does not say which it used, see ``calibrate``) and ``causal`` (only the ``s (s + 1) / 2``
+query-key pairs a causal mask leaves, about half the attention term; what causal kernels compute).
+``step_flops`` reports both.
 
 MFU (Chowdhery et al. 2022): model FLOPs per second over the peak of all GPUs.
 """

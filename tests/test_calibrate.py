@@ -42,12 +42,53 @@ def test_the_other_8k_row_is_predicted_within_10_percent(calibrated):
     assert predicted_tflops(runs[0], cluster) == pytest.approx(430.0, rel=0.10)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: the 128K row (CP 16) is predicted about 25% fast; the "
-                   "attention prior (FlashAttention-2 speed, causal FLOPs) or the all-gather CP overlap rule "
-                   "does not describe Meta's long-context kernels")
+@pytest.mark.xfail(strict=True, reason="known gap, counted as the full square (PaLM): the 128K row (CP 16) is "
+                   "predicted about 25% fast (counted causally it holds: the test below); the paper does "
+                   "not say which count its TFLOP/s use")
 def test_the_128k_row_is_predicted_within_10_percent(calibrated):
     runs, cluster, _ = calibrated
     assert predicted_tflops(runs[2], cluster) == pytest.approx(380.0, rel=0.10)
+
+
+@pytest.fixture(scope="module")
+def calibrated_causal():
+    runs = load_runs(RUNS, "causal")
+    cluster, _ = fit_profile([runs[1]], H100)
+    return runs, cluster
+
+
+def test_counted_causally_every_llama3_row_is_within_10_percent(calibrated_causal):
+    """The paper does not say how its TFLOP/s count attention. Counting only the visible (causal) half, as
+    the kernels compute it, and calibrated on the same one row, both other rows are predicted within 10%:
+    430 -> 425.0 and 380 -> 347.4 (-8.6%). Counted as the full square (the xfail above), the 128K row is
+    +25%: the two conventions differ by 3% at 8K and by 29% at 128K, where attention is most of the FLOPs."""
+    runs, cluster = calibrated_causal
+    assert [r.convention for r in runs] == ["causal"] * 3
+    assert predicted_tflops(runs[1], cluster) == pytest.approx(400.0, rel=1e-3)
+    assert predicted_tflops(runs[0], cluster) == pytest.approx(430.0, rel=0.10)
+    assert predicted_tflops(runs[2], cluster) == pytest.approx(380.0, rel=0.10)
+    # the convention changes only how throughput is counted, not the step time of a given profile
+    palm = load_runs(RUNS)
+    assert evaluate(palm[2].model, cluster, palm[2].plan).step_time_s == \
+        evaluate(runs[2].model, cluster, runs[2].plan).step_time_s
+    assert runs[2].model_flops() / palm[2].model_flops() == pytest.approx(0.714, abs=0.01)
+
+
+def test_flops_convention_column_and_flag(tmp_path):
+    runs = tmp_path / "runs.csv"
+    runs.write_text(RUNS.read_text().splitlines()[0] + ",flops_convention\n"
+                    + RUNS.read_text().splitlines()[2] + ",causal\n")
+    assert load_runs(runs)[0].convention == "causal"
+    assert load_runs(runs, "palm")[0].convention == "palm"
+    bad = tmp_path / "bad.csv"
+    bad.write_text(RUNS.read_text().splitlines()[0] + ",flops_convention\n" + RUNS.read_text().splitlines()[2]
+                   + ",square\n")
+    p = run_cli("calibrate", "--runs", str(bad))
+    assert p.returncode == 2 and "flops_convention='square' is not known" in p.stderr
+    p = run_cli("calibrate", "--runs", str(RUNS), "--flops-convention", "causal", "--json")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert {r["flops_convention"] for r in data["runs"]} == {"causal"}
 
 
 def test_without_a_profile_the_step_time_model_is_unchanged():
