@@ -644,6 +644,9 @@ def _add_plan(sub: Any) -> None:
     g.add_argument("--schedules", metavar="S,...",
                    help="pipeline schedules to try (default 1f1b,interleaved,zb-h1; gpipe only when asked)")
     g.add_argument("--zero-stages", metavar="Z,...", help="ZeRO stages to try (default 0,1,2,3)")
+    g.add_argument("--zero2-accumulate", metavar="A,...",
+                   help="ZeRO-2 gradient accumulation to try: unsharded (full gradients until the last micro-batch, "
+                        "the default), sharded (reduce-scatter every micro-batch, as FSDP), or both")
     g.add_argument("--recompute", metavar="R,...",
                    help="recompute modes to try (default none,selective,full)")
     g.add_argument("--max-tp", type=int_in("max_tp"), help="largest TP degree (default: GPUs per node)")
@@ -683,7 +686,8 @@ def _plan(args: argparse.Namespace) -> Output:
                           "optimizer": args.optimizer, "dtype": args.dtype, "margin": args.margin,
                           "attention": args.attention, "mlp": args.mlp, "pp_split": args.pp_split}
     for name, text, cast in (("schedules", args.schedules, str), ("zero_stages", args.zero_stages, int),
-                             ("recompute", args.recompute, str)):
+                             ("recompute", args.recompute, str),
+                             ("zero2_accumulate", args.zero2_accumulate, str)):
         if _split(text, cast):
             kw[name] = _split(text, cast)
     bad = [s for s in kw.get("schedules", ()) if s not in SCHEDULES]
@@ -701,7 +705,8 @@ def _plan(args: argparse.Namespace) -> Output:
         sched = "-" if f["pp"] == 1 else \
             f["schedule"] + (f" v={f['interleave']}" if f["interleave"] > 1 else "")
         ex = e.exposed_s
-        rows.append((i + 1, f["dp"], f["tp"], f["pp"], f["cp"], f["zero"], "sp" if f["sp"] else "",
+        zero = f"{f['zero']}s" if f.get("zero2_accumulate") == "sharded" else f["zero"]     # s: FSDP's per-mb RS
+        rows.append((i + 1, f["dp"], f["tp"], f["pp"], f["cp"], zero, "sp" if f["sp"] else "",
                      f["micro_batch"], f["grad_accum"], f["recompute"], sched,
                      f"{e.memory_bytes / GB:,.3g}", f"{e.headroom_bytes / GB:,.3g}", f"{e.step_time_s:,.4g}",
                      f"{e.mfu:.1%}", f"{e.bubble_ratio:.3f}",
@@ -715,6 +720,8 @@ def _plan(args: argparse.Namespace) -> Output:
                      "free GB", "step s", "MFU", "bubble", "exposed comm (ms)"), left=(6, 9, 10, 16)),
         "rejected families: " + (", ".join(f"{k} {v}" for k, v in res.rejected.items()) or "none"),
     ]
+    if any(e.fields.get("zero2_accumulate") == "sharded" for e in res.estimates[:args.top]):
+        lines.insert(-1, "zero 2s: ZeRO-2 reduce-scattering every micro-batch (zero2_accumulate=sharded)")
     if not res.estimates:
         lines.append("no plan fits: allow more GPUs, recomputation, ZeRO, or a smaller micro-batch")
     if args.save:

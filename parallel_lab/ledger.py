@@ -44,7 +44,7 @@ from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: r
     stage_params,
     unit_sizes,
 )
-from .schedules import build_schedule, head_inflight, peak_activation_units, split_backward
+from .schedules import compute_orders, head_inflight, peak_activation_units, split_backward
 from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "logits_and_loss", "comm_buffers")
@@ -269,8 +269,8 @@ def block_inflight(layers: int, schedule: str, pp: int, m: int, v: int, stage: i
         return float(sum(blocks))
     if len(set(blocks)) == 1:
         return sum(blocks) * inflight_microbatches(schedule, pp, m, v, stage)
-    actions = build_schedule(schedule, pp, m, v)[stage]
-    split_b = split_backward(actions)
+    actions = compute_orders(schedule, pp, m, v)[stage]
+    split_b = split_backward(list(actions))
     live = peak = 0
     for a in actions:
         if a.kind == "F":

@@ -67,7 +67,18 @@ from . import comm as comm_mod
 from . import layout, ledger
 from .flops import flops_per_token, step_flops
 from .schedules import head_inflight
-from .specs import CP_KINDS, RECOMPUTE, SCHEDULES, ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan, divisors
+from .specs import (
+    CP_KINDS,
+    RECOMPUTE,
+    SCHEDULES,
+    ZERO2_ACCUMULATES,
+    ClusterSpec,
+    LinkTier,
+    ModelSpec,
+    ParallelLabError,
+    Plan,
+    divisors,
+)
 from .steptime import (
     DpTimes,
     StageFlops,
@@ -84,8 +95,8 @@ from .steptime import (
 
 REASONS = ("divisibility", "batch", "tp_across_nodes", "oom")
 #: The Plan fields of a row of ``parallel-lab plan --json``.
-ROW_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "recompute", "schedule",
-              "interleave")
+ROW_FIELDS = ("dp", "tp", "pp", "cp", "zero", "zero2_accumulate", "sp", "micro_batch", "grad_accum", "recompute",
+              "schedule", "interleave")
 #: Plan fields a constraint may fix (``--fix tp=8,pp=16``).
 FIXABLE = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "recompute", "schedule",
            "interleave", "cp_kind")
@@ -157,6 +168,9 @@ class Constraints:
     attention: str = "eager"
     mlp: str = "eager"
     pp_split: str = "layers"
+    #: ZeRO-2's gradient accumulation variants tried (``Plan.zero2_accumulate``): hold the full gradients
+    #: until the last micro-batch ("unsharded"), or reduce-scatter every micro-batch ("sharded", FSDP's)
+    zero2_accumulate: tuple[str, ...] = ("unsharded",)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.fixed) - set(FIXABLE))
@@ -167,7 +181,8 @@ class Constraints:
         if not 0 <= self.margin < 1:
             raise ParallelLabError(f"margin={self.margin} must be a fraction in [0, 1); e.g. 0.1")
         for name, values, known in (("recompute", self.recompute, RECOMPUTE), ("schedules", self.schedules, SCHEDULES),
-                                    ("zero_stages", self.zero_stages, (0, 1, 2, 3))):
+                                    ("zero_stages", self.zero_stages, (0, 1, 2, 3)),
+                                    ("zero2_accumulate", self.zero2_accumulate, ZERO2_ACCUMULATES)):
             bad = [v for v in values if v not in known]
             if bad or not values:
                 raise ParallelLabError(f"{name}={shorten_list(bad or values)} is not known; pick from "
@@ -357,17 +372,20 @@ class _Fast:
 
     # ---- memory (ledger) ----------------------------------------------------------------------------
     def state_and_buffers(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int,
-                          zero_unit: str = "block", dp_kind: str = "bucketed", m: int = 1) -> tuple[float, float]:
+                          zero_unit: str = "block", dp_kind: str = "bucketed", m: int = 1,
+                          accumulate: str = "unsharded") -> tuple[float, float]:
         """``ledger.stage_state_bytes`` and ``ledger.state_buffer_bytes`` of the stage (``m`` micro-batches:
         ZeRO-2 holds full gradients between them unless it reduce-scatters every one)."""
-        grads_sharded = ledger._gradients_sharded(zero, self.base.zero2_accumulate, m)
+        grads_sharded = ledger._gradients_sharded(zero, accumulate, m)
 
         def compute() -> tuple[float, float]:
-            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, dp_kind=dp_kind)
+            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, dp_kind=dp_kind,
+                                    zero2_accumulate=accumulate)
             plan = _variant(plan, grad_accum=m)
             buf, _ = ledger.state_buffer_bytes(self.model, plan, stage)
             return float(sum(ledger.stage_state_bytes(self.model, plan, stage).values())), float(buf or 0.0)
-        return self._once(("state", tp, pp, v, stage, g, zero, zero_unit, dp_kind, grads_sharded), compute)
+        return self._once(("state", tp, pp, v, stage, g, zero, zero_unit, dp_kind, grads_sharded, accumulate),
+                          compute)
 
     def act_per_layer(self, tp: int, sp: bool, cp: int, mb: int, recompute: str) -> float:
         return self._once(("act", tp, sp, cp, mb, recompute), lambda: ledger.activation_bytes_per_layer(
@@ -385,7 +403,7 @@ class _Fast:
         """Bytes of stage ``stage`` per GPU, as ``ledger.memory(model, plan, stage=stage).total_bytes``."""
         p = plan
         state, buf = self.state_and_buffers(p.tp, p.pp, p.interleave, stage, p.dp * p.cp, p.zero, p.zero_unit,
-                                            p.dp_kind, p.microbatches)
+                                            p.dp_kind, p.microbatches, p.zero2_accumulate)
         act = (self.act_per_layer(p.tp, p.sp, p.cp, p.micro_batch, p.recompute)
                * ledger.block_inflight(self.model.layers, p.schedule, p.pp, p.microbatches, p.interleave, stage,
                                        p.pp_split))
@@ -406,13 +424,18 @@ class _Fast:
         return memo[key]
 
     def dp_times(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int, tier: LinkTier,
-                 zero_unit: str = "block") -> DpTimes:
-        """``steptime.dp_times`` of comm's dp collectives of the stage (ZeRO-3's per micro-batch)."""
+                 zero_unit: str = "block", accumulate: str = "unsharded", m: int = 1) -> DpTimes:
+        """``steptime.dp_times`` of comm's dp collectives of the stage (ZeRO-3's per micro-batch; ZeRO-2
+        with ``accumulate="sharded"`` reduce-scatters each of the ``m`` micro-batches)."""
+        m = m if accumulate == "sharded" else 0       # only then does the count depend on m
+
         def compute() -> DpTimes:
-            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit)
+            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, zero2_accumulate=accumulate)
+            if m:
+                plan = _variant(plan, grad_accum=m)
             colls = comm_mod.stage_collectives(self.model, plan, stage, dims=("dp",))
             return dp_times(colls, tier, zero, plan.microbatches)
-        return self._once(("dp", tp, pp, v, stage, g, zero, tier.name, zero_unit), compute)
+        return self._once(("dp", tp, pp, v, stage, g, zero, tier.name, zero_unit, accumulate, m), compute)
 
     def _per_mb_and_step(self, dim: str, plan: Plan, stage: int, tier: LinkTier) -> tuple[float, float]:
         """(seconds per micro-batch, seconds once per step) of comm's ``dim`` calls: counts are affine in
@@ -493,7 +516,8 @@ class _Fast:
         g = p.dp * p.cp
         if g > 1:
             tier = self.tiers(p.dp, p.pp, p.cp, p.tp, stage, p.interleave)["dp"]
-            st.dp = self.dp_times(p.tp, p.pp, p.interleave, stage, g, p.zero, tier, p.zero_unit)
+            st.dp = self.dp_times(p.tp, p.pp, p.interleave, stage, g, p.zero, tier, p.zero_unit,
+                                  p.zero2_accumulate, p.microbatches)
             st.comm["dp"] = st.dp.total(p.microbatches)
         return st
 
@@ -614,26 +638,26 @@ class _Family:
     dp: int
     stages: list[int]
     tiers: list[LinkTier]          # the DP group's tier, per stage
-    zeros: list[int]
-    _state: dict[tuple[int, int, bool], list[float]] = field(default_factory=dict)
-    _dp: dict[tuple[int, int], list[DpTimes]] = field(default_factory=dict)
+    zeros: list[tuple[int, str]]   # (ZeRO stage, ZeRO-2 accumulation) variants
+    _state: dict[tuple[int, tuple[int, str], bool], list[float]] = field(default_factory=dict)
+    _dp: dict[tuple[int, tuple[int, str], int], list[DpTimes]] = field(default_factory=dict)
 
-    def state(self, fast: _Fast, v: int, zero: int, m: int) -> list[float]:
+    def state(self, fast: _Fast, v: int, zv: tuple[int, str], m: int) -> list[float]:
         """Per stage: model-state bytes plus the ZeRO/DDP communication buffers (``m`` micro-batches)."""
-        key = (v, zero, m > 1)
+        key = (v, zv, m > 1)
         if key not in self._state:
             g = self.dp * self.cp
-            self._state[key] = [sum(fast.state_and_buffers(self.tp, self.pp, v, s, g, zero, m=m))
+            self._state[key] = [sum(fast.state_and_buffers(self.tp, self.pp, v, s, g, zv[0], m=m, accumulate=zv[1]))
                                 for s in self.stages]
         return self._state[key]
 
-    def dp_times(self, fast: _Fast, v: int, zero: int) -> list[DpTimes]:
+    def dp_times(self, fast: _Fast, v: int, zv: tuple[int, str], m: int) -> list[DpTimes]:
         """Per stage: :meth:`_Fast.dp_times` (zeros without data parallelism)."""
-        key = (v, zero)
+        key = (v, zv, m if zv[1] == "sharded" else 0)
         if key not in self._dp:
             g = self.dp * self.cp
-            self._dp[key] = [fast.dp_times(self.tp, self.pp, v, s, g, zero, tier) if g > 1 else DpTimes()
-                             for s, tier in zip(self.stages, self.tiers, strict=True)]
+            self._dp[key] = [fast.dp_times(self.tp, self.pp, v, s, g, zv[0], tier, accumulate=zv[1], m=m)
+                             if g > 1 else DpTimes() for s, tier in zip(self.stages, self.tiers, strict=True)]
         return self._dp[key]
 
 
@@ -665,6 +689,7 @@ class _Record:
     order: int
     variant: _Variant
     zero: int
+    accumulate: str             # Plan.zero2_accumulate
     stage_index: int            # the checked stage that sets the step time
     dp_exposed: float
     dp: DpTimes
@@ -691,7 +716,8 @@ class _Search:
         before = len(self.records)
         stages = stages_to_check(pp, fast.base.pp_split)
         fam = _Family(tp, cp, pp, dp, stages, [fast.tiers(dp, pp, cp, tp, s)["dp"] for s in stages],
-                      [z for z in c.options("zero", c.zero_stages) if z == 0 or dp > 1])
+                      [(z, acc) for z in c.options("zero", c.zero_stages) if z == 0 or dp > 1
+                       for acc in (c.zero2_accumulate if z == 2 else ("unsharded",))])
         per_replica = self.batch // dp
         for mb in c.options("micro_batch", divisors(per_replica)):
             m, rest = divmod(per_replica, mb)
@@ -722,10 +748,10 @@ class _Search:
             act[-1] += lpm * head_inflight(sched, pp, m, v)                  # the last stage's logits
             states = states_v.get(v)
             if states is None:
-                states = states_v[v] = [(zero, fam.state(fast, v, zero, m)) for zero in fam.zeros]
+                states = states_v[v] = [(zv, fam.state(fast, v, zv, m)) for zv in fam.zeros]
             self.candidates += n_zeros
             variant = None
-            for zero, sb in states:
+            for zv, sb in states:
                 # the largest checked stage: state + buffers + activations (+ logits on the last)
                 mem = max(map(add, sb, act))
                 if mem > usable:
@@ -739,13 +765,14 @@ class _Search:
                     variant = _Variant(tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub, sts,
                                        [critical_path(st, c.cp_kind, bub) for st in sts])
                 best = None
-                for i, dpt in enumerate(fam.dp_times(fast, v, zero)):
+                zero = zv[0]
+                for i, dpt in enumerate(fam.dp_times(fast, v, zv, m)):
                     dpe = dp_exposed(zero, variant.stages[i].compute, m, recompute, dpt)
                     step = variant.cores[i][0] + dpe
                     if best is None or step > best[0]:
                         best = (step, i, dpe, dpt)
                 assert best is not None
-                records.append(_Record(best[0], mem, len(records), variant, zero, *best[1:]))
+                records.append(_Record(best[0], mem, len(records), variant, zero, zv[1], *best[1:]))
 
     def build(self, record: _Record) -> Estimate:
         """The :class:`Estimate` of one record (see :meth:`family`)."""
@@ -756,7 +783,8 @@ class _Search:
             comm_s["dp"] = record.dp.total(v.m)
         fields = {"dp": v.dp, "tp": v.tp, "pp": v.pp, "cp": v.cp, "zero": record.zero, "sp": v.sp,
                   "micro_batch": v.micro_batch, "grad_accum": v.m, "recompute": v.recompute,
-                  "schedule": v.schedule, "interleave": v.interleave, **self.common}
+                  "schedule": v.schedule, "interleave": v.interleave, "zero2_accumulate": record.accumulate,
+                  **self.common}
         exposed = {"tp": core[1], "cp": core[2], "pp": core[3], "dp": record.dp_exposed}
         mfu = self.model_flops / (record.step * self.gpus * self.cluster.peak_flops)
         return Estimate(fields, record.memory, self.usable, st.compute, v.bubble, comm_s, exposed, record.step,

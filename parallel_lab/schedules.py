@@ -89,6 +89,7 @@ V lists equal, action for action, those of torch's ``ScheduleZBVZeroBubble`` and
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -674,18 +675,44 @@ def chunks_per_rank(name: str, v: int = 1) -> int:
     return 2 if name in V_SCHEDULES else v
 
 
-def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
-    """The schedule named ``name``: ``Plan.schedule`` (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``) or a V
-    schedule (``zb-v``, ``dualpipev``: two chunks per rank by construction, ``v`` is 1 or 2)."""
+def _check_name(name: str, v: int) -> None:
     if name not in SCHEDULE_NAMES:
         raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULE_NAMES)}")
     if name in V_SCHEDULES:
         if v not in (1, 2):
             raise ParallelLabError(f"{name} places exactly 2 chunks per rank in a V; v={v}: pass v=1 or 2")
-        return zb_v(p, m) if name == "zb-v" else dualpipev(p, m)
-    if v != 1 and name != "interleaved":
+    elif v != 1 and name != "interleaved":
         raise ParallelLabError(f"v={v} model chunks per rank needs schedule 'interleaved' (got {name!r}); "
                                "or set v=1")
+
+
+@functools.lru_cache(maxsize=1024)
+def compute_orders(name: str, p: int, m: int, v: int = 1) -> tuple[tuple[Action, ...], ...]:
+    """Each rank's compute actions (F, B, W) of :func:`build_schedule`, in order, without the point-to-point
+    ops it places between them: all that memory needs (``ledger.block_inflight``), at a fraction of the cost
+    (tests/test_schedules.py checks they are ``build_schedule``'s compute actions)."""
+    _check_name(name, v)
+    if name == "gpipe":
+        orders = gpipe_order(p, m)
+    elif name == "1f1b" or (name == "interleaved" and v == 1):
+        orders = one_f_one_b_order(p, m)
+    elif name == "interleaved":
+        orders = interleaved_order(p, m, v)
+    elif name == "zb-h1":
+        orders = zb_h1_order(p, m)
+    elif name == "zb-v":
+        orders = zb_v_order(p, m)
+    else:
+        orders = dualpipev_order(p, m)[0]
+    return tuple(tuple(order) for order in orders)
+
+
+def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
+    """The schedule named ``name``: ``Plan.schedule`` (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``) or a V
+    schedule (``zb-v``, ``dualpipev``: two chunks per rank by construction, ``v`` is 1 or 2)."""
+    _check_name(name, v)
+    if name in V_SCHEDULES:
+        return zb_v(p, m) if name == "zb-v" else dualpipev(p, m)
     if name == "gpipe":
         return gpipe(p, m)
     if name == "1f1b":

@@ -12,7 +12,9 @@ published result; the assumptions, one line each):
   recomputation adds a forward to B); it multiplies everything on the per-micro-batch critical path.
 * ``pp``: every point-to-point transfer of the stage (receives are posted just before their consumer).
 * ``dp_exposed``: gradient sync overlaps the last micro-batch's backward (exposed: ``max(last call,
-  sync - one backward)``); ZeRO-1/2's parameter all-gather overlaps the next first forward likewise;
+  sync - one backward)``); a sync made every micro-batch (ZeRO-2 ``zero2_accumulate="sharded"``, FSDP's
+  per-micro-batch reduce-scatter) overlaps all compute after the first forward; ZeRO-1/2's parameter
+  all-gather overlaps the next first forward likewise;
   ZeRO-3 is prefetched under the whole step (exposed: ``max(one unit's calls, zero3 - compute)``).
 Collective times are comm's alpha-beta model on the tier each group lands on (``layout.group_tier``).
 MFU = model FLOPs per step / (step time * GPUs * peak), Chowdhery et al. 2022.
@@ -63,6 +65,7 @@ class DpTimes:
     gather: float = 0.0         # ZeRO-1/2: all-gather of the updated parameters after the step
     first: float = 0.0          # its first call; ZeRO-3: the largest unit's gathers + reduce-scatter
     zero3_per_mb: float = 0.0   # ZeRO-3: all its traffic for one micro-batch
+    spread: bool = False        # the sync is made every micro-batch (ZeRO-2 zero2_accumulate="sharded")
 
     def total(self, m: int) -> float:
         return self.sync + self.gather + self.zero3_per_mb * m
@@ -73,6 +76,7 @@ def dp_times(colls: Iterable[Collective], tier: LinkTier, zero: int, m: int) -> 
 
     ZeRO-3's calls are made every micro-batch (``count = m``); the others once per step."""
     sync = last = gather = first = z3 = 0.0
+    spread = False
     units: dict[str | None, float] = {}
     for c in colls:
         if c.dim != "dp":
@@ -87,9 +91,10 @@ def dp_times(colls: Iterable[Collective], tier: LinkTier, zero: int, m: int) -> 
         else:
             sync += c.count * t
             last = t
+            spread = spread or c.count > 1
     if units:
         first = max(units.values())
-    return DpTimes(sync, last, gather, first, z3)
+    return DpTimes(sync, last, gather, first, z3, spread)
 
 
 def costs(recompute: str) -> Costs:
@@ -120,7 +125,10 @@ def dp_exposed(zero: int, compute: float, m: int, recompute: str, d: DpTimes) ->
         return max(d.first, z3 - compute) if z3 else 0.0
     f_share, b_share = SHARES[recompute]
     per_mb = compute / m
-    out = max(d.last, d.sync - per_mb * b_share) if d.sync else 0.0
+    # a sync made once hides behind the last backward; one made every micro-batch behind everything after
+    # the first forward
+    hide = compute - per_mb * f_share if d.spread else per_mb * b_share
+    out = max(d.last, d.sync - hide) if d.sync else 0.0
     if d.gather:
         out += max(d.first, d.gather - per_mb * f_share)
     return out

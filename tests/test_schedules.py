@@ -275,3 +275,14 @@ def test_head_inflight_equals_the_last_chunk_of_the_lists(name):
                 last = [a for a in acts if a.is_compute and a.chunk == v - 1]
                 assert head_inflight(name, p, m, v) == max(inflight_trace(last)), (name, p, m, v)
     assert head_inflight(name, 1, 8) == 1
+
+
+@pytest.mark.parametrize("name,p,m,v", [("gpipe", 3, 5, 1), ("1f1b", 4, 7, 1), ("interleaved", 4, 8, 2),
+                                        ("interleaved", 3, 6, 1), ("interleaved", 16, 16, 8), ("zb-h1", 4, 6, 1),
+                                        ("zb-v", 3, 7, 1), ("dualpipev", 2, 8, 1)])
+def test_compute_orders_are_the_compute_actions_of_build_schedule(name, p, m, v):
+    from parallel_lab.schedules import compute_orders
+    full = build_schedule(name, p, m, v)
+    assert [list(o) for o in compute_orders(name, p, m, v)] == [[a for a in r if a.is_compute] for r in full]
+    with pytest.raises(ParallelLabError, match="needs schedule 'interleaved'"):
+        compute_orders("1f1b", p, m, 2)
