@@ -285,3 +285,24 @@ def test_plan_cli_text_fix_and_errors(capsys):
     code, _, err = _cli(capsys, "plan", "--model", "llama3-405b", "--gpus", "16384", "--seq", "8192",
                         "--global-batch-tokens", "16M", "--fix", "tp=3")
     assert code == 2 and "divide" in err
+
+
+def test_a_reduce_scatter_every_micro_batch_hides_behind_the_step_not_one_backward():
+    from parallel_lab.steptime import DpTimes, dp_exposed
+    # 16 micro-batches of 0.3 s compute (F : B+W = 1 : 2 without recompute), 16 reduce-scatters of 0.2 s
+    once = DpTimes(sync=3.2, last=0.2)
+    spread = DpTimes(sync=3.2, last=0.2, spread=True)
+    compute, m = 16 * 0.3, 16
+    assert dp_exposed(2, compute, m, "none", once) == pytest.approx(3.2 - 0.2)          # one backward hides it
+    assert dp_exposed(2, compute, m, "none", spread) == pytest.approx(0.2)              # only the last call
+    assert dp_exposed(2, 1.0, m, "none", spread) == pytest.approx(3.2 - (1.0 - 1.0 / 16 / 3))
+    # the planner's fast path and evaluate() agree on such plans (per-micro-batch counts in comm)
+    model = ModelSpec.preset("llama2-7b")
+    res = plan_search(model, H100, 64, 4096, global_batch=256,
+                      constraints=Constraints(zero_stages=(2,), zero2_accumulate=("unsharded", "sharded")))
+    sharded = [e for e in res.estimates if e.fields["zero2_accumulate"] == "sharded" and e.fields["grad_accum"] > 1]
+    assert sharded
+    for e in sharded[:10] + sharded[-5:]:
+        ref = evaluate(model, H100, e.plan)
+        assert e.step_time_s == pytest.approx(ref.step_time_s, rel=1e-9)
+        assert e.memory_bytes == pytest.approx(ref.memory_bytes, rel=1e-12)
