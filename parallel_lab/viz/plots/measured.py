@@ -59,7 +59,8 @@ def draw_predicted_measured(ax: Axes, labels: Sequence[str], predicted: Sequence
     else:
         ax.set_xlabel(quantity)
     ax.legend(handles=[Patch(facecolor="white", edgecolor=PREDICTED_EDGE, label="predicted"),
-                       Patch(color=MEASURED_COLOR, label="measured")], loc="lower right", fontsize=8)
+                       Patch(color=MEASURED_COLOR, label="measured")], loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              fontsize=8, frameon=False)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     set_title(ax, title)
@@ -73,6 +74,6 @@ def predicted_measured_figure(labels: Sequence[str], predicted: Sequence[float],
     height = 1.3 + 0.55 * len(labels)
     fig = new_figure((8.4, height))
     ax = fig.add_subplot()
-    fig.subplots_adjust(left=0.24, right=0.97, bottom=0.55 / height + 0.05, top=1 - 0.45 / height)
+    fig.subplots_adjust(left=0.24, right=0.86, bottom=0.55 / height + 0.05, top=1 - 0.45 / height)
     draw_predicted_measured(ax, labels, predicted, measured, units=units, quantity=quantity, title=title)
     return fig
