@@ -1,0 +1,38 @@
+"""Lesson 03: the seed's TP figure, the calls per layer, and the two runs measured equal to the prediction."""
+
+from __future__ import annotations
+
+import re
+
+
+def _equal_pair(text: str, label: str) -> int:
+    """The measured figure of a row ``label  measured  predicted`` whose two numbers must be equal."""
+    m = re.search(re.escape(label) + r"\s+([\d,]+)\s+([\d,]+)", text)
+    assert m, f"row {label!r} missing"
+    assert m.group(1) == m.group(2), f"{label}: measured {m.group(1)} != predicted {m.group(2)}"
+    return int(m.group(1).replace(",", ""))
+
+
+def check(text: str, nb) -> None:
+    # the seed's figure: 4 all-reduces of s*b*h*2 bytes per layer, ring 2(t-1)/t, 32 layers, t=8
+    assert "TP bytes per GPU per step: 7.52 GB   (formula L * 4 * sbh*2 * 2(t-1)/t = 7.516192768 GB)" in text
+    assert "forward  2 x all_reduce" in text and "backward 2 x all_reduce" in text
+    assert "Plan(tp=16) on 8-GPU nodes: tp=16 spans more than one node" in text
+    ratio = float(re.search(r"step time ratio: ([\d.]+)x", text).group(1))
+    assert ratio > 2, ratio                       # TP across nodes: the step is several times longer
+    # Korthikanti et al.: 104.15 GB on one GPU (lesson 01), sbh(10 + 24/t + 5as/ht) and sbh(34/t + 5as/ht) at t=8
+    for figure in ("104.15 GB", "17.72 GB", "13.02 GB"):
+        assert figure in text, figure
+    # every predict prompt's feedback cell ran (the placeholder answers give "no answer yet")
+    assert text.count("no answer yet") >= 6
+    if "tp=2 on 2 ranks" in text:                 # the real runs happened
+        tp = _equal_pair(text, "TP payload, tp=2 ")
+        assert tp == 8_388_608                    # 2 ranks x 4 layers x 4 all-reduces x (128*4*128*4 B)
+        sp = _equal_pair(text, "TP payload, tp=2 + SP")
+        assert sp > 2 * tp
+        a_tp = _equal_pair(text, "activations, tp=2 ")
+        a_sp = _equal_pair(text, "activations, tp=2 + SP")
+        assert a_sp < a_tp
+        for dim in ("tp ", "tp_vocab"):
+            assert re.search(re.escape(dim) + r"\s+([\d,]+)\s+\1\s+equal", text), dim
+        assert re.search(r"forward  all_reduce\s+8\s+8", text) and re.search(r"backward all_reduce\s+8\s+8", text)

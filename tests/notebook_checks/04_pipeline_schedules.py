@@ -1,0 +1,34 @@
+"""Lesson 04: the seed's bubble table, both bubble definitions, in-flight counts, and the measured pipeline runs."""
+
+from __future__ import annotations
+
+import re
+
+
+def check(text: str, nb) -> None:
+    # the seed's (p-1)/m for p=8 and m = 8, 16, 32, 64 (its 175% at m=4 is lesson 04's table too: same formula)
+    assert re.search(r"seed's \(p-1\)/m\s+87\.5%\s+43\.8%\s+21\.9%\s+10\.9%", text)
+    # GPipe and 1F1B simulated: bubble ratio (p-1)/m and idle fraction (p-1)/(m+p-1)
+    for name in ("gpipe", "1f1b"):
+        assert re.search(name + r"\s+87\.5% / 46\.7%\s+43\.8% / 30\.4%\s+21\.9% / 17\.9%\s+10\.9% /  9\.9%", text), name
+    assert re.search(r"interleaved v=2\s+43\.8% / 30\.4%", text)         # (p-1)/(v m)
+    assert "1f1b             [8, 7, 6, 5, 4, 3, 2, 1]" in text            # p - r in flight
+    assert "gpipe            [64, 64, 64, 64, 64, 64, 64, 64]" in text
+    assert "stage 0: F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5" in text         # 1F1B's list on 4 stages, 6 micro-batches
+    # failure mode 4 on the 7B-class shape: GPipe at m=64 does not fit, at m=16 it does; 1F1B at m=64 does
+    assert re.search(r"gpipe\s+64\s+[\d.]+ GB\s+[\d.]+ GB\s+False", text)
+    assert re.search(r"gpipe\s+16\s+[\d.]+ GB\s+[\d.]+ GB\s+True", text)
+    assert re.search(r"1f1b\s+64\s+[\d.]+ GB\s+[\d.]+ GB\s+True", text)
+    assert text.count("no answer yet") >= 6                             # every prediction's feedback ran
+    if "1f1b: p=2, m=4" in text:                                        # the real runs happened
+        assert "peak in flight per stage: measured [2, 1], simulated [2, 1]" in text
+        assert "peak in flight per stage: measured [4, 4], simulated [4, 4]" in text
+        acts = re.findall(r"activations \(largest stage\): measured ([\d,]+) B, predicted ([\d,]+) B", text)
+        assert len(acts) == 2 and all(a == b for a, b in acts), acts
+        one = re.findall(r"GPipe activations, m=(\d): measured ([\d,]+) B, predicted ([\d,]+) B", text)
+        assert len(one) == 2 and all(b == c for _, b, c in one), one
+        by_m = {int(k): int(b.replace(",", "")) for k, b, _ in one}
+        assert by_m[1] < by_m[4]
+        # one micro-batch on two stages: the stages never overlap, so at least half the GPU-time is idle
+        idle = float(re.search(r"GPipe m=1: idle fraction predicted 50\.0%, measured ([\d.]+)%", text).group(1))
+        assert idle >= 49.0, idle
