@@ -422,3 +422,14 @@ def apply_cp(rt: Runtime) -> None:
         blk.attn.core = ContextParallelAttention(cp)
     before = rt.shard_micro
     rt.shard_micro = lambda batch: cp.shard_micro(before(batch))
+    rt.extras.setdefault("reports", {})["cp"] = lambda: cp_report(grp)       # -> RankResult.info["cp"]
+
+
+def cp_report(grp: CPGroup) -> dict[str, Any]:
+    """What this rank's attention did over the run: the forward kernel's tile pairs and (query, key) pairs
+    computed (whole tiles, masked edges included) and tiles skipped, and seconds computing / blocked waiting
+    per phase (``cp_stats.OverlapStats``). Lesson 05 compares the pairs per rank with the ring's tiles."""
+    k = grp.stats.kernel
+    return {"pairs_computed": k.pairs_computed, "tiles_computed": k.tiles_computed,
+            "tiles_skipped": k.tiles_skipped, "compute_s": dict(grp.stats.compute_s),
+            "wait_s": dict(grp.stats.wait_s)}

@@ -206,7 +206,13 @@ def test_training_dp2_cp2_gpt_syncs_gradients_over_dp_x_cp():
 def test_run_report_for_cp2(kind, recompute):
     # selective recomputation reruns the attention core, and with it the core's communication
     plan = Plan(cp=2, cp_kind=kind, recompute=recompute, **{**RUN_DEFAULTS, "seq": 64, "micro_batch": 2})
-    j = run(LLAMA.with_(layers=2), plan, steps=2).to_json()
+    rep = run(LLAMA.with_(layers=2), plan, steps=2)
+    j = rep.to_json()
     assert j["comm"]["cp"]["measured_bytes"] == j["comm"]["cp"]["predicted_bytes"] > 0
     assert j["memory"]["activations"]["measured_bytes"] == j["memory"]["activations"]["predicted_bytes"]
     assert j["max_abs_param_diff"] <= PARAM_TOL
+    # the forward kernel's work per rank (RankResult.info["cp"], whole 16-token tiles of the 4 zigzag chunks): the
+    # ring gives each rank 5 of the 10 causal tiles, Ulysses all 10 for half the heads; selective recomputation
+    # runs the forward kernel again in backward. 2 sequences x 2 layers x 2 steps.
+    tiles = (10 if kind == "ulysses" else 5) * (2 if recompute == "selective" else 1)
+    assert [r.info["cp"]["pairs_computed"] for r in rep.ranks] == [tiles * 16 * 16 * 2 * 2 * 2] * 2
