@@ -55,6 +55,12 @@ def _fmt(x: float, unit: str) -> str:
     return f"{x:.6g}{' ' + unit if unit else ''}"
 
 
+def _tolerance(rtol: float, atol: float, unit: str) -> str:
+    """``0.01``, ``±0.5 GB`` or ``0.01 or ±0.5 GB``: the tolerance that was applied (the larger one wins)."""
+    parts = ([f"{rtol:.2g}"] if rtol else []) + ([f"±{_fmt(atol, unit)}"] if atol else [])
+    return " or ".join(parts) or "0 (exact)"
+
+
 def _pct(rel: float) -> str:
     """``+12.5%``, or two significant digits when small (``-0.0040%``), never a bare ``-0.0%``."""
     if rel == 0 or abs(rel) >= 0.001:
@@ -130,10 +136,14 @@ def _diagnose(x: float, total: float, terms: Mapping[str, float], rtol: float, a
         ratio = x / total
         for r, why in UNIT_SLIPS.items():
             if unit != "B":                     # the hints in brackets are about bytes
-                why = why.split(" (")[0] if why.startswith("a factor") else why
-            for rr, word in ((r, "larger"), (1 / r, "smaller")):
+                if not why.startswith("a factor"):
+                    if unit:
+                        continue                # GB vs GiB is a slip of bytes: not of %, s or a count
+                else:
+                    why = why.split(" (")[0]
+            for rr in (r, 1 / r):
                 if _close(ratio, rr, rtol, 0.0):
-                    return f"it is {why} {word} than expected", (), ()
+                    return f"it is {why} {'larger' if rr > 1 else 'smaller'} than expected", (), ()
     return "", (), ()
 
 
@@ -164,7 +174,7 @@ def check(answer: Any, expected: float | Mapping[str, float], *, rtol: float = D
     rel = (x - total) / total if total else (math.inf if x else 0.0)
     if _close(x, total, rtol, atol):
         return Feedback(True, f"{name}: right, {_fmt(x, unit)} (expected {_fmt(total, unit)}, "
-                              f"{_pct(rel)}; tolerance {rtol:.2g})", answer, expected, rel)
+                              f"{_pct(rel)}; tolerance {_tolerance(rtol, atol, unit)})", answer, expected, rel)
     why, missed, doubled = _diagnose(x, total, parts, rtol, atol, unit)
     off = _pct(rel) if math.isfinite(rel) else "expected 0"
     msg = f"{name}: not yet, {_fmt(x, unit)} vs expected {_fmt(total, unit)} ({off})"

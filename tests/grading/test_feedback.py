@@ -72,3 +72,21 @@ def test_importing_check_does_not_import_torch():
     code = "import sys; from parallel_lab.grading import check; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_unit_slip_says_larger_or_smaller_the_right_way_round():
+    # 1e9 / 2**30 < 1: an answer 2**30/1e9 times the expected bytes is LARGER (found in lesson 04 as "smaller")
+    fb = check(2**30, 1e9, rtol=0.001, unit="B")
+    assert not fb and "GB vs GiB" in fb.message and "larger" in fb.message
+    fb = check(1e9, 2**30, rtol=0.001, unit="B")
+    assert "GB vs GiB" in fb.message and "smaller" in fb.message
+    # a percentage is not bytes: 50 against 46.67 is no GB/GiB slip
+    fb = check(50.0, 46.67, atol=1.0, unit="%")
+    assert not fb and "GiB" not in fb.message
+    assert "factor 1,000 larger" in check(3000.0, 3.0, unit="ms").message
+
+
+def test_the_tolerance_printed_is_the_one_applied():
+    assert "tolerance ±1 %" in check(46.5, 46.67, rtol=0.0, atol=1.0, unit="%").message
+    assert "tolerance 0.01" in check(1.005, 1.0, rtol=0.01).message
+    assert "tolerance 0 (exact)" in check(3, 3, rtol=0.0).message
