@@ -323,3 +323,17 @@ def predict(model: ModelSpec, plan_a: Plan, plan_b: Plan, cluster: ClusterSpec) 
     return ReshardPrediction(total, written, read, moved, pairs, fullest, max(per_dst, default=0.0),
                              "rank i of A and rank i of B are the same GPU; each rank of B receives, one after "
                              "the other, the pieces other GPUs wrote, on the link tier between the two")
+
+
+def kept_bytes(model: ModelSpec, plan_a: Plan, plan_b: Plan, rank: int) -> tuple[int, int]:
+    """``(read, kept)`` for one rank of B at any scale: the bytes it needs, and how many of them rank ``rank``
+    of A wrote itself (no network needed when the same GPU keeps the same rank number)."""
+    mine: dict[tuple[str, str], list[Box]] = {}
+    if rank < plan_a.world:
+        for p in rank_pieces(model, plan_a, rank, written=True):
+            mine.setdefault((p.state, p.name), []).append(p.box)
+    read = kept = 0
+    for p in rank_pieces(model, plan_b, rank):
+        read += p.numel
+        kept += sum(_overlap(b, p.box) for b in mine.get((p.state, p.name), ()))
+    return read * STATE_BYTES, kept * STATE_BYTES
