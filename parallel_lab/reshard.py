@@ -337,3 +337,26 @@ def kept_bytes(model: ModelSpec, plan_a: Plan, plan_b: Plan, rank: int) -> tuple
         read += p.numel
         kept += sum(_overlap(b, p.box) for b in mine.get((p.state, p.name), ()))
     return read * STATE_BYTES, kept * STATE_BYTES
+
+
+def _gb(n: float) -> str:
+    return f"{n:,} B" if n < 10**6 else f"{n / 1e9:,.3f} GB"
+
+
+def summary(pred: ReshardPrediction, label_a: str = "A", label_b: str = "B", rows: int = 16) -> str:
+    """The prediction as a short table (what ``parallel-lab reshard`` prints)."""
+    lines = [f"checkpoint: {_gb(pred.checkpoint_bytes)} (fp32 master weights and optimizer states, each element "
+             f"written once by {label_a}'s ranks)"]
+    if pred.read is not None:
+        lines.append(f"{'rank':>4}  {'written by ' + label_a:>18}  {'read by ' + label_b:>18}  "
+                     f"{'moved (not own file)':>20}")
+        for r in range(min(rows, max(len(pred.written), len(pred.read)))):
+            w = f"{pred.written[r]:,}" if r < len(pred.written) else "-"
+            rd = f"{pred.read[r]:,}" if r < len(pred.read) else "-"
+            mv = f"{pred.moved[r]:,}" if r < len(pred.moved) else "-"
+            lines.append(f"{r:>4}  {w:>18}  {rd:>18}  {mv:>20}")
+        if max(len(pred.written), len(pred.read)) > rows:
+            lines.append(f"... ({max(len(pred.written), len(pred.read)) - rows} more ranks; --json lists all)")
+    lines.append(f"fullest rank of {label_b} reads {_gb(pred.max_read_bytes)}; estimated time "
+                 f"{pred.time_s * 1e3:.3f} ms ({pred.assumption})")
+    return "\n".join(lines)

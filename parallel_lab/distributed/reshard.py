@@ -277,3 +277,88 @@ def full_state(states: list[dict[Key, tuple[Tensor, Tensor]]], spec: ModelSpec) 
         if not bool(s.all()):
             raise ParallelLabError(f"{key[1]} ({key[0]}): {int((~s).sum())} elements are on no rank")
     return {k: v.view(shapes[k[1]]) for k, v in out.items()}
+
+
+@dataclass
+class ReshardResult:
+    """A measured re-shard A -> B on CPU ranks beside its prediction (``parallel_lab.reshard.transfers``)."""
+
+    measured: dict[tuple[int, int], int]          # (rank of A that wrote, rank of B that read): bytes
+    predicted: dict[tuple[int, int], int]
+    written: list[int]                            # bytes per rank of A, measured
+    bitwise: dict[str, bool]                      # state -> loaded under B == saved under A, every element
+    params_equal: bool                            # B's runtime gathers exactly A's runtime's parameters
+    resume_losses: list[float] = field(default_factory=list)
+    resume_diff: float | None = None              # after more steps under B, vs the one-process reference
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pairs": [[i, j, n, self.predicted.get((i, j), 0)] for (i, j), n in sorted(self.measured.items())],
+                "bytes_equal": self.measured == self.predicted, "written": self.written, "bitwise": self.bitwise,
+                "params_equal": self.params_equal, "resume_losses": self.resume_losses,
+                "resume_diff": self.resume_diff, "seconds": self.seconds}
+
+    def summary(self) -> str:
+        """Measured beside predicted, pair by pair, and the bitwise checks."""
+        lines = ["measured on CPU ranks (bytes B's rank read from A's file)",
+                 f"{'A rank':>6}  {'B rank':>6}  {'measured':>14}  {'predicted':>14}"]
+        for (i, j), n in sorted(self.measured.items()):
+            p = self.predicted.get((i, j), 0)
+            lines.append(f"{i:>6}  {j:>6}  {n:>14,}  {p:>14,}  {'ok' if n == p else 'DIFFERENT'}")
+        extra = sorted(set(self.predicted) - set(self.measured))
+        lines += [f"{i:>6}  {j:>6}  {0:>14,}  {self.predicted[(i, j)]:>14,}  DIFFERENT" for i, j in extra]
+        lines.append("loaded state equals the saved state bit for bit: " + ", ".join(
+            f"{k} {'yes' if v else 'NO'}" for k, v in self.bitwise.items()) +
+            f"; B's gathered parameters equal A's: {'yes' if self.params_equal else 'NO'}")
+        if self.resume_diff is not None:
+            lines.append(f"one more step under B: loss {self.resume_losses[0]:.6f}, largest parameter difference "
+                         f"from the one-process reference {self.resume_diff:.2e}")
+        return "\n".join(lines)
+
+
+def reshard_run(spec: ModelSpec, plan_a: Plan, plan_b: Plan, steps: int = 1, more_steps: int = 0, seed: int = 0,
+                timeout_s: float = 120.0) -> ReshardResult:
+    """Train ``steps`` steps under ``plan_a`` on its ranks and save; load under ``plan_b`` on its ranks and
+    train ``more_steps`` further; compare states bitwise and bytes pair by pair (caller-side: no process
+    group here)."""
+    import tempfile
+
+    from parallel_lab.distributed.launch import launch
+    from parallel_lab.distributed.reference import reference_train
+
+    predict.check_pair(spec, plan_a, plan_b)
+    for p in (plan_a, plan_b):
+        check_reshardable(spec, p)
+    if plan_a.global_batch != plan_b.global_batch and more_steps:
+        raise ParallelLabError(f"global batch {plan_a.global_batch} (plan A) != {plan_b.global_batch} (plan B): "
+                               f"training on after the re-shard compares with one run; set micro_batch, "
+                               f"grad_accum and dp so that both are equal")
+    seconds = {}
+    with tempfile.TemporaryDirectory(prefix="reshard-") as d:
+        t0 = time.perf_counter()
+        ra = launch(train_and_save, plan_a, spec, plan_a, steps, d, seed, timeout_s=timeout_s)
+        t1 = time.perf_counter()
+        rb = launch(load_and_train, plan_b, spec, plan_b, d, more_steps, seed, timeout_s=timeout_s)
+        seconds = {"save_run": t1 - t0, "load_run": time.perf_counter() - t1,
+                   "read_max": max(r["seconds"] for r in rb)}
+    fa = full_state([r["state"] for r in ra], spec)
+    fb = full_state([r["state"] for r in rb], spec)
+    bitwise: dict[str, bool] = {}
+    for (state, name), t in fa.items():
+        bitwise[state] = bitwise.get(state, True) and (state, name) in fb and torch.equal(t, fb[(state, name)])
+    pa = {n: t for r in ra for n, t in (r["params"] or {}).items()}
+    pb = {n: t for r in rb for n, t in (r["params"] or {}).items()}
+    params_equal = set(pa) == set(pb) and all(torch.equal(pa[n], pb[n]) and torch.equal(pa[n], fa[("param", n)])
+                                              for n in pa)
+    out = ReshardResult({(i, r["rank"]): n for r in rb for i, n in r["bytes_from"].items()},
+                        predict.transfers(spec, plan_a, plan_b), [r["written"] for r in ra], bitwise,
+                        params_equal, seconds=seconds)
+    if more_steps:
+        owners = [r["losses"] for r in rb if r["owns_loss"]]
+        out.resume_losses = [sum(x[i] for x in owners) / len(owners) for i in range(more_steps)]
+        after = {n: t for r in rb for n, t in (r["params_after"] or {}).items()}
+        ref = reference_train(spec, plan_a, steps + more_steps, seed)
+        out.resume_diff = max(float((after[n] - ref.params[n]).abs().max()) for n in ref.params)
+    return out
+
