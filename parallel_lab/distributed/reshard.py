@@ -261,22 +261,22 @@ def load_and_train(grid: Grid, spec: ModelSpec, plan: Plan, directory: str, more
 def full_state(states: list[dict[Key, tuple[Tensor, Tensor]]], spec: ModelSpec) -> dict[Key, Tensor]:
     """Full tensors from every rank's ``(indices, values)`` (replicas must agree; a gap is an error)."""
     shapes = dict(spec.parameter_shapes())
-    out: dict[Key, Tensor] = {}
-    seen: dict[Key, Tensor] = {}
+    parts: dict[Key, list[tuple[Tensor, Tensor]]] = {}
     for st in states:
-        for key, (idx, vals) in st.items():
-            n = torch.Size(shapes[key[1]]).numel()
-            if key not in out:
-                out[key], seen[key] = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
-            prev = seen[key][idx]
-            if bool((out[key][idx][prev] != vals[prev]).any()):
-                raise ParallelLabError(f"two ranks hold different values of {key[1]} ({key[0]})")
-            out[key][idx] = vals
-            seen[key][idx] = True
-    for key, s in seen.items():
-        if not bool(s.all()):
-            raise ParallelLabError(f"{key[1]} ({key[0]}): {int((~s).sum())} elements are on no rank")
-    return {k: v.view(shapes[k[1]]) for k, v in out.items()}
+        for key, iv in st.items():
+            parts.setdefault(key, []).append(iv)
+    out: dict[Key, Tensor] = {}
+    for key, ivs in parts.items():
+        idx, vals = torch.cat([i for i, _ in ivs]), torch.cat([v for _, v in ivs])
+        full = torch.zeros(torch.Size(shapes[key[1]]).numel())
+        full[idx] = vals
+        if not torch.equal(full[idx], vals):
+            raise ParallelLabError(f"two ranks hold different values of {key[1]} ({key[0]})")
+        missing = int((torch.bincount(idx, minlength=full.numel()) == 0).sum())
+        if missing:
+            raise ParallelLabError(f"{key[1]} ({key[0]}): {missing} elements are on no rank")
+        out[key] = full.view(shapes[key[1]])
+    return out
 
 
 @dataclass
