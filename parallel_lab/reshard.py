@@ -348,13 +348,13 @@ def summary(pred: ReshardPrediction, label_a: str = "A", label_b: str = "B", row
     lines = [f"checkpoint: {_gb(pred.checkpoint_bytes)} (fp32 master weights and optimizer states, each element "
              f"written once by {label_a}'s ranks)"]
     if pred.read is not None:
-        lines.append(f"{'rank':>4}  {'written by ' + label_a:>18}  {'read by ' + label_b:>18}  "
-                     f"{'moved (not own file)':>20}")
+        lines.append(f"A = {label_a}, B = {label_b}; bytes per rank")
+        lines.append(f"{'rank':>4}  {'written by A':>14}  {'read by B':>14}  {'moved to B':>14}")
         for r in range(min(rows, max(len(pred.written), len(pred.read)))):
             w = f"{pred.written[r]:,}" if r < len(pred.written) else "-"
             rd = f"{pred.read[r]:,}" if r < len(pred.read) else "-"
             mv = f"{pred.moved[r]:,}" if r < len(pred.moved) else "-"
-            lines.append(f"{r:>4}  {w:>18}  {rd:>18}  {mv:>20}")
+            lines.append(f"{r:>4}  {w:>14}  {rd:>14}  {mv:>14}")
         if max(len(pred.written), len(pred.read)) > rows:
             lines.append(f"... ({max(len(pred.written), len(pred.read)) - rows} more ranks; --json lists all)")
     lines.append(f"fullest rank of {label_b} reads {_gb(pred.max_read_bytes)}; estimated time "
