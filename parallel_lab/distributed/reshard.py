@@ -3,7 +3,7 @@
 Each rank of plan A writes one file, ``rank{i}.pt``: for every piece it is the first holder of
 (``parallel_lab.reshard.holdings``: TP box, pipeline stage, ZeRO shard), the global flat indices of the
 elements and their values, taken from the runtime itself (the model's parameters, the optimizer's
-``exp_avg``/``exp_avg_sq`` or ``momentum_buffer``, ZeRO-1/2's per-unit optimizers, ZeRO-3's fp32 shards).
+``exp_avg``/``exp_avg_sq`` per parameter or in ZeRO-1/2's per-unit optimizers, ZeRO-3's fp32 shards; adam-fp32).
 Each rank of plan B lists the global indices it needs in its own order, opens every file of A, copies the
 overlap (``hit = position[source_indices]``), counts the bytes it took from each file, and checks that every
 element it needs arrived exactly once. ``load_into`` then writes the state into B's runtime (parameters,
@@ -40,11 +40,11 @@ Key = tuple[str, str]                     # (state, parameter name)
 
 
 def check_reshardable(spec: ModelSpec, plan: Plan) -> None:
-    """Plans whose runtime state this module can read and write: fp32 parameters with adam-fp32 or sgd-momentum."""
+    """Plans whose runtime state this module can read and write: fp32 parameters with adam-fp32."""
     from parallel_lab.distributed.train import check_runnable
 
     check_runnable(spec, plan)
-    if plan.optimizer not in ("adam-fp32", "sgd-momentum") or plan.dtype != "fp32":
+    if plan.optimizer != "adam-fp32" or plan.dtype != "fp32":
         raise ParallelLabError(f"optimizer={plan.optimizer!r}, dtype={plan.dtype!r}: the runnable re-sharding reads "
                                f"fp32 parameters and their optimizer states; use --optimizer adam-fp32 --dtype fp32 "
                                f"(the prediction, parallel-lab reshard, covers the mixed-precision layouts)")
@@ -196,10 +196,6 @@ def load_into(rt: Runtime, loaded: Loaded) -> None:
     if not rt.plan.zero:
         for p in rt.dp.params:
             rt.dp.optimizer.state[p] = {"step": step.clone(), **{k: torch.zeros_like(p) for k in states}}
-    if rt.plan.optimizer == "sgd-momentum":
-        for o in (zs[0] if zs else [rt.dp.optimizer]):
-            for s in o.state.values():
-                s.pop("step", None)
     offset: dict[Key, int] = {}
     for h in holds:
         key = (h.state, h.tensor.name)
