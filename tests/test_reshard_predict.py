@@ -85,3 +85,28 @@ def test_llama3_405b_8k_to_131k():
     read, kept = reshard.kept_bytes(model, a, b, 1)
     assert layout.stage_blocks(126, 16, 8, 0, "embed-head") == 7
     assert read - kept == 7 * 16384 * 12 == 1_376_256
+
+
+def test_cli_prediction_from_two_plan_files(capsys):
+    import json
+
+    from parallel_lab import cli
+    from parallel_lab.planfile import load_plan
+
+    a, b = "examples/plans/tiny-dp2-zero3.yaml", "examples/plans/tiny-tp2-sp.yaml"
+    assert cli.main(["reshard", a, b, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    pa, pb = load_plan(a), load_plan(b)
+    pairs = reshard.transfers(pa.model, pa.plan, pb.plan)
+    assert out["pairs"] == [[i, j, n] for (i, j), n in sorted(pairs.items())]
+    assert out["checkpoint_bytes"] == 12 * LLAMA.n_params and out["cluster"] == "cpu-gloo"
+    assert sum(out["read"]) == sum(n for n in pairs.values())
+
+
+def test_cli_refuses_two_models_in_one_line(capsys):
+    from parallel_lab import cli
+
+    assert cli.main(["reshard", "examples/plans/tiny-dp2-zero3.yaml",
+                     "examples/plans/llama3-405b-pretrain-8k.yaml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("parallel-lab reshard: error: ") and "same model" in err and "\n" not in err
