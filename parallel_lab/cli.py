@@ -980,10 +980,52 @@ def _launch(args: argparse.Namespace) -> Output:
     return Output(data, "\n".join(lines))
 
 
+def _add_reshard(sub: Any) -> None:
+    p = subcommand(sub, "reshard", _reshard,
+                   "what moving a checkpoint from one plan to another costs: bytes each rank writes, reads and "
+                   "moves, and the time on a cluster (--run: do it on CPU ranks and measure)")
+    p.add_argument("plan_a", metavar="PLAN_A.yaml", help="the plan the checkpoint was written under")
+    p.add_argument("plan_b", metavar="PLAN_B.yaml", help="the plan that loads it")
+    p.add_argument("--cluster", help="cluster preset or calibrated profile for the time (default: PLAN_B's)")
+    p.add_argument("--run", action="store_true", help="train --steps under A on CPU ranks, save, load under B, "
+                   "train one step more; compare states bitwise and bytes with the prediction")
+    p.add_argument("--steps", type=int_in("steps"), default=1, help="with --run: steps under A before saving (1)")
+
+
+def _reshard(args: argparse.Namespace) -> Output:
+    from . import reshard
+    from .planfile import load_plan
+
+    a, b = load_plan(args.plan_a), load_plan(args.plan_b)
+    if a.model != b.model:
+        raise ParallelLabError(f"{args.plan_a} is for {a.model.name}, {args.plan_b} for {b.model.name}; a checkpoint "
+                               f"moves between plans of the same model")
+    cluster = cluster_from_args(args) if args.cluster else b.cluster
+    pred = reshard.predict(a.model, a.plan, b.plan, cluster)
+    data: dict[str, Any] = {**pred.to_json(), "cluster": cluster.name}
+    text = reshard.summary(pred, a.phase, b.phase)
+    if args.run:
+        from .distributed.launch import LaunchTimeout, RankError
+        from .distributed.reshard import reshard_run
+
+        for pf in (a, b):
+            check_fits_this_machine(pf.model, pf.plan)
+        try:
+            res = reshard_run(a.model, a.plan, b.plan, steps=args.steps,
+                              more_steps=1 if a.plan.global_batch == b.plan.global_batch else 0)
+        except RankError as e:
+            raise _rank_failed(e, args.steps) from None
+        except LaunchTimeout as e:
+            raise RunFailed(f"\n{PROG} reshard: stopped: {e}", EXIT_RUN_TIMEOUT) from None
+        data["measured"] = res.to_json()
+        text += "\n" + res.summary()
+    return Output(data, text)
+
+
 from parallel_lab.grading.cli import add_grade  # noqa: E402 - `grade` (parallel_lab/grading/cli.py)
 
 SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble, _add_plan,
-                                            _add_run, _add_launch, _add_calibrate, add_grade]
+                                            _add_run, _add_launch, _add_calibrate, _add_reshard, add_grade]
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,0 +1,48 @@
+"""The bytes a re-shard moves, rank of the old plan by rank of the new: predicted beside measured.
+
+``reshard_pairs_figure(predicted, measured, world_a, world_b)`` draws two matrices (rows: the rank of plan
+A that wrote a file; columns: the rank of plan B that read from it; each cell the bytes, labelled) from
+``parallel_lab.reshard.transfers`` and ``distributed.reshard.ReshardResult.measured`` (or the ``pairs`` of
+``parallel-lab reshard --json``). The diagonal is what a GPU keeps when it keeps its rank number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from matplotlib.figure import Figure
+
+from .base import fmt_bytes, new_figure
+
+
+def _matrix(pairs: Mapping[tuple[int, int], int], world_a: int, world_b: int) -> list[list[float]]:
+    m = [[0.0] * world_b for _ in range(world_a)]
+    for (i, j), n in pairs.items():
+        m[i][j] = float(n)
+    return m
+
+
+def reshard_pairs_figure(predicted: Mapping[tuple[int, int], int], measured: Mapping[tuple[int, int], int] | None,
+                         world_a: int, world_b: int, title: str = "bytes read by B's ranks from A's files",
+                         label_a: str = "A", label_b: str = "B") -> Figure:
+    """Predicted (and, if given, measured) bytes per (rank of A, rank of B) as labelled matrices."""
+    panels = [("predicted", predicted)] + ([("measured", measured)] if measured is not None else [])
+    fig = new_figure((3.6 * len(panels) + 0.8, 3.4))
+    top = max([n for _, p in panels for n in p.values()] or [1])
+    for k, (name, pairs) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), k + 1)
+        m = _matrix(pairs, world_a, world_b)
+        ax.imshow(m, cmap="Blues", vmin=0, vmax=top, aspect="auto")
+        for i in range(world_a):
+            for j in range(world_b):
+                if m[i][j]:
+                    ax.text(j, i, fmt_bytes(m[i][j], 2), ha="center", va="center", fontsize=7,
+                            color="white" if m[i][j] > top / 2 else "black")
+        ax.set_xticks(range(world_b))
+        ax.set_yticks(range(world_a))
+        ax.set_xlabel(f"rank of {label_b} (reads)")
+        ax.set_ylabel(f"rank of {label_a} (wrote the file)")
+        ax.set_title(name, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.16, top=0.82, wspace=0.35)
+    return fig

@@ -1,0 +1,32 @@
+"""Lesson 07: Llama 3 405B. The published figures the library reproduces, the honest miss, the re-shard
+prediction at full scale, and the measured re-shard on CPU ranks (bitwise, bytes = prediction)."""
+
+from __future__ import annotations
+
+import re
+
+
+def check(text: str, nb) -> None:
+    assert "405,853,388,800 parameters" in text
+    assert "library: 6.49 TB = 16 B x 405,853,388,800 parameters" in text
+    assert re.search(r"fits in 72 GB\s+True\s+True\s+True\n", text)            # Table 4, Meta's settings
+    assert re.search(r"total\s+69\.80\s+63\.84\s+63\.91\n", text)
+    assert "tokens per batch: 16,777,216, 16,777,216, 16,777,216" in text
+    assert "6 N D = 3.8e+25 FLOPs" in text                                     # Meta: about 3.8e25
+    assert re.search(r"llama3-405b 8K 16384 GPUs\s+400\.0\s+400\.0", text)          # the calibration row
+    assert re.search(r"llama3-405b 8K 8192 GPUs\s+430\.0\s+42\d\.\d\s+-1\.\d%", text)
+    assert re.search(r"llama3-405b 128K 16384 GPUs\s+380\.0\s+4\d\d\.\d\s+\+2\d\.\d%", text)   # the known miss
+    assert "ceiling 2.29x on 4 ranks" in text and "ceiling 4.00x on 4 ranks" in text
+    assert "Meta measured 3.89x with the balanced split: 97.2% of the ceiling" in text
+    assert "MFU" in text and "400 TFLOPS is **40.4%** MFU" in text
+    assert "one replica spans **16 nodes**" in text
+    assert "checkpoint: 4,870.241 GB" in text
+    assert "fullest rank of Meta 131K reads 0.299 GB" in text
+    assert "16 already hold everything they need and 240 hold none of it" in text
+    assert "no answer yet" in text                                         # placeholders are never a pass
+    assert "measured on CPU ranks" in text                                 # the real re-shard ran
+    assert "bytes equal pair by pair: True" in text
+    assert "param yes, exp_avg yes, exp_avg_sq yes; B's gathered parameters equal A's: yes" in text
+    assert "DIFFERENT" not in text
+    diff = float(re.search(r"from the one-process reference (\S+)", text).group(1))
+    assert diff < 5e-5
