@@ -48,3 +48,4 @@ def check(text: str, nb) -> None:
         ledger_total = _number(r"ledger total ([\d.]+) GB;", text)
         assert 1.1 < measured / ledger_total < 1.25, (measured, ledger_total)
         assert 2.0 < _number(r"= ([\d.]+) x one block's a x s x s scores", text) < 2.6
+        assert "logits_and_loss: per-op minus korthikanti = 1.00 x one s x h bf16 tensor" in text
