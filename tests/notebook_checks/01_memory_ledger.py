@@ -1,11 +1,51 @@
-"""Lesson 01: the seed's figures, computed by the library inside the notebook, and the measured run."""
+"""Lesson 01: the seed's figures, computed by the library inside the notebook, the measured runs (CPU ranks
+and the real-scale fake-tensor step) and the feedback of every prediction cell."""
 
 from __future__ import annotations
+
+import re
+
+from parallel_lab.ledger import memory
+from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
+
+
+def _number(pattern: str, text: str) -> float:
+    m = re.search(pattern, text)
+    assert m, pattern
+    return float(m.group(1).replace(",", ""))
 
 
 def check(text: str, nb) -> None:
     for figure in ("112.00 GB", "38.50", "26.25", "14.00", "104.15 GB", "18.25 GB", "1.07 GB"):
         assert figure in text, figure
     assert "linear x2, scores x4" in text
+    # every prediction cell gives feedback (the placeholders: "no answer yet"), never a silent pass
+    checks = [c for c in nb.cells if c.cell_type == "code" and "check(" in c.source]
+    assert len(checks) >= 8, len(checks)
+    for c in checks:
+        shown = " ".join(str(v) for o in c.outputs for v in o.get("data", {}).values())
+        assert "no answer yet" in shown, c.source
+    # GPT block vs llama2-7b, term by term
+    assert "total                        104.15      54.49      +49.66" in text
+    assert "dropout: +52.61 GB of the gap; the MLP: -2.95 GB; key/value heads: 32 vs 32" in text
+    # the guided task's answer (llama2-7b, dp=8, ZeRO-3, selective, H100): the longest slider value that fits
+    llama, h100 = ModelSpec.preset("llama2-7b"), ClusterSpec.preset("h100-sxm")
+    fits = [q for q in (4096, 8192, 16384) if memory(llama, Plan(dp=8, zero=3, recompute="selective", seq=q),
+                                                        h100).fits]
+    assert fits == [4096, 8192], fits
     if "ZeRO-0 on 2 ranks" in text:       # the real run happened (torch and parallel_lab.distributed present)
         assert "measured state bytes per parameter per rank: 16.00" in text
+        assert "measured state bytes per parameter per rank: 8.00" in text          # ZeRO-3 at dp=2
+        assert _number(r"largest relative difference over both runs and all categories: ([\d.]+)%", text) < 2
+    if "measured in fake tensors" in text:
+        assert "state (parameters, gradients, optimizer states): measured = ledger, 3.85 GB" in text
+        for row in ("parameters              0.96           0.96   +0.0%",
+                    "optimizer_states        1.92           1.92   +0.0%",
+                    "activations             6.04           6.04   +0.0%         5.50   -9.0%",
+                    "logits_and_loss         4.40           4.40   +0.0%"):
+            assert row in text, row
+        measured = _number(r"peak: measured ([\d.]+) GB", text)
+        ledger_total = _number(r"ledger total ([\d.]+) GB;", text)
+        assert 1.1 < measured / ledger_total < 1.25, (measured, ledger_total)
+        assert 2.0 < _number(r"= ([\d.]+) x one block's a x s x s scores", text) < 2.6
+        assert "logits_and_loss: per-op minus korthikanti = 1.00 x one s x h bf16 tensor" in text

@@ -1,0 +1,50 @@
+"""Lesson 02: the global batch, DDP buckets and overlap, ZeRO 1/2/3 memory and bytes, FSDP units and the
+loss normalisation of gradient accumulation, each predicted by the library and measured on 2 ranks."""
+
+from __future__ import annotations
+
+import re
+
+
+def _number(pattern: str, text: str) -> float:
+    m = re.search(pattern, text)
+    assert m, pattern
+    return float(m.group(1).replace(",", ""))
+
+
+def check(text: str, nb) -> None:
+    assert "global batch = 1 x 16 x 128 = 2048 sequences = 16,777,216 tokens" in text
+    # every prediction cell gives feedback (the placeholders: "no answer yet"), never a silent pass
+    checks = [c for c in nb.cells if c.cell_type == "code" and "check(" in c.source]
+    assert len(checks) >= 7, len(checks)
+    for c in checks:
+        shown = " ".join(str(v) for o in c.outputs for v in o.get("data", {}).values())
+        assert "no answer yet" in shown, c.source
+    assert "10 variants trained on 2 ranks" in text
+    # DDP: buckets predicted = measured, naive launches nothing during backward, bucketed all of its buckets
+    assert "bucket sizes equal: True" in text
+    assert "buckets measured  (7)" in text
+    assert "DDP naive     all-reduces per rank: 75, launched during backward: 0;" in text
+    assert "DDP bucketed  all-reduces per rank: 7, launched during backward: 7;" in text
+    assert "same bytes, naive and bucketed: True" in text
+    assert text.count("measured 25,331,712 B, predicted 25,331,712 B") == 2
+    # ZeRO: every state category measured = predicted; bytes 2, 2, 2 and 2.917 x Psi (n-1)/n
+    rows = re.findall(r"^(DDP bucketed|ZeRO-\d) +([\d,]+) / +([\d,]+) +([\d,]+) / +([\d,]+) +([\d,]+) / +([\d,]+)"
+                      r" +([\d,]+) / +([\d,]+)$", text, re.M)
+    assert len(rows) == 4, rows
+    for row in rows:
+        nums = row[1:]
+        assert nums[0::2] == nums[1::2], row
+    for name, ratio in (("DDP bucketed", "2.000"), ("ZeRO-1", "2.000"), ("ZeRO-2", "2.000"), ("ZeRO-3", "2.917")):
+        assert f"{name:<13} sent per GPU per step = {ratio} x Psi (n-1)/n" in text, name
+    assert "measured ZeRO-3 / DDP: 1.459; the root unit is 8.3% of Psi" in text
+    # FSDP units: measured = predicted peak; per block below DDP, root-only above it
+    assert "ZeRO-3                      5,143,296    5,143,296   0.81 x DDP" in text
+    assert "ZeRO-3 root-only            9,499,392    9,499,392   1.50 x DDP" in text
+    assert "tiny-llama, 4 blocks, dp=2: per-block ZeRO-3 parameter peak (ledger) 1.08 x DDP" in text
+    # accumulation: right matches the one-process run, wrong does not
+    right = _number(r"largest difference from the one-process run: right ([\d.e+-]+),", text)
+    wrong = _number(r"largest difference from the one-process run: right [\d.e+-]+, wrong ([\d.e+-]+)", text)
+    assert right < 1e-5 and wrong > 1e-3, (right, wrong)
+    adam = _number(r"the same bug under AdamW: largest loss difference ([\d.e+-]+)", text)
+    assert adam < wrong, (adam, wrong)
