@@ -642,6 +642,15 @@ class _Family:
     _state: dict[tuple[int, tuple[int, str], bool], list[float]] = field(default_factory=dict)
     _dp: dict[tuple[int, tuple[int, str], int], list[DpTimes]] = field(default_factory=dict)
 
+    def zeros_for(self, m: int) -> list[tuple[int, str]]:
+        """The ZeRO variants that differ at ``m`` micro-batches. With ``m > 1`` ZeRO-2 that holds full
+        gradients until the last micro-batch is ZeRO-1 (same memory, same reduce-scatter and all-gather):
+        listed once, as ZeRO-1. With ``m == 1`` its two accumulations are the same plan: listed once."""
+        zs = self.zeros
+        return [(z, acc) for z, acc in zs
+                if not (z == 2 and acc == "unsharded" and m > 1 and (1, "unsharded") in zs)
+                and not (z == 2 and acc == "sharded" and m == 1 and (2, "unsharded") in zs)]
+
     def state(self, fast: _Fast, v: int, zv: tuple[int, str], m: int) -> list[float]:
         """Per stage: model-state bytes plus the ZeRO/DDP communication buffers (``m`` micro-batches)."""
         key = (v, zv, m > 1)
@@ -742,13 +751,14 @@ class _Search:
         lpm = fast.logits_per_mb(tp, cp, mb)
         timed_v: dict[int, list[StageTimes]] = {}
         states_v: dict[int, list[tuple[int, list[float]]]] = {}
-        usable, records, n_zeros = self.usable, self.records, len(fam.zeros)
+        zeros = fam.zeros_for(m)
+        usable, records, n_zeros = self.usable, self.records, len(zeros)
         for (sched, v), layers_x_inflight in scheds.items():
             act = [apl * n + abuf for n in layers_x_inflight]
             act[-1] += lpm * head_inflight(sched, pp, m, v)                  # the last stage's logits
             states = states_v.get(v)
             if states is None:
-                states = states_v[v] = [(zv, fam.state(fast, v, zv, m)) for zv in fam.zeros]
+                states = states_v[v] = [(zv, fam.state(fast, v, zv, m)) for zv in zeros]
             self.candidates += n_zeros
             variant = None
             for zv, sb in states:

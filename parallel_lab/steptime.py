@@ -13,7 +13,9 @@ published result; the assumptions, one line each):
 * ``pp``: every point-to-point transfer of the stage (receives are posted just before their consumer).
 * ``dp_exposed``: gradient sync overlaps the last micro-batch's backward (exposed: ``max(last call,
   sync - one backward)``); a sync made every micro-batch (ZeRO-2 ``zero2_accumulate="sharded"``, FSDP's
-  per-micro-batch reduce-scatter) overlaps all compute after the first forward; ZeRO-1/2's parameter
+  per-micro-batch reduce-scatter) overlaps all compute after the first forward, and its last micro-batch's
+  share only the last backward (exposed: ``max(last call, sync/m - one backward, sync - all but the first
+  forward)``); ZeRO-1/2's parameter
   all-gather overlaps the next first forward likewise;
   ZeRO-3 is prefetched under the whole step (exposed: ``max(one unit's calls, zero3 - compute)``).
 Collective times are comm's alpha-beta model on the tier each group lands on (``layout.group_tier``).
@@ -126,9 +128,13 @@ def dp_exposed(zero: int, compute: float, m: int, recompute: str, d: DpTimes) ->
     f_share, b_share = SHARES[recompute]
     per_mb = compute / m
     # a sync made once hides behind the last backward; one made every micro-batch behind everything after
-    # the first forward
-    hide = compute - per_mb * f_share if d.spread else per_mb * b_share
-    out = max(d.last, d.sync - hide) if d.sync else 0.0
+    # the first forward, except the last micro-batch's, which has only the last backward to hide behind
+    if not d.sync:
+        out = 0.0
+    elif d.spread:
+        out = max(d.last, d.sync / m - per_mb * b_share, d.sync - (compute - per_mb * f_share))
+    else:
+        out = max(d.last, d.sync - per_mb * b_share)
     if d.gather:
         out += max(d.first, d.gather - per_mb * f_share)
     return out

@@ -296,6 +296,13 @@ def test_a_reduce_scatter_every_micro_batch_hides_behind_the_step_not_one_backwa
     assert dp_exposed(2, compute, m, "none", once) == pytest.approx(3.2 - 0.2)          # one backward hides it
     assert dp_exposed(2, compute, m, "none", spread) == pytest.approx(0.2)              # only the last call
     assert dp_exposed(2, 1.0, m, "none", spread) == pytest.approx(3.2 - (1.0 - 1.0 / 16 / 3))
+    # the last micro-batch's share (sync / m) has only the last backward to hide behind: 2 micro-batches of
+    # 3 s (1 s forward, 2 s backward), 2.5 s of reduce-scatter each: 0.5 s of the last one shows
+    tail = DpTimes(sync=5.0, last=0.3, spread=True)
+    assert dp_exposed(2, 6.0, 2, "none", tail) == pytest.approx(0.5)
+    # and when the calls outgrow the whole step, the step's compute bounds what hides
+    big = DpTimes(sync=2.0, last=1.0, spread=True)
+    assert dp_exposed(2, 0.6, 2, "none", big) == pytest.approx(2.0 - (0.6 - 0.1))
     # the planner's fast path and evaluate() agree on such plans (per-micro-batch counts in comm)
     model = ModelSpec.preset("llama2-7b")
     res = plan_search(model, H100, 64, 4096, global_batch=256,
