@@ -87,16 +87,18 @@ LIMITS: dict[str, tuple[int, int]] = {
     "interleave": (1, 512), "gpus": (1, 2**17), "stage": (0, 63), "global_batch": (1, 2**30),
     "stages": (1, 2**20), "microbatches": (1, 2**20), "width": (20, 10_000), "top": (1, 10_000),
     "max_tp": (1, 2**17), "steps": (1, 100_000), "seed": (0, 2**63 - 1), "zero": (0, 3),
+    "experts": (1, 2**16), "top_k": (1, 2**16), "expert_ffn": (1, 2**24), "ep": (1, 2**17),
 }
 #: Largest finite float accepted by a time or size flag (keeps sums and products finite).
 MAX_FLOAT = 1e15
 
 #: Shape flags: given together instead of --model or --params.
-SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour", "tied_embeddings")
+SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour", "tied_embeddings", "experts",
+               "top_k", "expert_ffn", "shared_experts", "capacity_factor")
 #: Plan flags that map one-to-one onto :class:`Plan` fields (None = not given, Plan's default applies).
 PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "seq", "recompute",
                "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb", "zero_unit",
-               "zero1_reduce", "zero2_accumulate", "attention", "mlp", "pp_split", "loss_chunk")
+               "zero1_reduce", "zero2_accumulate", "attention", "mlp", "pp_split", "loss_chunk", "ep")
 DEFAULT_CLUSTER = "h100-sxm"
 #: Plan fields ``parallel-lab run`` fills when not given: CPU-sized and runnable (fp32). Its --help shows
 #: these; ``distributed.run`` and the example plan files take them from here.
@@ -219,6 +221,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--flavour", choices=("gpt", "llama"), help="block flavour; default gpt")
     g.add_argument("--tied-embeddings", action="store_true", default=None,
                    help="share the input embedding with the output head")
+    g.add_argument("--experts", type=int_in("experts"), help="mixture of experts: routed experts per block")
+    g.add_argument("--top-k", type=int_in("top_k"), help="experts each token is routed to (default 2)")
+    g.add_argument("--expert-ffn", type=int_in("expert_ffn"), help="an expert's MLP width (default --ffn)")
+    g.add_argument("--shared-experts", type=int, help="experts every token goes through (default 0)")
+    g.add_argument("--capacity-factor", type=_positive_float,
+                   help="expert capacity = ceil(factor * top_k * seq / experts) tokens per sequence (default 1.25)")
     g.add_argument("--params", type=_count, metavar="N",
                    help="a model known only by its parameter count (e.g. 7e9): "
                         "state memory and DP bytes only")
@@ -240,6 +248,8 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int_in("tp"), help="tensor-parallel degree")
     g.add_argument("--pp", type=int_in("pp"), help="pipeline-parallel degree (stages)")
     g.add_argument("--cp", type=int_in("cp"), help="context-parallel degree")
+    g.add_argument("--ep", type=int_in("ep"),
+                   help="expert-parallel degree (mixture of experts; borrowed from dp: must divide dp and experts)")
     g.add_argument("--zero", type=int_in("zero"), choices=(0, 1, 2, 3), help="ZeRO stage (default 0 = plain DDP)")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism (needs --tp >= 2)")
     g.add_argument("--recompute", choices=RECOMPUTE,
@@ -380,7 +390,8 @@ def echo(model: ModelSpec, plan: Plan) -> dict[str, Any]:
 
 def describe(model: ModelSpec, plan: Plan) -> str:
     p = plan
-    return (f"{model.summary()}\nplan: dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} zero={p.zero} sp={p.sp} "
+    return (f"{model.summary()}\nplan: dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp}"
+            + (f" ep={p.ep}" if p.ep > 1 else "") + f" zero={p.zero} sp={p.sp} "
             f"seq={p.seq} micro_batch={p.micro_batch} grad_accum={p.grad_accum} recompute={p.recompute} "
             f"optimizer={p.optimizer} dtype={p.dtype} schedule={p.schedule}"
             + (f" interleave={p.interleave}" if p.interleave > 1 else "")

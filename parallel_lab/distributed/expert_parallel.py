@@ -118,3 +118,37 @@ def _average_expert_grads(model: nn.Module, tracer: CommTracer, edp: Any, dp: in
         if edp is not None:
             tracer.all_reduce(p.grad, "dp", group=edp)
         p.grad.div_(dp)
+
+
+def moe_report(spec: ModelSpec, plan: Plan, results: list[Any]) -> dict[str, Any]:
+    """Tokens per expert and per expert rank, measured over a run (``RankResult.info["moe"]`` of every rank).
+
+    ``routed[e]``: top-k choices that picked expert ``e`` (all blocks, ranks and steps); ``kept[e]``: those
+    within capacity; ``per_ep_rank[j]``: kept tokens the experts of expert rank ``j`` computed (what that rank
+    works on; the busiest sets the pace); ``imbalance``: ``max / mean`` of ``routed`` (1.0 is perfect
+    balance); ``dropped``: the fraction of choices over capacity; ``aux_loss``: mean of the blocks' aux losses.
+    """
+    routed, kept = [0] * spec.experts, [0] * spec.experts
+    aux, forwards = 0.0, 0
+    for r in results:
+        for counts in r.info.get("moe", {}).values():
+            routed = [a + b for a, b in zip(routed, counts["routed"], strict=True)]
+            kept = [a + b for a, b in zip(kept, counts["kept"], strict=True)]
+            aux += counts["aux"]
+            forwards += counts["forwards"]
+    per_rank = [sum(kept[e] for e in layout.local_experts(spec.experts, plan.ep, j)) for j in range(plan.ep)]
+    mean = sum(routed) / spec.experts
+    return {"routed": routed, "kept": kept, "per_ep_rank": per_rank,
+            "imbalance": max(routed) / mean if mean else 1.0,
+            "dropped": 1 - sum(kept) / sum(routed) if sum(routed) else 0.0,
+            "aux_loss": aux / forwards if forwards else 0.0}
+
+
+def format_moe_report(rep: dict[str, Any]) -> str:
+    """The report's lines: tokens per expert (routed and kept), per expert rank, imbalance, drops, aux loss."""
+    lines = ["tokens per expert (all blocks, ranks and steps)", "expert    routed      kept"]
+    lines += [f"{e:>6} {a:>9,} {b:>9,}" for e, (a, b) in enumerate(zip(rep["routed"], rep["kept"], strict=True))]
+    lines.append("tokens per expert rank: " + ", ".join(f"{j}: {n:,}" for j, n in enumerate(rep["per_ep_rank"])))
+    lines.append(f"imbalance (max / mean routed) {rep['imbalance']:.3f}; dropped over capacity "
+                 f"{rep['dropped']:.2%}; aux loss {rep['aux_loss']:.5f}")
+    return "\n".join(lines)

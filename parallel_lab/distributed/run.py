@@ -13,6 +13,8 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
 * ``memory[category]`` per rank (the largest rank): ``parameters``, ``gradients`` and
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
+* ``moe`` (a mixture-of-experts model, ``expert_parallel.moe_report``): tokens per expert routed and kept,
+  per expert rank, the imbalance, the fraction dropped over capacity and the mean aux loss;
 * ``wall_s``: seconds from launching the ranks to having all their results;
 * ``pipeline`` (``pp > 1``, ``distributed.pipeline_report.pipeline_report``): bubble ratio and idle
   fraction predicted by the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parallel_lab import comm, ledger
+from parallel_lab.distributed.expert_parallel import format_moe_report, moe_report
 from parallel_lab.distributed.grid import coords
 from parallel_lab.distributed.instruments import payload_by_dim
 from parallel_lab.distributed.launch import launch
@@ -90,11 +93,12 @@ class RunReport:
         return {"losses": self.losses, "reference_losses": self.reference_losses,
                 "max_abs_param_diff": self.max_abs_param_diff, "comm": self.comm, "memory": self.memory,
                 "wall_s": self.wall_s,
-                **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {})}
+                **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {}),
+                **({"moe": self.extra["moe"]} if "moe" in self.extra else {})}
 
     def summary(self) -> str:
         lines = [self.model.summary(),
-                 f"plan: dp={self.plan.dp} tp={self.plan.tp} pp={self.plan.pp} cp={self.plan.cp} "
+                 f"plan: dp={self.plan.dp} tp={self.plan.tp} pp={self.plan.pp} cp={self.plan.cp} ep={self.plan.ep} "
                  f"zero={self.plan.zero} ({self.plan.world} ranks), {self.steps} steps of "
                  f"{self.plan.global_batch} x {self.plan.seq} tokens, {self.plan.optimizer}, "
                  f"{self.plan.dtype}",
@@ -119,6 +123,8 @@ class RunReport:
             lines.append(f"{cat:<17} {m:>12,}  {p:>12,}  {gap}")
         if "pipeline" in self.extra:
             lines += ["", format_pipeline_report(self.extra["pipeline"])]
+        if "moe" in self.extra:
+            lines += ["", format_moe_report(self.extra["moe"])]
         lines.append(f"\nwall time of the parallel run: {self.wall_s:.2f} s")
         return "\n".join(lines)
 
@@ -188,5 +194,7 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
                                                         for s in stages)}}
     if plan.pp > 1:
         extra["pipeline"] = pipeline_report(spec, plan, results)
+    if spec.is_moe:
+        extra["moe"] = moe_report(spec, plan, results)
     return RunReport(spec, plan, steps, global_losses(results), ref.losses,
                      max_abs_diff(merge_params(results), ref.params), comm_out, memory, wall, extra, results)
