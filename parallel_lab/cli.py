@@ -712,11 +712,12 @@ def _plan(args: argparse.Namespace) -> Output:
         sched = "-" if f["pp"] == 1 else \
             f["schedule"] + (f" v={f['interleave']}" if f["interleave"] > 1 else "")
         ex = e.exposed_s
-        rows.append((i + 1, f["dp"], f["tp"], f["pp"], f["cp"], f["zero"], "sp" if f["sp"] else "",
+        dp_cell = f["dp"] if f.get("ep", 1) == 1 else f"{f['dp']} (ep {f['ep']})"
+        rows.append((i + 1, dp_cell, f["tp"], f["pp"], f["cp"], f["zero"], "sp" if f["sp"] else "",
                      f["micro_batch"], f["grad_accum"], f["recompute"], sched,
                      f"{e.memory_bytes / GB:,.3g}", f"{e.headroom_bytes / GB:,.3g}", f"{e.step_time_s:,.4g}",
                      f"{e.mfu:.1%}", f"{e.bubble_ratio:.3f}",
-                     " ".join(f"{d}={ex[d] * 1e3:,.0f}" for d in ("tp", "cp", "pp", "dp") if ex.get(d))))
+                     " ".join(f"{d}={ex[d] * 1e3:,.0f}" for d in ("tp", "cp", "pp", "dp", "ep") if ex.get(d))))
     lines = [
         model.summary(),
         f"{args.gpus:,} x {cluster.name}, seq {args.seq:,}, global batch {res.global_batch:,} sequences "

@@ -127,3 +127,21 @@ def test_ep_group_lands_on_the_link_its_ranks_span():
     m2 = ModelSpec.preset("deepseekmoe-16b")
     rep2 = comm.report(m2, Plan(dp=8, pp=2, ep=8, seq=4096, grad_accum=2).validate(m2))
     assert rep2.tiers["ep"] == "ib-400g"        # ep neighbours are pp=2 ranks apart: 8 of them span 2 nodes
+
+
+def test_planner_searches_ep_for_a_mixture_of_experts():
+    from parallel_lab.planner import Constraints, plan_search
+    from parallel_lab.specs import ClusterSpec
+
+    m = ModelSpec.preset("mixtral-8x7b")
+    cluster = ClusterSpec.preset("h100-sxm")
+    res = plan_search(m, cluster, 64, 4096, global_batch=512,
+                      constraints=Constraints(fixed={"zero": 0, "recompute": "selective", "schedule": "1f1b"}))
+    eps = {e.fields["ep"] for e in res.estimates}
+    assert eps == {2, 4, 8}          # without ZeRO, only splitting the experts makes Mixtral fit in 72 GB
+    best = res.estimates[0]
+    assert best.fields["ep"] > 1 and best.fields["tp"] == 1 and best.exposed_s["ep"] > 0
+    # memory and the all-to-all time are the ledger's and comm's own for that plan
+    assert best.memory_bytes == ledger.memory(m, best.plan, cluster).total_bytes
+    assert best.comm_s["ep"] == pytest.approx(comm.report(m, best.plan, cluster, stage=0).time_s["ep"])
+    assert best.row()["ep"] == best.fields["ep"]
