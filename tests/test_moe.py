@@ -145,3 +145,22 @@ def test_planner_searches_ep_for_a_mixture_of_experts():
     assert best.memory_bytes == ledger.memory(m, best.plan, cluster).total_bytes
     assert best.comm_s["ep"] == pytest.approx(comm.report(m, best.plan, cluster, stage=0).time_s["ep"])
     assert best.row()["ep"] == best.fields["ep"]
+
+
+def test_capacity_counts_follow_the_priority_rule():
+    from parallel_lab.routing import capacity_counts
+
+    # token 2's first choice (expert 0) finds it full; second choices come after every first choice
+    routed, kept = capacity_counts([[0, 1], [0, 1], [0, 2], [1, 0]], experts=3, capacity=2)
+    assert routed == [4, 3, 1] and kept == [2, 2, 1]
+
+
+def test_skew_concentrates_the_load_and_capacity_drops_it():
+    from parallel_lab.routing import load_report
+
+    m = ModelSpec.preset("mixtral-8x7b")
+    flat, skewed = load_report(m, 512, ep=4, skew=0.0), load_report(m, 512, ep=4, skew=1.5)
+    assert flat.imbalance < 1.1 < skewed.imbalance and flat.dropped < skewed.dropped
+    assert sum(flat.routed) == 4 * 512 * m.top_k
+    roomy = load_report(m.with_(capacity_factor=m.experts / m.top_k), 512, ep=4, skew=1.5)
+    assert roomy.dropped == 0 and roomy.per_rank[0] > skewed.per_rank[0]

@@ -104,3 +104,15 @@ def test_plans_expert_parallelism_cannot_run_are_refused():
         train.check_runnable(SPEC, Plan(dp=2, ep=2, **{**BASE, "recompute": "full"}))
     with pytest.raises(ParallelLabError, match="experts=4"):
         train.check_runnable(SPEC, Plan(dp=3, ep=3, **BASE))
+
+
+def test_the_block_routes_by_the_rule_the_explorer_simulates():
+    from parallel_lab.routing import capacity_counts
+
+    g = torch.Generator().manual_seed(3)
+    probs = torch.softmax(torch.randn(3, 40, 8, generator=g) * 2, dim=-1)
+    _, expert, slot = route(probs, top_k=2, capacity=7)
+    for b in range(3):
+        routed, kept = capacity_counts(expert[b].tolist(), 8, 7)
+        assert kept == torch.bincount(expert[b][slot[b] >= 0], minlength=8).tolist()
+        assert routed == torch.bincount(expert[b].flatten(), minlength=8).tolist()
