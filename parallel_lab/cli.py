@@ -43,7 +43,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .schedules import SCHEDULE_NAMES
+from .schedules import SCHEDULE_NAMES, V_SCHEDULES
 from .specs import (
     ATTENTION_KINDS,
     CLUSTER_PRESETS,
@@ -761,6 +761,10 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
                    help="optional wall-clock limit of the whole run (default: none)")
     for action in p._actions:         # --help shows the defaults a run really uses, not Plan's
+        if action.dest == "schedule":     # run also executes the V schedules as action lists
+            action.choices = (*SCHEDULES, *V_SCHEDULES)
+            action.help = (f"{action.help}; run also takes {' and '.join(V_SCHEDULES)} (a pipeline alone, "
+                           "2 chunks per rank in a V)")
         if action.dest in RUN_DEFAULTS and action.help:
             base = re.sub(r"\s*\(default [^)]*\)", "", action.help)
             action.help = f"{base} (default for run: {RUN_DEFAULTS[action.dest]})"
@@ -797,6 +801,9 @@ def _run(args: argparse.Namespace) -> Output:
     if no_model:
         args.model = None if file_model is not None else "tiny-llama"
     model = file_model if (no_model and file_model is not None) else model_from_args(args)
+    v_schedule = args.schedule if args.schedule in V_SCHEDULES else None
+    if v_schedule is not None:        # action lists, not a Plan.schedule (distributed/run.check_schedule)
+        args.schedule = None
     if plan is None:
         for name, value in RUN_DEFAULTS.items():
             if getattr(args, name, None) is None:
@@ -806,10 +813,14 @@ def _run(args: argparse.Namespace) -> Output:
         given = {f: getattr(args, f) for f in PLAN_FIELDS if getattr(args, f, None) is not None}
         plan = plan.with_(**given).validate(model)
     check_runnable(model, plan)
+    if v_schedule is not None:
+        from .distributed.run import check_schedule
+
+        check_schedule(model, plan, v_schedule)
     check_fits_this_machine(model, plan)
     try:
         rep = run(model, plan, steps=args.steps, seed=args.seed, packed=args.packed, timeout_s=args.timeout,
-                  time_limit_s=args.time_limit, progress=True)
+                  time_limit_s=args.time_limit, progress=True, schedule=v_schedule)
     except RankError as e:
         raise _rank_failed(e, args.steps) from None
     except LaunchTimeout as e:

@@ -132,15 +132,17 @@ def check_parallelisms(spec: ModelSpec, plan: Plan) -> None:
 
 
 def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *,
-               frozen: Iterable[str] = (), packed: bool = False, return_params: bool = True) -> RankResult:
-    """Train ``steps`` optimizer steps of ``plan`` on this rank; see the module docstring."""
+               frozen: Iterable[str] = (), packed: bool = False, return_params: bool = True,
+               schedule: Any = None) -> RankResult:
+    """Train ``steps`` optimizer steps of ``plan`` on this rank; see the module docstring. ``schedule``:
+    pipeline action lists to run instead of ``plan.schedule``'s (``parallelize``)."""
     check_runnable(spec, plan)
     model = build_model(spec, seed, recompute=plan.recompute, device=grid.device, attention=plan.attention,
                         mlp=plan.mlp, loss_chunk=plan.loss_chunk)
     to_compute_dtype(model, plan)               # adam-mixed: bf16 parameters (distributed/mixed_precision.py)
     freeze(model, frozen)
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    rt = parallelize(model, grid, plan, tracer)
+    rt = parallelize(model, grid, plan, tracer, schedule=schedule)
     losses, step_times = [], []
     memory: dict[str, int] = {}
     for step in range(steps):
