@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from parallel_lab.distributed.kernels import FlashCore, HeadInput, chunked_cross_entropy, fused_mlp, op_sac_context
+from parallel_lab.distributed.moe import MoE
 from parallel_lab.ledger import is_frozen
 from parallel_lab.specs import RECOMPUTE, ModelSpec, ParallelLabError, Plan
 
@@ -239,9 +240,7 @@ class Block(nn.Module):
         self.attn = Attention(spec)
         self.mlp_norm = make_norm(spec)
         if spec.is_moe_layer(layer):
-            from parallel_lab.distributed.moe import MoE  # moe.py builds its experts from MLP above
-
-            self.mlp: nn.Module = MoE(spec)
+            self.mlp: nn.Module = MoE(spec, partial(MLP, spec))
         else:
             self.mlp = MLP(spec)
         self.dropout_p = spec.dropout

@@ -23,13 +23,13 @@ all-to-all bytes this layout implies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parallel_lab.distributed.model import MLP
 from parallel_lab.specs import ModelSpec
 
 
@@ -63,16 +63,16 @@ def route(probs: Tensor, top_k: int, capacity: int) -> tuple[Tensor, Tensor, Ten
 
 class MoE(nn.Module):
     """The mixture-of-experts MLP (module docstring). Parameters: ``router.weight (E, h)``, ``experts.{e}.*``
-    (an :class:`~parallel_lab.distributed.model.MLP` of width ``expert_ffn`` each), ``shared.*``."""
+    (``make_mlp(expert_ffn)`` each: the model's :class:`~parallel_lab.distributed.model.MLP`), ``shared.*``."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, make_mlp: Callable[[int], nn.Module]):
         super().__init__()
         self.n_experts, self.top_k = spec.experts, spec.top_k
         self.capacity_factor, self.aux_loss_coef = spec.capacity_factor, spec.aux_loss_coef
         self.spec = spec
         self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
-        self.experts = nn.ModuleDict({str(e): MLP(spec, spec.expert_ffn) for e in range(spec.experts)})
-        self.shared = MLP(spec, spec.shared_experts * spec.expert_ffn) if spec.shared_experts else None
+        self.experts = nn.ModuleDict({str(e): make_mlp(spec.expert_ffn) for e in range(spec.experts)})
+        self.shared = make_mlp(spec.shared_experts * spec.expert_ffn) if spec.shared_experts else None
         self.expert_layer = self.local_experts         # the seam expert parallelism replaces
         self.aux_grad_scale = 1.0
         self.fused = False
