@@ -28,6 +28,7 @@ MFU (Chowdhery et al. 2022): model FLOPs per second over the peak of all GPUs.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ CONVENTIONS: dict[str, str] = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def matmul_params(model: ModelSpec) -> tuple[int, int]:
     """``(N_blocks, N_head)``: weights of the blocks' linear layers and of the output head. Mixture of experts:
     the active ones, a token's ``top_k`` of the ``experts`` routed experts (capacity padding not counted)."""
