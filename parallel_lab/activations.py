@@ -209,8 +209,48 @@ def op_sac_kept_width(model: ModelSpec, plan: Plan) -> int:
     return sum(width for _, width in op_sac_kept_matmuls(model, plan, local_dims(model, plan)))
 
 
-def block_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) -> list[Saved]:
-    """Storages one transformer block saves for backward, op by op, for one micro-batch."""
+def _mlp_widths(model: ModelSpec, t: LocalDims, width: int, rows: tuple[int, ...], a: int, op: str) -> list[Saved]:
+    """What an eager MLP of hidden ``width`` saves besides its input, on ``rows`` tokens."""
+    if model.flavour == "gpt":
+        return [Saved(f"{op} gelu", "fc output", (*rows, width), a),
+                Saved(f"{op} proj", "gelu output", (*rows, width), a)]
+    return [Saved(f"{op} silu", "gate output", (*rows, width), a),
+            Saved(f"{op} silu * up", "silu output", (*rows, width), a),
+            Saved(f"{op} silu * up", "up output", (*rows, width), a),
+            Saved(f"{op} down", "silu * up", (*rows, width), a)]
+
+
+def moe_saves(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
+    """What the mixture-of-experts MLP (``distributed/moe.py``) saves, for one micro-batch: the router's fp32
+    probabilities, the top-k ids and gates, the slot sources of the dispatch (``E b C`` ids and one dump row),
+    the dispatched buffer ``(E, b C, h)`` and each expert's intermediates on its ``b C`` slots, the combine's
+    ids and picked outputs ``(b s, k, h)``, the shared expert's intermediates, the aux loss's ``f_e``. With
+    expert parallelism the buffer a rank's local experts read holds ``ep b C`` slots for each of ``E / ep``
+    experts: the same size."""
+    e, k, cap = model.experts, model.top_k, model.expert_capacity(plan.seq)
+    slots = e * t.b * cap
+    out = [Saved("mlp.router + shared", "normed input", (t.b, t.s, t.h), a),
+           Saved("router softmax", "probabilities (fp32)", (t.b, t.s, e), STAT_BYTES),
+           Saved("top-k", "expert ids", (t.b, t.s, k), ID_BYTES),
+           Saved("gate renormalisation", "top-k probabilities (fp32)", (t.b, t.s, k), STAT_BYTES),
+           Saved("gate renormalisation", "their sum (fp32)", (t.b, t.s, 1), STAT_BYTES),
+           Saved("dispatch", "slot sources (+1 dump row)", (slots + 1,), ID_BYTES),
+           Saved("experts", "dispatched tokens", (slots, t.h), a)]
+    out += _mlp_widths(model, t, model.expert_ffn, (slots,), a, "experts")
+    out += [Saved("combine", "slot ids", (t.b * t.s, k), ID_BYTES),
+            Saved("combine", "expert outputs picked", (t.b * t.s, k, t.h), a),
+            Saved("combine", "gates (fp32)", (t.b, t.s, k), STAT_BYTES)]
+    if model.shared_experts:
+        out += _mlp_widths(model, t, model.shared_experts * model.expert_ffn, (t.b, t.s), a, "shared")
+    if model.aux_loss_coef:
+        out.append(Saved("aux loss", "f_e per sequence (fp32)", (t.b, e), STAT_BYTES))
+    return out
+
+
+def block_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES,
+                layer: int | None = None) -> list[Saved]:
+    """Storages one transformer block saves for backward, op by op, for one micro-batch (block ``layer``;
+    default: a mixture-of-experts block when the model has any)."""
     model.require_shape("the per-op activation model")
     t = local_dims(model, plan)
     a = plan.dtype_bytes
@@ -240,7 +280,9 @@ def block_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) 
     if drop:
         out.append(Saved("attn dropout", "mask", (t.b, t.s_n, t.h), MASK_BYTES))
     out += _norm(model, "mlp_norm", t, a, ln_stats_bytes)
-    if plan.mlp == "fused":                      # kernels.fused_mlp: the first matmuls' outputs only
+    if model.is_moe_layer(model.first_dense if layer is None else layer):
+        out += moe_saves(model, plan, t, a)
+    elif plan.mlp == "fused":                      # kernels.fused_mlp: the first matmuls' outputs only
         first = "mlp.fc" if model.flavour == "gpt" else "mlp.gate/up"
         out.append(Saved(first, "normed input", (t.b, t.s_n, t.h), a))
         if model.flavour == "gpt":

@@ -43,7 +43,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .schedules import SCHEDULE_NAMES
+from .schedules import SCHEDULE_NAMES, V_SCHEDULES
 from .specs import (
     ATTENTION_KINDS,
     CLUSTER_PRESETS,
@@ -87,16 +87,18 @@ LIMITS: dict[str, tuple[int, int]] = {
     "interleave": (1, 512), "gpus": (1, 2**17), "stage": (0, 63), "global_batch": (1, 2**30),
     "stages": (1, 2**20), "microbatches": (1, 2**20), "width": (20, 10_000), "top": (1, 10_000),
     "max_tp": (1, 2**17), "steps": (1, 100_000), "seed": (0, 2**63 - 1), "zero": (0, 3),
+    "experts": (1, 2**16), "top_k": (1, 2**16), "expert_ffn": (1, 2**24), "ep": (1, 2**17),
 }
 #: Largest finite float accepted by a time or size flag (keeps sums and products finite).
 MAX_FLOAT = 1e15
 
 #: Shape flags: given together instead of --model or --params.
-SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour", "tied_embeddings")
+SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "flavour", "tied_embeddings", "experts",
+               "top_k", "expert_ffn", "shared_experts", "capacity_factor")
 #: Plan flags that map one-to-one onto :class:`Plan` fields (None = not given, Plan's default applies).
 PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "seq", "recompute",
                "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb", "zero_unit",
-               "zero1_reduce", "zero2_accumulate", "attention", "mlp", "pp_split", "loss_chunk")
+               "zero1_reduce", "zero2_accumulate", "attention", "mlp", "pp_split", "loss_chunk", "ep")
 DEFAULT_CLUSTER = "h100-sxm"
 #: Plan fields ``parallel-lab run`` fills when not given: CPU-sized and runnable (fp32). Its --help shows
 #: these; ``distributed.run`` and the example plan files take them from here.
@@ -219,6 +221,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--flavour", choices=("gpt", "llama"), help="block flavour; default gpt")
     g.add_argument("--tied-embeddings", action="store_true", default=None,
                    help="share the input embedding with the output head")
+    g.add_argument("--experts", type=int_in("experts"), help="mixture of experts: routed experts per block")
+    g.add_argument("--top-k", type=int_in("top_k"), help="experts each token is routed to (default 2)")
+    g.add_argument("--expert-ffn", type=int_in("expert_ffn"), help="an expert's MLP width (default --ffn)")
+    g.add_argument("--shared-experts", type=int, help="experts every token goes through (default 0)")
+    g.add_argument("--capacity-factor", type=_positive_float,
+                   help="expert capacity = ceil(factor * top_k * seq / experts) tokens per sequence (default 1.25)")
     g.add_argument("--params", type=_count, metavar="N",
                    help="a model known only by its parameter count (e.g. 7e9): "
                         "state memory and DP bytes only")
@@ -240,6 +248,8 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int_in("tp"), help="tensor-parallel degree")
     g.add_argument("--pp", type=int_in("pp"), help="pipeline-parallel degree (stages)")
     g.add_argument("--cp", type=int_in("cp"), help="context-parallel degree")
+    g.add_argument("--ep", type=int_in("ep"),
+                   help="expert-parallel degree (mixture of experts; borrowed from dp: must divide dp and experts)")
     g.add_argument("--zero", type=int_in("zero"), choices=(0, 1, 2, 3), help="ZeRO stage (default 0 = plain DDP)")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism (needs --tp >= 2)")
     g.add_argument("--recompute", choices=RECOMPUTE,
@@ -380,7 +390,8 @@ def echo(model: ModelSpec, plan: Plan) -> dict[str, Any]:
 
 def describe(model: ModelSpec, plan: Plan) -> str:
     p = plan
-    return (f"{model.summary()}\nplan: dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} zero={p.zero} sp={p.sp} "
+    return (f"{model.summary()}\nplan: dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp}"
+            + (f" ep={p.ep}" if p.ep > 1 else "") + f" zero={p.zero} sp={p.sp} "
             f"seq={p.seq} micro_batch={p.micro_batch} grad_accum={p.grad_accum} recompute={p.recompute} "
             f"optimizer={p.optimizer} dtype={p.dtype} schedule={p.schedule}"
             + (f" interleave={p.interleave}" if p.interleave > 1 else "")
@@ -706,11 +717,12 @@ def _plan(args: argparse.Namespace) -> Output:
             f["schedule"] + (f" v={f['interleave']}" if f["interleave"] > 1 else "")
         ex = e.exposed_s
         zero = f"{f['zero']}s" if f.get("zero2_accumulate") == "sharded" else f["zero"]     # s: FSDP's per-mb RS
-        rows.append((i + 1, f["dp"], f["tp"], f["pp"], f["cp"], zero, "sp" if f["sp"] else "",
+        dp_cell = f["dp"] if f.get("ep", 1) == 1 else f"{f['dp']} (ep {f['ep']})"
+        rows.append((i + 1, dp_cell, f["tp"], f["pp"], f["cp"], zero, "sp" if f["sp"] else "",
                      f["micro_batch"], f["grad_accum"], f["recompute"], sched,
                      f"{e.memory_bytes / GB:,.3g}", f"{e.headroom_bytes / GB:,.3g}", f"{e.step_time_s:,.4g}",
                      f"{e.mfu:.1%}", f"{e.bubble_ratio:.3f}",
-                     " ".join(f"{d}={ex[d] * 1e3:,.0f}" for d in ("tp", "cp", "pp", "dp") if ex.get(d))))
+                     " ".join(f"{d}={ex[d] * 1e3:,.0f}" for d in ("tp", "cp", "pp", "dp", "ep") if ex.get(d))))
     lines = [
         model.summary(),
         f"{args.gpus:,} x {cluster.name}, seq {args.seq:,}, global batch {res.global_batch:,} sequences "
@@ -756,6 +768,10 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
                    help="optional wall-clock limit of the whole run (default: none)")
     for action in p._actions:         # --help shows the defaults a run really uses, not Plan's
+        if action.dest == "schedule":     # run also executes the V schedules as action lists
+            action.choices = (*SCHEDULES, *V_SCHEDULES)
+            action.help = (f"{action.help}; run also takes {' and '.join(V_SCHEDULES)} (a pipeline alone, "
+                           "2 chunks per rank in a V)")
         if action.dest in RUN_DEFAULTS and action.help:
             base = re.sub(r"\s*\(default [^)]*\)", "", action.help)
             action.help = f"{base} (default for run: {RUN_DEFAULTS[action.dest]})"
@@ -792,6 +808,9 @@ def _run(args: argparse.Namespace) -> Output:
     if no_model:
         args.model = None if file_model is not None else "tiny-llama"
     model = file_model if (no_model and file_model is not None) else model_from_args(args)
+    v_schedule = args.schedule if args.schedule in V_SCHEDULES else None
+    if v_schedule is not None:        # action lists, not a Plan.schedule (distributed/run.check_schedule)
+        args.schedule = None
     if plan is None:
         for name, value in RUN_DEFAULTS.items():
             if getattr(args, name, None) is None:
@@ -801,10 +820,14 @@ def _run(args: argparse.Namespace) -> Output:
         given = {f: getattr(args, f) for f in PLAN_FIELDS if getattr(args, f, None) is not None}
         plan = plan.with_(**given).validate(model)
     check_runnable(model, plan)
+    if v_schedule is not None:
+        from .distributed.run import check_schedule
+
+        check_schedule(model, plan, v_schedule)
     check_fits_this_machine(model, plan)
     try:
         rep = run(model, plan, steps=args.steps, seed=args.seed, packed=args.packed, timeout_s=args.timeout,
-                  time_limit_s=args.time_limit, progress=True)
+                  time_limit_s=args.time_limit, progress=True, schedule=v_schedule)
     except RankError as e:
         raise _rank_failed(e, args.steps) from None
     except LaunchTimeout as e:

@@ -5,7 +5,8 @@ docs/conventions.md (``dim, kind, message_bytes, group_size``, plus ``count``, `
 that the runnable code (``parallel_lab.distributed``) can be compared with it call by call. One function per
 parallelism builds its part, so each can be read (and adjusted to the runnable code) on its own:
 :func:`_dp_collectives`, :func:`_zero_collectives`, :func:`_tp_collectives`, :func:`_tp_vocab_collectives`,
-:func:`_pp_collectives`, :func:`_cp_collectives`.
+:func:`_pp_collectives`, :func:`_cp_collectives`, :func:`_ep_collectives` (expert parallelism's all-to-alls;
+its expert gradients are averaged in :func:`_dp_collectives` over the expert-data-parallel group).
 
 Notation: ``s`` sequence, ``b`` micro-batch, ``h`` hidden, ``d`` bytes per element of the compute dtype,
 ``m`` micro-batches per step (``grad_accum``), ``L`` layers on this rank's pipeline stage. With context
@@ -26,9 +27,11 @@ from typing import Any
 
 from .layout import (  # noqa: F401  (pack_buckets, ddp_buckets, rank_of, group_ranks, tier_of: re-exported)
     ddp_buckets,
+    expert_grad_tensors,
     grad_comm_bytes,
     group_ranks,
     group_tier,
+    is_expert_param,
     is_frozen,
     kv_width_local,
     pack_buckets,
@@ -37,6 +40,7 @@ from .layout import (  # noqa: F401  (pack_buckets, ddp_buckets, rank_of, group_
     rank_of,
     shard_group,
     stage_blocks,
+    stage_layers,
     stage_params,
     tier_of,
     trainable,
@@ -46,7 +50,7 @@ from .layout import (  # noqa: F401  (pack_buckets, ddp_buckets, rank_of, group_
 from .specs import ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
-DIMS = ("dp", "tp", "tp_vocab", "pp", "cp")
+DIMS = ("dp", "tp", "tp_vocab", "pp", "cp", "ep")
 PHASES = ("forward", "backward", "step")
 #: Cross-entropy's vocab-parallel reductions (max, sum of exponentials, target logit) run in fp32.
 CE_BYTES = 4
@@ -134,16 +138,20 @@ def _dp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str,
     if g == 1 or plan.zero:
         return []
     gb = grad_comm_bytes(plan)
+    # expert parallelism: each routed expert's gradient is averaged over the dp / ep ranks holding it
+    experts = [Collective("dp", "all_reduce", numel * gb, g // plan.ep, 1, "backward", f"expert grad {name}")
+               for name, numel in expert_grad_tensors(model, plan, stage, frozen) if g // plan.ep > 1]
     if plan.dp_kind == "naive":
         return [Collective("dp", "all_reduce", numel * gb, g, 1, "backward", f"grad {name}")
-                for name, numel in reversed(trainable(model, plan, stage, frozen))]
+                for name, numel in reversed(trainable(model, plan, stage, frozen))
+                if not (plan.ep > 1 and is_expert_param(name))] + experts
     out = []
     for i, bucket in enumerate(ddp_buckets(model, plan, stage, frozen)):
         first, last = bucket[0][0], bucket[-1][0]
         what = first if len(bucket) == 1 else f"{first} .. {last} ({len(bucket)} tensors)"
         out.append(Collective("dp", "all_reduce", sum(b for _, b in bucket), g, 1, "backward",
                               f"bucket {i}: {what}"))
-    return out
+    return out + experts
 
 
 def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[Collective]:
@@ -388,9 +396,37 @@ def cp_layer_collectives(model: ModelSpec, plan: Plan) -> list[Collective]:
     return out
 
 
+def ep_dispatch_bytes(model: ModelSpec, plan: Plan) -> int:
+    """One dispatch (or combine) all-to-all of one MoE block for one micro-batch: this rank's input buffer
+    ``E b C h d`` with ``C = model.expert_capacity(s)`` slots per expert and sequence (the fixed-capacity
+    layout of GShard: ``E C = capacity_factor * top_k * s``, so about ``capacity_factor * top_k * s b h d``)."""
+    return model.experts * plan.micro_batch * model.expert_capacity(plan.seq) * model.hidden * plan.dtype_bytes
+
+
+def _ep_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str, ...]) -> list[Collective]:
+    """Expert parallelism (GShard; Lepikhin et al. 2021), per MoE block and micro-batch, over the ``ep`` group:
+    forward an all-to-all dispatching each rank's buffer ``(E, b C, h)`` to the experts' owners and one
+    combining the experts' outputs back (:func:`ep_dispatch_bytes` each); backward the same two with the
+    gradients, in reverse. Full recomputation repeats the forward's two during backward. A fraction
+    ``(ep - 1) / ep`` of each buffer leaves the GPU (``wire_bytes``)."""
+    if plan.ep == 1 or not model.is_moe:
+        return []
+    blocks = [i for i in stage_layers(model.layers, plan.pp, plan.interleave, stage, plan.pp_split)
+              if model.is_moe_layer(i)]
+    if not blocks:
+        return []
+    n, M, ep = len(blocks) * plan.microbatches, ep_dispatch_bytes(model, plan), plan.ep
+    out = [Collective("ep", "all_to_all", M, ep, 2 * n, "forward", "dispatch + combine (tokens to experts, back)"),
+           Collective("ep", "all_to_all", M, ep, 2 * n, "backward", "gradients of combine + dispatch")]
+    if plan.recompute == "full":
+        out.append(Collective("ep", "all_to_all", M, ep, 2 * n, "backward", "recomputed dispatch + combine"))
+    return out
+
+
 #: Each dim's collectives, one function per parallelism (dp has two: DDP and ZeRO).
 PARTS = (("dp", _dp_collectives), ("dp", _zero_collectives), ("tp", _tp_collectives),
-         ("tp_vocab", _tp_vocab_collectives), ("pp", _pp_collectives), ("cp", _cp_collectives))
+         ("tp_vocab", _tp_vocab_collectives), ("pp", _pp_collectives), ("cp", _cp_collectives),
+         ("ep", _ep_collectives))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -29,12 +29,13 @@ MFU (Chowdhery et al. 2022): model FLOPs per second over the peak of all GPUs.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from . import activations
-from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan, is_expert_param
 
 FORMULA = "6*N_matmul*T + 12*L*q_dim*s*T (PaLM App. B / Narayanan et al. 2021; no causal halving)"
 #: Attention FLOP conventions: ``palm`` counts the full ``s x s`` square of scores (the seed's and the
@@ -47,12 +48,15 @@ CONVENTIONS: dict[str, str] = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def matmul_params(model: ModelSpec) -> tuple[int, int]:
-    """``(N_blocks, N_head)``: weights of the blocks' linear layers and of the output head."""
+    """``(N_blocks, N_head)``: weights of the blocks' linear layers and of the output head. Mixture of experts:
+    the active ones, a token's ``top_k`` of the ``experts`` routed experts (capacity padding not counted)."""
     model.require_shape("FLOPs")
     blocks = sum(math.prod(s) for n, s in model.parameter_shapes()
-                 if n.startswith("blocks.") and n.endswith(".weight") and len(s) == 2)
-    return blocks, model.vocab * model.hidden
+                 if n.startswith("blocks.") and n.endswith(".weight") and len(s) == 2 and not is_expert_param(n))
+    routed = sum(math.prod(s) for n, s in model.parameter_shapes() if is_expert_param(n) and len(s) == 2)
+    return blocks + routed * model.top_k // max(model.experts, 1), model.vocab * model.hidden
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,10 @@ The 4-D grid: ``arange(world).view(dp, pp, cp, tp)``; nodes are runs of ``gpus_p
 ranks, so a group is on one node exactly when its lowest and highest ranks are (``tier_of``).
 Pipeline stages: contiguous chunks, the first ``layers % chunks`` one layer longer; chunk ``c`` on stage
 ``c % pp`` (Megatron's interleaving). docs/conventions.md is the contract these rules implement.
+Expert parallelism (GShard, Lepikhin et al. 2021): ``ep`` divides ``experts`` and ``dp`` (it borrows its ranks
+from data parallelism, as torchtitan and Megatron do); data-parallel coordinate ``d`` has expert rank ``d % ep``
+and holds experts ``[(d % ep) E/ep, (d % ep + 1) E/ep)``; its expert gradients are averaged over the ``dp / ep``
+ranks with the same expert rank (the expert-data-parallel group ``edp``). docs/moe.md has the derivation.
 The ledger, comm, activations, the planner and every runnable parallelism take their rules from here.
 """
 
@@ -231,6 +235,47 @@ def stage_blocks(layers: int, pp: int, interleave: int = 1, stage: int = 0, spli
 
 
 # --------------------------------------------------------------------------------------------------
+# Experts (mixture of experts) and the expert-parallel groups
+# --------------------------------------------------------------------------------------------------
+
+def is_expert_param(name: str) -> bool:
+    """Whether a parameter belongs to a routed expert (``blocks.{i}.mlp.experts.{e}.*``): these are split
+    over the expert-parallel group; the router and a shared expert are not."""
+    return ".mlp.experts." in name
+
+
+def expert_of(name: str) -> int:
+    """The expert index of a routed expert's parameter name (``blocks.3.mlp.experts.5.up.weight -> 5``)."""
+    return int(name.split(".mlp.experts.", 1)[1].split(".", 1)[0])
+
+
+def local_experts(experts: int, ep: int, ep_rank: int) -> range:
+    """The experts expert rank ``ep_rank`` of ``ep`` holds: a contiguous block of ``experts / ep``."""
+    n = experts // ep
+    return range(ep_rank * n, (ep_rank + 1) * n)
+
+
+def check_ep(model: ModelSpec, plan: Plan) -> None:
+    """The rules of expert parallelism: ``ep`` divides ``experts`` (and ``dp``, checked by ``Plan``); the
+    experts are not cut by tensor or context parallelism here (capacity is counted per whole sequence)."""
+    if model.experts % plan.ep:
+        raise ParallelLabError(f"ep={plan.ep} does not divide experts={model.experts}; "
+                               f"pick ep in {fmt_set([d for d in divisors(model.experts) if plan.dp % d == 0])}")
+    if plan.tp > 1:
+        raise ParallelLabError(f"tp={plan.tp} with a mixture-of-experts model: tensor-parallel experts are not "
+                               "modelled here; split the experts with ep (borrowed from dp) and set tp=1")
+    if plan.cp > 1:
+        raise ParallelLabError(f"cp={plan.cp} with a mixture-of-experts model: expert capacity is counted per "
+                               "whole sequence here; set cp=1")
+
+
+def ep_coords(plan: Plan, rank: int) -> dict[str, int]:
+    """``{"ep": d % ep, "edp": d // ep}`` for the data-parallel coordinate ``d`` of ``rank``."""
+    d = coords(plan, rank)["dp"]
+    return {"ep": d % plan.ep, "edp": d // plan.ep}
+
+
+# --------------------------------------------------------------------------------------------------
 # The parameters one rank holds
 # --------------------------------------------------------------------------------------------------
 
@@ -271,12 +316,13 @@ def local_parameters(model: ModelSpec, plan: Plan, stage: int = 0) -> list[Local
     embedding for the head (Megatron), whose gradient is all-reduced with stage 0's.
     """
     model.require_shape("the per-tensor parameter layout")
-    return list(_local_parameters(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage, plan.pp_split))
+    return list(_local_parameters(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage, plan.pp_split,
+                                  plan.ep))
 
 
 @functools.lru_cache(maxsize=256)
 def _local_parameters(model: ModelSpec, tp: int, pp: int, interleave: int, zero_unit: str,
-                      stage: int, split: str = "layers") -> tuple[LocalParam, ...]:
+                      stage: int, split: str = "layers", ep: int = 1) -> tuple[LocalParam, ...]:
     layers = set(stage_layers(model.layers, pp, interleave, stage, split))
     first, last = stage == 0, stage == pp - 1
     on_stage = {"tok_emb": first, "pos_emb": first, "final_norm": last, "lm_head": last}
@@ -285,8 +331,8 @@ def _local_parameters(model: ModelSpec, tp: int, pp: int, interleave: int, zero_
         parts = name.split(".")
         if parts[0] == "blocks":
             layer = int(parts[1])
-            if layer not in layers:
-                continue
+            if layer not in layers or (ep > 1 and is_expert_param(name) and expert_of(name) >= model.experts // ep):
+                continue                             # expert rank 0's names; every expert rank holds as many
             unit = f"blocks.{layer}" if zero_unit == "block" else "root"
         elif on_stage[parts[0]]:
             unit = "root"
@@ -335,13 +381,13 @@ def stage_params(model: ModelSpec, plan: Plan, stage: int = 0, frozen: tuple[str
     if frozen:
         return _stage_params_of(tuple(p for p in local_parameters(model, plan, stage)
                                       if not is_frozen(p.name, frozen)))
-    return _stage_params(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage, plan.pp_split)
+    return _stage_params(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage, plan.pp_split, plan.ep)
 
 
 @functools.lru_cache(maxsize=4096)
 def _stage_params(model: ModelSpec, tp: int, pp: int, interleave: int, zero_unit: str, stage: int,
-                  split: str = "layers") -> StageParams:
-    return _stage_params_of(_local_parameters(model, tp, pp, interleave, zero_unit, stage, split))
+                  split: str = "layers", ep: int = 1) -> StageParams:
+    return _stage_params_of(_local_parameters(model, tp, pp, interleave, zero_unit, stage, split, ep))
 
 
 def _stage_params_of(params: tuple[LocalParam, ...]) -> StageParams:
@@ -415,17 +461,28 @@ def ddp_buckets(model: ModelSpec, plan: Plan, stage: int = 0,
 
     Walk the trainable parameters in *reverse* registration order (the order their gradients become ready
     in backward) and :func:`pack_buckets` them under ``bucket_mb * 10**6`` bytes. Unlike torch's DDP there
-    is no special small first bucket. Gradient bytes: :func:`grad_comm_bytes`.
+    is no special small first bucket. Gradient bytes: :func:`grad_comm_bytes`. With ``ep > 1`` the routed
+    experts are not in the buckets (they are averaged over the ``edp`` group, :func:`expert_grad_tensors`).
     """
     gb = grad_comm_bytes(plan)
-    items = [(name, numel * gb) for name, numel in reversed(trainable(model, plan, stage, frozen))]
+    items = [(name, numel * gb) for name, numel in reversed(trainable(model, plan, stage, frozen))
+             if not (plan.ep > 1 and is_expert_param(name))]
     return pack_buckets(items, plan.bucket_mb * 1e6)
+
+
+def expert_grad_tensors(model: ModelSpec, plan: Plan, stage: int = 0,
+                        frozen: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+    """With ``ep > 1``: ``(name, local elements)`` of the routed experts' trainable tensors of ``stage``, in the
+    order their gradients are averaged over the ``edp`` group (reverse registration order, one call each)."""
+    if plan.ep == 1:
+        return []
+    return [(n, k) for n, k in reversed(trainable(model, plan, stage, frozen)) if is_expert_param(n)]
 
 
 def bucket_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[int, ...]:
     """The sizes of :func:`ddp_buckets` (memoised on what they depend on: the stage's tensors, the cap)."""
-    if not model.shape_known:
-        return tuple(b for _, b in ddp_buckets(model, plan, stage))
+    if not model.shape_known or plan.ep > 1:
+        return tuple(sum(b for _, b in bucket) for bucket in ddp_buckets(model, plan, stage))
     sp = _stage_params(model, plan.tp, plan.pp, plan.interleave, plan.zero_unit, stage, plan.pp_split)
     return _bucket_sizes(sp.numels, grad_comm_bytes(plan), plan.bucket_mb)
 
@@ -477,11 +534,16 @@ def all_groups(plan: Plan, dim: str) -> list[list[int]]:
     parallelism) as lists of global ranks: the lines of ``arange(world).view(dp, pp, cp, tp)`` along that
     axis, in the order every rank creates them (``mesh.movedim(axis, -1).reshape(-1, size)``)."""
     sizes = {"dp": plan.dp, "pp": plan.pp, "cp": plan.cp, "tp": plan.tp}
+    if dim in ("ep", "edp"):                       # expert parallelism, borrowed from dp (module docstring)
+        blocks = [g for g in all_groups(plan, "dp")]
+        if dim == "ep":
+            return [g[i:i + plan.ep] for g in blocks for i in range(0, plan.dp, plan.ep)]
+        return [g[j::plan.ep] for g in blocks for j in range(plan.ep)]
     if dim == "dp_cp":
         return [[rank_of(plan, d, p, c, t) for d in range(plan.dp) for c in range(plan.cp)]
                 for p in range(plan.pp) for t in range(plan.tp)]
     if dim not in sizes:
-        raise ParallelLabError(f"dim {dim!r} is not a grid dimension; pick dp, pp, cp, tp or dp_cp")
+        raise ParallelLabError(f"dim {dim!r} is not a grid dimension; pick dp, pp, cp, tp, dp_cp, ep or edp")
     others = [d for d in GRID_DIMS if d != dim]
     groups = []
     for a in range(sizes[others[0]]):
@@ -503,8 +565,10 @@ def group_ranks(plan: Plan, dim: str, stage: int = 0) -> list[int]:
     """The ranks of the ``dim`` group that contains grid point ``(dp=0, pp=stage, cp=0, tp=0)``.
 
     ``dp``: the ``dp x cp`` gradient group; ``tp``/``tp_vocab``: the TP group; ``cp``: the CP group;
-    ``pp``: this stage and its pipeline neighbours.
+    ``pp``: this stage and its pipeline neighbours; ``ep``: the expert-parallel group (dp coordinates 0..ep-1).
     """
+    if dim == "ep":
+        return [rank_of(plan, i, stage, 0, 0) for i in range(plan.ep)]
     if dim == "dp":
         return [rank_of(plan, i, stage, j, 0) for i in range(plan.dp) for j in range(plan.cp)]
     if dim in ("tp", "tp_vocab"):
@@ -513,11 +577,13 @@ def group_ranks(plan: Plan, dim: str, stage: int = 0) -> list[int]:
         return [rank_of(plan, 0, stage, j, 0) for j in range(plan.cp)]
     if dim == "pp":
         return [rank_of(plan, 0, s, 0, 0) for s in pp_neighbours(plan, stage)]
-    raise ParallelLabError(f"dim {dim!r} is not known; pick one of dp, tp, tp_vocab, pp, cp")
+    raise ParallelLabError(f"dim {dim!r} is not known; pick one of dp, tp, tp_vocab, pp, cp, ep")
 
 
 def group_span(plan: Plan, dim: str, stage: int = 0) -> tuple[int, int]:
     """Lowest and highest rank of :func:`group_ranks` (ranks increase along every grid dim), in O(1)."""
+    if dim == "ep":
+        return rank_of(plan, 0, stage, 0, 0), rank_of(plan, plan.ep - 1, stage, 0, 0)
     if dim == "dp":
         return rank_of(plan, 0, stage, 0, 0), rank_of(plan, plan.dp - 1, stage, plan.cp - 1, 0)
     if dim in ("tp", "tp_vocab"):
@@ -527,7 +593,7 @@ def group_span(plan: Plan, dim: str, stage: int = 0) -> tuple[int, int]:
     if dim == "pp":
         near = pp_neighbours(plan, stage)
         return rank_of(plan, 0, near[0], 0, 0), rank_of(plan, 0, near[-1], 0, 0)
-    raise ParallelLabError(f"dim {dim!r} is not known; pick one of dp, tp, tp_vocab, pp, cp")
+    raise ParallelLabError(f"dim {dim!r} is not known; pick one of dp, tp, tp_vocab, pp, cp, ep")
 
 
 def same_node(cluster: ClusterSpec, lo: int, hi: int) -> bool:

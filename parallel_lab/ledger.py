@@ -196,6 +196,8 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
         "mlp_intermediate": sb * f_local * _mlp_saved_widths(model, plan) * d,
         "mlp_dropout_mask": sb * h * mask / sp,
     }
+    if model.is_moe:
+        terms.update(_moe_terms(model, plan, terms["mlp_intermediate"]))
     if plan.recompute == "none" and plan.attention == "flash":
         terms["log_sum_exp"] = model.heads / t * sb * activations.LSE_BYTES
     elif plan.recompute == "none":
@@ -203,6 +205,22 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
         score = heads_local * s * plan.seq * b          # local queries x all keys
         terms["scores"] = score * (d + (d + MASK_BYTES if drop else 0))
     return terms
+
+
+def _moe_terms(model: ModelSpec, plan: Plan, dense_intermediate: float) -> dict[str, float]:
+    """A mixture-of-experts block's MLP terms, averaged over the blocks (``first_dense`` of them are dense):
+    the dispatched buffer ``E b C h d`` (``E C ~ capacity_factor * top_k * s``), the experts' intermediates on
+    their slots and the shared experts' on every token, the picked outputs of the combine ``s b k h d``, and
+    the router's fp32 probabilities ``s b E 4`` (ids and gates are per token and expert choice: omitted)."""
+    d, s, b, h = plan.dtype_bytes, plan.seq, plan.micro_batch, model.hidden
+    moe = model.moe_layers / model.layers
+    slots = model.experts * b * model.expert_capacity(plan.seq)
+    widths = 2 if model.flavour == "gpt" else 4
+    inter = (slots + s * b * model.shared_experts) * model.expert_ffn * widths * d
+    return {"mlp_intermediate": dense_intermediate * (1 - moe) + inter * moe,
+            "moe_dispatched": slots * h * d * moe,
+            "moe_combine": s * b * model.top_k * h * d * moe,
+            "moe_router": s * b * model.experts * 4 * moe}
 
 
 def _mlp_saved_widths(model: ModelSpec, plan: Plan) -> int:
@@ -292,12 +310,16 @@ def activation_bytes(model: ModelSpec, plan: Plan, stage: int = 0, *, formula: s
     blocks = block_inflight(model.layers, plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage,
                             plan.pp_split)
     if formula == "per-op":
-        n_layers = len(stage_layers(model.layers, plan.pp, plan.interleave, stage, plan.pp_split))
-        d = _per_op(model, plan, layers=n_layers)
+        mine = stage_layers(model.layers, plan.pp, plan.interleave, stage, plan.pp_split)
+        d = _per_op(model, plan, layers=len(mine))
         extra = sum(e["bytes"] for e in d["shared"])
         if stage == 0:
             extra += sum(e["bytes"] for e in d["embedding"])
-        return float(d["per_block_bytes"] * blocks + extra * inflight)
+        per_block = d["per_block_bytes"]
+        if model.is_moe and model.first_dense and mine:      # dense and MoE blocks: the stage's mean block
+            per_block = sum(sum(x.nbytes for x in activations.block_saves(model, plan, layer=i))
+                            for i in mine) / len(mine)
+        return float(per_block * blocks + extra * inflight)
     return activation_bytes_per_layer(model, plan, formula=formula) * blocks
 
 

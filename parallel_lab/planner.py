@@ -99,7 +99,7 @@ ROW_FIELDS = ("dp", "tp", "pp", "cp", "zero", "zero2_accumulate", "sp", "micro_b
               "schedule", "interleave")
 #: Plan fields a constraint may fix (``--fix tp=8,pp=16``).
 FIXABLE = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "recompute", "schedule",
-           "interleave", "cp_kind")
+           "interleave", "cp_kind", "ep")
 
 
 def shorten_list(values: Iterable[Any], n: int = 4) -> str:
@@ -258,6 +258,8 @@ class Estimate:
         """The JSON row of ``parallel-lab plan --json``."""
         f = self.fields
         out = {k: f[k] for k in ROW_FIELDS}
+        if "ep" in f:
+            out["ep"] = f["ep"]
         out.update({"memory_bytes": self.memory_bytes, "headroom_bytes": self.headroom_bytes,
                     "step_time_s": self.step_time_s, "mfu": self.mfu, "bubble_ratio": self.bubble_ratio,
                     "compute_s": self.compute_s, "exposed_comm_s": dict(self.exposed_s),
@@ -817,6 +819,8 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, *,
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ParallelLabError(f"gpus={gpus!r} must be a positive integer")
     batch = global_batch_sequences(seq, global_batch, global_batch_tokens)
+    if model.is_moe:
+        return _moe_search(model, cluster, gpus, seq, batch, c, t0)
     fixed_world = math.prod(c.fixed.get(k, 1) for k in ("dp", "tp", "pp", "cp"))
     if gpus % fixed_world:
         raise ParallelLabError(f"the fixed degrees multiply to {fixed_world}, which does not divide "
@@ -843,3 +847,53 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, *,
     reasons = {r: rejected[r] for r in REASONS if rejected[r]}
     return PlannerResult(estimates, reasons, families, search.candidates, time.perf_counter() - t0, model,
                          cluster, gpus, seq, batch, c.margin)
+
+
+def _moe_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, batch: int, c: Constraints,
+                t0: float) -> PlannerResult:
+    """The search for a mixture-of-experts model: families ``(dp, pp, ep)`` (tp = cp = 1, ``layout.check_ep``),
+    ``ep`` over the divisors of ``dp`` that divide ``experts``; per family the three smallest micro-batch sizes, the
+    schedules, recomputations and ZeRO stages (ZeRO only with ep = 1), each estimated by :func:`evaluate` (the
+    ledger and comm themselves: their expert terms, and the all-to-all time on the ep group's link tier)."""
+    rejected: Counter[str] = Counter()
+    records: list[Estimate] = []
+    families = candidates = 0
+    base = {"seq": seq, "optimizer": c.optimizer, "dtype": c.dtype, "attention": c.attention, "mlp": c.mlp,
+            "pp_split": c.pp_split}
+    for pp in c.options("pp", [d for d in divisors(gpus) if d <= model.layers]):
+        if gpus % pp:
+            continue
+        dp = gpus // pp
+        if c.fixed.get("dp", dp) != dp or c.fixed.get("tp", 1) != 1 or c.fixed.get("cp", 1) != 1:
+            continue
+        for ep in c.options("ep", [d for d in divisors(dp) if model.experts % d == 0]):
+            families += 1
+            if batch % dp:
+                rejected["batch"] += 1
+                continue
+            per_replica = batch // dp
+            fitted = 0
+            mbs = [mb for mb in divisors(per_replica) if not c.max_micro_batch or mb <= c.max_micro_batch][:3]
+            for mb in c.options("micro_batch", mbs):
+                m = per_replica // mb
+                scheds = [s for s in c.options("schedule", c.schedules) if s != "interleaved"] if pp > 1 else ["1f1b"]
+                for sched in scheds:
+                    for recompute in c.options("recompute", c.recompute):
+                        for zero in c.options("zero", c.zero_stages if ep == 1 and dp > 1 else (0,)):
+                            candidates += 1
+                            try:
+                                plan = Plan(dp=dp, pp=pp, ep=ep, zero=zero, micro_batch=mb, grad_accum=m,
+                                            schedule=sched, recompute=recompute, **base)
+                                est = evaluate(model, cluster, plan, margin=c.margin)
+                            except ParallelLabError:
+                                rejected["divisibility"] += 1
+                                continue
+                            if est.memory_bytes <= est.usable_bytes:
+                                records.append(est)
+                                fitted += 1
+            if not fitted:
+                rejected["oom"] += 1
+    ranked = sorted(records, key=lambda e: (e.step_time_s, e.memory_bytes))
+    reasons = {r: rejected[r] for r in REASONS if rejected[r]}
+    return PlannerResult(ranked, reasons, families, candidates, time.perf_counter() - t0, model, cluster, gpus,
+                         seq, batch, c.margin)

@@ -18,9 +18,10 @@ from typing import Any, Literal
 
 from . import layout
 from .errors import ParallelLabError
-from .layout import PP_SPLITS, chunk_layers, divisors, fmt_set, stage_layers
+from .layout import PP_SPLITS, chunk_layers, divisors, expert_of, fmt_set, is_expert_param, stage_layers
 
-__all__ = ["ParallelLabError", "divisors", "chunk_layers", "stage_layers", "ModelSpec", "ClusterSpec", "StepProfile",
+__all__ = ["ParallelLabError", "divisors", "is_expert_param", "expert_of",
+           "chunk_layers", "stage_layers", "ModelSpec", "ClusterSpec", "StepProfile",
            "LinkTier",
            "OptimizerSpec", "Plan", "GB", "GiB"]
 
@@ -68,6 +69,15 @@ class ModelSpec:
 
     ``n_params_override`` describes a model known only by its parameter count (``ModelSpec.from_params``):
     enough for model-state memory and data-parallel bytes, not for activations or tensor parallelism.
+
+    Mixture of experts (``experts > 0``; Shazeer et al. 2017, GShard, Switch; docs/moe.md): every block
+    from ``first_dense`` on replaces its MLP by a router (``experts x hidden``, no bias) and ``experts``
+    MLPs of width ``expert_ffn`` (default ``ffn``); each token goes to its ``top_k`` experts, each expert
+    takes at most ``capacity = ceil(capacity_factor * top_k * seq / experts)`` tokens of a sequence (the
+    rest are dropped: they skip the MLP through the residual). ``shared_experts`` MLPs of the same width
+    (DeepSeekMoE) see every token; they are stored as one MLP ``shared_experts * expert_ffn`` wide. The
+    router's load-balancing loss (Switch form, ``aux_loss_coef * E * sum_e f_e P_e`` per sequence) is
+    added to the training loss.
     """
 
     layers: int
@@ -83,6 +93,13 @@ class ModelSpec:
     dropout: float | None = None
     name: str = "custom"
     n_params_override: int | None = None
+    experts: int = 0
+    top_k: int = 2
+    expert_ffn: int | None = None
+    shared_experts: int = 0
+    capacity_factor: float = 1.25
+    aux_loss_coef: float = 0.01
+    first_dense: int = 0
 
     def __post_init__(self) -> None:
         o = "ModelSpec"
@@ -120,6 +137,33 @@ class ModelSpec:
             )
         if self.n_params_override is not None:
             _positive_int(o, "n_params_override", self.n_params_override)
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        o = "ModelSpec"
+        for f in ("experts", "shared_experts", "first_dense"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ParallelLabError(f"{o}.{f}={v!r} must be an integer >= 0; e.g. {f}=0")
+        if not self.experts:
+            return
+        if self.expert_ffn is None:
+            object.__setattr__(self, "expert_ffn", self.ffn)
+        _positive_int(o, "expert_ffn", self.expert_ffn)
+        _positive_int(o, "top_k", self.top_k)
+        if self.top_k > self.experts:
+            raise ParallelLabError(f"top_k={self.top_k} exceeds experts={self.experts}; "
+                                   f"pick top_k in 1..{self.experts}")
+        _real(o, "capacity_factor", self.capacity_factor)
+        if not self.capacity_factor > 0:
+            raise ParallelLabError(f"capacity_factor={self.capacity_factor} must be > 0; e.g. 1.25 (Switch), "
+                                   f"or experts/top_k = {self.experts / self.top_k:g} to drop no token")
+        _real(o, "aux_loss_coef", self.aux_loss_coef)
+        if self.aux_loss_coef < 0:
+            raise ParallelLabError(f"aux_loss_coef={self.aux_loss_coef} must be >= 0; e.g. 0.01 (Switch)")
+        if self.first_dense > self.layers:
+            raise ParallelLabError(f"first_dense={self.first_dense} exceeds layers={self.layers}; "
+                                   f"pick first_dense in 0..{self.layers}")
 
     # ---- constructors -----------------------------------------------------------------------------
     @classmethod
@@ -159,6 +203,25 @@ class ModelSpec:
         """Width of the key (or value) projection: ``kv_heads * head_dim``."""
         return self.kv_heads * self.head_dim
 
+    @property
+    def is_moe(self) -> bool:
+        """Whether some blocks are mixture-of-experts blocks (``experts > 0``)."""
+        return self.experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether block ``layer`` routes its tokens to experts (every block from ``first_dense`` on)."""
+        return self.experts > 0 and layer >= self.first_dense
+
+    @property
+    def moe_layers(self) -> int:
+        """Number of mixture-of-experts blocks."""
+        return sum(self.is_moe_layer(i) for i in range(self.layers))
+
+    def expert_capacity(self, seq: int) -> int:
+        """Tokens of one sequence one expert takes at most: ``ceil(capacity_factor * top_k * seq / experts)``
+        (GShard's per-group capacity, a group being one sequence here), at most ``seq``."""
+        return min(seq, math.ceil(self.capacity_factor * self.top_k * seq / self.experts))
+
     def require_shape(self, what: str) -> None:
         if not self.shape_known:
             raise ParallelLabError(
@@ -188,6 +251,15 @@ class ModelSpec:
             if self.bias:
                 out.append((f"{prefix}.bias", (fan_out,)))
 
+        def mlp(prefix: str, width: int) -> None:
+            if self.flavour == "gpt":
+                linear(f"{prefix}.fc", width, h)
+                linear(f"{prefix}.proj", h, width)
+            else:
+                linear(f"{prefix}.gate", width, h)
+                linear(f"{prefix}.up", width, h)
+                linear(f"{prefix}.down", h, width)
+
         for i in range(self.layers):
             b = f"blocks.{i}"
             norm(f"{b}.attn_norm")
@@ -196,13 +268,14 @@ class ModelSpec:
             linear(f"{b}.attn.wv", kv, h)
             linear(f"{b}.attn.wo", h, q)
             norm(f"{b}.mlp_norm")
-            if self.flavour == "gpt":
-                linear(f"{b}.mlp.fc", f, h)
-                linear(f"{b}.mlp.proj", h, f)
+            if self.is_moe_layer(i):
+                out.append((f"{b}.mlp.router.weight", (self.experts, h)))
+                for e in range(self.experts):
+                    mlp(f"{b}.mlp.experts.{e}", self.expert_ffn)
+                if self.shared_experts:
+                    mlp(f"{b}.mlp.shared", self.shared_experts * self.expert_ffn)
             else:
-                linear(f"{b}.mlp.gate", f, h)
-                linear(f"{b}.mlp.up", f, h)
-                linear(f"{b}.mlp.down", h, f)
+                mlp(f"{b}.mlp", f)
         norm("final_norm")
         if not self.tied_embeddings:
             out.append(("lm_head.weight", (v, h)))
@@ -216,6 +289,15 @@ class ModelSpec:
         return sum(math.prod(s) for _, s in self.parameter_shapes())
 
     @property
+    def n_active_params(self) -> int:
+        """Parameters one token uses: the routed experts count ``top_k`` of ``experts`` (``n_params`` for a
+        dense model). Mixtral-8x7B: 46.7B total, 12.9B active."""
+        if not self.is_moe:
+            return self.n_params
+        routed = sum(math.prod(s) for n, s in self.parameter_shapes() if is_expert_param(n))
+        return self.n_params - routed + routed * self.top_k // self.experts
+
+    @property
     def params_per_layer(self) -> int:
         """Parameters of one transformer block."""
         self.require_shape("params_per_layer")
@@ -224,8 +306,14 @@ class ModelSpec:
     def summary(self) -> str:
         if not self.shape_known:
             return f"{self.name}: {self.n_params:,} parameters (shape not given)"
+        moe = ""
+        if self.is_moe:
+            moe = (f", {self.experts} experts (top-{self.top_k}, width {self.expert_ffn}, "
+                   f"{self.shared_experts} shared, capacity factor {self.capacity_factor:g}) in "
+                   f"{self.moe_layers} blocks, {self.n_active_params:,} active")
         return (f"{self.name}: {self.flavour}, L={self.layers}, h={self.hidden}, heads={self.heads}, "
-                f"kv_heads={self.kv_heads}, ffn={self.ffn}, vocab={self.vocab}, {self.n_params:,} parameters")
+                f"kv_heads={self.kv_heads}, ffn={self.ffn}, vocab={self.vocab}, {self.n_params:,} parameters{moe}")
+
 
 
 def _human_count(n: int) -> str:
@@ -272,6 +360,17 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # The tiny models the runnable code trains on CPU ranks (tests, notebooks, `parallel-lab run`).
     "tiny-llama": ModelSpec(layers=4, hidden=128, heads=4, kv_heads=2, ffn=344, vocab=512, flavour="llama",
                             name="tiny-llama"),
+    # Mixtral of experts (Jiang et al. 2024): 46.7B parameters, 12.9B active (8 experts, top-2).
+    "mixtral-8x7b": ModelSpec(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000,
+                              flavour="llama", name="mixtral-8x7b", experts=8, top_k=2),
+    # DeepSeekMoE 16B (Dai et al. 2024): 16.4B parameters, 2.8B active; 64 routed experts of width 1408
+    # (top-6) and 2 shared ones, the first block dense (ffn 10944), multi-head attention.
+    "deepseekmoe-16b": ModelSpec(layers=28, hidden=2048, heads=16, ffn=10944, vocab=102400, flavour="llama",
+                                 name="deepseekmoe-16b", experts=64, top_k=6, expert_ffn=1408,
+                                 shared_experts=2, first_dense=1),
+    # The tiny mixture of experts of the runnable expert parallelism (4 experts, top-2, one shared).
+    "tiny-moe": ModelSpec(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, flavour="llama",
+                          name="tiny-moe", experts=4, top_k=2, shared_experts=1, capacity_factor=1.25),
     "tiny-gpt": ModelSpec(layers=4, hidden=128, heads=4, ffn=512, vocab=512, flavour="gpt",
                           max_positions=1024, dropout=0.0, name="tiny-gpt"),
 }
@@ -489,7 +588,8 @@ class Plan:
     The global batch is ``micro_batch * grad_accum * dp`` sequences of ``seq`` tokens. With pipeline
     parallelism, ``grad_accum`` is the number of micro-batches ``m`` that flow through the pipeline.
     Ranks are laid out as ``arange(world).view(dp, pp, cp, tp)``: TP innermost (fastest links), then CP,
-    PP, and DP outermost.
+    PP, and DP outermost. Expert parallelism ``ep`` borrows its ranks from DP (``ep`` divides ``dp``): the
+    data-parallel coordinate ``d`` has expert rank ``d % ep`` (``layout.ep_coords``, docs/moe.md).
 
     Runnable-only knobs: ``dp_kind`` (DDP all-reducing every gradient after backward, or bucketed with
     overlap), ``bucket_mb`` (DDP bucket cap in MB of gradient), ``zero_unit`` (ZeRO-3 gathers one block at
@@ -535,10 +635,11 @@ class Plan:
     mlp: str = "eager"
     pp_split: str = "layers"
     loss_chunk: int = 0
+    ep: int = 1
 
     def __post_init__(self) -> None:
         o = "Plan"
-        for f in ("dp", "tp", "pp", "cp", "micro_batch", "grad_accum", "seq", "interleave"):
+        for f in ("dp", "tp", "pp", "cp", "micro_batch", "grad_accum", "seq", "interleave", "ep"):
             _positive_int(o, f, getattr(self, f))
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ParallelLabError(f"Plan.zero={self.zero!r} is not a ZeRO stage; "
@@ -565,6 +666,13 @@ class Plan:
         if self.sp and self.tp == 1:
             raise ParallelLabError("sequence parallelism (sp=True) needs tp > 1; "
                                    "set tp=2 or more, or sp=False")
+        if self.dp % self.ep:
+            raise ParallelLabError(f"ep={self.ep} does not divide dp={self.dp}: expert parallelism borrows its "
+                                   f"ranks from data parallelism (docs/moe.md); "
+                                   f"pick ep in {_fmt_set(divisors(self.dp))}")
+        if self.ep > 1 and self.zero:
+            raise ParallelLabError(f"zero={self.zero} with ep={self.ep}: ZeRO over the expert-data-parallel groups "
+                                   "is not modelled here; use zero=0 with expert parallelism")
         if self.zero and self.dp == 1:
             raise ParallelLabError(f"zero={self.zero} shards over data-parallel ranks but dp=1; "
                                    "set dp >= 2 or zero=0")
@@ -636,6 +744,11 @@ class Plan:
             )
         if self.tp > 1 or self.cp > 1 or self.pp > 1:
             model.require_shape("tensor, pipeline or context parallelism")
+        if self.ep > 1 and not model.is_moe:
+            raise ParallelLabError(f"ep={self.ep} needs a mixture-of-experts model, but {model.name!r} has no "
+                                   "experts; pick --model tiny-moe / mixtral-8x7b, or ep=1")
+        if model.is_moe:
+            layout.check_ep(model, self)
         if model.shape_known:
             layout.check_tp(model, self.tp)
             chunks = self.pp * self.interleave

@@ -146,7 +146,8 @@ def critical_path(st: StageTimes, cp_kind: str, bubble_ratio: float) -> tuple[fl
     cp = st.comm.get("cp", 0.0)
     cp_exp = max(0.0, cp - st.attention) if cp_kind == "ring" else cp
     pp = st.comm.get("pp", 0.0)
-    return (st.compute + tp + cp_exp) * (1.0 + bubble_ratio) + pp, tp, cp_exp, pp
+    ep = st.comm.get("ep", 0.0)            # expert parallelism's all-to-alls block the layer: not overlapped
+    return (st.compute + tp + cp_exp + ep) * (1.0 + bubble_ratio) + pp, tp, cp_exp, pp
 
 
 def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float,
@@ -160,7 +161,10 @@ def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float
         dp = dp_exposed(zero, st.compute, m, recompute, st.dp)
         step = core + dp
         if best is None or step > best[0]:
-            best = (step, st.comm, {"tp": tp, "cp": cp_exp, "pp": pp, "dp": dp}, st.compute)
+            exposed = {"tp": tp, "cp": cp_exp, "pp": pp, "dp": dp}
+            if st.comm.get("ep"):
+                exposed["ep"] = st.comm["ep"]
+            best = (step, st.comm, exposed, st.compute)
     assert best is not None
     return best
 

@@ -75,12 +75,15 @@ class DataParallel(nn.Module):
         self.group = group
         self.group_size = dist.get_world_size(group)
         self.tracer = tracer if tracer is not None else CommTracer(dist.get_rank(), {"dp": group}, False)
-        self.named = trainable(module)
+        # torch DDP's convention: names the module asks DDP to leave alone (expert parallelism's experts)
+        ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+        self.named = [(n, p) for n, p in trainable(module) if n not in ignore]
         self.params = [p for _, p in self.named]
         self.require_backward_grad_sync = True        # torch DDP's name for "this backward synchronises"
         self.finish_in_backward = finish_in_backward
         self._active = False                          # a synchronising backward started, not yet finished
-        broadcast_from_first([*module.parameters(), *module.buffers()], group)
+        broadcast_from_first([*(p for n, p in module.named_parameters() if n not in ignore), *module.buffers()],
+                             group)
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -4,7 +4,8 @@ Every rank is a point of ONE tensor ``torch.arange(world).view(dp, pp, cp, tp)``
 TP innermost (neighbouring ranks, the fastest links), then CP, PP, and DP outermost. A rank's group along
 a dimension is the line of that tensor through its point, e.g. its TP group is ``mesh[d, p, c, :]``.
 ``dp_cp`` (``mesh[:, p, :, t]``) is the gradient-synchronisation group when context parallelism is on
-(Megatron synchronises gradients over dp x cp).
+(Megatron synchronises gradients over dp x cp). With expert parallelism, ``ep`` (dp coordinates
+``[k ep, (k+1) ep)``) and ``edp`` (those with the same ``d % ep``) are lines inside the dp group (``layout``).
 
 Every rank creates every group of every dimension, in the same order (``torch.distributed.new_group``
 is collective over the whole world), and keeps the ones it belongs to.
@@ -76,7 +77,7 @@ class Grid:
                 f"the plan needs dp*pp*cp*tp = {plan.world} ranks but the process group has "
                 f"{dist.get_world_size()}; launch with world={plan.world}")
         grid = cls(plan, rank, torch.device(device))
-        for dim in (*DIMS, "dp_cp"):
+        for dim in (*DIMS, "dp_cp", *(("ep", "edp") if plan.ep > 1 else ())):
             for ranks in all_groups(plan, dim):
                 pg = None
                 if dist.is_initialized():
@@ -132,7 +133,7 @@ class Grid:
     def groups_by_dim(self) -> dict[str, Any]:
         """Process group per accounting dim of the conventions (``dp`` means dp x cp when cp > 1)."""
         return {"dp": self.groups[self.grad_group], "tp": self.groups["tp"], "tp_vocab": self.groups["tp"],
-                "pp": self.groups["pp"], "cp": self.groups["cp"]}
+                "pp": self.groups["pp"], "cp": self.groups["cp"], "ep": self.groups.get("ep")}
 
     def __repr__(self) -> str:
         c = self.coords

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from parallel_lab.distributed.kernels import FlashCore, HeadInput, chunked_cross_entropy, fused_mlp, op_sac_context
+from parallel_lab.distributed.moe import MoE
 from parallel_lab.ledger import is_frozen
 from parallel_lab.specs import RECOMPUTE, ModelSpec, ParallelLabError, Plan
 
@@ -205,18 +206,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """gpt: ``proj(gelu_tanh(fc(x)))``; llama (SwiGLU, Shazeer 2020): ``down(silu(gate(x)) * up(x))``."""
+    """gpt: ``proj(gelu_tanh(fc(x)))``; llama (SwiGLU, Shazeer 2020): ``down(silu(gate(x)) * up(x))``.
+    ``width``: the hidden width (default ``spec.ffn``; an expert's is ``spec.expert_ffn``)."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, width: int | None = None):
         super().__init__()
+        f = spec.ffn if width is None else width
         self.swiglu = spec.flavour == "llama"
         if self.swiglu:
-            self.gate = nn.Linear(spec.hidden, spec.ffn, bias=spec.bias)
-            self.up = nn.Linear(spec.hidden, spec.ffn, bias=spec.bias)
-            self.down = nn.Linear(spec.ffn, spec.hidden, bias=spec.bias)
+            self.gate = nn.Linear(spec.hidden, f, bias=spec.bias)
+            self.up = nn.Linear(spec.hidden, f, bias=spec.bias)
+            self.down = nn.Linear(f, spec.hidden, bias=spec.bias)
         else:
-            self.fc = nn.Linear(spec.hidden, spec.ffn, bias=spec.bias)
-            self.proj = nn.Linear(spec.ffn, spec.hidden, bias=spec.bias)
+            self.fc = nn.Linear(spec.hidden, f, bias=spec.bias)
+            self.proj = nn.Linear(f, spec.hidden, bias=spec.bias)
         self.fused = False                        # Plan.mlp == "fused": distributed/kernels.fused_mlp
 
     def forward(self, x: Tensor) -> Tensor:
@@ -228,14 +231,18 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: ``x + drop(attn(norm(x)))``, then ``x + drop(mlp(norm(x)))``."""
+    """Pre-norm residual block: ``x + drop(attn(norm(x)))``, then ``x + drop(mlp(norm(x)))``; block ``layer``
+    of a mixture-of-experts spec has a :class:`~parallel_lab.distributed.moe.MoE` as its ``mlp``."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, layer: int = 0):
         super().__init__()
         self.attn_norm = make_norm(spec)
         self.attn = Attention(spec)
         self.mlp_norm = make_norm(spec)
-        self.mlp = MLP(spec)
+        if spec.is_moe_layer(layer):
+            self.mlp: nn.Module = MoE(spec, partial(MLP, spec))
+        else:
+            self.mlp = MLP(spec)
         self.dropout_p = spec.dropout
         self.full_recompute = False
         self.op_sac = False                       # recompute="op-sac": torchtitan's op-level policy
@@ -279,7 +286,7 @@ class Transformer(nn.Module):
         self.tok_emb: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
         self.pos_emb: nn.Embedding | None = (
             nn.Embedding(spec.max_positions, spec.hidden) if spec.flavour == "gpt" else None)
-        self.blocks = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
+        self.blocks = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.layers)})
         self.final_norm: nn.Module | None = make_norm(spec)
         self.lm_head: nn.Linear | None = (
             None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab, bias=False))
@@ -302,6 +309,9 @@ class Transformer(nn.Module):
                                    "set the model's dropout=0 or attention='eager'")
         for blk in self.blocks.values():
             blk.attn.core = FlashCore() if attention == "flash" else DotProductAttention(self.spec.dropout)
+            if mlp == "fused" and not isinstance(blk.mlp, MLP):
+                raise ParallelLabError("mlp='fused' is not implemented for mixture-of-experts blocks; "
+                                       "use mlp='eager'")
             blk.mlp.fused = mlp == "fused"
 
     def set_recompute(self, recompute: str) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from parallel_lab.distributed.pipeline import layers_per_stage
+from parallel_lab.distributed.pipeline import stage_layout
 from parallel_lab.schedules import Action, build_schedule, execute, placement_of
 from parallel_lab.simulate import Costs, Interval, simulate, timeline_stats
 from parallel_lab.specs import ModelSpec, Plan
@@ -97,7 +97,7 @@ def handoffs(intervals: Iterable[Interval], p: int) -> list[float]:
 
 
 def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any],
-                    step: int | None = None) -> dict[str, Any]:
+                    step: int | None = None, schedule: Any = None, name: str | None = None) -> dict[str, Any]:
     """Measured against simulated, for ``parallel-lab run``: one pipeline replica (the ranks with dp, cp and
     tp coordinates 0), step ``step`` (default: the fastest step after the first, whose allocations warm up;
     the fastest is the one least disturbed by other processes, as ``timeit`` takes the minimum).
@@ -105,9 +105,12 @@ def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any],
     ``bubble_ratio``, ``idle_fraction``: predicted, measured and replayed (module docstring);
     ``step_time_s``: measured and replayed; ``handoff_s``: median and 90th percentile of the measured
     hand-offs; ``peak_inflight``: per pipeline rank, (micro-batch, chunk) pairs alive at once, measured
-    against the simulator's count; ``timeline``: the measured rows (``Interval.as_row``).
+    against the simulator's count; ``timeline``: the measured rows (``Interval.as_row``). ``schedule``: the
+    action lists the run executed instead of ``plan.schedule``'s (e.g. ZB-V), called ``name``.
     """
-    schedule = build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
+    if schedule is None:
+        schedule = build_schedule(plan.schedule, plan.pp, plan.microbatches, plan.interleave)
+    place = placement_of(schedule)
     mine = sorted((r for r in results if r.coords.get("dp", 0) == 0 and r.coords.get("cp", 0) == 0
                    and r.coords.get("tp", 0) == 0), key=lambda r: r.coords["pp"])
     n = len(mine[0].info["pp"]["steps"])
@@ -121,9 +124,10 @@ def pipeline_report(spec: ModelSpec, plan: Plan, results: Sequence[Any],
     m_st, rep = meas["stats"], replay(schedule, meas["intervals"])
     r_st = rep["stats"]
     hand = sorted(handoffs(meas["intervals"], plan.pp))
-    layers = layers_per_stage(spec, plan)
+    layers = [len(stage_layout(spec, plan, r, place).layers) for r in range(plan.pp)]
     return {
-        "schedule": plan.schedule, "p": plan.pp, "m": plan.microbatches, "v": plan.interleave,
+        "schedule": name or plan.schedule, "p": plan.pp, "m": plan.microbatches, "v": place.v,
+        "head_rank": place.holder(place.n_stages - 1)[0],
         "layers_per_stage": layers, "uneven": len(set(layers)) > 1,
         "bubble_ratio": {"predicted": pred.bubble_ratio, "measured": m_st.bubble_ratio,
                          "replayed": r_st.bubble_ratio},
@@ -144,7 +148,7 @@ def format_pipeline_report(rep: dict[str, Any]) -> str:
     v = f", v={rep['v']} chunks per stage" if rep["v"] > 1 else ""
     lines = [f"pipeline: {rep['schedule']}, p={rep['p']} stages, m={rep['m']} micro-batches{v}",
              f"blocks per stage {rep['layers_per_stage']}" + (" (uneven)" if rep["uneven"] else "")
-             + f"; embedding on stage 0, final norm + head + loss on stage {rep['p'] - 1}",
+             + f"; embedding on stage 0, final norm + head + loss on stage {rep.get('head_rank', rep['p'] - 1)}",
              "               predicted  measured  replayed (simulator fed the measured durations)"]
     for key in ("bubble_ratio", "idle_fraction"):
         d = rep[key]

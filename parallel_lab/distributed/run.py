@@ -13,6 +13,10 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
 * ``memory[category]`` per rank (the largest rank): ``parameters``, ``gradients`` and
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
+* ``moe`` (a mixture-of-experts model, ``expert_parallel.moe_report``): tokens per expert routed and kept,
+  per expert rank, the imbalance, the fraction dropped over capacity and the mean aux loss;
+* ``run(..., schedule="zb-v" | "dualpipev")``: the V schedules as action lists (a pipeline alone), with the
+  predictions of ``parallel_lab.placed`` (state, point-to-point bytes, activations read off the lists);
 * ``wall_s``: seconds from launching the ranks to having all their results;
 * ``pipeline`` (``pp > 1``, ``distributed.pipeline_report.pipeline_report``): bubble ratio and idle
   fraction predicted by the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
@@ -27,7 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallel_lab import comm, ledger
+from parallel_lab import comm, ledger, placed
+from parallel_lab.distributed.expert_parallel import format_moe_report, moe_report
 from parallel_lab.distributed.grid import coords
 from parallel_lab.distributed.instruments import payload_by_dim
 from parallel_lab.distributed.launch import launch
@@ -42,7 +47,8 @@ from parallel_lab.distributed.train import (
     merge_params,
     train_rank,
 )
-from parallel_lab.specs import ModelSpec, Plan
+from parallel_lab.schedules import V_SCHEDULES, build_schedule, validate
+from parallel_lab.specs import SCHEDULES, ModelSpec, ParallelLabError, Plan
 
 STATE = ("parameters", "gradients", "optimizer_states")
 
@@ -90,11 +96,12 @@ class RunReport:
         return {"losses": self.losses, "reference_losses": self.reference_losses,
                 "max_abs_param_diff": self.max_abs_param_diff, "comm": self.comm, "memory": self.memory,
                 "wall_s": self.wall_s,
-                **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {})}
+                **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {}),
+                **({"moe": self.extra["moe"]} if "moe" in self.extra else {})}
 
     def summary(self) -> str:
         lines = [self.model.summary(),
-                 f"plan: dp={self.plan.dp} tp={self.plan.tp} pp={self.plan.pp} cp={self.plan.cp} "
+                 f"plan: dp={self.plan.dp} tp={self.plan.tp} pp={self.plan.pp} cp={self.plan.cp} ep={self.plan.ep} "
                  f"zero={self.plan.zero} ({self.plan.world} ranks), {self.steps} steps of "
                  f"{self.plan.global_batch} x {self.plan.seq} tokens, {self.plan.optimizer}, "
                  f"{self.plan.dtype}",
@@ -119,6 +126,8 @@ class RunReport:
             lines.append(f"{cat:<17} {m:>12,}  {p:>12,}  {gap}")
         if "pipeline" in self.extra:
             lines += ["", format_pipeline_report(self.extra["pipeline"])]
+        if "moe" in self.extra:
+            lines += ["", format_moe_report(self.extra["moe"])]
         lines.append(f"\nwall time of the parallel run: {self.wall_s:.2f} s")
         return "\n".join(lines)
 
@@ -142,11 +151,29 @@ class ProgressBar:
         self.stream.flush()
 
 
+def check_schedule(spec: ModelSpec, plan: Plan, schedule: str) -> Any:
+    """The action lists of ``run(..., schedule=name)`` (a V schedule: ``zb-v`` or ``dualpipev``), built and
+    validated; the plans whose predictions ``parallel_lab.placed`` makes (a pipeline alone, no ZeRO)."""
+    if schedule not in V_SCHEDULES:
+        raise ParallelLabError(f"schedule={schedule!r}: run takes {', '.join(V_SCHEDULES)} here (the others are "
+                               f"Plan.schedule: --schedule {'/'.join(SCHEDULES)})")
+    if plan.pp < 2 or plan.world != plan.pp or plan.zero or spec.is_moe:
+        raise ParallelLabError(f"schedule={schedule!r} runs here as a pipeline alone (pp >= 2, dp = tp = cp = 1, "
+                               f"zero 0, a dense model); got pp={plan.pp}, {plan.world} ranks, zero={plan.zero}")
+    if spec.layers < 2 * plan.pp:
+        raise ParallelLabError(f"{schedule} puts 2 chunks on each of pp={plan.pp} ranks: it needs layers >= "
+                               f"{2 * plan.pp}, the model has {spec.layers}; lower --pp")
+    return validate(build_schedule(schedule, plan.pp, plan.microbatches))
+
+
 def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: Iterable[str] = (),
         packed: bool = False, timeout_s: float = 300.0, time_limit_s: float | None = None, progress: bool = False,
-        on_progress: Callable[[int, Any], None] | None = None) -> RunReport:
-    """Run ``plan`` on ranks and the reference in this process; compare (module docstring)."""
+        on_progress: Callable[[int, Any], None] | None = None, schedule: str | None = None) -> RunReport:
+    """Run ``plan`` on ranks and the reference in this process; compare (module docstring). ``schedule``:
+    ``"zb-v"`` or ``"dualpipev"`` instead of ``plan.schedule`` (:func:`check_schedule`; its predictions are
+    ``parallel_lab.placed``'s, read off the action lists and their V placement)."""
     check_runnable(spec, plan)
+    sched = check_schedule(spec, plan, schedule) if schedule is not None else None
     frozen = tuple(frozen)
     bar = ProgressBar(steps, f"run {plan.world} ranks") if progress else None
 
@@ -159,13 +186,15 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
     t0 = time.perf_counter()
     results: list[RankResult] = launch(train_rank, plan, spec, plan, steps, seed, frozen=frozen,
                                        packed=packed, timeout_s=timeout_s, time_limit_s=time_limit_s,
-                                       on_progress=report)
+                                       on_progress=report, schedule=sched)
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close("(reference in one process...)")
     # adam-mixed: the reference does the same bf16 arithmetic in one process (distributed/mixed_precision.py)
     ref = reference_train(spec, plan, steps, seed, frozen=frozen, packed=packed, mixed=is_mixed(plan))
 
+    if sched is not None:
+        return _placed_report(spec, plan, steps, results, ref, wall, sched, schedule, frozen)
     measured = payload_by_dim(e for r in results for e in r.events)
     predicted: dict[str, int] = {}
     stages = [coords(plan, r.rank)["pp"] for r in results]
@@ -188,5 +217,30 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
                                                         for s in stages)}}
     if plan.pp > 1:
         extra["pipeline"] = pipeline_report(spec, plan, results)
+    if spec.is_moe:
+        extra["moe"] = moe_report(spec, plan, results)
+    return RunReport(spec, plan, steps, global_losses(results), ref.losses,
+                     max_abs_diff(merge_params(results), ref.params), comm_out, memory, wall, extra, results)
+
+
+def _placed_report(spec: ModelSpec, plan: Plan, steps: int, results: list[RankResult], ref: Any, wall: float,
+                   sched: Any, name: str, frozen: tuple[str, ...]) -> RunReport:
+    """The report of a run by action lists: predictions from ``parallel_lab.placed``."""
+    if frozen:
+        raise ParallelLabError("frozen parameters with a schedule given as action lists are not predicted here")
+    ranks = [coords(plan, r.rank)["pp"] for r in results]
+    measured = payload_by_dim(e for r in results for e in r.events)
+    pred = sum(c.payload_bytes for k in ranks for c in placed.p2p_collectives(spec, plan, sched, k)) * steps
+    comm_out = {"pp": {"measured_bytes": int(measured.get("pp", 0)), "predicted_bytes": int(pred)}}
+    state = [placed.state_bytes(spec, plan, sched, k) for k in ranks]
+    memory = {cat: {"measured_bytes": max(r.memory[cat] for r in results),
+                    "predicted_bytes": int(max(s[cat] for s in state))} for cat in STATE}
+    memory["activations"] = {"measured_bytes": max(r.memory["activations"] for r in results),
+                             "predicted_bytes": int(max(placed.activation_bytes(spec, plan, sched, k)
+                                                        for k in ranks))}
+    extra = {"logits_and_loss": {"measured_bytes": max(r.memory["logits_and_loss"] for r in results),
+                                 "predicted_bytes": int(max(placed.logits_bytes(spec, plan, sched, k)
+                                                            for k in ranks))},
+             "pipeline": pipeline_report(spec, plan, results, schedule=sched, name=name)}
     return RunReport(spec, plan, steps, global_losses(results), ref.losses,
                      max_abs_diff(merge_params(results), ref.params), comm_out, memory, wall, extra, results)

@@ -15,6 +15,7 @@ Composition, innermost first, as torchtitan's ``parallelize`` writes it (each ``
 
     if plan.tp > 1: apply_tp(rt)      # column/row-parallel linears, vocab-parallel embedding and loss
     if plan.cp > 1: apply_cp(rt)      # context-parallel attention core, sequence chunks per rank
+    if moe:         apply_ep(rt)      # experts of this ep rank, tokens dispatched by all-to-all
     if plan.pp > 1: apply_pp(rt)      # this rank's stage; the schedule's executor runs forward/backward
     rt.dp = apply_zero(...) if plan.zero else apply_dp(...)   # gradient sync over dp (x cp)
 
@@ -33,6 +34,7 @@ from torch import Tensor, nn
 from parallel_lab.distributed.context_parallel import apply_cp, check_cp
 from parallel_lab.distributed.data import synthetic_batch
 from parallel_lab.distributed.data_parallel import apply_dp
+from parallel_lab.distributed.expert_parallel import apply_ep, check_ep
 from parallel_lab.distributed.grid import Grid
 from parallel_lab.distributed.instruments import CommTracer, Interval, SavedTensorMeter, Timeline, TracedCall
 from parallel_lab.distributed.mixed_precision import check_mixed, is_mixed, to_compute_dtype
@@ -59,6 +61,8 @@ def parallelize(model: nn.Module, grid: Grid, plan: Plan, tracer: CommTracer, me
         apply_tp(rt)
     if plan.cp > 1:
         apply_cp(rt)
+    if model.spec.is_moe:
+        apply_ep(rt)                              # experts of this ep rank, all-to-all dispatch (ep > 1)
     if plan.pp > 1:
         apply_pp(rt, schedule)
     if plan.zero:
@@ -119,6 +123,8 @@ def check_parallelisms(spec: ModelSpec, plan: Plan) -> None:
         check_tp(spec, plan)
     if plan.cp > 1:
         check_cp(spec, plan)
+    if spec.is_moe:
+        check_ep(spec, plan)
     if plan.pp > 1:
         check_pp(spec, plan)
     if plan.zero:
@@ -126,15 +132,17 @@ def check_parallelisms(spec: ModelSpec, plan: Plan) -> None:
 
 
 def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *,
-               frozen: Iterable[str] = (), packed: bool = False, return_params: bool = True) -> RankResult:
-    """Train ``steps`` optimizer steps of ``plan`` on this rank; see the module docstring."""
+               frozen: Iterable[str] = (), packed: bool = False, return_params: bool = True,
+               schedule: Any = None) -> RankResult:
+    """Train ``steps`` optimizer steps of ``plan`` on this rank; see the module docstring. ``schedule``:
+    pipeline action lists to run instead of ``plan.schedule``'s (``parallelize``)."""
     check_runnable(spec, plan)
     model = build_model(spec, seed, recompute=plan.recompute, device=grid.device, attention=plan.attention,
                         mlp=plan.mlp, loss_chunk=plan.loss_chunk)
     to_compute_dtype(model, plan)               # adam-mixed: bf16 parameters (distributed/mixed_precision.py)
     freeze(model, frozen)
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    rt = parallelize(model, grid, plan, tracer)
+    rt = parallelize(model, grid, plan, tracer, schedule=schedule)
     losses, step_times = [], []
     memory: dict[str, int] = {}
     for step in range(steps):
