@@ -22,12 +22,14 @@ def fresh(code: str) -> str:
 
 
 def test_import_is_fast_and_torch_free():
-    code = ("import time, sys; t = time.perf_counter(); import parallel_lab; dt = time.perf_counter() - t; "
+    # CPU time of the import, not wall time: on a shared machine the wall clock measures the other jobs
+    # (0.3-0.37 s wall at load 20 for 0.11 s of CPU)
+    code = ("import time, sys; t = time.process_time(); import parallel_lab; dt = time.process_time() - t; "
             "print(dt, 'torch' in sys.modules, 'matplotlib' in sys.modules)")
     runs = [fresh(code).split() for _ in range(3)]
     assert all(r[1:] == ["False", "False"] for r in runs), runs
-    best = min(float(r[0]) for r in runs)                  # best of 3: the machine is shared
-    assert best < 0.3, f"import parallel_lab took {best:.3f} s"
+    best = min(float(r[0]) for r in runs)
+    assert best < 0.3, f"import parallel_lab took {best:.3f} s of CPU"
 
 
 @pytest.mark.parametrize("argv", [["memory", "--model", "llama2-7b", "--tp", "2", "--dp", "4", "--json"],
