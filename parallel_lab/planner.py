@@ -12,7 +12,7 @@ Memory is the ledger's (:func:`parallel_lab.ledger.memory`): the largest stage t
 ``hbm * (1 - margin)``. Communication is the comm module's (:func:`parallel_lab.comm.report`): each group's
 collectives on the link tier its ranks land on in the placement ``arange(world).view(dp, pp, cp, tp)`` (TP
 innermost, then CP, PP, DP). To estimate some 10^5 candidates in under a second (Llama 3 405B on 16,384
-GPUs: 93,558 candidates, about 0.45 s of CPU here; ``bench/bench_planner.py``), the planner evaluates
+GPUs: 73,602 candidates; ``bench/bench_planner.py`` prints the time), the planner evaluates
 both through a fast path (:class:`_Fast`) that caches what depends on few degrees (per-stage parameter
 units, DDP buckets, activation bytes per layer) and sums the same closed forms; tests check it against
 ``ledger.memory`` and ``comm.report`` plan by plan, and :func:`evaluate` uses the two modules themselves.

@@ -126,3 +126,12 @@ def test_cli_calibrate_writes_a_profile_the_planner_reads(tmp_path):
     p = run_cli("plan", "--model", "llama2-7b", "--gpus", "16", "--seq", "4096", "--global-batch", "32",
                 "--cluster", str(out), "--top", "3")
     assert p.returncode == 0, p.stderr
+
+
+def test_every_calibration_row_is_a_plan_that_fits():
+    # the rows carry Meta's settings (tests/test_llama3_published.py), including FSDP's per-micro-batch
+    # reduce-scatter: a fit against a plan the ledger says cannot run would calibrate on nothing real
+    from parallel_lab import ledger
+    for run in load_runs(RUNS):
+        assert run.plan.zero2_accumulate == "sharded"
+        assert ledger.memory(run.model, run.plan, H100).fits, run.name
