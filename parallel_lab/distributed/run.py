@@ -14,6 +14,8 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
 * ``wall_s``: seconds from launching the ranks to having all their results;
+* ``step_times``: per rank its compute and wait (blocked on peers) seconds, and the straggler named if one
+  computes much longer than the others (``distributed.diagnosis.step_time_report``);
 * ``pipeline`` (``pp > 1``, ``distributed.pipeline_report.pipeline_report``): bubble ratio and idle
   fraction predicted by the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
   measured against simulated, blocks per stage, mean F/B/W times and the measured timeline rows.
@@ -28,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parallel_lab import comm, ledger
+from parallel_lab.distributed.diagnosis import format_step_times, step_time_report
+from parallel_lab.distributed.faults import Fault, check_faults
 from parallel_lab.distributed.grid import coords
 from parallel_lab.distributed.instruments import payload_by_dim
 from parallel_lab.distributed.launch import launch
@@ -90,6 +94,7 @@ class RunReport:
         return {"losses": self.losses, "reference_losses": self.reference_losses,
                 "max_abs_param_diff": self.max_abs_param_diff, "comm": self.comm, "memory": self.memory,
                 "wall_s": self.wall_s,
+                **({"step_times": self.extra["step_times"]} if "step_times" in self.extra else {}),
                 **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {})}
 
     def summary(self) -> str:
@@ -119,6 +124,8 @@ class RunReport:
             lines.append(f"{cat:<17} {m:>12,}  {p:>12,}  {gap}")
         if "pipeline" in self.extra:
             lines += ["", format_pipeline_report(self.extra["pipeline"])]
+        if "step_times" in self.extra:
+            lines += ["", format_step_times(self.extra["step_times"])]
         lines.append(f"\nwall time of the parallel run: {self.wall_s:.2f} s")
         return "\n".join(lines)
 
@@ -144,10 +151,12 @@ class ProgressBar:
 
 def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: Iterable[str] = (),
         packed: bool = False, timeout_s: float = 300.0, time_limit_s: float | None = None, progress: bool = False,
-        on_progress: Callable[[int, Any], None] | None = None) -> RunReport:
-    """Run ``plan`` on ranks and the reference in this process; compare (module docstring)."""
+        on_progress: Callable[[int, Any], None] | None = None, faults: Iterable[Fault] = ()) -> RunReport:
+    """Run ``plan`` on ranks and the reference in this process; compare (module docstring). ``faults``:
+    injected into the ranks (``distributed/faults.py``; the reference runs without them)."""
     check_runnable(spec, plan)
-    frozen = tuple(frozen)
+    frozen, faults = tuple(frozen), tuple(faults)
+    check_faults(faults, plan.world, steps)
     bar = ProgressBar(steps, f"run {plan.world} ranks") if progress else None
 
     def report(rank: int, step: Any) -> None:
@@ -158,8 +167,8 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
 
     t0 = time.perf_counter()
     results: list[RankResult] = launch(train_rank, plan, spec, plan, steps, seed, frozen=frozen,
-                                       packed=packed, timeout_s=timeout_s, time_limit_s=time_limit_s,
-                                       on_progress=report)
+                                       packed=packed, faults=faults, timeout_s=timeout_s,
+                                       time_limit_s=time_limit_s, on_progress=report)
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close("(reference in one process...)")
@@ -188,5 +197,6 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
                                                         for s in stages)}}
     if plan.pp > 1:
         extra["pipeline"] = pipeline_report(spec, plan, results)
+    extra["step_times"] = step_time_report([r.step_times for r in results], [r.info["wait_s"] for r in results])
     return RunReport(spec, plan, steps, global_losses(results), ref.losses,
                      max_abs_diff(merge_params(results), ref.params), comm_out, memory, wall, extra, results)
