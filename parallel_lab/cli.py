@@ -839,7 +839,8 @@ def _rank_failed(e: Any, steps: int) -> Exception:
     elif e.exc_type is None:
         how = e.last_line.replace("process ", "", 1)
     else:
-        how = f"raised {bounded(e.last_line, 300)}"
+        line = re.sub(rf"^[\w.]*\.{re.escape(e.exc_type)}:", f"{e.exc_type}:", e.last_line)   # drop the module path
+        how = f"raised {bounded(line, 300)}"
     log = (f"its traceback: {e.log}" if e.log else
            "it left no traceback (its own output, if any, is above)")
     doing = f"\n  its last action: {e.last_action}" if getattr(e, "last_action", None) else ""

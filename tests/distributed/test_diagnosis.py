@@ -157,3 +157,37 @@ def test_compare_agrees_across_plans_and_catches_a_plan_dependent_normalisation(
     assert bad.rel_diffs[0] < 1e-6                           # the logged loss of step 0 is still right
     assert not bad.agree and bad.first_disagreement == 1 and "fifth failure mode" in bad.verdict()
     assert bad_b.max_abs_param_diff > 1e-4                   # and B no longer equals its own reference
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+def _cli(*args: str, timeout: float = 200):
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": repo}
+    return subprocess.run([sys.executable, "-m", "parallel_lab", *args], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_cli_refuses_bad_faults_and_plans_in_one_line_with_exit_2():
+    for args, words in ((("run", "--inject-fault", "boom:1"), "fault kind 'boom' is unknown"),
+                        (("run", "--dp", "2", "--inject-fault", "die:2"), "rank 2 is not in a run of 2 ranks"),
+                        (("compare", "dp=2", "dp=2,grad_accum=2"), "compare needs the same data"),
+                        (("compare", "dp=2", "speed=1"), "'speed' is not a Plan field")):
+        p = _cli(*args)
+        assert p.returncode == 2, (args, p.stderr)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_cli_run_names_a_nan_with_exit_3():
+    p = _cli("run", "--dp", "2", "--steps", "2", "--inject-fault", "nan:1:2")
+    assert p.returncode == 3, p.stderr[-800:]
+    assert "failed: rank 1 raised NonFiniteError" in p.stderr and "at step 2 in the forward output of blocks.0.mlp" \
+        in p.stderr, p.stderr[-800:]
+    assert "its last action: step 2:" in p.stderr and "Traceback" not in p.stderr
