@@ -54,13 +54,13 @@ def draw_rank_times(ax: Axes, report: Mapping[str, Any], *, title: str | None = 
     ax.set_yticks(ranks, [f"rank {r}" + (" (straggler)" if r == report.get("straggler") else "") for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("seconds (steps after the first)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     set_title(ax, title)
     return {r: (c, w) for r, c, w in zip(ranks, compute, wait, strict=True)}
 
 
 def rank_times_figure(report: Mapping[str, Any], *, title: str | None = None) -> Figure:
-    fig = new_figure((6.4, 0.9 + 0.5 * len(report["ranks"])))
+    fig = new_figure((7.6, 1.2 + 0.5 * len(report["ranks"])))
     draw_rank_times(fig.add_subplot(), report, title=title)
     fig.tight_layout()
     return fig
