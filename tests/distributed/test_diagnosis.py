@@ -91,6 +91,21 @@ def test_compare_plans_from_text_and_the_same_data_rule():
         check_same_data(SPEC, base.with_(dp=2), base.with_(dp=2, grad_accum=2))
 
 
+def test_the_diagnosis_plots_draw_what_they_are_given():
+    from parallel_lab.viz.plots import diagnosis as P
+
+    rep = step_time_report([[1.0, 1.0, 1.0]] * 2, [[0.0, 0.7, 0.7], [0.0, 0.0, 0.0]])
+    fig = P.rank_times_figure(rep)
+    bars = fig.axes[0].patches
+    assert [round(b.get_width(), 6) for b in bars] == [0.6, 2.0, 1.4, 0.0]     # compute 0, 1; wait 0, 1
+    assert "straggler" in fig.axes[0].get_yticklabels()[1].get_text()
+    fig = P.loss_curves_figure({"a": [3.0, 2.0], "b": [3.0, 2.5]})
+    assert [list(line.get_ydata()) for line in fig.axes[0].get_lines()] == [[3.0, 2.0], [3.0, 2.5]]
+    fig = P.knob_figure([4, 8], [1.75, 0.875], [1e9, 2e9])
+    assert list(fig.axes[0].get_lines()[0].get_ydata()) == [175.0, 87.5]
+    assert list(fig.axes[1].get_lines()[0].get_ydata()) == [1.0, 2.0]
+
+
 # ---- real ranks ----------------------------------------------------------------------------------
 
 
