@@ -131,7 +131,9 @@ def _tensors(x: Any) -> Iterable[Tensor]:
 
 
 def _finite(x: Any) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in _tensors(x) if t.is_floating_point())
+    # detached: isfinite is composite (abs, ne, ...), and on a tensor that requires grad it would record
+    # a graph whose saved inputs the saved-tensor meter would count as activations
+    return all(bool(torch.isfinite(t.detach()).all()) for t in _tensors(x) if t.is_floating_point())
 
 
 class FiniteWatch:

@@ -80,6 +80,27 @@ def test_finite_watch_names_the_innermost_module_whose_output_went_bad():
     model(torch.ones(2, 4))                                   # hooks gone
 
 
+def test_finite_watch_adds_nothing_to_the_activations_the_meter_measures():
+    from parallel_lab.distributed.data import synthetic_batch
+    from parallel_lab.distributed.instruments import SavedTensorMeter
+    from parallel_lab.distributed.model import build_model, loss_fn
+
+    spec = MODEL_PRESETS["tiny-gpt"].with_(layers=2)
+    plan = Plan(**{**RUN_DEFAULTS, "seq": 64, "micro_batch": 2})
+    seen = []
+    for watched in (False, True):
+        model = build_model(spec, 0)
+        watch = FiniteWatch(model, 0) if watched else None
+        meter = SavedTensorMeter(model)
+        b = synthetic_batch(spec, plan, 0, 0)
+        with meter:
+            loss_fn(model(b.tokens, b.positions, b.doc_ids), b.targets).backward()
+        seen.append((dict(meter.peak), dict(meter.forward_bytes)))
+        if watch is not None:
+            watch.remove()
+    assert seen[0] == seen[1]
+
+
 def test_compare_plans_from_text_and_the_same_data_rule():
     base = Plan(**RUN_DEFAULTS)
     assert plan_from_text("dp=1,grad_accum=2", base)[1] == base.with_(dp=1, grad_accum=2)
