@@ -25,8 +25,12 @@ def check(text: str, nb) -> None:
         assert row in text, row
     # 5 and 6, measured: the straggler, the plan-dependent normalisation, the dead rank with its last action
     assert "rank 1 is a straggler" in text
+    assert "rank 0's wait: predicted 2.00 s (rank 1's sleep), measured" in text
     wait0 = _float(r"run A rank 0: compute [\d.]+ s, wait ([\d.]+) s", text)
-    assert 0.5 <= wait0 <= 4.0, wait0                      # rank 1 slept 1 s in each of the 2 counted steps
+    compute1 = _float(r"run A rank 1: compute ([\d.]+) s", text)
+    wait1 = _float(r"run A rank 1: compute [\d.]+ s, wait ([\d.]+) s", text)
+    # rank 1 slept 1 s in each of the 2 counted steps; rank 0 cannot wait longer than rank 1's steps took
+    assert 1.0 <= wait0 <= compute1 + wait1 + 0.05 and compute1 >= 2.0, (wait0, compute1, wait1)
     assert "the loss curves DISAGREE from step 1" in text
     assert _float(r"A against its one-process reference: largest parameter difference (\S+)\n", text) < 1e-5
     assert _float(r"B against its one-process reference: largest parameter difference (\S+)\n", text) > 1e-4
