@@ -158,6 +158,16 @@ def test_a_hung_rank_is_named_not_the_peer_that_waits_for_it():
 
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
+def test_a_hung_tensor_parallel_rank_is_named_while_its_peer_waits_in_a_tp_all_reduce():
+    with pytest.raises(LaunchTimeout) as info:
+        run(SPEC, Plan(tp=2, **RUN_DEFAULTS), steps=2, faults=[Fault("hang", 0, 2)], timeout_s=30)
+    e = info.value
+    assert e.ranks == [0] and e.steps == [1, 1], str(e)
+    assert e.actions[1].startswith("step 2: in forward tp all_reduce"), e.actions   # blocked in the MLP's
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
 def test_a_nan_is_named_with_rank_step_and_module_within_60_s():
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:
