@@ -767,6 +767,7 @@ def _add_run(sub: Any) -> None:
                         f"the stuck rank named (default {RUN_TIMEOUT_S:g})")
     p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
                    help="optional wall-clock limit of the whole run (default: none)")
+    _add_fault_arg(p)
     for action in p._actions:         # --help shows the defaults a run really uses, not Plan's
         if action.dest == "schedule":     # run also executes the V schedules as action lists
             action.choices = (*SCHEDULES, *V_SCHEDULES)
@@ -775,6 +776,23 @@ def _add_run(sub: Any) -> None:
         if action.dest in RUN_DEFAULTS and action.help:
             base = re.sub(r"\s*\(default [^)]*\)", "", action.help)
             action.help = f"{base} (default for run: {RUN_DEFAULTS[action.dest]})"
+
+
+def _fault(text: str) -> Any:
+    from .distributed.faults import Fault
+
+    try:
+        return Fault.parse(text)
+    except ParallelLabError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _add_fault_arg(p: argparse.ArgumentParser, which: str = "") -> None:
+    p.add_argument("--inject-fault", dest="faults", type=_fault, action="append", default=[],
+                   metavar="KIND:RANK[:STEP]",
+                   help=f"inject a fault{which} (repeatable): die, hang, slow or nan on RANK from STEP (1-based, "
+                        "default 1), or unscaled-accum (every rank: micro-batch gradients not divided by "
+                        "grad_accum); see parallel_lab/distributed/faults.py")
 
 
 def _plan_from_file(path: str) -> tuple[ModelSpec | None, Plan]:
@@ -827,7 +845,7 @@ def _run(args: argparse.Namespace) -> Output:
     check_fits_this_machine(model, plan)
     try:
         rep = run(model, plan, steps=args.steps, seed=args.seed, packed=args.packed, timeout_s=args.timeout,
-                  time_limit_s=args.time_limit, progress=True, schedule=v_schedule)
+                  time_limit_s=args.time_limit, progress=True, schedule=v_schedule, faults=args.faults)
     except RankError as e:
         raise _rank_failed(e, args.steps) from None
     except LaunchTimeout as e:
@@ -851,11 +869,68 @@ def _rank_failed(e: Any, steps: int) -> Exception:
     elif e.exc_type is None:
         how = e.last_line.replace("process ", "", 1)
     else:
-        how = f"raised {bounded(e.last_line, 300)}"
+        line = re.sub(rf"^[\w.]*\.{re.escape(e.exc_type)}:", f"{e.exc_type}:", e.last_line)   # drop the module path
+        how = f"raised {bounded(line, 300)}"
     log = (f"its traceback: {e.log}" if e.log else
            "it left no traceback (its own output, if any, is above)")
-    return RunFailed(f"\n{PROG} run: failed: rank {e.rank} {how} {done}; the other ranks were stopped\n"
+    doing = f"\n  its last action: {e.last_action}" if getattr(e, "last_action", None) else ""
+    return RunFailed(f"\n{PROG} run: failed: rank {e.rank} {how} {done}; the other ranks were stopped{doing}\n"
                      f"  {log}", EXIT_RUN_FAILED)
+
+
+# --------------------------------------------------------------------------------------------------
+# compare (two plans, the same data: do the loss curves agree?)
+# --------------------------------------------------------------------------------------------------
+
+def _add_compare(sub: Any) -> None:
+    p = subcommand(sub, "compare", _compare,
+                   "train two plans on the same data and say whether their loss curves agree",
+                   "Train the tiny model under plan A and plan B on the same data (same seed, global batch and "
+                   "sequence length) and compare the losses step by step. A and B are plan files or "
+                   "FIELD=VALUE,... over the run defaults and the plan flags given, e.g. "
+                   "`parallel-lab compare dp=2 dp=1,grad_accum=2 --optimizer sgd-momentum`.")
+    p.add_argument("plan_a", metavar="PLAN_A", help="a plan file, or FIELD=VALUE,... (e.g. dp=2)")
+    p.add_argument("plan_b", metavar="PLAN_B", help="a plan file, or FIELD=VALUE,... (e.g. dp=1,grad_accum=2)")
+    add_model_args(p)
+    add_plan_args(p)
+    p.add_argument("--steps", type=int_in("steps"), default=3, help="optimizer steps (default 3)")
+    p.add_argument("--seed", type=int_in("seed"), default=0, help="seed of the weights and the synthetic data")
+    p.add_argument("--tolerance", type=float_in(0.0, 1.0, open_lo=True), default=1e-4,
+                   help="largest relative loss difference at any step for the plans to agree (default 1e-4)")
+    p.add_argument("--timeout", type=_positive_float, default=RUN_TIMEOUT_S, metavar="SECONDS",
+                   help=f"progress timeout of each run (default {RUN_TIMEOUT_S:g})")
+    _add_fault_arg(p, " into plan B's run")
+
+
+def _compare(args: argparse.Namespace) -> Output:
+    from .distributed.compare import compare, plan_from_text
+    from .distributed.launch import LaunchTimeout, RankError
+    from .distributed.train import check_runnable
+
+    if args.model is None and args.params is None and all(getattr(args, f, None) is None for f in SHAPE_FLAGS):
+        args.model = "tiny-llama"
+    model = model_from_args(args)
+    for name, value in RUN_DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    base = plan_from_args(args, model)
+    plans = []
+    for text in (args.plan_a, args.plan_b):
+        file_model, plan = plan_from_text(text, base)
+        if file_model is not None and file_model != model:
+            raise ParallelLabError(f"plan file {text} is for {file_model.summary()}; compare trains "
+                                   f"{model.summary()}: give --model or a FIELD=VALUE plan")
+        check_runnable(model, plan.validate(model))
+        check_fits_this_machine(model, plan)
+        plans.append(plan)
+    try:
+        c = compare(model, plans[0], plans[1], steps=args.steps, seed=args.seed, tolerance=args.tolerance,
+                    faults_b=args.faults, timeout_s=args.timeout)
+    except RankError as e:
+        raise _rank_failed(e, args.steps) from None
+    except LaunchTimeout as e:
+        raise RunFailed(f"\n{PROG} compare: stopped: {e}", EXIT_RUN_TIMEOUT) from None
+    return Output(c.to_json(), c.summary())
 
 
 def available_memory_bytes() -> int:
@@ -1048,7 +1123,8 @@ def _reshard(args: argparse.Namespace) -> Output:
 from parallel_lab.grading.cli import add_grade  # noqa: E402 - `grade` (parallel_lab/grading/cli.py)
 
 SUBCOMMANDS: list[Callable[[Any], None]] = [_add_memory, _add_comm, _add_flops, _add_bubble, _add_plan,
-                                            _add_run, _add_launch, _add_calibrate, _add_reshard, add_grade]
+                                            _add_run, _add_compare, _add_launch, _add_calibrate, _add_reshard,
+                                            add_grade]
 
 
 class Parser(argparse.ArgumentParser):

@@ -59,7 +59,9 @@ class Grid:
     ``groups[dim]`` is this rank's group along ``dim`` (``dp``, ``pp``, ``cp``, ``tp``, ``dp_cp``) and
     ``ranks[dim]`` its members as global ranks. ``pp_prev`` / ``pp_next``: global ranks of the previous and
     next pipeline stage (None at the ends). ``notify(msg)``: send a progress message to the caller of
-    ``launch`` (its ``on_progress`` callback); None outside the launcher.
+    ``launch`` (its ``on_progress`` callback); None outside the launcher. ``record(text, waiting)``: tell the
+    launcher what this rank is doing now (``waiting``: blocked in a call that needs its peers), which it
+    names when the rank dies or hangs (``distributed/diagnosis.py``); None outside the launcher.
     """
 
     plan: Plan
@@ -68,6 +70,7 @@ class Grid:
     groups: dict[str, Any] = field(default_factory=dict)
     ranks: dict[str, list[int]] = field(default_factory=dict)
     notify: Callable[[Any], None] | None = None      # set by the launcher: report progress to the caller
+    record: Callable[[str, bool], None] | None = None    # set by the launcher: this rank's current action
 
     @classmethod
     def create(cls, plan: Plan, rank: int, device: torch.device | str = "cpu") -> Grid:

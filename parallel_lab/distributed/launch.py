@@ -21,7 +21,11 @@ How (measured on this machine, ``shared/reference/torch_cpu_notes.md``):
 * ``timeout_s`` is a *progress* timeout: every rank reports a heartbeat (a thread, once a second, into
   shared memory) and each completed step (``grid.notify``); when no rank completed a step for
   ``timeout_s`` seconds, all are killed and :class:`LaunchTimeout` names the stuck rank: one whose
-  heartbeat stopped (stopped or frozen), else the ranks furthest behind (alive but waiting: a hang).
+  heartbeat stopped (stopped or frozen), else, of the ranks furthest behind, those that are not blocked
+  in a collective (the one the others wait for), else all of them (a hang: e.g. mismatched collectives).
+* Each rank also writes its current action into shared memory (``grid.record``: the step, the phase, the
+  collective it is in and whether it is blocked there; ``diagnosis.ActionLog``), so that a rank that dies
+  or hangs is named with its last action.
   A long healthy run is never cut off by it; ``time_limit_s`` (optional) bounds the whole launch.
   The process-group timeout defaults to ``timeout_s + 30`` s, so the launcher, not a peer's
   collective, sees a stuck rank first.
@@ -76,6 +80,7 @@ from parallel_lab.specs import ParallelLabError, Plan
 #: notifies every step and uses 60 s, ``cli.RUN_TIMEOUT_S``).
 DEFAULT_TIMEOUT_S = 300.0
 HEARTBEAT_S = 1.0            #: a rank's heartbeat period; ~5 missed beats mean it is stopped or frozen
+ACTION_BYTES = 160           #: shared-memory slot of a rank's current action: 1 byte "blocked?" + its text
 ERROR_GRACE_S = 1.5          #: how long an error waits for news that a peer died first
 
 
@@ -84,29 +89,34 @@ class RankError(RuntimeError):
 
     ``rank``; ``traceback`` (text); ``exc_type`` (the exception's class name, or None when the rank died
     without one); ``signal`` (the signal that ended it, or None); ``step`` (steps it completed, or None
-    when it never reported one); ``log`` (a file with the full traceback, or None).
+    when it never reported one); ``log`` (a file with the full traceback, or None); ``last_action`` (what
+    the rank was doing when it ended, as it recorded it with ``grid.record``; None if it recorded nothing).
     """
 
     def __init__(self, rank: int, tb: str, *, signal: int | None = None, step: int | None = None,
-                 log: str | None = None, exc_type: str | None = None):
+                 log: str | None = None, exc_type: str | None = None, last_action: str | None = None):
         last = tb.strip().splitlines()[-1] if tb.strip() else "unknown error"
-        super().__init__(f"rank {rank} failed: {last}\n--- traceback of rank {rank} ---\n{tb}")
+        doing = f" (last action: {last_action})" if last_action else ""
+        super().__init__(f"rank {rank} failed: {last}{doing}\n--- traceback of rank {rank} ---\n{tb}")
         self.rank, self.traceback, self.signal, self.step, self.log = rank, tb, signal, step, log
         self.exc_type = exc_type
         self.last_line = last
+        self.last_action = last_action
 
 
 class LaunchTimeout(RuntimeError):
     """No step completed within the progress timeout (or the wall-clock limit passed); all ranks were killed.
 
     ``ranks``: the ranks named as stuck; ``steps``: steps completed per rank; ``stopped``: ranks whose
-    heartbeat had stopped (a stopped or frozen process) when the launch gave up.
+    heartbeat had stopped (a stopped or frozen process) when the launch gave up; ``actions``: each rank's last
+    recorded action (None where it recorded none).
     """
 
     def __init__(self, message: str, ranks: list[int] | None = None, steps: list[int] | None = None,
-                 stopped: list[int] | None = None):
+                 stopped: list[int] | None = None, actions: list[str | None] | None = None):
         super().__init__(message)
         self.ranks, self.steps, self.stopped = ranks or [], steps or [], stopped or []
+        self.actions = actions or []
 
 
 def free_port() -> int:
@@ -179,8 +189,22 @@ def _heartbeat(beats: Any, rank: int) -> None:
         time.sleep(HEARTBEAT_S)
 
 
+def _write_action(actions: Any, rank: int, text: str, waiting: bool) -> None:
+    """Put ``text`` into this rank's slot (one writer per slot; a reader may rarely see a torn line)."""
+    data = (b"1" if waiting else b"0") + text.encode("utf-8", "replace")[:ACTION_BYTES - 1]
+    actions[rank * ACTION_BYTES:(rank + 1) * ACTION_BYTES] = data.ljust(ACTION_BYTES, b"\0")
+
+
+def read_action(actions: Any, rank: int) -> tuple[str | None, bool]:
+    """``(text, waiting)`` of a rank's slot; ``(None, False)`` when it recorded nothing."""
+    raw = bytes(actions[rank * ACTION_BYTES:(rank + 1) * ACTION_BYTES]).rstrip(b"\0")
+    if not raw:
+        return None, False
+    return raw[1:].decode("utf-8", "replace"), raw[:1] == b"1"
+
+
 def _worker(rank: int, fn: Callable, plan: Plan, port: int, queue: Any, pg_timeout_s: float,
-            device: str | None, args: tuple, kwargs: dict, beats: Any = None) -> None:
+            device: str | None, args: tuple, kwargs: dict, beats: Any = None, actions: Any = None) -> None:
     try:
         if beats is not None:
             beats[rank] = time.monotonic()
@@ -188,6 +212,8 @@ def _worker(rank: int, fn: Callable, plan: Plan, port: int, queue: Any, pg_timeo
         dev = _init(rank, plan.world, rank, f"tcp://127.0.0.1:{port}", pg_timeout_s, device)
         grid = Grid.create(plan, rank, dev)
         grid.notify = lambda msg: queue.put(("progress", rank, msg))
+        if actions is not None:
+            grid.record = lambda text, waiting: _write_action(actions, rank, text, waiting)
         result = fn(grid, *args, **kwargs)
         payload = pickle.dumps(_to_cpu(result))
         del grid, result
@@ -266,12 +292,13 @@ def launch(fn: Callable[..., Any], plan: Plan | int, *args: Any, start_method: s
     context = mp.get_context(start_method)
     queue = context.SimpleQueue()
     beats = context.RawArray("d", world)           # each rank's last heartbeat (time.monotonic)
+    actions = context.RawArray("c", world * ACTION_BYTES)     # each rank's current action (grid.record)
     start = time.monotonic()
     ctx = mp.start_processes(_worker, args=(fn, plan, free_port(), queue, pg_timeout_s, device, args, kwargs,
-                                            beats),
+                                            beats, actions),
                              nprocs=world, join=False, start_method=start_method)
     procs = ctx.processes
-    watch = _Watch(procs, beats, start)
+    watch = _Watch(procs, beats, start, actions)
     results: dict[int, Any] = {}
     try:
         while len(results) < world:
@@ -279,7 +306,8 @@ def launch(fn: Callable[..., Any], plan: Plan | int, *args: Any, start_method: s
                 status, rank, data = queue.get()
                 if status == "err":
                     raise watch.blame(RankError(rank, data, step=watch.steps[rank], log=_write_log(rank, data),
-                                                exc_type=_exc_type(data)), queue, results)
+                                                exc_type=_exc_type(data), last_action=watch.action(rank)[0]),
+                                      queue, results)
                 watch.progress(rank)
                 if status == "progress":
                     if isinstance(data, int) and not isinstance(data, bool):
@@ -310,11 +338,15 @@ def launch(fn: Callable[..., Any], plan: Plan | int, *args: Any, start_method: s
 class _Watch:
     """What the launcher knows of its ranks: steps, heartbeats, exits; and whom to blame."""
 
-    def __init__(self, procs: list, beats: Any, start: float):
-        self.procs, self.beats = procs, beats
+    def __init__(self, procs: list, beats: Any, start: float, actions: Any = None):
+        self.procs, self.beats, self.actions = procs, beats, actions
         self.steps: list[int | None] = [None] * len(procs)
         self.start = self.last_progress = start
         self.exited_at: dict[int, float] = {}
+
+    def action(self, r: int) -> tuple[str | None, bool]:
+        """Rank ``r``'s last recorded action and whether it was blocked in it."""
+        return read_action(self.actions, r) if self.actions is not None else (None, False)
 
     def progress(self, rank: int) -> None:
         self.last_progress = time.monotonic()
@@ -325,7 +357,7 @@ class _Watch:
         how = (f"killed by {_signal_name(sig)}" + (" (kill -9 or the out-of-memory killer)" if sig == 9 else "")
                if sig else f"exited with code {code}")
         text = f"process {how} before returning a result (killed by a signal if negative: code {code})\n"
-        return RankError(r, text, signal=sig, step=self.steps[r])
+        return RankError(r, text, signal=sig, step=self.steps[r], last_action=self.action(r)[0])
 
     def dead(self, results: dict[int, Any], now: float) -> RankError | None:
         """A rank whose process ended without a result or an error (after a second to let its message in);
@@ -368,11 +400,24 @@ class _Watch:
                     f"process) after step {', '.join(str(done[r]) for r in ranks)}")
         else:
             low = min(done[r] for r in waiting)
-            ranks = [r for r in waiting if done[r] == low]
-            what = (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} made no progress after "
-                    f"step {low} while alive (a hang: e.g. a collective that not every rank calls)")
+            behind = [r for r in waiting if done[r] == low]
+            # of the ranks furthest behind, the ones not blocked in a collective are those the others wait for
+            busy = [r for r in behind if not self.action(r)[1]]
+            ranks = busy if busy and len(busy) < len(behind) else behind
+            one = len(ranks) == 1
+            if ranks is busy:
+                what = (f"rank{'' if one else 's'} {', '.join(map(str, ranks))} made no progress after step {low} "
+                        f"while alive and outside any collective (a hang in its own work: the other ranks are "
+                        f"blocked waiting for {'it' if one else 'them'})")
+            else:
+                what = (f"rank{'' if one else 's'} {', '.join(map(str, ranks))} made no progress after step {low} "
+                        f"while alive (a hang: e.g. a collective that not every rank calls)")
+            doing = "; ".join(f"rank {r}: {self.action(r)[0]}" for r in ranks if self.action(r)[0])
+            if doing:
+                what += f"; last action {doing}"
         steps = ", ".join(f"rank {r}: {done[r]}" for r in range(len(done)))
-        return LaunchTimeout(f"{why}: {what}; steps completed: {steps}; all ranks killed", ranks, done, stopped)
+        return LaunchTimeout(f"{why}: {what}; steps completed: {steps}; all ranks killed", ranks, done, stopped,
+                             [self.action(r)[0] for r in range(len(self.procs))])
 
 
 def hello(grid: Grid) -> dict[str, Any]:

@@ -18,6 +18,8 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
 * ``run(..., schedule="zb-v" | "dualpipev")``: the V schedules as action lists (a pipeline alone), with the
   predictions of ``parallel_lab.placed`` (state, point-to-point bytes, activations read off the lists);
 * ``wall_s``: seconds from launching the ranks to having all their results;
+* ``step_times``: per rank its compute and wait (blocked on peers) seconds, and the straggler named if one
+  computes much longer than the others (``distributed.diagnosis.step_time_report``);
 * ``pipeline`` (``pp > 1``, ``distributed.pipeline_report.pipeline_report``): bubble ratio and idle
   fraction predicted by the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
   measured against simulated, blocks per stage, mean F/B/W times and the measured timeline rows.
@@ -32,7 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parallel_lab import comm, ledger, placed
+from parallel_lab.distributed.diagnosis import format_step_times, step_time_report
 from parallel_lab.distributed.expert_parallel import format_moe_report, moe_report
+from parallel_lab.distributed.faults import Fault, check_faults
 from parallel_lab.distributed.grid import coords
 from parallel_lab.distributed.instruments import payload_by_dim
 from parallel_lab.distributed.launch import launch
@@ -96,6 +100,7 @@ class RunReport:
         return {"losses": self.losses, "reference_losses": self.reference_losses,
                 "max_abs_param_diff": self.max_abs_param_diff, "comm": self.comm, "memory": self.memory,
                 "wall_s": self.wall_s,
+                **({"step_times": self.extra["step_times"]} if "step_times" in self.extra else {}),
                 **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {}),
                 **({"moe": self.extra["moe"]} if "moe" in self.extra else {})}
 
@@ -128,6 +133,8 @@ class RunReport:
             lines += ["", format_pipeline_report(self.extra["pipeline"])]
         if "moe" in self.extra:
             lines += ["", format_moe_report(self.extra["moe"])]
+        if "step_times" in self.extra:
+            lines += ["", format_step_times(self.extra["step_times"])]
         lines.append(f"\nwall time of the parallel run: {self.wall_s:.2f} s")
         return "\n".join(lines)
 
@@ -168,13 +175,16 @@ def check_schedule(spec: ModelSpec, plan: Plan, schedule: str) -> Any:
 
 def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: Iterable[str] = (),
         packed: bool = False, timeout_s: float = 300.0, time_limit_s: float | None = None, progress: bool = False,
-        on_progress: Callable[[int, Any], None] | None = None, schedule: str | None = None) -> RunReport:
+        on_progress: Callable[[int, Any], None] | None = None, schedule: str | None = None,
+        faults: Iterable[Fault] = ()) -> RunReport:
     """Run ``plan`` on ranks and the reference in this process; compare (module docstring). ``schedule``:
     ``"zb-v"`` or ``"dualpipev"`` instead of ``plan.schedule`` (:func:`check_schedule`; its predictions are
-    ``parallel_lab.placed``'s, read off the action lists and their V placement)."""
+    ``parallel_lab.placed``'s, read off the action lists and their V placement). ``faults``: injected into
+    the ranks (``distributed/faults.py``; the reference runs without them)."""
     check_runnable(spec, plan)
     sched = check_schedule(spec, plan, schedule) if schedule is not None else None
-    frozen = tuple(frozen)
+    frozen, faults = tuple(frozen), tuple(faults)
+    check_faults(faults, plan.world, steps)
     bar = ProgressBar(steps, f"run {plan.world} ranks") if progress else None
 
     def report(rank: int, step: Any) -> None:
@@ -185,8 +195,8 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
 
     t0 = time.perf_counter()
     results: list[RankResult] = launch(train_rank, plan, spec, plan, steps, seed, frozen=frozen,
-                                       packed=packed, timeout_s=timeout_s, time_limit_s=time_limit_s,
-                                       on_progress=report, schedule=sched)
+                                       packed=packed, faults=faults, timeout_s=timeout_s,
+                                       time_limit_s=time_limit_s, on_progress=report, schedule=sched)
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close("(reference in one process...)")
@@ -219,6 +229,7 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
         extra["pipeline"] = pipeline_report(spec, plan, results)
     if spec.is_moe:
         extra["moe"] = moe_report(spec, plan, results)
+    extra["step_times"] = step_time_report([r.step_times for r in results], [r.info["wait_s"] for r in results])
     return RunReport(spec, plan, steps, global_losses(results), ref.losses,
                      max_abs_diff(merge_params(results), ref.params), comm_out, memory, wall, extra, results)
 
@@ -242,5 +253,6 @@ def _placed_report(spec: ModelSpec, plan: Plan, steps: int, results: list[RankRe
                                  "predicted_bytes": int(max(placed.logits_bytes(spec, plan, sched, k)
                                                             for k in ranks))},
              "pipeline": pipeline_report(spec, plan, results, schedule=sched, name=name)}
+    extra["step_times"] = step_time_report([r.step_times for r in results], [r.info["wait_s"] for r in results])
     return RunReport(spec, plan, steps, global_losses(results), ref.losses,
                      max_abs_diff(merge_params(results), ref.params), comm_out, memory, wall, extra, results)

@@ -34,7 +34,9 @@ from torch import Tensor, nn
 from parallel_lab.distributed.context_parallel import apply_cp, check_cp
 from parallel_lab.distributed.data import synthetic_batch
 from parallel_lab.distributed.data_parallel import apply_dp
+from parallel_lab.distributed.diagnosis import ActionLog, FiniteWatch
 from parallel_lab.distributed.expert_parallel import apply_ep, check_ep
+from parallel_lab.distributed.faults import Fault, FaultInjector
 from parallel_lab.distributed.grid import Grid
 from parallel_lab.distributed.instruments import CommTracer, Interval, SavedTensorMeter, Timeline, TracedCall
 from parallel_lab.distributed.mixed_precision import check_mixed, is_mixed, to_compute_dtype
@@ -133,23 +135,34 @@ def check_parallelisms(spec: ModelSpec, plan: Plan) -> None:
 
 def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *,
                frozen: Iterable[str] = (), packed: bool = False, return_params: bool = True,
-               schedule: Any = None) -> RankResult:
+               schedule: Any = None, faults: Iterable[Fault] = ()) -> RankResult:
     """Train ``steps`` optimizer steps of ``plan`` on this rank; see the module docstring. ``schedule``:
-    pipeline action lists to run instead of ``plan.schedule``'s (``parallelize``)."""
+    pipeline action lists to run instead of ``plan.schedule``'s (``parallelize``).
+
+    Diagnosis (``distributed/diagnosis.py``) is always on: the rank's current action goes to the launcher,
+    its blocked seconds per step to ``info["wait_s"]``, and a NaN or inf raises, naming the module.
+    ``faults``: injected on purpose (``distributed/faults.py``)."""
     check_runnable(spec, plan)
     model = build_model(spec, seed, recompute=plan.recompute, device=grid.device, attention=plan.attention,
                         mlp=plan.mlp, loss_chunk=plan.loss_chunk)
     to_compute_dtype(model, plan)               # adam-mixed: bf16 parameters (distributed/mixed_precision.py)
     freeze(model, frozen)
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
+    tracer.on_action = actions = ActionLog(grid.record)
     rt = parallelize(model, grid, plan, tracer, schedule=schedule)
+    finite = FiniteWatch(rt.model, grid.rank)
+    injector = FaultInjector(tuple(faults), grid.rank, rt)
     losses, step_times = [], []
     memory: dict[str, int] = {}
     for step in range(steps):
         micro = rt.micro_batches(synthetic_batch(spec, plan, step, seed, packed=packed))
+        actions.begin_step(step + 1)
+        finite.step = step + 1
+        injector.begin_step(step + 1)
         t0 = time.perf_counter()
         losses.append(rt.train_step(micro))
         step_times.append(time.perf_counter() - t0)
+        finite.check_loss(losses[-1])
         if step == steps - 1:
             memory = dict(rt.dp.measure_state())
         if grid.notify is not None:
@@ -157,6 +170,8 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
     memory["activations"] = int(rt.meter.peak["activations"])
     memory["logits_and_loss"] = int(rt.meter.peak["logits_and_loss"])
     rt.meter.remove()
+    finite.remove()
+    actions("reporting results (untraced)", False)
     tracer.enabled = False                      # reporting below is not part of the training step
     params = None
     if return_params:
@@ -165,6 +180,7 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
     return RankResult(grid.rank, grid.coords, losses, rt.owns_loss, list(tracer.events), memory, params,
                       rt.timeline.spans, step_times,
                       info={"buckets": [b.nbytes for b in getattr(rt.dp, "buckets", [])],
+                            "wait_s": list(actions.wait_s),
                             **{k: fn() for k, fn in rt.extras.get("reports", {}).items()}})
 
 

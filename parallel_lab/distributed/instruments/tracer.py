@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -71,16 +71,28 @@ class TracedCall:
         return (self.dim, self.kind, self.message_bytes, self.group_size)
 
 
-class TracedWork:
-    """Wraps an async ``Work``: ``wait()`` waits and stamps the event's end time."""
+def describe(ev: TracedCall) -> str:
+    """``"backward dp all_reduce of 1,024 B"``: a call as the diagnosis names it."""
+    to = f" with rank {ev.peer}" if ev.peer is not None else ""
+    return f"{ev.phase} {ev.dim} {ev.kind} of {ev.message_bytes:,} B{to}"
 
-    def __init__(self, work: Any, event: TracedCall | None):
-        self.work, self.event = work, event
+
+class TracedWork:
+    """Wraps an async ``Work``: ``wait()`` waits and stamps the event's end time. ``on_action(text,
+    waiting)``: told when the wait starts and ends (the tracer's, see :class:`CommTracer`)."""
+
+    def __init__(self, work: Any, event: TracedCall | None,
+                 on_action: Callable[[str, bool], None] | None = None):
+        self.work, self.event, self.on_action = work, event, on_action
 
     def wait(self) -> bool:
+        if self.on_action is not None and self.event is not None:
+            self.on_action(f"waiting for {describe(self.event)}", True)
         ok = self.work.wait() if self.work is not None else True
         if self.event is not None and self.event.t_end is None:
             self.event.t_end = time.perf_counter()
+        if self.on_action is not None and self.event is not None:
+            self.on_action(f"after {describe(self.event)}", False)
         return ok
 
     def is_completed(self) -> bool:
@@ -93,7 +105,9 @@ class CommTracer:
     ``groups`` maps a dim label to its process group (``Grid.groups_by_dim()``); a call may also pass
     ``group=`` explicitly. ``phase`` is the step phase the training loop sets with :meth:`phase_as`
     ("forward", "backward", "step"; outside any, the ``phase`` given here: a ``Collective`` always has
-    one); ``enabled=False`` makes the tracer a pass-through (no events).
+    one); ``enabled=False`` makes the tracer a pass-through (no events). ``on_action(text, waiting)``, if
+    set, hears of every call as it starts, blocks and ends (``diagnosis.ActionLog``: what a dead or hung
+    rank was doing, and how long it waited for its peers).
     """
 
     def __init__(self, rank: int, groups: dict[str, Any] | None = None, enabled: bool = True,
@@ -103,6 +117,7 @@ class CommTracer:
         self.enabled = enabled
         self.phase = phase
         self.events: list[TracedCall] = []
+        self.on_action: Callable[[str, bool], None] | None = None
 
     # ---- bookkeeping -----------------------------------------------------------------------------
     def group(self, dim: str, group: Any = None) -> Any:
@@ -113,6 +128,8 @@ class CommTracer:
     @contextmanager
     def phase_as(self, phase: str) -> Iterator[None]:
         old, self.phase = self.phase, phase
+        if self.on_action is not None:
+            self.on_action(f"{phase} phase", False)
         try:
             yield
         finally:
@@ -129,14 +146,19 @@ class CommTracer:
         call = Collective(dim, kind, int(message_bytes), n, phase=self.phase, unit=unit)
         ev = TracedCall(self.rank, call, time.perf_counter(), None, peer)
         self.events.append(ev)
+        if self.on_action is not None:
+            self.on_action(f"in {describe(ev)}", True)
         return ev
 
-    @staticmethod
-    def _finish(work: Any, ev: TracedCall | None, async_op: bool) -> Any:
+    def _finish(self, work: Any, ev: TracedCall | None, async_op: bool) -> Any:
         if async_op:
-            return TracedWork(work, ev)
+            if self.on_action is not None and ev is not None:
+                self.on_action(f"posted {describe(ev)}", False)
+            return TracedWork(work, ev, self.on_action)
         if ev is not None:
             ev.t_end = time.perf_counter()
+            if self.on_action is not None:
+                self.on_action(f"after {describe(ev)}", False)
         return None
 
     # ---- collectives -----------------------------------------------------------------------------
@@ -191,11 +213,11 @@ class CommTracer:
 
     def isend(self, tensor: Tensor, peer: int, dim: str = "pp", group: Any = None) -> TracedWork:
         ev = self._start(dim, "send", nbytes(tensor), None, peer, group_size=2)
-        return TracedWork(dist.isend(tensor, dst=peer, group=self.group(dim, group)), ev)
+        return self._finish(dist.isend(tensor, dst=peer, group=self.group(dim, group)), ev, True)
 
     def irecv(self, tensor: Tensor, peer: int, dim: str = "pp", group: Any = None) -> TracedWork:
         ev = self._start(dim, "recv", nbytes(tensor), None, peer, group_size=2)
-        return TracedWork(dist.irecv(tensor, src=peer, group=self.group(dim, group)), ev)
+        return self._finish(dist.irecv(tensor, src=peer, group=self.group(dim, group)), ev, True)
 
     def batch_isend_irecv(self, ops: Iterable[tuple[str, Tensor, int]], dim: str = "pp",
                           group: Any = None) -> list[TracedWork]:
@@ -210,9 +232,11 @@ class CommTracer:
             p2p.append(dist.P2POp(fn, tensor, peer, group=g))
             events.append(self._start(dim, kind, nbytes(tensor), None, peer, group_size=2))
         works = dist.batch_isend_irecv(p2p) if p2p else []
+        if self.on_action is not None and events and events[-1] is not None:
+            self.on_action(f"posted {len(events)} point-to-point ops ({describe(events[-1])})", False)
         if len(works) != len(events):            # some backends return one work for the batch
-            return [TracedWork(w, None) for w in works] + [TracedWork(None, e) for e in events]
-        return [TracedWork(w, e) for w, e in zip(works, events, strict=True)]
+            return [TracedWork(w, None) for w in works] + [TracedWork(None, e, self.on_action) for e in events]
+        return [TracedWork(w, e, self.on_action) for w, e in zip(works, events, strict=True)]
 
 
 # --------------------------------------------------------------------------------------------------
