@@ -145,16 +145,28 @@ class FiniteWatch:
 
     def __init__(self, model: nn.Module, rank: int):
         self.rank, self.step = rank, 0
+        self._pending: list[tuple[str, torch.Tensor]] = []
         self._handles = [mod.register_forward_hook(self._hook(name or "the model"))
                          for name, mod in model.named_modules()]
 
     def _hook(self, name: str) -> Callable[..., None]:
         def check(module: nn.Module, args: Any, out: Any) -> None:
-            if not _finite(out):
+            tensors = [t for t in _tensors(out) if t.is_floating_point()]
+            if tensors and tensors[0].device.type != "cpu":
+                # on an accelerator a check per module would synchronise the stream every module: keep the
+                # flags on the device and read them once, at the end of the step (:meth:`check_loss`)
+                self._pending += [(name, torch.isfinite(t.detach()).all()) for t in tensors]
+            elif not _finite(out):
                 raise NonFiniteError(self.rank, self.step, name, "the forward output")
         return check
 
     def check_loss(self, loss: float) -> None:
+        pending, self._pending = self._pending, []
+        if pending:
+            ok = torch.stack([flag for _, flag in pending]).cpu()        # one synchronisation per step
+            if not bool(ok.all()):
+                first = int((~ok).nonzero()[0])
+                raise NonFiniteError(self.rank, self.step, pending[first][0], "the forward output")
         if loss != loss or loss in (float("inf"), float("-inf")):
             raise NonFiniteError(self.rank, self.step, "the loss", "the value")
 

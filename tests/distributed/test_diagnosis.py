@@ -237,3 +237,19 @@ def test_cli_run_names_a_nan_with_exit_3():
     assert "failed: rank 1 raised NonFiniteError" in p.stderr and "at step 2 in the forward output of blocks.0.mlp" \
         in p.stderr, p.stderr[-800:]
     assert "its last action: step 2:" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_on_an_accelerator_the_finite_flags_are_read_once_per_step():
+    # off the CPU each module's flag stays on the device (no synchronisation per module); check_loss reads
+    # them at once and names the first module whose output was not finite
+    import torch
+
+    from parallel_lab.distributed.diagnosis import FiniteWatch, NonFiniteError
+    w = FiniteWatch(torch.nn.Linear(2, 2), rank=1)
+    w.step = 4
+    w._pending = [("blocks.0.attn", torch.tensor(True)), ("blocks.0.mlp", torch.tensor(False)),
+                  ("blocks.1.attn", torch.tensor(False))]
+    with pytest.raises(NonFiniteError, match="rank 1 at step 4 in the forward output of blocks.0.mlp"):
+        w.check_loss(2.5)
+    assert w._pending == []
+    w.check_loss(2.5)                      # nothing pending, finite loss: no error
