@@ -2,7 +2,8 @@
 the planner. Each is one line in a notebook (``MemoryExplorer()``) and is itself a widget (a ``VBox``);
 :class:`App` puts them in tabs for the Voila app.
 
-One module per explorer (:mod:`.memory`, :mod:`.comm`, :mod:`.pipeline`, :mod:`.grid`, :mod:`.planner`), the shared
+One module per explorer (:mod:`.memory`, :mod:`.comm`, :mod:`.pipeline`, :mod:`.grid`, :mod:`.ring`, :mod:`.planner`,
+:mod:`.run`), the shared
 base class and inputs in :mod:`.base`, the tabs in :mod:`.app`. Every public name is importable from
 here. How an explorer works (widgets in, one figure out, redrawn in place on a change event) is told in
 :class:`.base.Explorer`.
@@ -22,8 +23,9 @@ from .memory import MemoryExplorer
 from .pipeline import PipelineExplorer
 from .planner import PlannerExplorer, plans_table, rejected_table
 from .ring import RingExplorer
+from .run import RunExplorer, RunJob, run_argv, run_plan
 
 __all__ = ["App", "CommExplorer", "Explorer", "GridExplorer", "MemoryExplorer", "PipelineExplorer",
-           "PlannerExplorer", "RingExplorer", "collectives_table", "error_html", "grid_coords", "grid_groups",
-           "model_from",
-           "plans_table", "rejected_table", "tier_label", "tp_on_tier"]
+           "PlannerExplorer", "RingExplorer", "RunExplorer", "RunJob", "collectives_table", "error_html",
+           "grid_coords", "grid_groups", "model_from", "plans_table", "rejected_table", "run_argv", "run_plan",
+           "tier_label", "tp_on_tier"]

@@ -19,6 +19,7 @@ from .memory import MemoryExplorer
 from .pipeline import PipelineExplorer
 from .planner import PlannerExplorer
 from .ring import RingExplorer
+from .run import RunExplorer
 
 INTROS = {
     "Memory": "Does the plan fit on one GPU? Every byte the ledger counts, stacked against the GPU's "
@@ -33,6 +34,9 @@ INTROS = {
             "link tier carries.",
     "Ring attention": "Context parallelism step by step: which key/value block each rank holds, which "
                       "tiles of the causal mask it computes, and why zigzag chunks balance the work.",
+    "Run": "Train the tiny model under a plan on this machine's CPU ranks (the code `parallel-lab run` "
+           "runs) and see what was measured beside what was predicted: memory per category, bytes per "
+           "collective, the pipeline's timeline and the losses against one process.",
     "Planner": "Every way to split a model over a cluster, ranked by estimated step time, with the reason "
                "each rejected family failed; save the best as a plan file.",
 }
@@ -46,6 +50,7 @@ class App(W.VBox):
         makers: dict[str, Callable[[], W.Widget]] = {
             "Memory": MemoryExplorer, "Communication": CommExplorer, "Pipeline": PipelineExplorer,
             "Grid": GridExplorer, "Ring attention": RingExplorer, "Planner": PlannerExplorer,
+            "Run": RunExplorer,
         }
         self.explorers: dict[str, W.Widget] = {name: make(renderer=renderer) for name, make in makers.items()}
         intro = '<p class="pl-intro" style="font-size:14px;margin:4px 0 8px">{}</p>'

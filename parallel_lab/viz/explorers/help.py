@@ -56,6 +56,8 @@ TOOLTIPS: dict[str, str] = {
     "b": "Backward-for-input time of one micro-batch on one chunk (cost units)",
     "w": "Weight-gradient time of one micro-batch on one chunk (cost units); unsplit backward = b + w",
     "p2p": "Time to send an activation to the next stage (cost units)",
+    # run
+    "steps": "Optimizer steps the run trains (count); each is one global batch on every rank",
     # planner
     "top": "How many of the best plans to list (count)",
     "chosen": "Which listed plan to draw (rank in the list, 1 = fastest estimate)",
