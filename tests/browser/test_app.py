@@ -226,3 +226,43 @@ def test_ring_attention_tab_walks_the_ring(page):
     after = changed_screenshot(chart, before)
     (ARTIFACTS / "ring_step2.png").write_bytes(after)
     assert after != before
+
+
+def run_table(page, table: str) -> dict[str, tuple[int, int]]:
+    """The Run tab's table ``table`` (memory, comm) read back: row -> (measured, predicted) bytes."""
+    rows = page.locator(f".pl-run-table[data-table='{table}'] tr[data-row]:visible")
+    out = {}
+    for i in range(rows.count()):
+        row = rows.nth(i)
+        cells = [c.replace(",", "") for c in row.locator("td").all_inner_texts()]
+        out[row.get_attribute("data-row")] = (int(cells[1]), int(cells[2]))
+    return out
+
+
+@pytest.mark.timeout(420)
+def test_run_tab_trains_on_cpu_ranks_and_shows_measured_beside_the_ledger(page):
+    from parallel_lab import comm, ledger
+
+    page.locator(".lm-TabBar-tab", has_text="Run").last.click()
+    status = page.locator(".pl-status:visible").first
+    sync_api.expect(status).to_contain_text("Not run yet")
+    page.get_by_role("button", name="Run on CPU ranks").click()
+    sync_api.expect(page.get_by_role("button", name="Cancel")).to_be_enabled(timeout=15_000)
+    sync_api.expect(status).to_contain_text("Measured", timeout=360_000)
+    page.screenshot(path=str(ARTIFACTS / "app_run.png"), full_page=True)
+    model = ModelSpec.preset("tiny-llama")                      # the tab's defaults, the run's CPU defaults
+    plan = Plan(dp=2, pp=2, seq=128, micro_batch=4, grad_accum=4, dtype="fp32", optimizer="adam-fp32")
+    memory_rows = run_table(page, "memory")
+    for cat in ("parameters", "gradients", "optimizer_states"):
+        expected = int(max(ledger.state_bytes(model, plan, stage=s)[cat] for s in range(plan.pp)))
+        assert memory_rows[cat] == (expected, expected)
+    acts = memory_rows["activations"]
+    assert acts[1] == int(round(ledger.activation_bytes(model, plan, 0, formula="per-op")))
+    assert abs(acts[0] - acts[1]) <= 0.02 * acts[1]
+    predicted: dict[str, int] = {}
+    for stage in (0, 0, 1, 1):
+        for dim, b in comm.payload_bytes(comm.collectives(model, plan, stage=stage)).items():
+            predicted[dim] = predicted.get(dim, 0) + 2 * b                 # the tab's default: 2 steps
+    assert {d: m for d, (m, _) in run_table(page, "comm").items()} == predicted
+    sync_api.expect(page.locator(".pl-status:visible", has_text="Measured: 2 ranks")).to_be_visible()
+    assert page.locator(".pl-chart:visible").count() == 2          # the run's chart and the pipeline's
