@@ -15,11 +15,14 @@ from .base import no_null_tooltips
 from .comm import CommExplorer
 from .grid import GridExplorer
 from .help import glossary_html
+from .lessons import lessons_html
 from .memory import MemoryExplorer
 from .pipeline import PipelineExplorer
 from .planner import PlannerExplorer
 from .ring import RingExplorer
 from .run import RunExplorer
+from .tp import TPExplorer
+from .zero import ZeroExplorer
 
 INTROS = {
     "Memory": "Does the plan fit on one GPU? Every byte the ledger counts, stacked against the GPU's "
@@ -37,19 +40,24 @@ INTROS = {
     "Run": "Train the tiny model under a plan on this machine's CPU ranks (the code `parallel-lab run` "
            "runs) and see what was measured beside what was predicted: memory per category, bytes per "
            "collective, the pipeline's timeline and the losses against one process.",
+    "ZeRO/FSDP": "Which rank owns which shard of which unit, and when ZeRO-3 gathers a unit's parameters "
+                 "and frees them again: block units keep the peak low, one root unit gathers the whole model.",
+    "Tensor parallel": "How a block's weights are cut over the tensor-parallel ranks, where the f and g "
+                       "operators sit and what their collectives carry; the ring all-reduce step by step.",
     "Planner": "Every way to split a model over a cluster, ranked by estimated step time, with the reason "
                "each rejected family failed; save the best as a plan file.",
 }
 
 
 class App(W.VBox):
-    """The Voila app: the four explorers in tabs, one sentence each. ``App().explorers`` maps tab names
+    """The Voila app: the explorers in tabs, one sentence each. ``App().explorers`` maps tab names
     to the explorers (for tests). ``renderer`` is passed to each explorer (``bench/bench_browser.py``)."""
 
     def __init__(self, renderer: str = "frames") -> None:
         makers: dict[str, Callable[[], W.Widget]] = {
             "Memory": MemoryExplorer, "Communication": CommExplorer, "Pipeline": PipelineExplorer,
-            "Grid": GridExplorer, "Ring attention": RingExplorer, "Planner": PlannerExplorer,
+            "Grid": GridExplorer, "Ring attention": RingExplorer, "ZeRO/FSDP": ZeroExplorer,
+            "Tensor parallel": TPExplorer, "Planner": PlannerExplorer,
             "Run": RunExplorer,
         }
         self.explorers: dict[str, W.Widget] = {name: make(renderer=renderer) for name, make in makers.items()}
@@ -62,7 +70,8 @@ class App(W.VBox):
                         "training plan; change any input and watch the numbers move.</p>")
         self.explorers["Planner"].on_open = self.open_plan
         self.glossary = W.HTML(glossary_html())
-        super().__init__([header, self.tabs, self.glossary])
+        self.lessons = W.HTML(lessons_html())
+        super().__init__([header, self.lessons, self.tabs, self.glossary])
         no_null_tooltips(self)
 
     def open_plan(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, gpus: int) -> str:
