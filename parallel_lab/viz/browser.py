@@ -127,7 +127,7 @@ def open_page(browser: Any, url: str, *, viewport: tuple[int, int] = (1280, 1000
 
     page.route("**/*", route)
     page.on("pageerror", lambda e: page.page_errors.append(str(e)))
-    page.goto(url, wait_until="domcontentloaded")
+    page.goto(url, wait_until="domcontentloaded", timeout=READY_TIMEOUT_S * 1000)   # the notebook runs first
     page.locator(".pl-chart:visible").first.wait_for(timeout=READY_TIMEOUT_S * 1000)
     return page
 

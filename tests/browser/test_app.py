@@ -266,3 +266,60 @@ def test_run_tab_trains_on_cpu_ranks_and_shows_measured_beside_the_ledger(page):
     assert {d: m for d, (m, _) in run_table(page, "comm").items()} == predicted
     sync_api.expect(page.locator(".pl-status:visible", has_text="Measured: 2 ranks")).to_be_visible()
     assert page.locator(".pl-chart:visible").count() == 2          # the run's chart and the pipeline's
+
+
+def test_zero_tab_shows_shards_and_the_peak_rising_with_one_root_unit(page):
+    from parallel_lab.ledger import zero3_gathered_bytes
+    from parallel_lab.viz.plots import fmt_bytes
+
+    page.locator(".lm-TabBar-tab", has_text="ZeRO/FSDP").click()
+    status = page.locator(".pl-status:visible").first
+    chart = page.locator(".pl-chart:visible").first
+    model, plan = ModelSpec.preset("llama2-7b"), Plan(dp=4, zero=3)            # the tab's defaults
+    sync_api.expect(status).to_contain_text("ZeRO-3 over 4 ranks")
+    sync_api.expect(status).to_contain_text(f"block units {fmt_bytes(zero3_gathered_bytes(model, plan))}")
+    before = chart.screenshot(path=str(ARTIFACTS / "zero_block_units.png"))
+    page.get_by_role("button", name="root", exact=True).filter(visible=True).first.click()
+    sync_api.expect(status).to_contain_text("Unit root has")
+    after = changed_screenshot(chart, before)
+    (ARTIFACTS / "zero_root_unit.png").write_bytes(after)
+    assert after != before
+    root_peak = zero3_gathered_bytes(model, plan.with_(zero_unit="root"))
+    sync_api.expect(status).to_contain_text(f"one root unit {fmt_bytes(root_peak)}")
+    link = page.locator(".pl-lesson-link:visible a")
+    assert link.get_attribute("data-lesson") == "02_data_parallel_and_zero"
+    page.screenshot(path=str(ARTIFACTS / "app_zero.png"), full_page=True)
+
+
+def test_tp_tab_splits_the_weights_and_walks_the_ring_all_reduce(page):
+    from parallel_lab.comm import tp_layer_collectives
+    from parallel_lab.viz.plots import fmt_bytes
+
+    page.locator(".lm-TabBar-tab", has_text="Tensor parallel").click()
+    status = page.locator(".pl-status:visible").first
+    chart = page.locator(".pl-chart:visible").first
+    calls = tp_layer_collectives(ModelSpec.preset("llama2-7b"), Plan(tp=4, seq=4096))   # the tab's defaults
+    for c in calls:
+        sync_api.expect(status).to_contain_text(f"{c.count} x all-reduce of {fmt_bytes(c.message_bytes)} in {c.phase}")
+    before = chart.screenshot(path=str(ARTIFACTS / "tp_step0.png"))
+    step = page.locator(".widget-slider:visible").filter(has=page.get_by_text("all-reduce step", exact=True))
+    step.locator(".noUi-handle").focus()
+    for _ in range(3):                                                   # the 3 reduce-scatter steps of tp=4
+        page.keyboard.press("ArrowRight")
+    sync_api.expect(step.locator(".widget-readout")).to_have_text("3")
+    after = changed_screenshot(chart, before)
+    (ARTIFACTS / "tp_step3.png").write_bytes(after)
+    assert after != before
+    page.get_by_role("button", name="on", exact=True).filter(visible=True).first.click()      # SP
+    sync_api.expect(status).to_contain_text("x all-gather of")
+    page.screenshot(path=str(ARTIFACTS / "app_tp.png"), full_page=True)
+
+
+def test_lesson_links_stay_on_127_0_0_1(page):
+    from parallel_lab.viz.explorers import LESSONS, lesson_url
+
+    hrefs = page.evaluate("() => [...document.querySelectorAll('a.pl-lesson')].map(a => a.href)")
+    assert set(hrefs) >= {lesson_url(s) for s in LESSONS}
+    assert all(h.startswith("http://127.0.0.1:") for h in hrefs)
+    link = page.locator(".pl-lesson-link:visible a")
+    assert link.get_attribute("data-lesson") == "01_memory_ledger"          # the Memory tab's lesson
