@@ -102,17 +102,18 @@ def draw_gather_timeline(ax: Axes, timelines: Mapping[str, Sequence[GatherEvent]
     top = max((e.held for t in timelines.values() for e in t), default=1) or 1
     unit, scale = unit_for(top, BYTE_UNITS)
     for name, events in timelines.items():
-        xs = [0.0] + [e.t for e in events]
-        ys = [0.0] + [e.held / scale for e in events]
+        after: dict[float, float] = {0.0: 0.0}          # what is held once every event at time t is done
+        for e in events:
+            after[e.t] = e.held / scale
+        xs, ys = list(after), list(after.values())
         bold = name == chosen
         peak = max((e.held for e in events), default=0)
         ax.step(xs, ys, where="post", lw=2.2 if bold else 1.0, alpha=1.0 if bold else 0.45,
                 color="#0969da" if name == "block" else "#cf222e",
                 label=f"{name} units: peak {fmt_bytes(peak)}", gid=f"gathered:{name}")
         if bold:
-            for i, e in enumerate(events):
-                if e.kind == "reduce_scatter":
-                    ax.plot(xs[i + 1], ys[i + 1], "v", ms=3, color="#6e7781")
+            rs = [e.t for e in events if e.kind == "reduce_scatter"]
+            ax.plot(rs, [after[t] for t in rs], "v", ms=3, color="#6e7781", gid="reduce_scatter")
     split = 0.5
     ax.axvline(split, color="#8c959f", lw=0.8, ls=":")
     ax.text(split / 2, 1.02, "forward", transform=ax.transAxes, ha="center", fontsize=7, color="#57606a")
