@@ -89,6 +89,16 @@ def int_text(description: str, value: int) -> W.BoundedIntText:
                             layout=ROW_ITEM)
 
 
+def fresh(ax: Axes, key: Any) -> bool:
+    """True (and ``key`` remembered) when ``ax`` last drew something else than ``key``: for pictures drawn
+    from scratch, so that an axes whose inputs did not change is left alone and the renderer reuses its
+    cached tile (its artists, and so its key in :mod:`parallel_lab.viz.frames`, stay the same)."""
+    if getattr(ax, "_pl_drawn", None) == key:
+        return False
+    ax._pl_drawn = key  # type: ignore[attr-defined]
+    return True
+
+
 def no_null_tooltips(root: W.Widget) -> None:
     """Give every widget under ``root`` without a tooltip an empty one: ipywidgets 8 writes a missing
     tooltip into the page as the title "null", which the browser then shows on hover."""

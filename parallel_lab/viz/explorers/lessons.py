@@ -54,7 +54,8 @@ def lesson_url(stem: str, lab_port: int = LAB_PORT) -> str:
 def lesson_link(stem: str) -> str:
     """``<a class="pl-lesson" ...>Lesson 01: The memory ledger</a>`` (opens in a new tab)."""
     return (f'<a class="pl-lesson" data-lesson="{stem}" href="{html.escape(lesson_url(stem))}" target="_blank" '
-            f'rel="noopener" style="color:#0969da;text-decoration:underline">Lesson {stem[:2]}: {html.escape(LESSONS[stem])}</a>')
+            f'rel="noopener" style="color:#0969da;text-decoration:underline">'
+            f'Lesson {stem[:2]}: {html.escape(LESSONS[stem])}</a>')
 
 
 def lessons_html() -> str:

@@ -268,8 +268,6 @@ class RunExplorer(Explorer):
         self.frames.invalidate()              # drawn from scratch: a run's picture changes once per run
         rep = r["report"]
         if rep is None:
-            axes[0].clear()
-            axes[0].set_axis_off()
             P.draw_message(axes[0], "press Run: the measured figures appear here beside the predicted ones")
             self.pipeline.layout.display = "none"
             self.tables.value = ""
@@ -278,7 +276,7 @@ class RunExplorer(Explorer):
         _pair_bars(axes[0], mem, "memory of the fullest rank")
         _pair_bars(axes[1], rep["comm"], "payload over all ranks and steps")
         ax = axes[2]
-        ax.clear()
+        P.reset_axes(ax)
         steps = list(range(1, len(rep["losses"]) + 1))
         ax.plot(steps, rep["reference_losses"], "o-", color="#8c959f", lw=3, label="1 process")
         ax.plot(steps, rep["losses"], "x--", color="#0969da", label="parallel")
@@ -322,7 +320,7 @@ class RunExplorer(Explorer):
 
 def _pair_bars(ax: Axes, rows: dict[str, dict[str, int]], title: str) -> None:
     """Measured and predicted bytes side by side, one pair per row name, on a unit that suits them."""
-    ax.clear()
+    P.reset_axes(ax)
     names = list(rows)
     if not names:
         P.draw_message(ax, "none: a single rank per group")

@@ -23,7 +23,7 @@ from ...layout import check_tp, kv_heads_local, kv_replicas
 from ...specs import ModelSpec, Plan
 from .. import plots as P
 from ..plots.tp import Split, draw_ring_allreduce, draw_tp_block
-from .base import Explorer, int_slider, labelled, model_controls, model_from, slider, status_line, toggles
+from .base import Explorer, fresh, int_slider, labelled, model_controls, model_from, slider, status_line, toggles
 
 
 def block_splits(model: ModelSpec, tp: int) -> tuple[list[Split], list[Split]]:
@@ -93,13 +93,13 @@ class TPExplorer(Explorer):
         return [fig.add_subplot(gs[0]), fig.add_subplot(gs[1])]
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
-        self.frames.invalidate()          # drawn from scratch (the charts are rebuilt, not updated in place)
         plan = r["plan"]
-        draw_tp_block(axes[0], r["attention"], r["mlp"], plan.tp, plan.sp,
-                      title=f"one block of {r['model'].name} over tp={plan.tp} (colour = rank)")
+        if fresh(axes[0], (r["model"], plan.tp, plan.sp)):   # an axes left alone keeps its cached picture
+            draw_tp_block(axes[0], r["attention"], r["mlp"], plan.tp, plan.sp,
+                          title=f"one block of {r['model'].name} over tp={plan.tp} (colour = rank)")
+        if not fresh(axes[1], (plan.tp, r["step"], r["message"])):
+            return
         if plan.tp == 1:
-            axes[1].clear()
-            axes[1].set_axis_off()
             P.draw_message(axes[1], "tp=1: one rank holds every weight; no all-reduce")
         else:
             draw_ring_allreduce(axes[1], plan.tp, r["step"], r["message"],

@@ -23,7 +23,7 @@ from ...layout import padded, param_comm_bytes, shard_group, shard_range, unit_s
 from ...specs import OPTIMIZERS, Plan
 from .. import plots as P
 from ..plots.zero import draw_gather_timeline, draw_shards, gather_timeline
-from .base import Explorer, dropdown, labelled, model_controls, model_from, slider, status_line, toggles
+from .base import Explorer, dropdown, fresh, labelled, model_controls, model_from, slider, status_line, toggles
 
 UNITS = ("block", "root")
 
@@ -63,7 +63,7 @@ class ZeroExplorer(Explorer):
                 "first": (first[0], first[1], [shard_range(first[1], g, r) for r in range(min(g, 4))])}
 
     def layout_key(self, r: dict[str, Any]) -> Any:
-        return None
+        return r["plan"].zero_unit          # one figure per unit choice: toggling back reuses its picture
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
         gs = fig.add_gridspec(1, 2, width_ratios=(1.0, 1.1), wspace=0.3, left=0.1, right=0.98, bottom=0.14,
@@ -71,17 +71,17 @@ class ZeroExplorer(Explorer):
         return [fig.add_subplot(gs[0]), fig.add_subplot(gs[1])]
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
-        self.frames.invalidate()          # drawn from scratch (the charts are rebuilt, not updated in place)
         plan = r["plan"]
-        draw_shards(axes[0], r["units"], r["g"],
-                    title=(f"{len(r['units'])} units" if len(r["units"]) > 1 else "one unit")
-                    + f", each cut into {r['g']} shards (colour = rank)")
+        if fresh(axes[0], (r["model"], r["g"], plan.zero_unit)):   # an axes left alone keeps its cached picture
+            draw_shards(axes[0], r["units"], r["g"],
+                        title=(f"{len(r['units'])} units" if len(r["units"]) > 1 else "one unit")
+                        + f", each cut into {r['g']} shards (colour = rank)")
         what = "gathered and freed unit by unit" if plan.zero == 3 else f"(ZeRO-{plan.zero} keeps every parameter)"
+        if not fresh(axes[1], (r["model"], r["g"], plan.optimizer, plan.zero_unit, what)):
+            return
         if r["timelines"]:
             draw_gather_timeline(axes[1], r["timelines"], plan.zero_unit, title=f"ZeRO-3: parameters {what}")
         else:
-            axes[1].clear()
-            axes[1].set_axis_off()
             P.draw_message(axes[1], "dp=1: one rank holds every parameter; nothing is gathered")
 
     def describe(self, r: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from matplotlib.axes import Axes
 from matplotlib.patches import Circle, Rectangle
 
+from .base import reset_axes
 from .zero import RANK_COLORS
 
 
@@ -54,37 +55,44 @@ def ring_sent_chunks(n: int, step: int) -> list[tuple[int, int]]:
 def draw_ring_allreduce(ax: Axes, n: int, step: int, message_bytes: int | None = None, *,
                         title: str | None = None) -> None:
     """Ranks (rows) by chunks (columns) after ``step`` ring steps: a cell's shade is the share of the ranks'
-    contributions its copy holds (``k/n`` written in it); the chunks sent at this step are outlined."""
-    from .base import fmt_bytes
+    contributions its copy holds (``k/n`` written in it); the chunks sent at this step are outlined.
+    Built once per ``n``; a new step only recolours the cells (drawn over the cached grid)."""
+    from .base import chart_on, fmt_bytes
 
-    ax.clear()
-    ax.set_aspect("equal")
-    states = ring_allreduce_states(n)
-    state = states[step]
+    chart, same = chart_on(ax, "ring_allreduce", (n, message_bytes, title))
+    if not same:
+        ax.set_aspect("equal")
+        cells = {(r, c): ax.add_patch(Rectangle((c, r), 0.92, 0.92, linewidth=2)) for r in range(n) for c in range(n)}
+        texts = {(r, c): ax.text(c + 0.46, r + 0.46, "", ha="center", va="center", fontsize=7)
+                 for r in range(n) for c in range(n)}
+        phase = ax.text(0.5, -0.1, "", transform=ax.transAxes, ha="center", va="top", fontsize=8)
+        chart.parts.update(cells=cells, texts=texts, phase=phase)
+        chart.dynamic += [*cells.values(), *texts.values(), phase]
+        ax.set_xlim(-0.1, n)
+        ax.set_ylim(n, -0.1)
+        ax.set_xticks([c + 0.46 for c in range(n)], [f"chunk {c}" for c in range(n)], fontsize=7)
+        ax.set_yticks([r + 0.46 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=7)
+        ax.tick_params(length=0)
+        for sp in ax.spines.values():
+            sp.set_visible(False)
+        if title:
+            ax.set_title(title, fontsize=9)
+    state = ring_allreduce_states(n)[step]
     sent = set(ring_sent_chunks(n, step))
-    for r in range(n):
-        for c in range(n):
-            k = len(state[r][c])
-            full = k == n
-            ax.add_patch(Rectangle((c, r), 0.92, 0.92, facecolor="#1a7f37" if full else "#4c72b0",
-                                   alpha=0.25 + 0.75 * k / n, edgecolor="#cf222e" if (r, c) in sent else "none",
-                                   linewidth=2, gid=f"chunk:{r}:{c}:{k}"))
-            ax.text(c + 0.46, r + 0.46, f"{k}/{n}", ha="center", va="center", fontsize=7,
-                    color="white" if k / n > 0.5 else "#1f2328")
-    ax.set_xlim(-0.1, n)
-    ax.set_ylim(n, -0.1)
-    ax.set_xticks([c + 0.46 for c in range(n)], [f"chunk {c}" for c in range(n)], fontsize=7)
-    ax.set_yticks([r + 0.46 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=7)
-    ax.tick_params(length=0)
-    for s in ax.spines.values():
-        s.set_visible(False)
+    for (r, c), cell in chart.parts["cells"].items():
+        k = len(state[r][c])
+        cell.set_facecolor("#1a7f37" if k == n else "#4c72b0")
+        cell.set_alpha(0.25 + 0.75 * k / n)
+        cell.set_edgecolor("#cf222e" if (r, c) in sent else "none")
+        cell.set_gid(f"chunk:{r}:{c}:{k}")
+        t = chart.parts["texts"][(r, c)]
+        t.set_text(f"{k}/{n}")
+        t.set_color("white" if k / n > 0.5 else "#1f2328")
     phase = ("start: every rank holds its own partial sums" if step == 0 else
              f"reduce-scatter step {step} of {n - 1}" if step < n else
              f"all-gather step {step - n + 1} of {n - 1}")
     size = f"; one chunk ({fmt_bytes(message_bytes / n)}) per rank" if message_bytes else ""
-    ax.set_xlabel(phase + size, fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=9)
+    chart.parts["phase"].set_text(phase + size)
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,7 @@ def draw_tp_block(ax: Axes, attention: Sequence[Split], mlp: Sequence[Split], tp
                   title: str | None = None) -> None:
     """The two regions of a block, each ``f -> column-parallel -> row-parallel -> g``, the weights drawn
     as matrices cut into the ``tp`` slices the ranks hold (colour = rank)."""
-    ax.clear()
+    reset_axes(ax)
     ax.set_xlim(-0.3, 8.6)
     ax.set_ylim(-0.2, 6.4)
     ax.set_axis_off()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from matplotlib.axes import Axes
 
-from .base import BYTE_UNITS, fmt_bytes, unit_for
+from .base import BYTE_UNITS, fmt_bytes, reset_axes, unit_for
 
 RANK_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
                "#ccb974", "#64b5cd", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
@@ -74,7 +74,7 @@ def draw_shards(ax: Axes, padded_elems: Mapping[str, int], g: int, *, title: str
                 max_rows: int = 12) -> None:
     """One bar per unit, its length the padded elements, cut into the ``g`` equal shards of the ranks
     (colour = rank). More than ``max_rows`` units: the first and last ones, the middle elided."""
-    ax.clear()
+    reset_axes(ax)
     names = list(padded_elems)
     if len(names) > max_rows:
         k = max_rows // 2
@@ -98,7 +98,7 @@ def draw_gather_timeline(ax: Axes, timelines: Mapping[str, Sequence[GatherEvent]
                          shard_bytes: Mapping[str, int] | None = None, title: str | None = None) -> None:
     """Gathered bytes held by one rank after each event, one step curve per unit choice (``chosen``
     drawn bold, the others faint); forward and backward halves marked."""
-    ax.clear()
+    reset_axes(ax)
     top = max((e.held for t in timelines.values() for e in t), default=1) or 1
     unit, scale = unit_for(top, BYTE_UNITS)
     for name, events in timelines.items():
