@@ -85,7 +85,8 @@ class TPExplorer(Explorer):
                 "message": message}
 
     def layout_key(self, r: dict[str, Any]) -> Any:
-        return None
+        # one figure per (model, tp, sp): going back to a recent setting reuses its picture
+        return (r["model"], r["plan"].tp, r["plan"].sp)
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
         gs = fig.add_gridspec(1, 2, width_ratios=(1.55, 1.0), wspace=0.12, left=0.01, right=0.97, bottom=0.14,

@@ -63,7 +63,8 @@ class ZeroExplorer(Explorer):
                 "first": (first[0], first[1], [shard_range(first[1], g, r) for r in range(min(g, 4))])}
 
     def layout_key(self, r: dict[str, Any]) -> Any:
-        return r["plan"].zero_unit          # one figure per unit choice: toggling back reuses its picture
+        # one figure per (model, group, unit): going back to a recent setting reuses its picture
+        return (r["model"], r["g"], r["plan"].zero_unit)
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
         gs = fig.add_gridspec(1, 2, width_ratios=(1.0, 1.1), wspace=0.3, left=0.1, right=0.98, bottom=0.14,
