@@ -28,6 +28,8 @@ if B.chromium_path() is None:
 sync_api = pytest.importorskip("playwright.sync_api",
                                reason="playwright is not installed (pip install playwright)")
 psutil = pytest.importorskip("psutil")
+# a tab's explorer is built when the tab is first opened: seconds on a loaded machine
+sync_api.expect.set_options(timeout=30_000)
 
 
 @pytest.fixture(scope="module")

@@ -144,3 +144,15 @@ def test_every_linked_lesson_exists():
 
     missing = [f"{s}.ipynb" for s in {*LESSONS, *EXPLAINED_BY.values()} if not (NOTEBOOKS / f"{s}.ipynb").exists()]
     assert not missing, f"the app links to lessons that are not in notebooks/: {sorted(missing)}"
+
+
+def test_the_app_builds_a_tab_when_it_is_first_opened():
+    from parallel_lab.viz.explorers import App, ZeroExplorer
+
+    app = App()
+    assert [n for n in app.explorers if app.explorers.built(n)] == ["Memory"]
+    index = list(app.explorers).index("ZeRO/FSDP")
+    assert "building this tab" in app.tabs.children[index].children[1].value
+    app.tabs.selected_index = index
+    assert app.explorers.built("ZeRO/FSDP") and isinstance(app.tabs.children[index].children[1], ZeroExplorer)
+    assert app.tabs.children[index].children[1] is app.explorers["ZeRO/FSDP"]
