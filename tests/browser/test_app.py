@@ -36,7 +36,8 @@ sync_api.expect.set_options(timeout=30_000)
 def app_url():
     """Voila serving notebooks/app.ipynb on a free port; SIGTERM afterwards, kernels included."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    server = B.AppServer(APP_NOTEBOOK, ARTIFACTS / "voila.log")
+    # one page (and kernel) per test, and a closed page's kernel lives 2 minutes: more than the default cap
+    server = B.AppServer(APP_NOTEBOOK, ARTIFACTS / "voila.log", max_kernels=32)
     try:
         server.wait_ready()
     except RuntimeError as err:
@@ -154,6 +155,7 @@ def test_inputs_show_their_tooltips_not_null(page):
     assert "null" not in titles and "undefined" not in titles
     assert TOOLTIPS["seq"] in titles and TOOLTIPS["zero"] in titles and TOOLTIPS["gpus"] in titles
     page.locator(".lm-TabBar-tab", has_text="Pipeline").click()
+    sync_api.expect(page.locator(".pl-status:visible").first).to_contain_text("Bubble ratio")   # tab built
     titles = page.evaluate("() => [...document.querySelectorAll('[title]')].map(e => e.title)")
     assert TOOLTIPS["microbatches"] in titles
 
