@@ -19,6 +19,7 @@ draws the measured timeline of the last step below it (``set_measured``).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import html
 import json
@@ -96,6 +97,7 @@ class RunJob:
         self._stdout_reader = threading.Thread(target=lambda: self._out.append(self.proc.stdout.read()),
                                                daemon=True)
         self._stdout_reader.start()
+        atexit.register(self._stop_at_exit)            # a kernel that stops takes its run's ranks with it
         self.thread = threading.Thread(target=self._follow, args=(on_progress, on_done), daemon=True)
         self.thread.start()
 
@@ -121,6 +123,10 @@ class RunJob:
             said = [x for x in lines if "error:" in x or "failed:" in x or "stopped:" in x]
             self.error = (said or lines or [f"exit status {self.returncode}"])[-1]
         self._call(on_done, self)
+
+    def _stop_at_exit(self) -> None:
+        if self.running():
+            self.cancel(grace_s=2.0)
 
     def running(self) -> bool:
         return self.proc.poll() is None
