@@ -31,8 +31,11 @@ app: $(STAMP)
 # Jupyter refuses to start as root unless told; in a container root is the usual user, so tell it there.
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
+# The app links the lessons to this port (parallel_lab/viz/explorers/lessons.py LAB_PORT); no silent move.
+LAB_PORT ?= 8888
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks --no-browser --ServerApp.ip=127.0.0.1 --port=$(PORT) $(ALLOW_ROOT)
+	$(BIN)/jupyter lab notebooks --no-browser --ServerApp.ip=127.0.0.1 --port=$(LAB_PORT) \
+		--ServerApp.port_retries=0 $(ALLOW_ROOT)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

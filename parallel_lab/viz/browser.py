@@ -43,12 +43,13 @@ def chromium_path() -> str | None:
 class AppServer:
     """A running Voila: ``url``, ``proc``; :meth:`stop` sends SIGTERM and waits for its kernels."""
 
-    def __init__(self, notebook: Path, log_path: Path) -> None:
+    def __init__(self, notebook: Path, log_path: Path, max_kernels: int | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(voila_argv(self.port, notebook), env=voila_env(), cwd=REPO,
+        cap = {} if max_kernels is None else {"max_kernels": max_kernels}
+        self.proc = subprocess.Popen(voila_argv(self.port, notebook, **cap), env=voila_env(), cwd=REPO,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -127,7 +128,7 @@ def open_page(browser: Any, url: str, *, viewport: tuple[int, int] = (1280, 1000
 
     page.route("**/*", route)
     page.on("pageerror", lambda e: page.page_errors.append(str(e)))
-    page.goto(url, wait_until="domcontentloaded")
+    page.goto(url, wait_until="domcontentloaded", timeout=READY_TIMEOUT_S * 1000)   # the notebook runs first
     page.locator(".pl-chart:visible").first.wait_for(timeout=READY_TIMEOUT_S * 1000)
     return page
 

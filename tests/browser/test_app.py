@@ -28,13 +28,16 @@ if B.chromium_path() is None:
 sync_api = pytest.importorskip("playwright.sync_api",
                                reason="playwright is not installed (pip install playwright)")
 psutil = pytest.importorskip("psutil")
+# a tab's explorer is built when the tab is first opened: seconds on a loaded machine
+sync_api.expect.set_options(timeout=30_000)
 
 
 @pytest.fixture(scope="module")
 def app_url():
     """Voila serving notebooks/app.ipynb on a free port; SIGTERM afterwards, kernels included."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    server = B.AppServer(APP_NOTEBOOK, ARTIFACTS / "voila.log")
+    # one page (and kernel) per test, and a closed page's kernel lives 2 minutes: more than the default cap
+    server = B.AppServer(APP_NOTEBOOK, ARTIFACTS / "voila.log", max_kernels=32)
     try:
         server.wait_ready()
     except RuntimeError as err:
@@ -152,6 +155,7 @@ def test_inputs_show_their_tooltips_not_null(page):
     assert "null" not in titles and "undefined" not in titles
     assert TOOLTIPS["seq"] in titles and TOOLTIPS["zero"] in titles and TOOLTIPS["gpus"] in titles
     page.locator(".lm-TabBar-tab", has_text="Pipeline").click()
+    sync_api.expect(page.locator(".pl-status:visible").first).to_contain_text("Bubble ratio")   # tab built
     titles = page.evaluate("() => [...document.querySelectorAll('[title]')].map(e => e.title)")
     assert TOOLTIPS["microbatches"] in titles
 
@@ -226,3 +230,100 @@ def test_ring_attention_tab_walks_the_ring(page):
     after = changed_screenshot(chart, before)
     (ARTIFACTS / "ring_step2.png").write_bytes(after)
     assert after != before
+
+
+def run_table(page, table: str) -> dict[str, tuple[int, int]]:
+    """The Run tab's table ``table`` (memory, comm) read back: row -> (measured, predicted) bytes."""
+    rows = page.locator(f".pl-run-table[data-table='{table}'] tr[data-row]:visible")
+    out = {}
+    for i in range(rows.count()):
+        row = rows.nth(i)
+        cells = [c.replace(",", "") for c in row.locator("td").all_inner_texts()]
+        out[row.get_attribute("data-row")] = (int(cells[1]), int(cells[2]))
+    return out
+
+
+@pytest.mark.timeout(420)
+def test_run_tab_trains_on_cpu_ranks_and_shows_measured_beside_the_ledger(page):
+    from parallel_lab import comm, ledger
+
+    page.locator(".lm-TabBar-tab", has_text="Run").last.click()
+    status = page.locator(".pl-status:visible").first
+    sync_api.expect(status).to_contain_text("Not run yet")
+    page.get_by_role("button", name="Run on CPU ranks").click()
+    sync_api.expect(page.get_by_role("button", name="Cancel")).to_be_enabled(timeout=15_000)
+    sync_api.expect(status).to_contain_text("Measured", timeout=360_000)
+    page.screenshot(path=str(ARTIFACTS / "app_run.png"), full_page=True)
+    model = ModelSpec.preset("tiny-llama")                      # the tab's defaults, the run's CPU defaults
+    plan = Plan(dp=2, pp=2, seq=128, micro_batch=4, grad_accum=4, dtype="fp32", optimizer="adam-fp32")
+    memory_rows = run_table(page, "memory")
+    for cat in ("parameters", "gradients", "optimizer_states"):
+        expected = int(max(ledger.state_bytes(model, plan, stage=s)[cat] for s in range(plan.pp)))
+        assert memory_rows[cat] == (expected, expected)
+    acts = memory_rows["activations"]
+    assert acts[1] == int(round(ledger.activation_bytes(model, plan, 0, formula="per-op")))
+    assert abs(acts[0] - acts[1]) <= 0.02 * acts[1]
+    predicted: dict[str, int] = {}
+    for stage in (0, 0, 1, 1):
+        for dim, b in comm.payload_bytes(comm.collectives(model, plan, stage=stage)).items():
+            predicted[dim] = predicted.get(dim, 0) + 2 * b                 # the tab's default: 2 steps
+    assert {d: m for d, (m, _) in run_table(page, "comm").items()} == predicted
+    sync_api.expect(page.locator(".pl-status:visible", has_text="Measured: 2 ranks")).to_be_visible()
+    assert page.locator(".pl-chart:visible").count() == 2          # the run's chart and the pipeline's
+
+
+def test_zero_tab_shows_shards_and_the_peak_rising_with_one_root_unit(page):
+    from parallel_lab.ledger import zero3_gathered_bytes
+    from parallel_lab.viz.plots import fmt_bytes
+
+    page.locator(".lm-TabBar-tab", has_text="ZeRO/FSDP").click()
+    status = page.locator(".pl-status:visible").first
+    chart = page.locator(".pl-chart:visible").first
+    model, plan = ModelSpec.preset("llama2-7b"), Plan(dp=4, zero=3)            # the tab's defaults
+    sync_api.expect(status).to_contain_text("ZeRO-3 over 4 ranks")
+    sync_api.expect(status).to_contain_text(f"block units {fmt_bytes(zero3_gathered_bytes(model, plan))}")
+    before = chart.screenshot(path=str(ARTIFACTS / "zero_block_units.png"))
+    page.get_by_role("button", name="root", exact=True).filter(visible=True).first.click()
+    sync_api.expect(status).to_contain_text("Unit root has")
+    after = changed_screenshot(chart, before)
+    (ARTIFACTS / "zero_root_unit.png").write_bytes(after)
+    assert after != before
+    root_peak = zero3_gathered_bytes(model, plan.with_(zero_unit="root"))
+    sync_api.expect(status).to_contain_text(f"one root unit {fmt_bytes(root_peak)}")
+    link = page.locator(".pl-lesson-link:visible a")
+    assert link.get_attribute("data-lesson") == "02_data_parallel_and_zero"
+    page.screenshot(path=str(ARTIFACTS / "app_zero.png"), full_page=True)
+
+
+def test_tp_tab_splits_the_weights_and_walks_the_ring_all_reduce(page):
+    from parallel_lab.comm import tp_layer_collectives
+    from parallel_lab.viz.plots import fmt_bytes
+
+    page.locator(".lm-TabBar-tab", has_text="Tensor parallel").click()
+    status = page.locator(".pl-status:visible").first
+    chart = page.locator(".pl-chart:visible").first
+    calls = tp_layer_collectives(ModelSpec.preset("llama2-7b"), Plan(tp=4, seq=4096))   # the tab's defaults
+    for c in calls:
+        sync_api.expect(status).to_contain_text(f"{c.count} x all-reduce of {fmt_bytes(c.message_bytes)} in {c.phase}")
+    before = chart.screenshot(path=str(ARTIFACTS / "tp_step0.png"))
+    step = page.locator(".widget-slider:visible").filter(has=page.get_by_text("all-reduce step", exact=True))
+    step.locator(".noUi-handle").focus()
+    for _ in range(3):                                                   # the 3 reduce-scatter steps of tp=4
+        page.keyboard.press("ArrowRight")
+    sync_api.expect(step.locator(".widget-readout")).to_have_text("3")
+    after = changed_screenshot(chart, before)
+    (ARTIFACTS / "tp_step3.png").write_bytes(after)
+    assert after != before
+    page.get_by_role("button", name="on", exact=True).filter(visible=True).first.click()      # SP
+    sync_api.expect(status).to_contain_text("x all-gather of")
+    page.screenshot(path=str(ARTIFACTS / "app_tp.png"), full_page=True)
+
+
+def test_lesson_links_stay_on_127_0_0_1(page):
+    from parallel_lab.viz.explorers import LESSONS, lesson_url
+
+    hrefs = page.evaluate("() => [...document.querySelectorAll('a.pl-lesson')].map(a => a.href)")
+    assert set(hrefs) >= {lesson_url(s) for s in LESSONS}
+    assert all(h.startswith("http://127.0.0.1:") for h in hrefs)
+    link = page.locator(".pl-lesson-link:visible a")
+    assert link.get_attribute("data-lesson") == "01_memory_ledger"          # the Memory tab's lesson

@@ -103,14 +103,14 @@ def test_another_session_cannot_reach_a_kernel_and_the_cap_holds(server):
         try:
             a = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
             a.route("**/*", route)
-            a.goto(url, wait_until="domcontentloaded")
+            a.goto(url, wait_until="domcontentloaded", timeout=120_000)
             a.locator(".pl-chart:visible").first.wait_for(timeout=120_000)   # A's own kernel works
             kernel_a = re.search(r'"kernelId":\s*"([0-9a-f-]{36})"', a.content()).group(1)
             assert a.evaluate(f"fetch('/api/kernels/{kernel_a}').then(r => r.status)") == 200
 
             b = browser.new_context().new_page()                           # a second session (no cookies)
             b.route("**/*", route)
-            b.goto(url, wait_until="domcontentloaded")
+            b.goto(url, wait_until="domcontentloaded", timeout=120_000)
             b.locator(".pl-chart:visible").first.wait_for(timeout=120_000)
             assert b.evaluate(f"fetch('/api/kernels/{kernel_a}').then(r => r.status)") == 403
             assert b.evaluate(f"fetch('/voila/api/shutdown/{kernel_a}', {{method: 'POST'}}).then(r => r.status)") \
@@ -129,7 +129,7 @@ def test_another_session_cannot_reach_a_kernel_and_the_cap_holds(server):
             code, body = status(port, "/")                                 # a third page: over the cap
             assert code == 503 and "The app is full" in body and f"this server allows {CAP}" in body
             c = browser.new_context().new_page()
-            c.goto(url, wait_until="domcontentloaded")
+            c.goto(url, wait_until="domcontentloaded", timeout=120_000)
             assert "The app is full" in c.content()
             c.screenshot(path=str(ARTIFACTS / "server-full.png"))
         finally:

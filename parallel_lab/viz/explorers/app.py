@@ -6,7 +6,8 @@ one sentence of introduction each.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import ipywidgets as W
 
@@ -15,10 +16,14 @@ from .base import no_null_tooltips
 from .comm import CommExplorer
 from .grid import GridExplorer
 from .help import glossary_html
+from .lessons import lessons_html
 from .memory import MemoryExplorer
 from .pipeline import PipelineExplorer
 from .planner import PlannerExplorer
 from .ring import RingExplorer
+from .run import RunExplorer
+from .tp import TPExplorer
+from .zero import ZeroExplorer
 
 INTROS = {
     "Memory": "Does the plan fit on one GPU? Every byte the ledger counts, stacked against the GPU's "
@@ -33,32 +38,82 @@ INTROS = {
             "link tier carries.",
     "Ring attention": "Context parallelism step by step: which key/value block each rank holds, which "
                       "tiles of the causal mask it computes, and why zigzag chunks balance the work.",
+    "Run": "Train the tiny model under a plan on this machine's CPU ranks (the code `parallel-lab run` "
+           "runs) and see what was measured beside what was predicted: memory per category, bytes per "
+           "collective, the pipeline's timeline and the losses against one process.",
+    "ZeRO/FSDP": "Which rank owns which shard of which unit, and when ZeRO-3 gathers a unit's parameters "
+                 "and frees them again: block units keep the peak low, one root unit gathers the whole model.",
+    "Tensor parallel": "How a block's weights are cut over the tensor-parallel ranks, where the f and g "
+                       "operators sit and what their collectives carry; the ring all-reduce step by step.",
     "Planner": "Every way to split a model over a cluster, ranked by estimated step time, with the reason "
                "each rejected family failed; save the best as a plan file.",
 }
 
 
+class Explorers(Mapping[str, W.Widget]):
+    """Tab name -> explorer, each built the first time it is asked for (its tab opened, a plan shown in
+    every tab, a test reading it): the page is ready once the first tab is built, not all nine."""
+
+    def __init__(self, makers: dict[str, Callable[[], W.Widget]], on_build: Callable[[str, W.Widget], None]):
+        self._makers, self._on_build = makers, on_build
+        self._built: dict[str, W.Widget] = {}
+
+    def __getitem__(self, name: str) -> W.Widget:
+        if name not in self._built:
+            ex = self._makers[name]()
+            self._built[name] = ex
+            self._on_build(name, ex)
+        return self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+    def built(self, name: str) -> bool:
+        return name in self._built
+
+
 class App(W.VBox):
-    """The Voila app: the four explorers in tabs, one sentence each. ``App().explorers`` maps tab names
-    to the explorers (for tests). ``renderer`` is passed to each explorer (``bench/bench_browser.py``)."""
+    """The Voila app: the explorers in tabs, one sentence each. ``App().explorers`` maps tab names
+    to the explorers (built when first needed: :class:`Explorers`). ``renderer`` is passed to each
+    explorer (``bench/bench_browser.py``)."""
 
     def __init__(self, renderer: str = "frames") -> None:
-        makers: dict[str, Callable[[], W.Widget]] = {
+        makers: dict[str, Callable[..., W.Widget]] = {
             "Memory": MemoryExplorer, "Communication": CommExplorer, "Pipeline": PipelineExplorer,
-            "Grid": GridExplorer, "Ring attention": RingExplorer, "Planner": PlannerExplorer,
+            "Grid": GridExplorer, "Ring attention": RingExplorer, "ZeRO/FSDP": ZeroExplorer,
+            "Tensor parallel": TPExplorer, "Planner": PlannerExplorer,
+            "Run": RunExplorer,
         }
-        self.explorers: dict[str, W.Widget] = {name: make(renderer=renderer) for name, make in makers.items()}
         intro = '<p class="pl-intro" style="font-size:14px;margin:4px 0 8px">{}</p>'
-        pages = [W.VBox([W.HTML(intro.format(INTROS[n])), ex]) for n, ex in self.explorers.items()]
-        self.tabs = W.Tab(children=pages, titles=list(self.explorers))
+        self._pages = {n: W.VBox([W.HTML(intro.format(INTROS[n])),
+                                  W.HTML("<i style='color:#57606a'>building this tab...</i>")]) for n in makers}
+        self.explorers = Explorers({n: (lambda m=m: m(renderer=renderer)) for n, m in makers.items()}, self._built)
+        self.tabs = W.Tab(children=list(self._pages.values()), titles=list(makers))
         header = W.HTML("<h2 style='margin:8px 0 2px'>parallel_lab</h2>"
                         "<p style='margin:0 0 8px;color:#57606a'>Predict the memory, the communication and "
                         "the pipeline bubble of a multi-GPU "
                         "training plan; change any input and watch the numbers move.</p>")
-        self.explorers["Planner"].on_open = self.open_plan
         self.glossary = W.HTML(glossary_html())
-        super().__init__([header, self.tabs, self.glossary])
+        self.lessons = W.HTML(lessons_html())
+        super().__init__([header, self.lessons, self.tabs, self.glossary])
+        self.tabs.observe(self._on_tab, names="selected_index")
+        self._on_tab()
         no_null_tooltips(self)
+
+    def _on_tab(self, _: Any = None) -> None:
+        index = self.tabs.selected_index
+        if index is not None:
+            self.explorers[list(self._pages)[index]]
+
+    def _built(self, name: str, ex: W.Widget) -> None:
+        page = self._pages[name]
+        page.children = (page.children[0], ex)
+        if name == "Planner":
+            ex.on_open = self.open_plan
+        no_null_tooltips(page)
 
     def open_plan(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, gpus: int) -> str:
         """Show ``plan`` in every tab but the planner's (its search stays); returns what was opened where."""

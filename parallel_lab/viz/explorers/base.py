@@ -35,6 +35,7 @@ from .. import plots as P
 from ..blit import Blitter
 from ..frames import Frames
 from .help import tooltip
+from .lessons import EXPLAINED_BY, lesson_link
 
 GB = P.GB
 DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -86,6 +87,16 @@ def checkbox(description: str, value: bool) -> W.Checkbox:
 def int_text(description: str, value: int) -> W.BoundedIntText:
     return W.BoundedIntText(value=value, min=1, max=10**7, description=description, style=DESC,
                             layout=ROW_ITEM)
+
+
+def fresh(ax: Axes, key: Any) -> bool:
+    """True (and ``key`` remembered) when ``ax`` last drew something else than ``key``: for pictures drawn
+    from scratch, so that an axes whose inputs did not change is left alone and the renderer reuses its
+    cached tile (its artists, and so its key in :mod:`parallel_lab.viz.frames`, stay the same)."""
+    if getattr(ax, "_pl_drawn", None) == key:
+        return False
+    ax._pl_drawn = key  # type: ignore[attr-defined]
+    return True
 
 
 def no_null_tooltips(root: W.Widget) -> None:
@@ -161,7 +172,11 @@ class Explorer(W.VBox):
         self._layouts: OrderedDict[Any, tuple[Figure, Frames, list[Axes]]] = OrderedDict()
         panel = W.HBox([W.VBox(list(col), layout=COL) for col in columns],
                        layout=W.Layout(flex_flow="row wrap"))
-        super().__init__([panel, self.status, self.image, *extra])
+        lesson = EXPLAINED_BY.get(type(self).__name__)
+        self.lesson = W.HTML(f"<div style='font-size:12px;margin:2px 0'>Explained in {lesson_link(lesson)}</div>"
+                             if lesson else "")
+        self.lesson.add_class("pl-lesson-link")
+        super().__init__([panel, self.status, self.image, *extra, self.lesson])
         self.add_class("pl-explorer")
         self.status.add_class("pl-status")
         self.image.add_class("pl-chart")

@@ -60,6 +60,12 @@ TOOLTIPS: dict[str, str] = {
     "b": "Backward-for-input time of one micro-batch on one chunk (cost units)",
     "w": "Weight-gradient time of one micro-batch on one chunk (cost units); unsplit backward = b + w",
     "p2p": "Time to send an activation to the next stage (cost units)",
+    "zero_unit": "ZeRO/FSDP unit: block gathers one transformer block at a time (plus a root unit of embeddings "
+                 "and head); root gathers the whole model at once",
+    "ring_step": "Step of the ring all-reduce (0 .. 2 (tp - 1)): the first tp - 1 reduce-scatter, the rest "
+                 "all-gather; each moves one chunk of M / tp bytes per rank",
+    # run
+    "steps": "Optimizer steps the run trains (count); each is one global batch on every rank",
     # planner
     "top": "How many of the best plans to list (count)",
     "chosen": "Which listed plan to draw (rank in the list, 1 = fastest estimate)",

@@ -96,9 +96,9 @@ class PlannerExplorer(Explorer):
         save_row = W.HBox([self.path, self.phase, self.save_button, self.load_button, self.open_button],
                           layout=W.Layout(flex_flow="row wrap"))
         super().__init__(c, columns, renderer=renderer)
-        panel, status, image = self.children
+        panel, status, image, *rest = self.children            # rest: the link to the lesson
         # the ranked table and the rejected families first, then the plan file, then the chosen plan's picture
-        self.children = (panel, status, self.table, self.rejected, save_row, self.save_message, image)
+        self.children = (panel, status, self.table, self.rejected, save_row, self.save_message, image, *rest)
 
     def refresh(self) -> None:
         super().refresh()

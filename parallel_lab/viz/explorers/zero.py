@@ -1,0 +1,102 @@
+"""The ZeRO / FSDP explorer: which rank owns which shard of which unit, and when ZeRO-3 gathers and frees.
+
+Left: every ZeRO unit of the plan (``layout.unit_sizes``: one per transformer block plus the root unit of
+embeddings, final norm and head, or a single root unit) as a bar of its padded flat buffer, cut into the
+``g = dp x cp`` equal shards the ranks own (``layout.shard_range``). Right: the parameters one rank holds
+gathered over one micro-batch of ZeRO-3 (:func:`~parallel_lab.viz.plots.zero.gather_timeline`), for
+block units and for a single root unit side by side: with block units the peak is the root plus two
+blocks (the one computing and the prefetched next one); with one root unit it rises to the whole model.
+The status gives the ledger's bytes per rank of each model-state category for the chosen stage
+(``ledger.state_bytes``) and its ZeRO-3 gathered peak (``ledger.zero3_gathered_bytes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from ... import ledger as ledger_mod
+from ...layout import padded, param_comm_bytes, shard_group, shard_range, unit_sizes
+from ...specs import OPTIMIZERS, Plan
+from .. import plots as P
+from ..plots.zero import draw_gather_timeline, draw_shards, gather_timeline
+from .base import Explorer, dropdown, fresh, labelled, model_controls, model_from, slider, status_line, toggles
+
+UNITS = ("block", "root")
+
+
+class ZeroExplorer(Explorer):
+    """ZeRO-1/2/3 shards per unit and rank, and ZeRO-3's gathered parameters over a step."""
+
+    figsize = (9.6, 3.8)
+
+    def __init__(self, model: str = "llama2-7b", dp: int = 4, zero: int = 3, zero_unit: str = "block",
+                 optimizer: str = "adam-mixed", renderer: str = "frames") -> None:
+        c, custom = model_controls(model)
+        c["dp"] = slider("dp", (1, 2, 4, 8, 16), dp)
+        c["optimizer"] = dropdown("optimizer", OPTIMIZERS, optimizer)
+        c["zero"] = toggles("ZeRO stage", (0, 1, 2, 3), zero)
+        c["zero_unit"] = toggles("ZeRO unit", UNITS, zero_unit, "64px")
+        super().__init__(c, [[c["model"], custom], [c["dp"], c["optimizer"]]], renderer=renderer)
+        self.children = (self.children[0], labelled("ZeRO stage", c["zero"]), labelled("ZeRO unit", c["zero_unit"]),
+                         *self.children[1:])
+
+    def compute(self, v: dict[str, Any]) -> dict[str, Any]:
+        model = model_from(v)
+        plan = Plan(dp=v["dp"], zero=v["zero"], zero_unit=v["zero_unit"], optimizer=v["optimizer"],
+                    seq=min(Plan.seq, model.max_positions)).validate(model)     # seq: no part in the shards
+        g = shard_group(plan)
+        per_unit = {u: plan.with_(zero=3, zero_unit=u) for u in UNITS} if g > 1 else {}     # ZeRO-3 needs g > 1
+        timelines = {}
+        for u, p in per_unit.items():
+            pb = param_comm_bytes(p)
+            timelines[u] = gather_timeline({k: padded(n, g) * pb for k, n in unit_sizes(model, p).items()})
+        units = {k: padded(n, g) for k, n in unit_sizes(model, plan).items()}
+        first = next(iter(unit_sizes(model, plan).items()))
+        self.verdict = f"{len(units)} units x {g} shards"
+        return {"model": model, "plan": plan, "g": g, "units": units, "timelines": timelines,
+                "state": ledger_mod.state_bytes(model, plan),
+                "peaks": {u: ledger_mod.zero3_gathered_bytes(model, p) for u, p in per_unit.items()} or None,
+                "first": (first[0], first[1], [shard_range(first[1], g, r) for r in range(min(g, 4))])}
+
+    def layout_key(self, r: dict[str, Any]) -> Any:
+        # one figure per (model, group, unit): going back to a recent setting reuses its picture
+        return (r["model"], r["g"], r["plan"].zero_unit)
+
+    def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
+        gs = fig.add_gridspec(1, 2, width_ratios=(1.0, 1.1), wspace=0.3, left=0.1, right=0.98, bottom=0.14,
+                              top=0.88)
+        return [fig.add_subplot(gs[0]), fig.add_subplot(gs[1])]
+
+    def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
+        plan = r["plan"]
+        if fresh(axes[0], (r["model"], r["g"], plan.zero_unit)):   # an axes left alone keeps its cached picture
+            draw_shards(axes[0], r["units"], r["g"],
+                        title=(f"{len(r['units'])} units" if len(r["units"]) > 1 else "one unit")
+                        + f", each cut into {r['g']} shards (colour = rank)")
+        what = "gathered and freed unit by unit" if plan.zero == 3 else f"(ZeRO-{plan.zero} keeps every parameter)"
+        if not fresh(axes[1], (r["model"], r["g"], plan.optimizer, plan.zero_unit, what)):
+            return
+        if r["timelines"]:
+            draw_gather_timeline(axes[1], r["timelines"], plan.zero_unit, title=f"ZeRO-3: parameters {what}")
+        else:
+            P.draw_message(axes[1], "dp=1: one rank holds every parameter; nothing is gathered")
+
+    def describe(self, r: dict[str, Any]) -> str:
+        plan, st, g = r["plan"], r["state"], r["g"]
+        sharded = {0: "nothing", 1: "the optimizer states", 2: "optimizer states and gradients",
+                   3: "optimizer states, gradients and parameters"}[plan.zero]
+        cats = ", ".join(f"{k.replace('_', ' ')} {P.fmt_bytes(st[k])}"
+                         for k in ("parameters", "gradients", "optimizer_states"))
+        name, n, ranges = r["first"]
+        owns = "; ".join(f"rank {i} owns [{a:,}, {b:,})" for i, (a, b) in enumerate(ranges))
+        peaks = r["peaks"]
+        gathered = ("" if peaks is None else
+                    status_line(f"ZeRO-3 gathered peak per rank (ledger): block units {P.fmt_bytes(peaks['block'])}, "
+                                f"one root unit {P.fmt_bytes(peaks['root'])}.", "#57606a"))
+        return (status_line(f"<b>ZeRO-{plan.zero} over {g} ranks shards {sharded}.</b> Per rank (ledger): {cats}.")
+                + status_line(f"Unit {name} has {n:,} elements, padded to {padded(n, g):,}: {owns}"
+                              f"{'; ...' if g > 4 else ''}.", "#57606a") + gathered)
