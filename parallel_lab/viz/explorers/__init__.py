@@ -3,7 +3,7 @@ the planner. Each is one line in a notebook (``MemoryExplorer()``) and is itself
 :class:`App` puts them in tabs for the Voila app.
 
 One module per explorer (:mod:`.memory`, :mod:`.comm`, :mod:`.pipeline`, :mod:`.grid`, :mod:`.ring`, :mod:`.zero`,
-:mod:`.tp`, :mod:`.planner`, :mod:`.run`; the lessons they link to in :mod:`.lessons`), the shared
+:mod:`.tp`, :mod:`.routing`, :mod:`.planner`, :mod:`.run`; the lessons they link to in :mod:`.lessons`), the shared
 base class and inputs in :mod:`.base`, the tabs in :mod:`.app`. Every public name is importable from
 here. How an explorer works (widgets in, one figure out, redrawn in place on a change event) is told in
 :class:`.base.Explorer`.
@@ -24,12 +24,14 @@ from .memory import MemoryExplorer
 from .pipeline import PipelineExplorer
 from .planner import PlannerExplorer, plans_table, rejected_table
 from .ring import RingExplorer
+from .routing import RoutingExplorer
 from .run import RunExplorer, RunJob, run_argv, run_plan
 from .tp import TPExplorer, block_splits
 from .zero import ZeroExplorer
 
 __all__ = ["App", "CommExplorer", "EXPLAINED_BY", "Explorer", "GridExplorer", "LESSONS", "MemoryExplorer",
-           "PipelineExplorer", "PlannerExplorer", "RingExplorer", "RunExplorer", "RunJob", "TPExplorer",
+           "PipelineExplorer", "PlannerExplorer", "RingExplorer", "RoutingExplorer", "RunExplorer", "RunJob",
+           "TPExplorer",
            "ZeroExplorer", "block_splits", "collectives_table", "error_html", "grid_coords", "grid_groups",
            "lesson_url", "model_from", "plans_table", "rejected_table", "run_argv", "run_plan", "tier_label",
            "tp_on_tier"]

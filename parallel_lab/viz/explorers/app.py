@@ -21,6 +21,7 @@ from .memory import MemoryExplorer
 from .pipeline import PipelineExplorer
 from .planner import PlannerExplorer
 from .ring import RingExplorer
+from .routing import RoutingExplorer
 from .run import RunExplorer
 from .tp import TPExplorer
 from .zero import ZeroExplorer
@@ -45,6 +46,8 @@ INTROS = {
                  "and frees them again: block units keep the peak low, one root unit gathers the whole model.",
     "Tensor parallel": "How a block's weights are cut over the tensor-parallel ranks, where the f and g "
                        "operators sit and what their collectives carry; the ring all-reduce step by step.",
+    "Experts": "Mixture of experts: how unevenly a router sends tokens to the experts, what the capacity "
+               "factor drops, and the bytes expert parallelism's all-to-alls send beside the gradient all-reduces.",
     "Planner": "Every way to split a model over a cluster, ranked by estimated step time, with the reason "
                "each rejected family failed; save the best as a plan file.",
 }
@@ -84,7 +87,7 @@ class App(W.VBox):
         makers: dict[str, Callable[..., W.Widget]] = {
             "Memory": MemoryExplorer, "Communication": CommExplorer, "Pipeline": PipelineExplorer,
             "Grid": GridExplorer, "Ring attention": RingExplorer, "ZeRO/FSDP": ZeroExplorer,
-            "Tensor parallel": TPExplorer, "Planner": PlannerExplorer,
+            "Tensor parallel": TPExplorer, "Experts": RoutingExplorer, "Planner": PlannerExplorer,
             "Run": RunExplorer,
         }
         intro = '<p class="pl-intro" style="font-size:14px;margin:4px 0 8px">{}</p>'

@@ -41,6 +41,7 @@ EXPLAINED_BY: dict[str, str] = {
     "GridExplorer": "06_composing_4d",
     "PlannerExplorer": "07_llama3_405b",
     "RunExplorer": "08_failures_and_diagnosis",
+    "RoutingExplorer": "09_expert_parallel",
 }
 
 
