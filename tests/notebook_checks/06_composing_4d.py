@@ -41,7 +41,7 @@ def check(text: str, nb) -> None:
     assert best, "best plan line"
     tied = re.search(r"^tied at the best step time: (.*)$", text, re.M).group(1).split(", ")
     assert any(t.startswith(best.group(1) + " ") for t in tied), (best.group(1), tied)
-    assert any(t.startswith("tp8 cp1 pp1 dp4 z3 ") for t in tied), tied
+    assert all(t.startswith("tp8 ") for t in tied), tied    # every tied plan fills a node with TP
     prose = markdown_of(nb)
     assert f"{len(tied)} plans tie for first place" in prose if len(tied) > 1 else "No other plan" in prose
     rejected = ast.literal_eval(re.search(r"rejected: (\{.*\})$", text, re.M).group(1))
