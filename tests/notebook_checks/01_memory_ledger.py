@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from notebook_checks import assert_no_answer_everywhere
 from parallel_lab.ledger import memory
 from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
 
@@ -22,6 +23,7 @@ def check(text: str, nb) -> None:
     # every prediction cell gives feedback (the placeholders: "no answer yet"), never a silent pass
     checks = [c for c in nb.cells if c.cell_type == "code" and "check(" in c.source]
     assert len(checks) >= 8, len(checks)
+    assert_no_answer_everywhere(text, nb)                      # exactly one Feedback per check(...)
     for c in checks:
         shown = " ".join(str(v) for o in c.outputs for v in o.get("data", {}).values())
         assert "no answer yet" in shown, c.source
@@ -33,19 +35,19 @@ def check(text: str, nb) -> None:
     fits = [q for q in (4096, 8192, 16384) if memory(llama, Plan(dp=8, zero=3, recompute="selective", seq=q),
                                                         h100).fits]
     assert fits == [4096, 8192], fits
-    if "ZeRO-0 on 2 ranks" in text:       # the real run happened (torch and parallel_lab.distributed present)
-        assert "measured state bytes per parameter per rank: 16.00" in text
-        assert "measured state bytes per parameter per rank: 8.00" in text          # ZeRO-3 at dp=2
-        assert _number(r"largest relative difference over both runs and all categories: ([\d.]+)%", text) < 2
-    if "measured in fake tensors" in text:
-        assert "state (parameters, gradients, optimizer states): measured = ledger, 3.85 GB" in text
-        for row in ("parameters              0.96           0.96   +0.0%",
-                    "optimizer_states        1.92           1.92   +0.0%",
-                    "activations             6.04           6.04   +0.0%         5.50   -9.0%",
-                    "logits_and_loss         4.40           4.40   +0.0%"):
-            assert row in text, row
-        measured = _number(r"peak: measured ([\d.]+) GB", text)
-        ledger_total = _number(r"ledger total ([\d.]+) GB;", text)
-        assert 1.1 < measured / ledger_total < 1.25, (measured, ledger_total)
-        assert 2.0 < _number(r"= ([\d.]+) x one block's a x s x s scores", text) < 2.6
-        assert "logits_and_loss: per-op minus korthikanti = 1.00 x one s x h bf16 tensor" in text
+    assert "ZeRO-0 on 2 ranks" in text    # the real run happened
+    assert "measured state bytes per parameter per rank: 16.00" in text
+    assert "measured state bytes per parameter per rank: 8.00" in text          # ZeRO-3 at dp=2
+    assert _number(r"largest relative difference over both runs and all categories: ([\d.]+)%", text) < 2
+    assert "measured in fake tensors" in text
+    assert "state (parameters, gradients, optimizer states): measured = ledger, 3.85 GB" in text
+    for row in ("parameters              0.96           0.96   +0.0%",
+                "optimizer_states        1.92           1.92   +0.0%",
+                "activations             6.04           6.04   +0.0%         5.50   -9.0%",
+                "logits_and_loss         4.40           4.40   +0.0%"):
+        assert row in text, row
+    measured = _number(r"peak: measured ([\d.]+) GB", text)
+    ledger_total = _number(r"ledger total ([\d.]+) GB;", text)
+    assert 1.1 < measured / ledger_total < 1.25, (measured, ledger_total)
+    assert 2.0 < _number(r"= ([\d.]+) x one block's a x s x s scores", text) < 2.6
+    assert "logits_and_loss: per-op minus korthikanti = 1.00 x one s x h bf16 tensor" in text

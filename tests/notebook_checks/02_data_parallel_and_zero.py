@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from notebook_checks import assert_no_answer_everywhere
+
 
 def _number(pattern: str, text: str) -> float:
     m = re.search(pattern, text)
@@ -17,6 +19,7 @@ def check(text: str, nb) -> None:
     # every prediction cell gives feedback (the placeholders: "no answer yet"), never a silent pass
     checks = [c for c in nb.cells if c.cell_type == "code" and "check(" in c.source]
     assert len(checks) >= 7, len(checks)
+    assert_no_answer_everywhere(text, nb)                      # exactly one Feedback per check(...)
     for c in checks:
         shown = " ".join(str(v) for o in c.outputs for v in o.get("data", {}).values())
         assert "no answer yet" in shown, c.source

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from notebook_checks import assert_no_answer_everywhere
+
 
 def _equal_pair(text: str, label: str) -> int:
     """The measured figure of a row ``label  measured  predicted`` whose two numbers must be equal."""
@@ -23,16 +25,16 @@ def check(text: str, nb) -> None:
     # Korthikanti et al.: 104.15 GB on one GPU (lesson 01), sbh(10 + 24/t + 5as/ht) and sbh(34/t + 5as/ht) at t=8
     for figure in ("104.15 GB", "17.72 GB", "13.02 GB"):
         assert figure in text, figure
-    # every predict prompt's feedback cell ran (the placeholder answers give "no answer yet")
-    assert text.count("no answer yet") >= 6
-    if "tp=2 on 2 ranks" in text:                 # the real runs happened
-        tp = _equal_pair(text, "TP payload, tp=2 ")
-        assert tp == 8_388_608                    # 2 ranks x 4 layers x 4 all-reduces x (128*4*128*4 B)
-        sp = _equal_pair(text, "TP payload, tp=2 + SP")
-        assert sp > 2 * tp
-        a_tp = _equal_pair(text, "activations, tp=2 ")
-        a_sp = _equal_pair(text, "activations, tp=2 + SP")
-        assert a_sp < a_tp
-        for dim in ("tp ", "tp_vocab"):
-            assert re.search(re.escape(dim) + r"\s+([\d,]+)\s+\1\s+equal", text), dim
-        assert re.search(r"forward  all_reduce\s+8\s+8", text) and re.search(r"backward all_reduce\s+8\s+8", text)
+    assert_no_answer_everywhere(text, nb)
+    assert "(1.258x: the column-parallel linears" in text      # SP sends more than TP alone, as section 5 says
+    assert "tp=2 on 2 ranks" in text                            # the real runs happened
+    tp = _equal_pair(text, "TP payload, tp=2 ")
+    assert tp == 8_388_608                    # 2 ranks x 4 layers x 4 all-reduces x (128*4*128*4 B)
+    sp = _equal_pair(text, "TP payload, tp=2 + SP")
+    assert sp > 2 * tp
+    a_tp = _equal_pair(text, "activations, tp=2 ")
+    a_sp = _equal_pair(text, "activations, tp=2 + SP")
+    assert a_sp < a_tp
+    for dim in ("tp ", "tp_vocab"):
+        assert re.search(re.escape(dim) + r"\s+([\d,]+)\s+\1\s+equal", text), dim
+    assert re.search(r"forward  all_reduce\s+8\s+8", text) and re.search(r"backward all_reduce\s+8\s+8", text)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from notebook_checks import assert_no_answer_everywhere
+
 
 def check(text: str, nb) -> None:
     # the seed's (p-1)/m for p=8 and m = 8, 16, 32, 64 (its 175% at m=4 is lesson 04's table too: same formula)
@@ -19,16 +21,23 @@ def check(text: str, nb) -> None:
     assert re.search(r"gpipe\s+64\s+[\d.]+ GB\s+[\d.]+ GB\s+False", text)
     assert re.search(r"gpipe\s+16\s+[\d.]+ GB\s+[\d.]+ GB\s+True", text)
     assert re.search(r"1f1b\s+64\s+[\d.]+ GB\s+[\d.]+ GB\s+True", text)
-    assert text.count("no answer yet") >= 6                             # every prediction's feedback ran
-    if "1f1b: p=2, m=4" in text:                                        # the real runs happened
-        assert "peak in flight per stage: measured [2, 1], simulated [2, 1]" in text
-        assert "peak in flight per stage: measured [4, 4], simulated [4, 4]" in text
-        acts = re.findall(r"activations \(largest stage\): measured ([\d,]+) B, predicted ([\d,]+) B", text)
-        assert len(acts) == 2 and all(a == b for a, b in acts), acts
-        one = re.findall(r"GPipe activations, m=(\d): measured ([\d,]+) B, predicted ([\d,]+) B", text)
-        assert len(one) == 2 and all(b == c for _, b, c in one), one
-        by_m = {int(k): int(b.replace(",", "")) for k, b, _ in one}
-        assert by_m[1] < by_m[4]
-        # one micro-batch on two stages: the stages never overlap, so at least half the GPU-time is idle
-        idle = float(re.search(r"GPipe m=1: idle fraction predicted 50\.0%, measured ([\d.]+)%", text).group(1))
-        assert idle >= 49.0, idle
+    assert_no_answer_everywhere(text, nb)
+    # the guided task's answers are on the explorer's slider (1F1B under 15%, ZB-H1 under 10%)
+    slider_max, a_1f1b, a_zbh1, m10 = map(int, re.search(
+        r"answers on the explorer's slider \(1\.\.(\d+)\): 1F1B (\d+), ZB-H1 (\d+); 1F1B under 10% would need "
+        r"m = (\d+)", text).groups())
+    assert (a_1f1b, m10) == (47, 71) and a_1f1b <= slider_max and a_zbh1 <= slider_max, (slider_max, a_1f1b, a_zbh1)
+    assert "1f1b: p=2, m=4" in text                                     # the real runs happened
+    assert "peak in flight per stage: measured [2, 1], simulated [2, 1]" in text
+    assert "peak in flight per stage: measured [4, 4], simulated [4, 4]" in text
+    acts = re.findall(r"activations \(largest stage\): measured ([\d,]+) B, predicted ([\d,]+) B", text)
+    assert len(acts) == 2 and all(a == b for a, b in acts), acts
+    one = re.findall(r"GPipe activations, m=(\d): measured ([\d,]+) B, predicted ([\d,]+) B", text)
+    assert len(one) == 2 and all(b == c for _, b, c in one), one
+    by_m = {int(k): int(b.replace(",", "")) for k, b, _ in one}
+    assert by_m[1] < by_m[4]
+    # GPipe keeps all m micro-batches: the m=1 run's activations are a quarter of the m=4 run's
+    assert re.search(r"activations m=1 / m=4: measured 0\.250, predicted 0\.250", text)
+    # one micro-batch on two stages: the stages never overlap, so at least half the GPU-time is idle
+    idle = float(re.search(r"GPipe m=1: idle fraction predicted 50\.0%, measured ([\d.]+)%", text).group(1))
+    assert idle >= 49.0, idle
