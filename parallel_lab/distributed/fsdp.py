@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from parallel_lab.distributed.data_parallel import trainable
 from parallel_lab.distributed.instruments import TracedWork, measure_state, storage_bytes
-from parallel_lab.distributed.units import MIXED, build_units, gather_shards, shard_optimizer
+from parallel_lab.distributed.units import MIXED, build_units, complete_partial_grads, gather_shards, shard_optimizer
 from parallel_lab.specs import ParallelLabError, Plan
 
 
@@ -286,6 +286,14 @@ class Zero3(_Zero):
 
     def step(self) -> None:
         self.optimizer.step()
+
+    def complete_partial_grads(self, names: list[str], all_reduce: Any) -> None:
+        """Gradients of ``names`` that are partial over another group (TP with SP), after :meth:`finish`, on
+        the fp32 gradient shards (``units.complete_partial_grads``)."""
+        grads = [s.grad for s in self.shards]
+        complete_partial_grads(self.units, grads, names, all_reduce, torch.float32, self.device)
+        for s, g in zip(self.shards, grads, strict=True):
+            s.grad = g
 
     def zero_grad(self) -> None:
         for s in self.shards:

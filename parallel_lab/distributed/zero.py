@@ -59,7 +59,15 @@ from parallel_lab.distributed.instruments import (
     optimizer_state_tensors,
     storage_bytes,
 )
-from parallel_lab.distributed.units import MIXED, Unit, gather_shards, group_index, group_units, shard_optimizer
+from parallel_lab.distributed.units import (
+    MIXED,
+    Unit,
+    complete_partial_grads,
+    gather_shards,
+    group_index,
+    group_units,
+    shard_optimizer,
+)
 from parallel_lab.specs import ParallelLabError, Plan, check_zero_variants
 
 # --------------------------------------------------------------------------------------------------
@@ -264,6 +272,14 @@ class Zero12(torch.optim.Optimizer):
         self.grad_shards = [None] * len(self.units)   # the step used them (also after a model.zero_grad())
         self._synced = False
         return loss
+
+    def complete_partial_grads(self, names: list[str], all_reduce: Any) -> None:
+        """ZeRO-2: gradients of ``names`` that are partial over another group (TP with SP), after :meth:`finish`,
+        on the gradient shards (``units.complete_partial_grads``). ZeRO-1 keeps full ``p.grad``: complete
+        those instead."""
+        if self.stage != 2:
+            raise ParallelLabError(f"complete_partial_grads is ZeRO-2's (stage={self.stage} keeps full p.grad)")
+        complete_partial_grads(self.units, self.grad_shards, names, all_reduce, self.dtype, self.device)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
