@@ -14,6 +14,8 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
 * ``wall_s``: seconds from launching the ranks to having all their results;
+* ``nodes`` (several nodes under torchrun, nodes of ``LOCAL_WORLD_SIZE`` ranks): which groups crossed a node,
+  seen by the ranks and predicted by ``layout.crossing_groups``;
 * ``pipeline`` (``pp > 1``, ``distributed.pipeline_report.pipeline_report``): bubble ratio and idle
   fraction predicted by the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
   measured against simulated, blocks per stage, mean F/B/W times and the measured timeline rows.
@@ -27,10 +29,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallel_lab import comm, ledger
+from parallel_lab import comm, layout, ledger
 from parallel_lab.distributed.grid import coords
 from parallel_lab.distributed.instruments import payload_by_dim
-from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.launch import launch, under_torchrun
 from parallel_lab.distributed.mixed_precision import is_mixed
 from parallel_lab.distributed.pipeline_report import format_pipeline_report, pipeline_report
 from parallel_lab.distributed.reference import reference_train
@@ -90,7 +92,8 @@ class RunReport:
         return {"losses": self.losses, "reference_losses": self.reference_losses,
                 "max_abs_param_diff": self.max_abs_param_diff, "comm": self.comm, "memory": self.memory,
                 "wall_s": self.wall_s,
-                **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {})}
+                **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {}),
+                **({"nodes": self.extra["nodes"]} if "nodes" in self.extra else {})}
 
     def summary(self) -> str:
         lines = [self.model.summary(),
@@ -119,6 +122,8 @@ class RunReport:
             lines.append(f"{cat:<17} {m:>12,}  {p:>12,}  {gap}")
         if "pipeline" in self.extra:
             lines += ["", format_pipeline_report(self.extra["pipeline"])]
+        if "nodes" in self.extra:
+            lines += ["", format_node_report(self.extra["nodes"])]
         lines.append(f"\nwall time of the parallel run: {self.wall_s:.2f} s")
         return "\n".join(lines)
 
@@ -142,10 +147,49 @@ class ProgressBar:
         self.stream.flush()
 
 
+def gather_on_first(results: list[Any]) -> list[Any] | None:
+    """Under torchrun ``launch`` returns only this process's entry: gather every rank's on rank 0 (untraced,
+    after training); the list there, None on the other ranks."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    out: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(results[rank], out, dst=0)
+    return out
+
+
+def node_report(plan: Plan, results: list[RankResult]) -> dict[str, Any]:
+    """Which groups crossed a node: each rank's own view (its ``Grid``, nodes from ``LOCAL_WORLD_SIZE``) and
+    the prediction of ``layout.crossing_groups`` for the same node size; ``run`` reports it when there
+    are several nodes."""
+    rpn = results[0].info["node"]["ranks_per_node"]
+    dims = ["dp", "tp", "pp", "cp"] + (["dp_cp"] if plan.cp > 1 else [])
+    seen: dict[str, set[tuple[int, ...]]] = {d: set() for d in dims}
+    for r in results:
+        for d, ranks in r.info["node"]["crossing"].items():
+            if d in seen:
+                seen[d].add(tuple(ranks))
+    return {"ranks_per_node": rpn, "nodes": plan.world // rpn,
+            "node_of_rank": [r.info["node"]["node"] for r in results],
+            "crossing": {d: sorted(list(g) for g in seen[d]) for d in dims},
+            "predicted_crossing": {d: layout.crossing_groups(plan, d, rpn) for d in dims}}
+
+
+def format_node_report(nodes: dict[str, Any]) -> str:
+    lines = [f"nodes: {nodes['nodes']} of {nodes['ranks_per_node']} ranks (LOCAL_WORLD_SIZE); rank -> node "
+             f"{nodes['node_of_rank']}", "group  crossing a node (measured by the ranks)   predicted"]
+    for d, groups in nodes["crossing"].items():
+        ok = "ok" if groups == nodes["predicted_crossing"][d] else "DIFFERENT"
+        lines.append(f"{d:<6} {str(groups) if groups else 'none: inside one node':<38} "
+                     f"{str(nodes['predicted_crossing'][d]) if nodes['predicted_crossing'][d] else 'none'}  {ok}")
+    return "\n".join(lines)
+
+
 def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: Iterable[str] = (),
         packed: bool = False, timeout_s: float = 300.0, time_limit_s: float | None = None, progress: bool = False,
-        on_progress: Callable[[int, Any], None] | None = None) -> RunReport:
-    """Run ``plan`` on ranks and the reference in this process; compare (module docstring)."""
+        on_progress: Callable[[int, Any], None] | None = None) -> RunReport | None:
+    """Run ``plan`` on ranks and the reference in this process; compare (module docstring). Under torchrun
+    every process calls it: rank 0 gathers the results and returns the report, the others None."""
     check_runnable(spec, plan)
     frozen = tuple(frozen)
     bar = ProgressBar(steps, f"run {plan.world} ranks") if progress else None
@@ -160,6 +204,11 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
     results: list[RankResult] = launch(train_rank, plan, spec, plan, steps, seed, frozen=frozen,
                                        packed=packed, timeout_s=timeout_s, time_limit_s=time_limit_s,
                                        on_progress=report)
+    if under_torchrun():            # each process holds its own result: rank 0 gathers them and reports
+        gathered = gather_on_first(results)
+        if gathered is None:
+            return None
+        results = gathered
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close("(reference in one process...)")
@@ -188,5 +237,8 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
                                                         for s in stages)}}
     if plan.pp > 1:
         extra["pipeline"] = pipeline_report(spec, plan, results)
+    nodes = node_report(plan, results)
+    if nodes["nodes"] > 1:
+        extra["nodes"] = nodes
     return RunReport(spec, plan, steps, global_losses(results), ref.losses,
                      max_abs_diff(merge_params(results), ref.params), comm_out, memory, wall, extra, results)

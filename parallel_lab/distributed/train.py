@@ -157,6 +157,8 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
     return RankResult(grid.rank, grid.coords, losses, rt.owns_loss, list(tracer.events), memory, params,
                       rt.timeline.spans, step_times,
                       info={"buckets": [b.nbytes for b in getattr(rt.dp, "buckets", [])],
+                            "node": {"node": grid.node, "ranks_per_node": grid.ranks_per_node,
+                                     "crossing": grid.crossing()},
                             **{k: fn() for k, fn in rt.extras.get("reports", {}).items()}})
 
 
