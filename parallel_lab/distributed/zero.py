@@ -337,8 +337,11 @@ def check_zero(spec: Any, plan: Plan) -> None:
         raise ParallelLabError("zero2_accumulate='sharded' with pp > 1 is not runnable here (the stages' "
                                "backward passes interleave); use zero2_accumulate='unsharded' with pp > 1")
     if plan.zero == 3 and plan.pp > 1:
-        raise ParallelLabError("zero=3 with pp > 1 is not runnable here (a stage's micro-batches in flight "
-                               "would share one gathered buffer per unit); use zero in {1, 2} with pp > 1")
+        raise ParallelLabError("zero=3 with pp > 1 is not runnable here: this ZeRO-3 gathers and frees each unit "
+                               "per micro-batch, and a stage's micro-batches in flight would share one gathered "
+                               "buffer (FSDP under a pipeline keeps the stage gathered through the step, "
+                               "torchtitan's reshard_after_forward=False, not implemented); use zero in {1, 2} "
+                               "with pp > 1")
     if plan.optimizer == MIXED and plan.zero != 3:
         raise ParallelLabError("optimizer='fsdp2-mixed' is FSDP2's mixed precision and runs with zero=3 "
                                "only; use zero=3, or optimizer='adam-fp32'")
