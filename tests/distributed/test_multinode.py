@@ -62,3 +62,19 @@ def test_two_agents_run_parallel_lab_run_and_report_the_groups_crossing_a_node()
     assert nodes["crossing"] == nodes["predicted_crossing"]
     assert nodes["crossing"]["dp"] == [[0, 2], [1, 3]]         # DP spans the nodes; TP stays inside one
     assert nodes["crossing"]["tp"] == [] and nodes["crossing"]["pp"] == [] and nodes["crossing"]["cp"] == []
+
+
+def test_node_rule_of_layer_1():
+    """``layout.crossing_groups``: the prediction the report compares with; the link tiers use the same rule."""
+    from parallel_lab import layout
+    from parallel_lab.specs import ClusterSpec, Plan
+
+    plan = Plan(dp=2, tp=2, pp=2, grad_accum=2)                   # ranks (dp, pp, tp): tp innermost
+    assert layout.crossing_groups(plan, "tp", 2) == []
+    assert layout.crossing_groups(plan, "pp", 2) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.crossing_groups(plan, "pp", 4) == [] and layout.crossing_groups(plan, "dp", 8) == []
+    assert layout.crossing_groups(plan, "dp", 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    cluster = ClusterSpec.preset("cpu-gloo")                      # 2 ranks per node
+    for dim in ("dp", "pp", "tp"):
+        for g in layout.all_groups(plan, dim):
+            assert (layout.tier_of(cluster, g) is cluster.inter) == layout.crosses_nodes(g, cluster.gpus_per_node)
