@@ -186,6 +186,11 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
         out += [Collective("dp", "all_gather", padded[u] * pb, g, 1, "step", f"updated params of unit {u}", u)
                 for u in padded]
         return out
+    if plan.pp > 1:      # under a pipeline: the stage gathered once per step, its gradients reduced once
+        out += [Collective("dp", "all_gather", padded[u] * pb, g, 1, "forward",
+                           f"params of unit {u}, kept through the step's micro-batches (pipeline)", u) for u in padded]
+        return out + [Collective("dp", "reduce_scatter", padded[u] * gb, g, 1, "backward", f"grad of unit {u}", u)
+                      for u in backward_order]
     for u in padded:
         # the root unit is gathered once and held from forward to backward (a count-only model: block units)
         kept = u == "root" and (model.shape_known or plan.zero_unit == "root")

@@ -406,13 +406,18 @@ class _Fast:
         return memo[key]
 
     def dp_times(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int, tier: LinkTier,
-                 zero_unit: str = "block") -> DpTimes:
-        """``steptime.dp_times`` of comm's dp collectives of the stage (ZeRO-3's per micro-batch)."""
+                 zero_unit: str = "block", m: int | None = None) -> DpTimes:
+        """``steptime.dp_times`` of comm's dp collectives of the stage (ZeRO-3's per micro-batch). ``m``: the
+        plan's micro-batches, needed for ZeRO-3 under a pipeline only (its calls are once per step)."""
+        m = m if zero == 3 and pp > 1 else None
+
         def compute() -> DpTimes:
             plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit)
+            if m is not None:
+                plan = _variant(plan, grad_accum=m)
             colls = comm_mod.stage_collectives(self.model, plan, stage, dims=("dp",))
             return dp_times(colls, tier, zero, plan.microbatches)
-        return self._once(("dp", tp, pp, v, stage, g, zero, tier.name, zero_unit), compute)
+        return self._once(("dp", tp, pp, v, stage, g, zero, tier.name, zero_unit, m), compute)
 
     def _per_mb_and_step(self, dim: str, plan: Plan, stage: int, tier: LinkTier) -> tuple[float, float]:
         """(seconds per micro-batch, seconds once per step) of comm's ``dim`` calls: counts are affine in
@@ -493,7 +498,7 @@ class _Fast:
         g = p.dp * p.cp
         if g > 1:
             tier = self.tiers(p.dp, p.pp, p.cp, p.tp, stage, p.interleave)["dp"]
-            st.dp = self.dp_times(p.tp, p.pp, p.interleave, stage, g, p.zero, tier, p.zero_unit)
+            st.dp = self.dp_times(p.tp, p.pp, p.interleave, stage, g, p.zero, tier, p.zero_unit, p.microbatches)
             st.comm["dp"] = st.dp.total(p.microbatches)
         return st
 
@@ -627,12 +632,12 @@ class _Family:
                                 for s in self.stages]
         return self._state[key]
 
-    def dp_times(self, fast: _Fast, v: int, zero: int) -> list[DpTimes]:
+    def dp_times(self, fast: _Fast, v: int, zero: int, m: int) -> list[DpTimes]:
         """Per stage: :meth:`_Fast.dp_times` (zeros without data parallelism)."""
-        key = (v, zero)
+        key = (v, zero, m if zero == 3 and self.pp > 1 else None)
         if key not in self._dp:
             g = self.dp * self.cp
-            self._dp[key] = [fast.dp_times(self.tp, self.pp, v, s, g, zero, tier) if g > 1 else DpTimes()
+            self._dp[key] = [fast.dp_times(self.tp, self.pp, v, s, g, zero, tier, m=m) if g > 1 else DpTimes()
                              for s, tier in zip(self.stages, self.tiers, strict=True)]
         return self._dp[key]
 
@@ -736,7 +741,7 @@ class _Search:
                     variant = _Variant(tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub, sts,
                                        [critical_path(st, c.cp_kind, bub) for st in sts])
                 best = None
-                for i, dpt in enumerate(fam.dp_times(fast, v, zero)):
+                for i, dpt in enumerate(fam.dp_times(fast, v, zero, m)):
                     dpe = dp_exposed(zero, variant.stages[i].compute, m, recompute, dpt)
                     step = variant.cores[i][0] + dpe
                     if best is None or step > best[0]:

@@ -142,6 +142,10 @@ class Zero3(_Zero):
             self._handles.append(block.register_forward_pre_hook(self._before_block_hook(k)))
             self._handles.append(block.register_forward_hook(self._after_block_hook(k)))
         self._frozen_mixed_check()
+        # Under a pipeline a stage's micro-batches are in flight together and the executor calls the blocks
+        # directly: the stage's units are gathered once per step (at zero_grad), kept through every micro-batch,
+        # and reduce-scattered once at finish (FSDP's reshard_after_forward=False, torchtitan's choice for PP).
+        self.keep = plan.pp > 1
 
     def _frozen_mixed_check(self) -> None:
         if self.param_dtype != torch.float32 and any(not p.requires_grad for p in self.model.parameters()):
@@ -212,6 +216,8 @@ class Zero3(_Zero):
 
     # ---- hooks ---------------------------------------------------------------------------------------
     def _before_model(self, module: nn.Module, args: Any) -> None:
+        if self.keep:
+            return
         if self.root is not None:
             self._start_gather(self.root, fresh=True)
         if self.blocks:
@@ -234,6 +240,8 @@ class Zero3(_Zero):
 
     def _after_block_hook(self, k: int):
         def hook(module: nn.Module, args: Any, output: Tensor) -> Tensor | None:
+            if self.keep:
+                return None
             i = self.blocks[k]
             self._free(i)
             if torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad:
@@ -251,6 +259,8 @@ class Zero3(_Zero):
     # ---- gradients -----------------------------------------------------------------------------------
     def _on_grad(self, i: int, leaf: Tensor) -> None:
         """Unit ``i``'s flat gradient is complete: free the parameters, reduce-scatter the gradient."""
+        if self.keep:                                  # under a pipeline: once per step, in finish
+            return
         grad = leaf.grad
         leaf.grad = None
         self._free(i)
@@ -278,6 +288,13 @@ class Zero3(_Zero):
             shard.grad.add_(out)
 
     def finish(self) -> None:
+        if self.keep:                                  # every unit's gradient summed over the micro-batches
+            for i in reversed(range(len(self.units))):
+                leaf = self.leaf[i]
+                grad = leaf.grad if leaf.grad is not None else torch.zeros(self.units[i].padded, device=self.device)
+                leaf.grad = None
+                self._free(i)
+                self._reduce_scatter(i, grad)
         for i in range(len(self.units)):              # a unit whose gradient never came: zeros, calls aligned
             if not self._reduced[i] and self.leaf[i].requires_grad:
                 self._free(i)
@@ -298,6 +315,12 @@ class Zero3(_Zero):
     def zero_grad(self) -> None:
         for s in self.shards:
             s.grad = None
+        if self.keep:                                  # gather the whole stage for this step
+            with self.tracer.phase_as("forward"):
+                for i in range(len(self.units)):
+                    self._start_gather(i, fresh=True)
+                for i in range(len(self.units)):
+                    self._wait_gather(i)
 
     # ---- measurement and reporting ---------------------------------------------------------------------
     def measure_state(self) -> dict[str, int]:

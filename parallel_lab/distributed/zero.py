@@ -70,6 +70,8 @@ from parallel_lab.distributed.units import (
 )
 from parallel_lab.specs import ParallelLabError, Plan, check_zero_variants
 
+W_SCHEDULES = ("zb-h1", "zb-v", "dualpipev")
+
 # --------------------------------------------------------------------------------------------------
 # ZeRO-1 and ZeRO-2
 # --------------------------------------------------------------------------------------------------
@@ -336,12 +338,10 @@ def check_zero(spec: Any, plan: Plan) -> None:
     if plan.zero2_accumulate == "sharded" and plan.pp > 1:
         raise ParallelLabError("zero2_accumulate='sharded' with pp > 1 is not runnable here (the stages' "
                                "backward passes interleave); use zero2_accumulate='unsharded' with pp > 1")
-    if plan.zero == 3 and plan.pp > 1:
-        raise ParallelLabError("zero=3 with pp > 1 is not runnable here: this ZeRO-3 gathers and frees each unit "
-                               "per micro-batch, and a stage's micro-batches in flight would share one gathered "
-                               "buffer (FSDP under a pipeline keeps the stage gathered through the step, "
-                               "torchtitan's reshard_after_forward=False, not implemented); use zero in {1, 2} "
-                               "with pp > 1")
+    if plan.zero == 3 and plan.pp > 1 and plan.schedule in W_SCHEDULES:
+        raise ParallelLabError(f"zero=3 with schedule={plan.schedule!r} is not runnable here: its W actions take "
+                               "weight gradients of the stage's parameters, which ZeRO-3 replaces by views of "
+                               "gathered buffers; use gpipe, 1f1b or interleaved with zero=3")
     if plan.optimizer == MIXED and plan.zero != 3:
         raise ParallelLabError("optimizer='fsdp2-mixed' is FSDP2's mixed precision and runs with zero=3 "
                                "only; use zero=3, or optimizer='adam-fp32'")

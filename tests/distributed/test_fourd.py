@@ -45,6 +45,8 @@ pytestmark = [pytest.mark.distributed]
 STEPS = 3
 LLAMA = ModelSpec.preset("tiny-llama")                        # 4 layers: 2 per stage with pp=2
 UPDATE_TOL = 0.25                                             # bf16: per-tensor relative update error
+BF16 = {"optimizer": "adam-mixed", "dtype": "bf16"}
+FP32 = {"optimizer": "adam-fp32", "dtype": "fp32"}
 
 
 def update_errors(params: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
@@ -93,7 +95,7 @@ def check_run(spec: ModelSpec, plan: Plan, timeout_s: float = 240.0):
 @pytest.mark.timeout(300)
 def test_dp2_tp2_pp2_cp2_on_sixteen_ranks_equals_the_reference():
     """``parallel-lab run --dp 2 --tp 2 --pp 2 --cp 2 --grad-accum 2``: 16 CPU ranks, fp32."""
-    plan = Plan(dp=2, tp=2, pp=2, cp=2, grad_accum=2, micro_batch=1, seq=64)
+    plan = Plan(dp=2, tp=2, pp=2, cp=2, grad_accum=2, micro_batch=1, seq=64, **FP32)
     assert plan.world == 16
     rep = check_run(LLAMA, plan, timeout_s=280)
     assert set(rep.comm) == {"dp", "tp", "tp_vocab", "pp", "cp"}
@@ -101,15 +103,19 @@ def test_dp2_tp2_pp2_cp2_on_sixteen_ranks_equals_the_reference():
 
 #: A sample of the compositions, each on at most 8 ranks: the Llama 3 recipe (bf16, TP + SP + PP + ZeRO-2),
 #: the CP kinds the 16-rank test leaves out (it runs ring), an interleaved schedule, TP + SP with ZeRO-3
-#: (FSDP2-style bf16) and with ZeRO-2 reduce-scattering every micro-batch.
-BF16 = {"optimizer": "adam-mixed", "dtype": "bf16"}
+#: (FSDP2-style bf16) and with ZeRO-2 reduce-scattering every micro-batch, ZeRO-3 under a pipeline.
 SAMPLE = {
     "bf16-dp2-tp2sp-pp2-zero2": dict(dp=2, tp=2, sp=True, pp=2, zero=2, grad_accum=2, **BF16),
     "bf16-tp2-cp2ulysses": dict(tp=2, cp=2, cp_kind="ulysses", **BF16),
     "bf16-pp2interleaved-cp2allgather-zero1": dict(pp=2, schedule="interleaved", interleave=2, grad_accum=2, cp=2,
                                                    cp_kind="allgather", dp=2, zero=1, **BF16),
     "fsdp2mixed-dp2-tp2sp-zero3": dict(dp=2, tp=2, sp=True, zero=3, optimizer="fsdp2-mixed", dtype="bf16"),
-    "fp32-dp2-tp2sp-zero2-sharded": dict(dp=2, tp=2, sp=True, zero=2, zero2_accumulate="sharded", grad_accum=2),
+    "fp32-dp2-tp2sp-zero2-sharded": dict(dp=2, tp=2, sp=True, zero=2, zero2_accumulate="sharded", grad_accum=2,
+                                         **FP32),
+    "fp32-dp2-pp2interleaved-zero3": dict(dp=2, pp=2, schedule="interleaved", interleave=2, grad_accum=2, zero=3,
+                                          **FP32),
+    "fsdp2mixed-dp2-tp2sp-pp2-zero3": dict(dp=2, tp=2, sp=True, pp=2, schedule="gpipe", grad_accum=2, zero=3,
+                                           optimizer="fsdp2-mixed", dtype="bf16"),
 }
 
 
@@ -120,5 +126,6 @@ def test_compositions_in_fp32_and_bf16(kw):
 
 
 def test_remaining_refusals_come_before_any_process_starts():
-    with pytest.raises(ParallelLabError, match="zero=3 with pp > 1"):
-        check_runnable(LLAMA, Plan(dp=2, pp=2, zero=3, grad_accum=2, seq=64, optimizer="adam-fp32", dtype="fp32"))
+    with pytest.raises(ParallelLabError, match="zero=3 with schedule='zb-h1'"):
+        check_runnable(LLAMA, Plan(dp=2, pp=2, zero=3, grad_accum=2, seq=64, schedule="zb-h1", optimizer="adam-fp32",
+                                   dtype="fp32"))
