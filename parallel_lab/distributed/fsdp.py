@@ -19,7 +19,10 @@ reduce-scattered into the gradient shard (one reduce-scatter in flight). "Free" 
 storage to 0 bytes; the tensors autograd saved stay valid and see the data again after the re-gather,
 which writes through ``leaf.data`` (its own version counter, so autograd's saved-tensor checks pass).
 With ``zero_unit="root"`` the single unit behaves like the root unit: the whole model is gathered at
-once and the peak saving disappears (the seed's failure mode; ``info["peak_parameter_bytes"]``).
+once and the peak saving disappears (the seed's failure mode; ``info["peak_parameter_bytes"]``). Under a
+pipeline (``pp > 1``) a stage's micro-batches are in flight together and the executor calls the blocks
+itself: the stage's units are gathered once per step (at ``zero_grad``), kept through every micro-batch and
+reduce-scattered once in ``finish`` (FSDP's ``reshard_after_forward=False``, torchtitan's choice with PP).
 
 Memory. Peak parameter memory of ZeRO-3 (sampled from the storages at every gather and free): the
 shards, plus the gathered root unit and two gathered blocks (the one computing and the prefetched one),
