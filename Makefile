@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PORT ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test app lab bench lint clean
+.PHONY: install test app lab bench gpu-check lint clean
 
 install: $(STAMP)
 
@@ -39,6 +39,11 @@ lab: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# On a machine with NVIDIA GPUs: the ledger, the activation models and NCCL against CUDA (bench/gpu_check.py);
+# without one it says so and exits 0.
+gpu-check: $(STAMP)
+	$(BIN)/python -m bench.gpu_check
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -813,7 +813,7 @@ def _plan_from_file(path: str) -> tuple[ModelSpec | None, Plan]:
     return (model if isinstance(model, ModelSpec) else None), plan
 
 
-def _run(args: argparse.Namespace) -> Output:
+def _run(args: argparse.Namespace) -> Output | None:
     from .distributed.launch import LaunchTimeout, RankError
     from .distributed.run import run
     from .distributed.train import check_runnable
@@ -851,6 +851,8 @@ def _run(args: argparse.Namespace) -> Output:
     except LaunchTimeout as e:
         raise RunFailed(f"\n{PROG} run: stopped: {e}\n  if steps of this plan really take longer, raise "
                         f"--timeout (now {args.timeout:g} s)", EXIT_RUN_TIMEOUT) from None
+    if rep is None:                                  # a torchrun rank other than 0: rank 0 prints the report
+        return None
     data = {**rep.to_json(), "predicted_activation_model": "per-op"}
     note = ("predicted activations: the per-op model of the tensors saved for backward "
             "(parallel_lab/activations.py; `parallel-lab memory --activation-model per-op`), not the "
@@ -1169,6 +1171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = f"{PROG} {args.command}"
     try:
         out = args.handler(args)
+        if out is None:                                  # nothing to print (torchrun ranks other than 0)
+            return 0
         text = json.dumps(_jsonable(out.data), indent=2, allow_nan=False) if args.json else out.text
     except ParallelLabError as e:
         print(f"{where}: error: {bounded(str(e))}", file=sys.stderr)

@@ -167,7 +167,9 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
     * ZeRO-3 (FSDP-style, every micro-batch): a block unit is all-gathered before its forward, again
       before its backward, and its gradient reduce-scattered after its backward (gradients accumulate on
       the shards): 3 Psi, 1.5x. The root unit is all-gathered once at the start of forward, kept until
-      the end of backward, and reduce-scattered once. With ``zero_unit="root"`` the single unit behaves
+      the end of backward, and reduce-scattered once (under a pipeline every unit is gathered once per step
+      and reduce-scattered once: the stage stays gathered through its micro-batches, ``distributed/fsdp.py``).
+      With ``zero_unit="root"`` the single unit behaves
       like the root unit. A model given by its count only is taken as block units (FSDP wraps every
       block, the rest is negligible): every parameter gathered twice, and nothing large held gathered,
       as ``ledger.comm_buffer_bytes`` assumes for it.
@@ -194,6 +196,11 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
         out += [Collective("dp", "all_gather", padded[u] * pb, g, 1, "step", f"updated params of unit {u}", u)
                 for u in padded]
         return out
+    if plan.pp > 1:      # under a pipeline: the stage gathered once per step, its gradients reduced once
+        out += [Collective("dp", "all_gather", padded[u] * pb, g, 1, "forward",
+                           f"params of unit {u}, kept through the step's micro-batches (pipeline)", u) for u in padded]
+        return out + [Collective("dp", "reduce_scatter", padded[u] * gb, g, 1, "backward", f"grad of unit {u}", u)
+                      for u in backward_order]
     for u in padded:
         # the root unit is gathered once and held from forward to backward (a count-only model: block units)
         kept = u == "root" and (model.shape_known or plan.zero_unit == "root")

@@ -596,9 +596,25 @@ def group_span(plan: Plan, dim: str, stage: int = 0) -> tuple[int, int]:
     raise ParallelLabError(f"dim {dim!r} is not known; pick one of dp, tp, tp_vocab, pp, cp, ep")
 
 
+def node_of(rank: int, ranks_per_node: int) -> int:
+    """The node of a global rank: nodes are runs of ``ranks_per_node`` consecutive ranks (torchrun numbers the
+    ranks ``RANK = node_rank * LOCAL_WORLD_SIZE + LOCAL_RANK``)."""
+    return rank // ranks_per_node
+
+
+def crosses_nodes(ranks: list[int], ranks_per_node: int) -> bool:
+    """Whether a group's ranks lie on more than one node (its collectives use the inter-node links)."""
+    return node_of(min(ranks), ranks_per_node) != node_of(max(ranks), ranks_per_node)
+
+
+def crossing_groups(plan: Plan, dim: str, ranks_per_node: int) -> list[list[int]]:
+    """The groups along ``dim`` (:func:`all_groups`) that cross a node boundary."""
+    return [g for g in all_groups(plan, dim) if crosses_nodes(g, ranks_per_node)]
+
+
 def same_node(cluster: ClusterSpec, lo: int, hi: int) -> bool:
     """Whether ranks ``lo..hi`` share a node (nodes are runs of ``gpus_per_node`` consecutive ranks)."""
-    return lo // cluster.gpus_per_node == hi // cluster.gpus_per_node
+    return not crosses_nodes([lo, hi], cluster.gpus_per_node)
 
 
 def tier_of(cluster: ClusterSpec, ranks: list[int]) -> LinkTier:

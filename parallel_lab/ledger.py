@@ -364,6 +364,8 @@ def zero3_gathered_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
     if plan.zero != 3 or g == 1:
         return 0
     padded = {u: g * math.ceil(n / g) for u, n in unit_sizes(model, plan, stage).items()}
+    if plan.pp > 1:                          # under a pipeline the whole stage stays gathered through the step
+        return sum(padded.values()) * param_comm_bytes(plan)
     blocks = sorted((n for u, n in padded.items() if u != "root"), reverse=True)
     return (padded.get("root", 0) + sum(blocks[:2])) * param_comm_bytes(plan)
 

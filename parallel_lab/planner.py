@@ -428,8 +428,9 @@ class _Fast:
     def dp_times(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int, tier: LinkTier,
                  zero_unit: str = "block", accumulate: str = "unsharded", m: int = 1) -> DpTimes:
         """``steptime.dp_times`` of comm's dp collectives of the stage (ZeRO-3's per micro-batch; ZeRO-2
-        with ``accumulate="sharded"`` reduce-scatters each of the ``m`` micro-batches)."""
-        m = m if accumulate == "sharded" else 0       # only then does the count depend on m
+        with ``accumulate="sharded"`` reduce-scatters each of the ``m`` micro-batches; ZeRO-3 under a
+        pipeline gathers and reduce-scatters once per step, so its per-micro-batch share depends on ``m``)."""
+        m = m if accumulate == "sharded" or (zero == 3 and pp > 1) else 0   # only then does m matter
 
         def compute() -> DpTimes:
             plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, zero2_accumulate=accumulate)
@@ -664,7 +665,7 @@ class _Family:
 
     def dp_times(self, fast: _Fast, v: int, zv: tuple[int, str], m: int) -> list[DpTimes]:
         """Per stage: :meth:`_Fast.dp_times` (zeros without data parallelism)."""
-        key = (v, zv, m if zv[1] == "sharded" else 0)
+        key = (v, zv, m if zv[1] == "sharded" or (zv[0] == 3 and self.pp > 1) else 0)
         if key not in self._dp:
             g = self.dp * self.cp
             self._dp[key] = [fast.dp_times(self.tp, self.pp, v, s, g, zv[0], tier, accumulate=zv[1], m=m)

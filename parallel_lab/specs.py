@@ -350,6 +350,10 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "llama3-8b": _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
     "llama3-70b": _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
     "llama3-405b": _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256),
+    # Llama 3.2 1B (Meta's released config: 16 layers, 2048 wide, 32 / 8 heads, SwiGLU 8192, tied embeddings):
+    # 1.24B; the model bench/gpu_check.py measures on one GPU.
+    "llama3.2-1b": ModelSpec(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, flavour="llama",
+                             tied_embeddings=True, name="llama3.2-1b"),
     # Brown et al. 2020: 175B with a 50257-token vocabulary and 2048 learned positions.
     "gpt3-175b": _gpt("gpt3-175b", 96, 12288, 96, 50257),
     # Korthikanti et al. 2022, Table 3 (vocabulary padded to 51200, sequence 2048).

@@ -19,7 +19,10 @@ reduce-scattered into the gradient shard (one reduce-scatter in flight). "Free" 
 storage to 0 bytes; the tensors autograd saved stay valid and see the data again after the re-gather,
 which writes through ``leaf.data`` (its own version counter, so autograd's saved-tensor checks pass).
 With ``zero_unit="root"`` the single unit behaves like the root unit: the whole model is gathered at
-once and the peak saving disappears (the seed's failure mode; ``info["peak_parameter_bytes"]``).
+once and the peak saving disappears (the seed's failure mode; ``info["peak_parameter_bytes"]``). Under a
+pipeline (``pp > 1``) a stage's micro-batches are in flight together and the executor calls the blocks
+itself: the stage's units are gathered once per step (at ``zero_grad``), kept through every micro-batch and
+reduce-scattered once in ``finish`` (FSDP's ``reshard_after_forward=False``, torchtitan's choice with PP).
 
 Memory. Peak parameter memory of ZeRO-3 (sampled from the storages at every gather and free): the
 shards, plus the gathered root unit and two gathered blocks (the one computing and the prefetched one),
@@ -41,7 +44,7 @@ from torch import Tensor, nn
 
 from parallel_lab.distributed.data_parallel import trainable
 from parallel_lab.distributed.instruments import TracedWork, measure_state, storage_bytes
-from parallel_lab.distributed.units import MIXED, build_units, gather_shards, shard_optimizer
+from parallel_lab.distributed.units import MIXED, build_units, complete_partial_grads, gather_shards, shard_optimizer
 from parallel_lab.specs import ParallelLabError, Plan
 
 
@@ -142,6 +145,10 @@ class Zero3(_Zero):
             self._handles.append(block.register_forward_pre_hook(self._before_block_hook(k)))
             self._handles.append(block.register_forward_hook(self._after_block_hook(k)))
         self._frozen_mixed_check()
+        # Under a pipeline a stage's micro-batches are in flight together and the executor calls the blocks
+        # directly: the stage's units are gathered once per step (at zero_grad), kept through every micro-batch,
+        # and reduce-scattered once at finish (FSDP's reshard_after_forward=False, torchtitan's choice for PP).
+        self.keep = plan.pp > 1
 
     def _frozen_mixed_check(self) -> None:
         if self.param_dtype != torch.float32 and any(not p.requires_grad for p in self.model.parameters()):
@@ -212,6 +219,8 @@ class Zero3(_Zero):
 
     # ---- hooks ---------------------------------------------------------------------------------------
     def _before_model(self, module: nn.Module, args: Any) -> None:
+        if self.keep:
+            return
         if self.root is not None:
             self._start_gather(self.root, fresh=True)
         if self.blocks:
@@ -234,6 +243,8 @@ class Zero3(_Zero):
 
     def _after_block_hook(self, k: int):
         def hook(module: nn.Module, args: Any, output: Tensor) -> Tensor | None:
+            if self.keep:
+                return None
             i = self.blocks[k]
             self._free(i)
             if torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad:
@@ -251,6 +262,8 @@ class Zero3(_Zero):
     # ---- gradients -----------------------------------------------------------------------------------
     def _on_grad(self, i: int, leaf: Tensor) -> None:
         """Unit ``i``'s flat gradient is complete: free the parameters, reduce-scatter the gradient."""
+        if self.keep:                                  # under a pipeline: once per step, in finish
+            return
         grad = leaf.grad
         leaf.grad = None
         self._free(i)
@@ -278,6 +291,13 @@ class Zero3(_Zero):
             shard.grad.add_(out)
 
     def finish(self) -> None:
+        if self.keep:                                  # every unit's gradient summed over the micro-batches
+            for i in reversed(range(len(self.units))):
+                leaf = self.leaf[i]
+                grad = leaf.grad if leaf.grad is not None else torch.zeros(self.units[i].padded, device=self.device)
+                leaf.grad = None
+                self._free(i)
+                self._reduce_scatter(i, grad)
         for i in range(len(self.units)):              # a unit whose gradient never came: zeros, calls aligned
             if not self._reduced[i] and self.leaf[i].requires_grad:
                 self._free(i)
@@ -287,9 +307,23 @@ class Zero3(_Zero):
     def step(self) -> None:
         self.optimizer.step()
 
+    def complete_partial_grads(self, names: list[str], all_reduce: Any) -> None:
+        """Gradients of ``names`` that are partial over another group (TP with SP), after :meth:`finish`, on
+        the fp32 gradient shards (``units.complete_partial_grads``)."""
+        grads = [s.grad for s in self.shards]
+        complete_partial_grads(self.units, grads, names, all_reduce, torch.float32, self.device)
+        for s, g in zip(self.shards, grads, strict=True):
+            s.grad = g
+
     def zero_grad(self) -> None:
         for s in self.shards:
             s.grad = None
+        if self.keep:                                  # gather the whole stage for this step
+            with self.tracer.phase_as("forward"):
+                for i in range(len(self.units)):
+                    self._start_gather(i, fresh=True)
+                for i in range(len(self.units)):
+                    self._wait_gather(i)
 
     # ---- measurement and reporting ---------------------------------------------------------------------
     def measure_state(self) -> dict[str, int]:

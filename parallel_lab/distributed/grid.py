@@ -8,7 +8,9 @@ a dimension is the line of that tensor through its point, e.g. its TP group is `
 ``[k ep, (k+1) ep)``) and ``edp`` (those with the same ``d % ep``) are lines inside the dp group (``layout``).
 
 Every rank creates every group of every dimension, in the same order (``torch.distributed.new_group``
-is collective over the whole world), and keeps the ones it belongs to.
+is collective over the whole world), and keeps the ones it belongs to. Nodes are runs of ``ranks_per_node``
+consecutive ranks (torchrun's ``LOCAL_WORLD_SIZE``): a group spanning two of them talks over the
+inter-node links (``layout.crosses_nodes``, the rule of the link tiers).
 """
 
 from __future__ import annotations
@@ -71,15 +73,22 @@ class Grid:
     ranks: dict[str, list[int]] = field(default_factory=dict)
     notify: Callable[[Any], None] | None = None      # set by the launcher: report progress to the caller
     record: Callable[[str, bool], None] | None = None    # set by the launcher: this rank's current action
+    ranks_per_node: int = 0                          # torchrun's LOCAL_WORLD_SIZE; 0: every rank on one node
 
     @classmethod
-    def create(cls, plan: Plan, rank: int, device: torch.device | str = "cpu") -> Grid:
-        """Create all groups (collective: every rank calls this with the same plan)."""
+    def create(cls, plan: Plan, rank: int, device: torch.device | str = "cpu",
+               ranks_per_node: int | None = None) -> Grid:
+        """Create all groups (collective: every rank calls this with the same plan). ``ranks_per_node``: the
+        ranks one node runs (torchrun's ``LOCAL_WORLD_SIZE``); default all of them."""
         if dist.is_initialized() and dist.get_world_size() != plan.world:
             raise ParallelLabError(
                 f"the plan needs dp*pp*cp*tp = {plan.world} ranks but the process group has "
                 f"{dist.get_world_size()}; launch with world={plan.world}")
-        grid = cls(plan, rank, torch.device(device))
+        rpn = plan.world if ranks_per_node is None else ranks_per_node
+        if not 0 < rpn <= plan.world or plan.world % rpn:
+            raise ParallelLabError(f"ranks_per_node={rpn} (LOCAL_WORLD_SIZE) must divide the world of "
+                                   f"{plan.world} ranks; start the same --nproc-per-node on every node")
+        grid = cls(plan, rank, torch.device(device), ranks_per_node=rpn)
         for dim in (*DIMS, "dp_cp", *(("ep", "edp") if plan.ep > 1 else ())):
             for ranks in all_groups(plan, dim):
                 pg = None
@@ -126,6 +135,15 @@ class Grid:
 
     def size(self, dim: str) -> int:
         return len(self.ranks[dim])
+
+    # ---- nodes: which groups use the links between machines ----------------------------------------
+    @property
+    def node(self) -> int:
+        return layout.node_of(self.rank, self.ranks_per_node or self.world)
+
+    def crossing(self) -> dict[str, list[int]]:
+        """This rank's groups (``dp``, ``pp``, ``cp``, ``tp``, ``dp_cp``) whose ranks lie on several nodes."""
+        return {d: r for d, r in self.ranks.items() if layout.crosses_nodes(r, self.ranks_per_node or self.world)}
 
     # ---- what the tracer needs -------------------------------------------------------------------
     @property

@@ -444,7 +444,7 @@ def _launch_torchrun(fn: Callable, plan: Plan, args: tuple, kwargs: dict, pg_tim
         dev = _init(rank, world, local_rank, "env://", pg_timeout_s, device)
         atexit.register(teardown)     # one process group for all launches of this script (a second
         #                               init on torchrun's store would read the first one's stale keys)
-    grid = Grid.create(plan, rank, dev)
+    grid = Grid.create(plan, rank, dev, ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     result = fn(grid, *args, **kwargs)
     del grid
     gc.collect()

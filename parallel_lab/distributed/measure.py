@@ -152,8 +152,8 @@ def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
 
     Layouts: ``adam-mixed`` (bf16 parameters, fp32 master in the optimizer), ``fsdp2-mixed`` with ZeRO-3
     (fp32 shards, bf16 gathers), or fp32 everything (``adam-fp32``, ``sgd-momentum``); ``cp = 1`` and
-    ``tp <= kv_heads`` (both read tensor values on the way). Unlike ``parallel-lab
-    run``, mixed precision is allowed with TP, PP and CP: without values there is no reference to match.
+    ``tp <= kv_heads`` (both read tensor values on the way). Mixed precision is allowed with TP, PP and CP,
+    as in ``parallel-lab run``.
     """
     plan.validate(model)
     model.require_shape("a fake-tensor measurement")

@@ -1,4 +1,4 @@
-"""Mixed precision for DDP and ZeRO-1/2: bf16 compute, fp32 master weights and optimizer.
+"""Mixed precision for DDP and ZeRO-1/2, with TP, PP and CP: bf16 compute, fp32 master weights and optimizer.
 
 Micikevicius et al. 2018, "Mixed Precision Training"; Rajbhandari et al. 2020, "ZeRO", Sec. 3.1 (the
 ``2 + 2 + 12`` bytes per parameter of ``optimizer="adam-mixed"`` in the ledger). What lives in which
@@ -33,6 +33,14 @@ One step, per rank (``g`` ranks in the gradient group)::
     master.grad = grad.float()         the whole master (DDP) or the owned shard of it (ZeRO-1/2)
     AdamW on the fp32 master
     DDP:    p = master.to(bf16)        ZeRO-1/2: all_gather(shard.to(bf16)), per unit, into p
+
+With TP, PP and CP nothing else changes: the model's parameters are bf16, so every activation, its
+gradient, and every message between ranks (TP's all-reduces and sequence gathers, the vocabulary-parallel
+loss's partial logits statistics, PP's hand-offs, CP's K/V blocks) travels in bf16, 2 bytes per element,
+as ``comm.collectives`` predicts from ``plan.dtype_bytes``; the master copy is per local (TP-sharded,
+stage-local) parameter. bf16 sums are not associative, so a run whose partial sums are split across ranks
+(TP's row-parallel outputs, CP's attention blocks, four gradients summed by a ring) differs from the
+one-process reference in the last bits; tests/distributed/test_fourd.py states the tolerance.
 
 Bytes per parameter (``ledger.state_bytes``): DDP ``2 + 2 + 12``; ZeRO-1 ``2 + 2 + 12 / g``; ZeRO-2
 ``2 + (2 + 12) / g``. The master is created from the bf16 parameters (as Megatron-LM does), so the run
@@ -78,10 +86,6 @@ def check_mixed(spec: ModelSpec | None, plan: Plan) -> None:
     if plan.zero == 3:
         raise ParallelLabError("optimizer='adam-mixed' with zero=3 is not runnable; ZeRO-3's mixed "
                                "precision is optimizer='fsdp2-mixed' (FSDP2 style), or use zero in {0, 1, 2}")
-    others = {k: getattr(plan, k) for k in ("tp", "pp", "cp") if getattr(plan, k) > 1}
-    if others:
-        raise ParallelLabError(f"optimizer={plan.optimizer!r} runs with data parallelism only (DDP, ZeRO-1/2) "
-                               f"here; got {others}: use tp=pp=cp=1, or optimizer='adam-fp32' with dtype fp32")
 
 
 def to_compute_dtype(model: nn.Module, plan: Plan) -> nn.Module:

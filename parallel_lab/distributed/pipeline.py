@@ -313,9 +313,12 @@ class _Step:
     trace: list[int] = field(default_factory=list)
     live_peak: int = 0
     loss: float = 0.0
+    compute_dtype: torch.dtype | None = None          # ZeRO-3 (no parameters left in the model): its gathers'
 
     @property
     def dtype(self) -> torch.dtype:
+        if self.compute_dtype is not None:
+            return self.compute_dtype
         return self.params[0].dtype if self.params else torch.float32
 
     @property
@@ -384,7 +387,8 @@ class PipelineExecutor:
         if len(micro_batches) != self.m:
             raise ParallelLabError(f"the schedule was built for m={self.m} micro-batches, got "
                                    f"{len(micro_batches)}; build the Runtime with grad_accum={self.m}")
-        st = _Step(micro_batches, [q for q in rt.model.parameters() if q.requires_grad])
+        st = _Step(micro_batches, [q for q in rt.model.parameters() if q.requires_grad],
+                   compute_dtype=getattr(rt.dp, "param_dtype", None))
         run = {"P2P": self._p2p, "F": self._forward, "B": self._backward, "W": self._weight}
         t_start = time.perf_counter()
         with rt.timeline.span("pp_step", kind="pipeline", stage=self.layout.rank):

@@ -20,6 +20,8 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
 * ``wall_s``: seconds from launching the ranks to having all their results;
 * ``step_times``: per rank its compute and wait (blocked on peers) seconds, and the straggler named if one
   computes much longer than the others (``distributed.diagnosis.step_time_report``);
+* ``nodes`` (several nodes under torchrun, nodes of ``LOCAL_WORLD_SIZE`` ranks): which groups crossed a node,
+  seen by the ranks and predicted by ``layout.crossing_groups``;
 * ``pipeline`` (``pp > 1``, ``distributed.pipeline_report.pipeline_report``): bubble ratio and idle
   fraction predicted by the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
   measured against simulated, blocks per stage, mean F/B/W times and the measured timeline rows.
@@ -33,13 +35,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallel_lab import comm, ledger, placed
+from parallel_lab import comm, layout, ledger, placed
 from parallel_lab.distributed.diagnosis import format_step_times, step_time_report
 from parallel_lab.distributed.expert_parallel import format_moe_report, moe_report
 from parallel_lab.distributed.faults import Fault, check_faults
 from parallel_lab.distributed.grid import coords
 from parallel_lab.distributed.instruments import payload_by_dim
-from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.launch import launch, under_torchrun
 from parallel_lab.distributed.mixed_precision import is_mixed
 from parallel_lab.distributed.pipeline_report import format_pipeline_report, pipeline_report
 from parallel_lab.distributed.reference import reference_train
@@ -102,7 +104,8 @@ class RunReport:
                 "wall_s": self.wall_s,
                 **({"step_times": self.extra["step_times"]} if "step_times" in self.extra else {}),
                 **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {}),
-                **({"moe": self.extra["moe"]} if "moe" in self.extra else {})}
+                **({"moe": self.extra["moe"]} if "moe" in self.extra else {}),
+                **({"nodes": self.extra["nodes"]} if "nodes" in self.extra else {})}
 
     def summary(self) -> str:
         lines = [self.model.summary(),
@@ -135,6 +138,8 @@ class RunReport:
             lines += ["", format_moe_report(self.extra["moe"])]
         if "step_times" in self.extra:
             lines += ["", format_step_times(self.extra["step_times"])]
+        if "nodes" in self.extra:
+            lines += ["", format_node_report(self.extra["nodes"])]
         lines.append(f"\nwall time of the parallel run: {self.wall_s:.2f} s")
         return "\n".join(lines)
 
@@ -173,14 +178,53 @@ def check_schedule(spec: ModelSpec, plan: Plan, schedule: str) -> Any:
     return validate(build_schedule(schedule, plan.pp, plan.microbatches))
 
 
+def gather_on_first(results: list[Any]) -> list[Any] | None:
+    """Under torchrun ``launch`` returns only this process's entry: gather every rank's on rank 0 (untraced,
+    after training); the list there, None on the other ranks."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    out: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(results[rank], out, dst=0)
+    return out
+
+
+def node_report(plan: Plan, results: list[RankResult]) -> dict[str, Any]:
+    """Which groups crossed a node: each rank's own view (its ``Grid``, nodes from ``LOCAL_WORLD_SIZE``) and
+    the prediction of ``layout.crossing_groups`` for the same node size; ``run`` reports it when there
+    are several nodes."""
+    rpn = results[0].info["node"]["ranks_per_node"]
+    dims = ["dp", "tp", "pp", "cp"] + (["dp_cp"] if plan.cp > 1 else [])
+    seen: dict[str, set[tuple[int, ...]]] = {d: set() for d in dims}
+    for r in results:
+        for d, ranks in r.info["node"]["crossing"].items():
+            if d in seen:
+                seen[d].add(tuple(ranks))
+    return {"ranks_per_node": rpn, "nodes": plan.world // rpn,
+            "node_of_rank": [r.info["node"]["node"] for r in results],
+            "crossing": {d: sorted(list(g) for g in seen[d]) for d in dims},
+            "predicted_crossing": {d: layout.crossing_groups(plan, d, rpn) for d in dims}}
+
+
+def format_node_report(nodes: dict[str, Any]) -> str:
+    lines = [f"nodes: {nodes['nodes']} of {nodes['ranks_per_node']} ranks (LOCAL_WORLD_SIZE); rank -> node "
+             f"{nodes['node_of_rank']}", "group  crossing a node (measured by the ranks)   predicted"]
+    for d, groups in nodes["crossing"].items():
+        ok = "ok" if groups == nodes["predicted_crossing"][d] else "DIFFERENT"
+        lines.append(f"{d:<6} {str(groups) if groups else 'none: inside one node':<38} "
+                     f"{str(nodes['predicted_crossing'][d]) if nodes['predicted_crossing'][d] else 'none'}  {ok}")
+    return "\n".join(lines)
+
+
 def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: Iterable[str] = (),
         packed: bool = False, timeout_s: float = 300.0, time_limit_s: float | None = None, progress: bool = False,
         on_progress: Callable[[int, Any], None] | None = None, schedule: str | None = None,
-        faults: Iterable[Fault] = ()) -> RunReport:
+        faults: Iterable[Fault] = ()) -> RunReport | None:
     """Run ``plan`` on ranks and the reference in this process; compare (module docstring). ``schedule``:
     ``"zb-v"`` or ``"dualpipev"`` instead of ``plan.schedule`` (:func:`check_schedule`; its predictions are
     ``parallel_lab.placed``'s, read off the action lists and their V placement). ``faults``: injected into
-    the ranks (``distributed/faults.py``; the reference runs without them)."""
+    the ranks (``distributed/faults.py``; the reference runs without them). Under torchrun every process
+    calls it: rank 0 gathers the results and returns the report, the others None."""
     check_runnable(spec, plan)
     sched = check_schedule(spec, plan, schedule) if schedule is not None else None
     frozen, faults = tuple(frozen), tuple(faults)
@@ -197,6 +241,11 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
     results: list[RankResult] = launch(train_rank, plan, spec, plan, steps, seed, frozen=frozen,
                                        packed=packed, faults=faults, timeout_s=timeout_s,
                                        time_limit_s=time_limit_s, on_progress=report, schedule=sched)
+    if under_torchrun():            # each process holds its own result: rank 0 gathers them and reports
+        gathered = gather_on_first(results)
+        if gathered is None:
+            return None
+        results = gathered
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close("(reference in one process...)")
@@ -230,6 +279,9 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
     if spec.is_moe:
         extra["moe"] = moe_report(spec, plan, results)
     extra["step_times"] = step_time_report([r.step_times for r in results], [r.info["wait_s"] for r in results])
+    nodes = node_report(plan, results)
+    if nodes["nodes"] > 1:
+        extra["nodes"] = nodes
     return RunReport(spec, plan, steps, global_losses(results), ref.losses,
                      max_abs_diff(merge_params(results), ref.params), comm_out, memory, wall, extra, results)
 

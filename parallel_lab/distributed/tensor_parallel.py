@@ -166,11 +166,6 @@ def check_tp(spec: ModelSpec, plan: Plan) -> None:
     if plan.sp and local_seq % t:
         raise ParallelLabError(f"sequence parallelism splits the {local_seq} local tokens (seq/cp) over "
                                f"tp={t}; pick seq a multiple of {t * plan.cp}")
-    if plan.zero >= 2 and (plan.sp or t > spec.kv_heads):
-        raise ParallelLabError(f"tp={t} with {'sp' if plan.sp else f'kv_heads={spec.kv_heads} < tp'} "
-                               f"all-reduces replicated gradients after the data-parallel sync, whose "
-                               f"result zero={plan.zero} keeps sharded; use zero 0 or 1, or drop sp and "
-                               f"keep tp <= kv_heads")
 
 
 def _split(n: int, t: int, r: int) -> tuple[int, int]:
@@ -198,11 +193,17 @@ class TensorParallelState:
         self.kv_group: Any = None
 
     # ---- gradients TP must complete after the data-parallel sync ---------------------------------
-    def finalize_grads(self, model: nn.Module) -> None:
+    def finalize_grads(self, model: nn.Module, dp: Any = None) -> None:
         """SP: one all-reduce over TP of the flat gradients of the replicated parameters; GQA with
-        ``tp > kv_heads``: one all-reduce of the kv weights' gradients over the ranks sharing a head."""
+        ``tp > kv_heads``: one all-reduce of the kv weights' gradients over the ranks sharing a head.
+
+        After ZeRO-2/3's reduce-scatter (``dp.stage >= 2``) only gradient shards are left: the same
+        message, built from them (``units.complete_partial_grads``, as Megatron-LM does)."""
         params = dict(model.named_parameters())
         for names, group in ((self.replicated, None), (self.kv_shared, self.kv_group)):
+            if getattr(dp, "stage", 0) >= 2:     # ZeRO-3 took the parameters out of the model: its units know
+                dp.complete_partial_grads(names, lambda flat, g=group: self.tp.tracer.all_reduce(flat, "tp", group=g))
+                continue
             ps = [params[n] for n in names if n in params and params[n].requires_grad]
             if not ps:
                 continue
@@ -324,7 +325,7 @@ def apply_tp(rt: Runtime) -> None:
     rt.loss = lambda logits, batch: vocab_parallel_cross_entropy(logits, batch.targets, v0, tp)
     rt.gather_full.append(state.gather_full)
     if state.replicated or state.kv_shared:
-        rt.finalize_grads.append(lambda: state.finalize_grads(rt.model))
+        rt.finalize_grads.append(lambda: state.finalize_grads(rt.model, rt.dp))
     rt.extras["tp"] = state
 
 

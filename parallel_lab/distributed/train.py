@@ -97,7 +97,7 @@ def check_runnable(spec: ModelSpec, plan: Plan) -> None:
     plan.validate(spec)
     # FSDP2-style mixed precision (fp32 shards and AdamW, bf16 gathers and compute) is ZeRO-3's (distributed/zero.py);
     # the ZeRO paper's (bf16 parameters and gradients, fp32 master and AdamW) is DDP's and ZeRO-1/2's
-    # (distributed/mixed_precision.py)
+    # (distributed/mixed_precision.py); both compose with TP, PP and CP
     check_mixed(spec, plan)
     mixed = plan.zero == 3 and plan.optimizer == "fsdp2-mixed" and plan.dtype in ("fp32", "bf16")
     mixed = mixed or is_mixed(plan)
@@ -181,6 +181,8 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
                       rt.timeline.spans, step_times,
                       info={"buckets": [b.nbytes for b in getattr(rt.dp, "buckets", [])],
                             "wait_s": list(actions.wait_s),
+                            "node": {"node": grid.node, "ranks_per_node": grid.ranks_per_node,
+                                     "crossing": grid.crossing()},
                             **{k: fn() for k, fn in rt.extras.get("reports", {}).items()}})
 
 

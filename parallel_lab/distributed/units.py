@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -125,3 +126,41 @@ def gather_shards(units: list[Unit], shards: list[Tensor], group: Any, device: t
         _untraced_all_gather(full, shard.detach().float(), group=group)
         out.update({n: v.clone() for n, v in zip(u.names, u.split(full), strict=True)})
     return out
+
+
+def complete_partial_grads(units: list[Unit], grads: list[Tensor | None], names: list[str],
+                           all_reduce: Callable[[Tensor], Any], dtype: torch.dtype, device: torch.device) -> None:
+    """ZeRO-2/3: finish gradients that are partial sums over another group (TP's replicated parameters with
+    sequence parallelism), after the data-parallel reduce-scatter left each rank only its shards ``grads``.
+
+    As Megatron-LM does after its distributed optimizer's reduce-scatter: ``all_reduce`` gets the full
+    concatenation of ``names``' gradients (the same message as without ZeRO, ``comm.tp_step_collectives``),
+    holding this rank's owned elements and zeros elsewhere; the ranks of that group own the same elements
+    (equal shapes, equal shard index), so the owned elements come back complete and are written into the
+    shards. ``grads[i]``: unit ``i``'s gradient shard (``None``: zeros, created here when needed). Names in
+    no unit (another pipeline stage's, frozen) are skipped; none left: no call.
+    """
+    where = {}
+    for i, u in enumerate(units):
+        off = 0
+        for n, k in zip(u.names, u.numels, strict=True):
+            where[n] = (i, off, k)
+            off += k
+    spans, pos = [], 0                                  # (unit, first, last owned element in its shard, pos)
+    for n in (n for n in names if n in where):
+        i, off, k = where[n]
+        a, b = max(off, units[i].lo), min(off + k, units[i].hi)
+        if a < b:
+            spans.append((i, a - units[i].lo, b - units[i].lo, pos + a - off))
+        pos += k
+    if not pos:
+        return
+    flat = torch.zeros(pos, dtype=dtype, device=device)     # full length: the message of the plain TP path
+    for i, a, b, at in spans:
+        if grads[i] is not None:
+            flat[at:at + b - a].copy_(grads[i][a:b])
+    all_reduce(flat)
+    for i, a, b, at in spans:
+        if grads[i] is None:
+            grads[i] = torch.zeros(units[i].shard, dtype=dtype, device=device)
+        grads[i][a:b].copy_(flat[at:at + b - a])

@@ -59,8 +59,18 @@ from parallel_lab.distributed.instruments import (
     optimizer_state_tensors,
     storage_bytes,
 )
-from parallel_lab.distributed.units import MIXED, Unit, gather_shards, group_index, group_units, shard_optimizer
+from parallel_lab.distributed.units import (
+    MIXED,
+    Unit,
+    complete_partial_grads,
+    gather_shards,
+    group_index,
+    group_units,
+    shard_optimizer,
+)
 from parallel_lab.specs import ParallelLabError, Plan, check_zero_variants
+
+W_SCHEDULES = ("zb-h1", "zb-v", "dualpipev")
 
 # --------------------------------------------------------------------------------------------------
 # ZeRO-1 and ZeRO-2
@@ -265,6 +275,14 @@ class Zero12(torch.optim.Optimizer):
         self._synced = False
         return loss
 
+    def complete_partial_grads(self, names: list[str], all_reduce: Any) -> None:
+        """ZeRO-2: gradients of ``names`` that are partial over another group (TP with SP), after :meth:`finish`,
+        on the gradient shards (``units.complete_partial_grads``). ZeRO-1 keeps full ``p.grad``: complete
+        those instead."""
+        if self.stage != 2:
+            raise ParallelLabError(f"complete_partial_grads is ZeRO-2's (stage={self.stage} keeps full p.grad)")
+        complete_partial_grads(self.units, self.grad_shards, names, all_reduce, self.dtype, self.device)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
         self.grad_shards = [None] * len(self.units)
@@ -320,9 +338,10 @@ def check_zero(spec: Any, plan: Plan) -> None:
     if plan.zero2_accumulate == "sharded" and plan.pp > 1:
         raise ParallelLabError("zero2_accumulate='sharded' with pp > 1 is not runnable here (the stages' "
                                "backward passes interleave); use zero2_accumulate='unsharded' with pp > 1")
-    if plan.zero == 3 and plan.pp > 1:
-        raise ParallelLabError("zero=3 with pp > 1 is not runnable here (a stage's micro-batches in flight "
-                               "would share one gathered buffer per unit); use zero in {1, 2} with pp > 1")
+    if plan.zero == 3 and plan.pp > 1 and plan.schedule in W_SCHEDULES:
+        raise ParallelLabError(f"zero=3 with schedule={plan.schedule!r} is not runnable here: its W actions take "
+                               "weight gradients of the stage's parameters, which ZeRO-3 replaces by views of "
+                               "gathered buffers; use gpipe, 1f1b or interleaved with zero=3")
     if plan.optimizer == MIXED and plan.zero != 3:
         raise ParallelLabError("optimizer='fsdp2-mixed' is FSDP2's mixed precision and runs with zero=3 "
                                "only; use zero=3, or optimizer='adam-fp32'")

@@ -129,7 +129,6 @@ def test_one_rank_accumulating_two_micro_batches_is_bitwise_the_mixed_reference(
 @pytest.mark.parametrize("kw, match", [
     ({"dtype": "fp32"}, "--dtype bf16"),
     ({"dp": 2, "zero": 3}, "fsdp2-mixed"),
-    ({"tp": 2}, "tp=pp=cp=1"),
     ({"optimizer": "adam-mixed-fp32-grad"}, "not runnable here; use adam-mixed"),
 ])
 def test_unrunnable_mixed_plans_are_refused_before_launch(kw, match):

@@ -184,7 +184,7 @@ def test_zero3_composes_with_tensor_parallelism():
 
 
 def test_unrunnable_zero_plans_are_refused_before_launch():
-    with pytest.raises(ParallelLabError, match="zero=3 with pp > 1"):
-        check_runnable(LLAMA, plan(dp=2, pp=2, grad_accum=2, zero=3))
+    with pytest.raises(ParallelLabError, match="zero=3 with schedule='zb-h1'"):
+        check_runnable(LLAMA, plan(dp=2, pp=2, grad_accum=2, zero=3, schedule="zb-h1"))
     with pytest.raises(ParallelLabError, match="fsdp2-mixed"):
         check_runnable(LLAMA, plan(dp=2, zero=2, optimizer="fsdp2-mixed"))
