@@ -49,9 +49,9 @@ def test_the_fused_kernels_are_what_makes_the_8k_run_fit():
 
 # ---- the planner, given Meta's settings, against Meta's configurations -------------------------------------
 # The full search (every tp, cp, pp, dp; README "What the planner proposes with Meta's settings", all-gather
-# CP as Meta ran it) ranks Meta's 8K configuration 5th, 1.9% slower than its best (dp 64, cp 2: half the
-# bubble), and the 128K one 9th, 6% slower. The test searches Meta's PP degree and TP (time: the embed-head
-# interleaved in-flight peaks are traced from action lists), and asks the same of that smaller search.
+# CP as Meta ran it) ranks Meta's 8K degrees 36th/37th, 12.5% behind dp 128 tp 4 pp 4 cp 8 with ZeRO-3
+# (a fifth of the bubble, half the TP time), and the 131K ones 10th/11th, 3.7% behind. The test searches
+# Meta's PP degree and TP (time: the embed-head in-flight peaks are traced from action lists).
 
 @pytest.mark.parametrize("seq, cp, dp, kind", [(8192, 1, 128, "allgather"), (131072, 16, 8, "allgather")])
 def test_the_planner_with_metas_settings_finds_metas_configuration(seq, cp, dp, kind):
@@ -61,11 +61,10 @@ def test_the_planner_with_metas_settings_finds_metas_configuration(seq, cp, dp, 
                        cp_kind=kind, zero2_accumulate=("unsharded", "sharded"),
                        fixed={"interleave": 8, "pp": 16, "tp": 8, "recompute": "none", "micro_batch": 1})
     res = plan_search(L405, H100, 16384, seq, global_batch_tokens="16M", constraints=cons)
-    rank = res.rank_of(dp=dp, cp=cp)
+    # Meta's FSDP: ZeRO-2 reduce-scattering every micro-batch into the gradient shard
+    rank = res.rank_of(dp=dp, cp=cp, zero=2, zero2_accumulate="sharded")
     assert rank is not None and rank <= 12, rank
     meta = res.estimates[rank - 1]
-    # it fits only as FSDP runs it: reduce-scattering every micro-batch into the gradient shard
-    assert meta.fields["zero"] == 2 and meta.fields["zero2_accumulate"] == "sharded"
     assert meta.step_time_s <= 1.10 * res.estimates[0].step_time_s
     ref = evaluate(L405, H100, meta.plan)
     assert meta.step_time_s == pytest.approx(ref.step_time_s, rel=1e-9)
@@ -73,5 +72,4 @@ def test_the_planner_with_metas_settings_finds_metas_configuration(seq, cp, dp, 
     # without the per-micro-batch reduce-scatter Meta's degrees fit only with ZeRO-3
     cons_unsharded = Constraints(**{**cons.__dict__, "zero2_accumulate": ("unsharded",)})
     res2 = plan_search(L405, H100, 16384, seq, global_batch_tokens="16M", constraints=cons_unsharded)
-    r2 = res2.rank_of(dp=dp, cp=cp)
-    assert r2 is None or res2.estimates[r2 - 1].fields["zero"] == 3
+    assert {e.fields["zero"] for e in res2.estimates if (e.fields["dp"], e.fields["cp"]) == (dp, cp)} <= {3}
