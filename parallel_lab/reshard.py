@@ -37,6 +37,11 @@ STATE_BYTES = 4
 Box = tuple[tuple[int, int], ...]
 
 
+def box_numel(box: Box) -> int:
+    """Elements in a box of ``(start, stop)`` index ranges, one per dimension."""
+    return math.prod(b - a for a, b in box)
+
+
 def checkpoint_states(plan: Plan) -> tuple[str, ...]:
     """The state tensors a checkpoint keeps per parameter: the fp32 master weight and the optimizer's states
     (torch's names: ``exp_avg``/``exp_avg_sq`` for Adam, ``momentum_buffer`` for SGD with momentum)."""
@@ -68,7 +73,7 @@ class Piece:
 
     @property
     def numel(self) -> int:
-        return math.prod(b - a for a, b in self.box)
+        return box_numel(self.box)
 
 
 def _split(n: int, t: int, r: int) -> tuple[int, int]:
@@ -136,7 +141,7 @@ class LocalTensor:
 
     @property
     def numel(self) -> int:
-        return math.prod(b - a for a, b in self.box)
+        return box_numel(self.box)
 
 
 @functools.lru_cache(maxsize=1024)

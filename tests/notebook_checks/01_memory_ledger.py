@@ -3,17 +3,9 @@ and the real-scale fake-tensor step) and the feedback of every prediction cell."
 
 from __future__ import annotations
 
-import re
-
-from notebook_checks import assert_no_answer_everywhere
+from notebook_checks import assert_no_answer_everywhere, number
 from parallel_lab.ledger import memory
 from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
-
-
-def _number(pattern: str, text: str) -> float:
-    m = re.search(pattern, text)
-    assert m, pattern
-    return float(m.group(1).replace(",", ""))
 
 
 def check(text: str, nb) -> None:
@@ -38,7 +30,7 @@ def check(text: str, nb) -> None:
     assert "ZeRO-0 on 2 ranks" in text    # the real run happened
     assert "measured state bytes per parameter per rank: 16.00" in text
     assert "measured state bytes per parameter per rank: 8.00" in text          # ZeRO-3 at dp=2
-    assert _number(r"largest relative difference over both runs and all categories: ([\d.]+)%", text) < 2
+    assert number(r"largest relative difference over both runs and all categories: ([\d.]+)%", text) < 2
     assert "measured in fake tensors" in text
     assert "state (parameters, gradients, optimizer states): measured = ledger, 3.85 GB" in text
     for row in ("parameters              0.96           0.96   +0.0%",
@@ -46,8 +38,8 @@ def check(text: str, nb) -> None:
                 "activations             6.04           6.04   +0.0%         5.50   -9.0%",
                 "logits_and_loss         4.40           4.40   +0.0%"):
         assert row in text, row
-    measured = _number(r"peak: measured ([\d.]+) GB", text)
-    ledger_total = _number(r"ledger total ([\d.]+) GB;", text)
+    measured = number(r"peak: measured ([\d.]+) GB", text)
+    ledger_total = number(r"ledger total ([\d.]+) GB;", text)
     assert 1.1 < measured / ledger_total < 1.25, (measured, ledger_total)
-    assert 2.0 < _number(r"= ([\d.]+) x one block's a x s x s scores", text) < 2.6
+    assert 2.0 < number(r"= ([\d.]+) x one block's a x s x s scores", text) < 2.6
     assert "logits_and_loss: per-op minus korthikanti = 1.00 x one s x h bf16 tensor" in text

@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import re
 
-from notebook_checks import assert_no_answer_everywhere
-
-
-def _number(pattern: str, text: str) -> float:
-    m = re.search(pattern, text)
-    assert m, pattern
-    return float(m.group(1).replace(",", ""))
+from notebook_checks import assert_no_answer_everywhere, number
 
 
 def check(text: str, nb) -> None:
@@ -46,8 +40,8 @@ def check(text: str, nb) -> None:
     assert "ZeRO-3 root-only            9,499,392    9,499,392   1.50 x DDP" in text
     assert "tiny-llama, 4 blocks, dp=2: per-block ZeRO-3 parameter peak (ledger) 1.08 x DDP" in text
     # accumulation: right matches the one-process run, wrong does not
-    right = _number(r"largest difference from the one-process run: right ([\d.e+-]+),", text)
-    wrong = _number(r"largest difference from the one-process run: right [\d.e+-]+, wrong ([\d.e+-]+)", text)
+    right = number(r"largest difference from the one-process run: right ([\d.e+-]+),", text)
+    wrong = number(r"largest difference from the one-process run: right [\d.e+-]+, wrong ([\d.e+-]+)", text)
     assert right < 1e-5 and wrong > 1e-3, (right, wrong)
-    adam = _number(r"the same bug under AdamW: largest loss difference ([\d.e+-]+)", text)
+    adam = number(r"the same bug under AdamW: largest loss difference ([\d.e+-]+)", text)
     assert adam < wrong, (adam, wrong)

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import re
 
-
-def _float(pattern: str, text: str) -> float:
-    m = re.search(pattern, text)
-    assert m, pattern
-    return float(m.group(1))
+from notebook_checks import number
 
 
 def check(text: str, nb) -> None:
@@ -26,17 +22,17 @@ def check(text: str, nb) -> None:
     # 5 and 6, measured: the straggler, the plan-dependent normalisation, the dead rank with its last action
     assert "rank 1 is a straggler" in text
     assert "rank 0's wait: predicted 2.00 s (rank 1's sleep), measured" in text
-    wait0 = _float(r"run A rank 0: compute [\d.]+ s, wait ([\d.]+) s", text)
-    compute1 = _float(r"run A rank 1: compute ([\d.]+) s", text)
-    wait1 = _float(r"run A rank 1: compute [\d.]+ s, wait ([\d.]+) s", text)
+    wait0 = number(r"run A rank 0: compute [\d.]+ s, wait ([\d.]+) s", text)
+    compute1 = number(r"run A rank 1: compute ([\d.]+) s", text)
+    wait1 = number(r"run A rank 1: compute [\d.]+ s, wait ([\d.]+) s", text)
     # rank 1 slept 1 s in each of the 2 counted steps; rank 0 cannot wait longer than rank 1's steps took
     assert 1.0 <= wait0 <= compute1 + wait1 + 0.05 and compute1 >= 2.0, (wait0, compute1, wait1)
     assert "the loss curves DISAGREE from step 1" in text
-    assert _float(r"A against its one-process reference: largest parameter difference (\S+)\n", text) < 1e-5
-    assert _float(r"B against its one-process reference: largest parameter difference (\S+)\n", text) > 1e-4
+    assert number(r"A against its one-process reference: largest parameter difference (\S+)\n", text) < 1e-5
+    assert number(r"B against its one-process reference: largest parameter difference (\S+)\n", text) > 1e-4
     assert "rank 1 failed after step 1: process killed by SIGKILL" in text
     assert re.search(r"its last action: step 2: forward phase \(last call: .* pp (recv|send) ", text)
-    assert _float(r"named ([\d.]+) s after the launch", text) < 60
+    assert number(r"named ([\d.]+) s after the launch", text) < 60
     # every prediction cell ran with its placeholder and said so (never a silent pass)
     said = [c for c in nb.cells if c.cell_type == "code" and "check(my_" in c.source
             and "no answer yet" in str(c.get("outputs", []))]

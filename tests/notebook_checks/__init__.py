@@ -5,6 +5,17 @@ one exists) with the text of all outputs and the executed notebook. Keep the fig
 lesson computes with the library and measures on ranks, so a drifted lesson fails.
 """
 
+from __future__ import annotations
+
+import re
+
+
+def number(pattern: str, text: str) -> float:
+    """The number in group 1 of the first match of ``pattern`` in ``text`` (thousands commas dropped); the
+    pattern must match."""
+    m = re.search(pattern, text)
+    assert m, pattern
+    return float(m.group(1).replace(",", ""))
 
 
 def _plain(cell) -> str:
