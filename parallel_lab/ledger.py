@@ -8,7 +8,8 @@ Model state (Rajbhandari et al. 2020, "ZeRO"). Each parameter costs ``param_byte
 optim_bytes`` (2 + 2 + 12 for mixed-precision Adam). ZeRO-1 shards the optimizer states over the
 data-parallel ranks, ZeRO-2 also the gradients, ZeRO-3 also the parameters. Gradients are counted at their
 peak over the step: ZeRO-2 accumulating over several micro-batches in full gradients (the default
-``zero2_accumulate="unsharded"``) holds them whole until the last one (:func:`gradients_sharded`).
+``zero2_accumulate="unsharded"``) holds them whole until the last one (:func:`gradients_sharded`); ZeRO-3 under
+a pipeline holds the stage gathered and its full gradients in ``comm_buffers`` (:func:`zero3_held_gradient_bytes`).
 Sharding is by *units* (conventions): a unit of ``n`` elements is padded to ``g * ceil(n / g)`` and every rank keeps
 ``ceil(n / g)`` of them, so a sharded category costs ``sum over units of ceil(n_u / g) * bytes``. The
 sharding group ``g`` is the gradient-synchronisation group: ``dp``, or ``dp * cp`` with context parallelism
@@ -370,6 +371,23 @@ def zero3_gathered_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
     return (padded.get("root", 0) + sum(blocks[:2])) * param_comm_bytes(plan)
 
 
+def zero3_held_gradient_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
+    """Bytes of full (unsharded) gradients that ZeRO-3 under a pipeline holds on one rank of ``stage``.
+
+    With ``pp > 1`` the stage's units stay gathered through the step and each unit's flat gradient (an
+    autograd leaf's ``.grad``, in the gathered dtype) accumulates over the micro-batches until the
+    reduce-scatter at the end of the step: the whole stage, padded, ``sum_u g ceil(n_u / g) * d_param``.
+    This is what FSDP2 does under ``torch.distributed.pipelining`` (gradient sync only on the last
+    backward, so the unsharded gradients persist between micro-batches). 0 without ZeRO-3 or a pipeline
+    (then one unit's gradient at a time is in flight: :func:`state_buffer_bytes`).
+    ``distributed/fsdp.py`` measures this peak (``info["peak_held_gradient_bytes"]``).
+    """
+    g = shard_group(plan)
+    if plan.zero != 3 or g == 1 or plan.pp == 1:
+        return 0
+    return sum(g * math.ceil(n / g) for n in unit_sizes(model, plan, stage).values()) * param_comm_bytes(plan)
+
+
 def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[float | None, list[str]]:
     """Transient communication buffers at the peak, with one note per part: the model-state part
     (:func:`state_buffer_bytes`) plus the activation part (:func:`activation_buffer_bytes`).
@@ -390,7 +408,8 @@ def state_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[fl
       padded flat parameters (the all-gather output);
     * ZeRO-3: the gathered root unit (kept from the start of forward to the end of backward), plus two
       gathered block units (the one in use and the prefetched next one), plus the largest unit's full
-      gradient awaiting its reduce-scatter.
+      gradient awaiting its reduce-scatter; under a pipeline the whole stage gathered and its full
+      gradients held (:func:`zero3_held_gradient_bytes`).
     """
     notes: list[str] = []
     total = 0.0
@@ -417,6 +436,11 @@ def state_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[fl
         if plan.zero in (1, 2):
             total += big * (gb + pb)
             notes.append("comm_buffers: the largest unit's flat gradient and gathered parameters")
+        elif plan.pp > 1:
+            total += zero3_gathered_bytes(model, plan, stage) + zero3_held_gradient_bytes(model, plan, stage)
+            notes.append("comm_buffers: ZeRO-3 under a pipeline keeps the stage's units gathered through the "
+                         "step and their full gradients accumulating until the reduce_scatter at its end "
+                         "(FSDP's reshard_after_forward=False with gradient sync on the last backward)")
         else:
             total += zero3_gathered_bytes(model, plan, stage) + big * gb
             if plan.zero_unit == "root":

@@ -22,7 +22,10 @@ With ``zero_unit="root"`` the single unit behaves like the root unit: the whole 
 once and the peak saving disappears (the seed's failure mode; ``info["peak_parameter_bytes"]``). Under a
 pipeline (``pp > 1``) a stage's micro-batches are in flight together and the executor calls the blocks
 itself: the stage's units are gathered once per step (at ``zero_grad``), kept through every micro-batch and
-reduce-scattered once in ``finish`` (FSDP's ``reshard_after_forward=False``, torchtitan's choice with PP).
+reduce-scattered once in ``finish`` (FSDP's ``reshard_after_forward=False``, torchtitan's choice with PP);
+meanwhile every unit's full gradient accumulates in its leaf's ``.grad`` (``info["peak_held_gradient_bytes"]``,
+``ledger.zero3_held_gradient_bytes``), as FSDP2 under ``torch.distributed.pipelining`` holds its unsharded
+gradients until the last backward.
 
 Memory. Peak parameter memory of ZeRO-3 (sampled from the storages at every gather and free): the
 shards, plus the gathered root unit and two gathered blocks (the one computing and the prefetched one),
@@ -132,6 +135,7 @@ class Zero3(_Zero):
         self._reduced = [False] * n
         self.peak_parameter_bytes = 0
         self.info["peak_parameter_bytes"] = 0
+        self.info["peak_held_gradient_bytes"] = 0      # full gradients accumulating under a pipeline
         for i in range(n):                             # placeholders: views of an empty buffer
             self.leaf[i] = torch.empty(self.units[i].padded, dtype=self.param_dtype, device=self.device)
             self._install(i)
@@ -263,6 +267,9 @@ class Zero3(_Zero):
     def _on_grad(self, i: int, leaf: Tensor) -> None:
         """Unit ``i``'s flat gradient is complete: free the parameters, reduce-scatter the gradient."""
         if self.keep:                                  # under a pipeline: once per step, in finish
+            held = sum(lf.grad.untyped_storage().nbytes() for lf in self.leaf if lf.grad is not None)
+            if held > self.info["peak_held_gradient_bytes"]:
+                self.info["peak_held_gradient_bytes"] = held
             return
         grad = leaf.grad
         leaf.grad = None

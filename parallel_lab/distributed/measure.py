@@ -14,7 +14,8 @@ micro-batch, gradient sync, optimizer step) and reads:
 * ``activations`` and ``logits_and_loss``: torch's ``MemTracker`` (``torch.distributed._tools``), the
   bytes created in forward and still alive, read after each block's forward (minus its output) and around
   the head and the loss; the maximum over the step (a pipeline stage holds several micro-batches);
-* ``comm_buffers``: ZeRO-3's gathered units at their peak (other buffers are not separated: see notes);
+* ``comm_buffers``: ZeRO-3's gathered units at their peak, plus under a pipeline the full gradients it
+  holds until the step's reduce-scatter (other buffers are not separated: see notes);
 * ``peak``: the tracker's peak of everything it saw during the step, against the ledger's total.
 
 Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1; nothing else depends on
@@ -341,8 +342,10 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
                                                                          "optimizer_states")}
     measured["activations"] = float(rt.meter.peak["activations"])
     measured["logits_and_loss"] = float(rt.meter.peak["logits_and_loss"])
-    gathered = getattr(rt.dp, "info", {}).get("peak_parameter_bytes") if plan.zero == 3 else None
-    measured["comm_buffers"] = float(gathered - state["parameters"]) if gathered else None
+    info = getattr(rt.dp, "info", {}) if plan.zero == 3 else {}
+    gathered = info.get("peak_parameter_bytes")
+    measured["comm_buffers"] = (float(gathered - state["parameters"] + info.get("peak_held_gradient_bytes", 0))
+                                if gathered else None)
     if measured["comm_buffers"] is None:
         notes.append("comm_buffers: not separated by the tracker outside ZeRO-3 (they are in its Temp)")
     measured["peak"] = float(peak.get("Total", 0))

@@ -89,6 +89,13 @@ def check_run(spec: ModelSpec, plan: Plan, timeout_s: float = 240.0):
         assert {k: r.memory[k] for k in state} == state, (r.rank, r.memory, state)
         act = predicted_activations(spec, plan, stage)
         assert abs(r.memory["activations"] - act) <= 0.02 * act, (r.rank, r.memory["activations"], act)
+        if plan.zero == 3:                    # the buffers ZeRO-3 holds: gathered units, held full gradients
+            info = r.info["zero"]
+            assert info["peak_parameter_bytes"] == state["parameters"] + ledger.zero3_gathered_bytes(
+                spec, plan, stage), (r.rank, info)
+            assert info["peak_held_gradient_bytes"] == ledger.zero3_held_gradient_bytes(spec, plan, stage), (
+                r.rank, info)
+            assert (info["peak_held_gradient_bytes"] > 0) == (plan.pp > 1)
     return rep
 
 
