@@ -388,6 +388,24 @@ def zero3_held_gradient_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> i
     return sum(g * math.ceil(n / g) for n in unit_sizes(model, plan, stage).values()) * param_comm_bytes(plan)
 
 
+def zero3_reduce_input_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
+    """Bytes of one unit's full gradient on its way to the reduce-scatter (ZeRO-3 without a pipeline).
+
+    When a unit's flat gradient is complete it is cast to the reduce dtype (fp32, ``grad_comm_bytes``):
+    for a moment the gathered-dtype gradient and its fp32 copy both exist, ``g ceil(n / g) (d_param +
+    d_reduce)`` for the largest unit (one copy when the dtypes agree: fp32 training casts nothing). The
+    previous unit's reduce-scatter completes before the next cast (one in flight). 0 without ZeRO-3, or
+    under a pipeline (:func:`zero3_held_gradient_bytes`). ``distributed/fsdp.py`` measures this peak
+    (``info["peak_reduce_input_bytes"]``).
+    """
+    g = shard_group(plan)
+    if plan.zero != 3 or g == 1 or plan.pp > 1:
+        return 0
+    big = max(g * math.ceil(n / g) for n in unit_sizes(model, plan, stage).values())
+    pb, gb = param_comm_bytes(plan), grad_comm_bytes(plan)
+    return big * (pb + gb if pb != gb else gb)
+
+
 def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[float | None, list[str]]:
     """Transient communication buffers at the peak, with one note per part: the model-state part
     (:func:`state_buffer_bytes`) plus the activation part (:func:`activation_buffer_bytes`).
@@ -408,8 +426,8 @@ def state_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[fl
       padded flat parameters (the all-gather output);
     * ZeRO-3: the gathered root unit (kept from the start of forward to the end of backward), plus two
       gathered block units (the one in use and the prefetched next one), plus the largest unit's full
-      gradient awaiting its reduce-scatter; under a pipeline the whole stage gathered and its full
-      gradients held (:func:`zero3_held_gradient_bytes`).
+      gradient awaiting its reduce-scatter (:func:`zero3_reduce_input_bytes`); under a pipeline the whole
+      stage gathered and its full gradients held (:func:`zero3_held_gradient_bytes`).
     """
     notes: list[str] = []
     total = 0.0
@@ -442,13 +460,13 @@ def state_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[fl
                          "step and their full gradients accumulating until the reduce_scatter at its end "
                          "(FSDP's reshard_after_forward=False with gradient sync on the last backward)")
         else:
-            total += zero3_gathered_bytes(model, plan, stage) + big * gb
+            total += zero3_gathered_bytes(model, plan, stage) + zero3_reduce_input_bytes(model, plan, stage)
             if plan.zero_unit == "root":
                 notes.append("comm_buffers: ZeRO-3 with a single root unit gathers the whole model at once "
                              "(no peak saving) + its full gradient before the reduce_scatter")
             else:
-                notes.append("comm_buffers: ZeRO-3 gathered root unit + 2 gathered blocks (prefetch) + one "
-                             "unit's full gradient before its reduce_scatter")
+                notes.append("comm_buffers: ZeRO-3 gathered root unit + 2 gathered blocks (prefetch) + the "
+                             "largest unit's full gradient (and its fp32 copy) before its reduce_scatter")
     return total, notes
 
 

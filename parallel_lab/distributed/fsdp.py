@@ -136,6 +136,7 @@ class Zero3(_Zero):
         self.peak_parameter_bytes = 0
         self.info["peak_parameter_bytes"] = 0
         self.info["peak_held_gradient_bytes"] = 0      # full gradients accumulating under a pipeline
+        self.info["peak_reduce_input_bytes"] = 0       # one unit's full gradient going to its reduce-scatter
         for i in range(n):                             # placeholders: views of an empty buffer
             self.leaf[i] = torch.empty(self.units[i].padded, dtype=self.param_dtype, device=self.device)
             self._install(i)
@@ -278,7 +279,12 @@ class Zero3(_Zero):
 
     def _reduce_scatter(self, i: int, grad: Tensor) -> None:
         self._complete()
+        full = grad
         grad = grad.float() if grad.dtype != torch.float32 else grad     # reduce in fp32
+        if not self.keep:                              # the unit's gradient and its fp32 copy, both alive
+            inflight = full.untyped_storage().nbytes() + (grad.untyped_storage().nbytes() if grad is not full else 0)
+            self.info["peak_reduce_input_bytes"] = max(self.info["peak_reduce_input_bytes"], inflight)
+        del full
         grad.div_(self.group_size)
         out = torch.empty(self.units[i].shard, dtype=torch.float32, device=self.device)
         work = self.tracer.reduce_scatter(out, grad, "dp", async_op=True)

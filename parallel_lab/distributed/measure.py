@@ -14,8 +14,9 @@ micro-batch, gradient sync, optimizer step) and reads:
 * ``activations`` and ``logits_and_loss``: torch's ``MemTracker`` (``torch.distributed._tools``), the
   bytes created in forward and still alive, read after each block's forward (minus its output) and around
   the head and the loss; the maximum over the step (a pipeline stage holds several micro-batches);
-* ``comm_buffers``: ZeRO-3's gathered units at their peak, plus under a pipeline the full gradients it
-  holds until the step's reduce-scatter (other buffers are not separated: see notes);
+* ``comm_buffers``: ZeRO-3's gathered units at their peak, plus the full gradients on their way to the
+  reduce-scatter (one unit and its fp32 copy; under a pipeline the whole stage's, held until the step's
+  end), each at its own peak (other buffers are not separated: see notes);
 * ``peak``: the tracker's peak of everything it saw during the step, against the ledger's total.
 
 Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1; nothing else depends on
@@ -344,8 +345,8 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
     measured["logits_and_loss"] = float(rt.meter.peak["logits_and_loss"])
     info = getattr(rt.dp, "info", {}) if plan.zero == 3 else {}
     gathered = info.get("peak_parameter_bytes")
-    measured["comm_buffers"] = (float(gathered - state["parameters"] + info.get("peak_held_gradient_bytes", 0))
-                                if gathered else None)
+    held = info.get("peak_held_gradient_bytes", 0) + info.get("peak_reduce_input_bytes", 0)
+    measured["comm_buffers"] = float(gathered - state["parameters"] + held) if gathered else None
     if measured["comm_buffers"] is None:
         notes.append("comm_buffers: not separated by the tracker outside ZeRO-3 (they are in its Temp)")
     measured["peak"] = float(peak.get("Total", 0))

@@ -95,7 +95,9 @@ def check_run(spec: ModelSpec, plan: Plan, timeout_s: float = 240.0):
                 spec, plan, stage), (r.rank, info)
             assert info["peak_held_gradient_bytes"] == ledger.zero3_held_gradient_bytes(spec, plan, stage), (
                 r.rank, info)
-            assert (info["peak_held_gradient_bytes"] > 0) == (plan.pp > 1)
+            assert info["peak_reduce_input_bytes"] == ledger.zero3_reduce_input_bytes(spec, plan, stage), (
+                r.rank, info)
+            assert (info["peak_held_gradient_bytes"] > 0) == (plan.pp > 1) == (info["peak_reduce_input_bytes"] == 0)
     return rep
 
 

@@ -142,6 +142,8 @@ def test_zero3_peak_parameter_memory_falls_per_block_not_root_only(zero3_runs):
         want = ledger.state_bytes(LLAMA, p)["parameters"] + ledger.zero3_gathered_bytes(LLAMA, p)
         for r in results:
             assert r.info["zero"]["peak_parameter_bytes"] == want, (unit, dp, r.rank)
+            # the largest unit's fp32 flat gradient before its reduce-scatter (fp32: no cast, one copy)
+            assert r.info["zero"]["peak_reduce_input_bytes"] == ledger.zero3_reduce_input_bytes(LLAMA, p) > 0
         peak[(unit, dp)] = want
     # per block: shards (1/dp of the model) + root + 2 blocks; below the whole model at dp=4
     assert peak[("block", 4)] < peak[("block", 2)] and peak[("block", 4)] < full_model
@@ -176,6 +178,10 @@ def test_zero3_bf16_mixed_precision():
     assert gathered == {2 * 131_200, 2 * 181_504}                          # bf16 gathers
     want = ledger.state_bytes(LLAMA, p)["parameters"] + ledger.zero3_gathered_bytes(LLAMA, p)
     assert all(r.info["zero"]["peak_parameter_bytes"] == want for r in results)
+    # the bf16 flat gradient of the largest unit (a block here) and its fp32 copy for the reduce-scatter, both alive
+    block = 181_504                                          # padded elements of a block unit, the largest
+    assert ledger.zero3_reduce_input_bytes(LLAMA, p) == block * (2 + 4)
+    assert all(r.info["zero"]["peak_reduce_input_bytes"] == block * (2 + 4) for r in results)
 
 
 def test_zero3_composes_with_tensor_parallelism():

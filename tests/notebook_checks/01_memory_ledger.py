@@ -40,6 +40,9 @@ def check(text: str, nb) -> None:
         assert row in text, row
     measured = number(r"peak: measured ([\d.]+) GB", text)
     ledger_total = number(r"ledger total ([\d.]+) GB;", text)
-    assert 1.1 < measured / ledger_total < 1.25, (measured, ledger_total)
+    # the peak holds one block's attention-core backward temporaries that no category counts, and not the
+    # logits or the root unit's gradient, which the total sums: with 4 blocks measured is 4-12% above it
+    assert 1.04 < measured / ledger_total < 1.12, (measured, ledger_total)
+    assert "comm_buffers: measured 9.28 GB (gathered units, one unit's gradient), ledger 9.28 GB" in text
     assert 2.0 < number(r"= ([\d.]+) x one block's a x s x s scores", text) < 2.6
     assert "logits_and_loss: per-op minus korthikanti = 1.00 x one s x h bf16 tensor" in text
