@@ -67,6 +67,7 @@ class PlannerExplorer(Explorer):
         self._search: Any = None
         self._shown: dict[int, dict[str, Any]] = {}      # plan index -> its pictures' inputs
         self._schedules: dict[tuple, Any] = {}            # (schedule, p, m, v, b) -> simulated timeline
+        self._timeline_memo: dict[Any, Any] = {}          # their boxes, built once (plots.draw_timeline)
         self._drawn_timeline: Any = None                  # (simulation, title, axes) on the figure now
         self._empty_search: Any = None
         self.path = W.Text(value=path, description="plan file", style=DESC, layout=W.Layout(width="520px"))
@@ -122,6 +123,7 @@ class PlannerExplorer(Explorer):
             self._search = None                         # free the old result before the new search
             self._shown.clear()
             self._schedules.clear()
+            self._timeline_memo.clear()
             self._search = planner.plan_search(model, cluster, v["gpus"], v["seq"],
                                                global_batch_tokens=v["batch_tokens"])
             self._search_key = key
@@ -210,7 +212,7 @@ class PlannerExplorer(Explorer):
                          + f"; bubble {est.bubble_ratio:.1%}")
                 if self._drawn_timeline != (r["sim"], title, axes[2]):     # plans often share a schedule
                     P.draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
-                                    title=title)
+                                    title=title, memo=self._timeline_memo)
                     self._drawn_timeline = (r["sim"], title, axes[2])
             else:
                 P.draw_message(axes[2], f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}: too many "

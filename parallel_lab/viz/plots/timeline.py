@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -96,9 +97,61 @@ def _label_path(text: str, size: float) -> Path:
     return path.transformed(Affine2D().translate(-(box.x0 + box.x1) / 2, -(box.y0 + box.y1) / 2))
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """What :func:`draw_timeline` derives from a timeline before drawing: the data side of the chart."""
+
+    ranks: list[int]
+    makespan: float
+    busy: dict[int, float]
+    idle: list[Path]
+    kinds: list[tuple[str, list[Path], list[Any]]]      # (kind, one path per (chunk, rank), their colours)
+    max_chunk: int
+    dense: bool
+    labels: list[tuple[float, float, int, str]]        # (centre, width, rank, micro-batch) per box
+    n_rows: int
+
+
+_HEIGHT = 0.72                                          # of a box, in rows
+
+
+def _prepare(timeline: Any, time_scale: float, step_time: float | None) -> _Prepared:
+    rows = timeline_rows(timeline)
+    ranks = sorted({r[0] for r in rows})
+    t0 = min((r[1] for r in rows), default=0.0)
+    makespan = (max([r[2] for r in rows] + [t0 + (step_time or 0.0)], default=0.0) - t0) * time_scale
+
+    def row(spans: Sequence[tuple[float, float]], rank: int) -> Path:
+        """The ``(start, width)`` boxes of one row as one path of closed rectangles."""
+        return _boxes_path(spans, rank - _HEIGHT / 2, rank + _HEIGHT / 2)
+
+    busy: dict[int, float] = dict.fromkeys(ranks, 0.0)
+    groups: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
+    labels = []
+    for rank, start, end, kind, mb, chunk in rows:
+        key = kind_key(kind)
+        if key == "other" and end <= start:
+            continue
+        span = ((start - t0) * time_scale, (end - start) * time_scale)
+        groups.setdefault((key, chunk, rank), []).append(span)
+        busy[rank] += (end - start) * time_scale
+        if key != "other":
+            labels.append((span[0] + span[1] / 2, span[1], rank, str(mb)))
+    max_chunk = max((c for _, c, _ in groups), default=0)
+    kinds = []
+    for kind in ("F", "B", "W", "other"):
+        mine = sorted((c, r) for k, c, r in groups if k == kind)
+        if mine:                                       # one path per (chunk, rank), later chunks lighter
+            colors = [lighten(KIND_COLORS[kind], 0.45 * c / max(max_chunk, 1)) for c, _ in mine]
+            kinds.append((kind, [row(groups[kind, c, r], r) for c, r in mine], colors))
+    return _Prepared(ranks, makespan, busy, [row([(0.0, makespan)], rank) for rank in ranks], kinds, max_chunk,
+                     len(rows) > 60 * max(len(ranks), 1), labels, len(rows))
+
+
 def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_unit: str = "time",
                   time_scale: float = 1.0, label_microbatches: bool | None = None,
-                  step_time: float | None = None, sticky: bool = False) -> dict[str, Any]:
+                  step_time: float | None = None, sticky: bool = False,
+                  memo: dict[Any, Any] | None = None) -> dict[str, Any]:
     """One row per rank: forward / backward / weight-gradient actions as coloured boxes on a hatched grey
     band, so that idle gaps (the bubble) stay visible. Later chunks (interleaving) are drawn lighter;
     each box wide enough shows its micro-batch number.
@@ -112,13 +165,19 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     kind (``gid`` ``"F"``, ``"B"``, ``"W"``) holding one path of boxes per (chunk, rank) (count them with
     :func:`n_boxes`); the idle bands are the collection ``"idle"`` (one path per rank), the numbers
     ``"microbatch-labels"``.
-    Updates an earlier timeline on ``ax`` in place when the ranks match.
+    Updates an earlier timeline on ``ax`` in place when the ranks match. ``memo``: a dictionary the caller
+    keeps for timelines it does not change, so that drawing one of them again skips building its boxes
+    (an explorer toggling between the schedules of two plans); a timeline is found there by identity.
     """
-    rows = timeline_rows(timeline)
-    ranks = sorted({r[0] for r in rows})
-    t0 = min((r[1] for r in rows), default=0.0)
-    makespan = (max([r[2] for r in rows] + [t0 + (step_time or 0.0)], default=0.0) - t0) * time_scale
-    height = 0.72
+    key = (id(timeline), time_scale, step_time)
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None and hit[0] is timeline:
+        prep = hit[1]
+    else:
+        prep = _prepare(timeline, time_scale, step_time)
+        if memo is not None:
+            memo[key] = (timeline, prep)
+    ranks, makespan = prep.ranks, prep.makespan
     chart, same = chart_on(ax, "timeline", tuple(ranks))
     old: dict[str, PathCollection] = chart.parts.get("collections", {})
     colls: dict[str, PathCollection] = {}
@@ -135,38 +194,17 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
         colls[gid] = coll
         return coll
 
-    def row(spans: Sequence[tuple[float, float]], rank: int) -> Path:
-        """The ``(start, width)`` boxes of one row as one path of closed rectangles."""
-        return _boxes_path(spans, rank - height / 2, rank + height / 2)
-
-    collection("idle", [row([(0.0, makespan)], rank) for rank in ranks], facecolor="#f2f2f2",
-               edgecolor="#c8c8c8", hatch="////", linewidth=0.0)
-    busy: dict[int, float] = dict.fromkeys(ranks, 0.0)
-    groups: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
-    for rank, start, end, kind, _mb, chunk in rows:
-        key = kind_key(kind)
-        if key == "other" and end <= start:
-            continue
-        span = ((start - t0) * time_scale, (end - start) * time_scale)
-        groups.setdefault((key, chunk, rank), []).append(span)
-        busy[rank] += (end - start) * time_scale
-    max_chunk = max((c for _, c, _ in groups), default=0)
-    dense = len(rows) > 60 * max(len(ranks), 1)              # thin boxes: no white edges between them
-    for kind in ("F", "B", "W", "other"):
-        mine = sorted((c, r) for k, c, r in groups if k == kind)
-        if mine:                                       # one path per (chunk, rank), later chunks lighter
-            colors = [lighten(KIND_COLORS[kind], 0.45 * c / max(max_chunk, 1)) for c, _ in mine]
-            collection(kind, [row(groups[kind, c, r], r) for c, r in mine], facecolor=colors,
-                       edgecolor="white", linewidth=0.0 if dense else 0.6)
+    collection("idle", prep.idle, facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", linewidth=0.0)
+    max_chunk = prep.max_chunk
+    for kind, paths, colors in prep.kinds:
+        collection(kind, paths, facecolor=colors, edgecolor="white", linewidth=0.0 if prep.dense else 0.6)
     right = sticky_ceil(chart, "right", makespan * 1.01) if sticky else (makespan * 1.01 or 1.0)
     if label_microbatches is None:
-        label_microbatches = 0 < len(rows) <= 160
+        label_microbatches = 0 < prep.n_rows <= 160
     shown = []
     if label_microbatches and makespan > 0:
         min_w = right / 70
-        shown = [(((start - t0) + (end - start) / 2) * time_scale, rank, str(mb))
-                 for rank, start, end, kind, mb, _chunk in rows
-                 if (end - start) * time_scale >= min_w and kind_key(kind) != "other"]
+        shown = [(x, rank, mb) for x, width, rank, mb in prep.labels if width >= min_w]
     if shown:
         # the numbers as glyph outlines in one collection: one draw call instead of one text per box
         labels = collection("microbatch-labels", [_label_path(s, 7.0) for _, _, s in shown],
@@ -197,7 +235,7 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
         chart.parts["legend"] = legend_key
     set_title(ax, title)
-    return {"ranks": ranks, "makespan": makespan, "busy": busy}
+    return {"ranks": ranks, "makespan": makespan, "busy": dict(prep.busy)}
 
 
 def timeline_figure(timeline: Any, *, title: str | None = None, time_unit: str = "time (cost units)",
