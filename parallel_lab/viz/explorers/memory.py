@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import ledger as ledger_mod
-from ...specs import CLUSTER_PRESETS, OPTIMIZERS, SCHEDULES, ClusterSpec, ParallelLabError, Plan
+from ...specs import CLUSTER_PRESETS, OPTIMIZERS, SCHEDULES, ClusterSpec, ModelSpec, ParallelLabError, Plan
 from .. import plots as P
 from .base import (
     DEGREES,
@@ -33,6 +33,7 @@ from .base import (
     status_line,
     toggles,
 )
+from .memory_measure import MeasurePanel
 
 SWEEPS = ("ZeRO stage", "sequence", "dp")
 DEGREE_NAMES = ("dp", "tp", "pp", "cp")
@@ -78,7 +79,8 @@ class MemoryExplorer(Explorer):
         ]
         knobs = W.HBox([labelled("ZeRO stage", c["zero"]), labelled("recompute", c["recompute"]),
                         labelled("second view", c["sweep"])], layout=W.Layout(flex_flow="row wrap"))
-        super().__init__(c, columns, extra=(), renderer=renderer)
+        self.measure = MeasurePanel(self.measure_target)
+        super().__init__(c, columns, extra=(self.measure,), renderer=renderer)
         self.children = (self.children[0], knobs, *self.children[1:])
 
     # ---- GPUs and degrees stay consistent -------------------------------------------------------
@@ -114,6 +116,20 @@ class MemoryExplorer(Explorer):
                 f"{world}; with tp={v['tp']}, pp={v['pp']}, cp={v['cp']} type one of {fits}, ... (dp is set "
                 f"from it), or change a degree (GPUs follows)")
 
+    # ---- measure this plan ------------------------------------------------------------------------
+    def measure_target(self) -> tuple[ModelSpec, Plan, ClusterSpec, int, str]:
+        """What "measure this plan" measures: the plan shown, at its fullest stage (the one the status
+        line names), with the activation model chosen; raises the explorer's error while the plan is invalid."""
+        if self.error is not None:
+            raise self.error
+        r = self.result
+        return r["model"], r["plan"], r["cluster"], r["ledger"].stage, r["activation_model"]
+
+    def refresh(self) -> None:
+        super().refresh()
+        if hasattr(self, "measure"):
+            self.measure.on_refresh()                # shows the last measurement only for its own plan
+
     # ---- core -----------------------------------------------------------------------------------
     @staticmethod
     def plan_from(v: dict[str, Any]) -> Plan:
@@ -132,7 +148,8 @@ class MemoryExplorer(Explorer):
         stages = _shown_stages(plan.pp)
         per_stage = [ledger_mod.memory(model, plan, cluster, activation_model=am, stage=s) for s in stages]
         out: dict[str, Any] = {"model": model, "plan": plan, "cluster": cluster, "ledger": led,
-                               "stages": stages, "stage_ledgers": per_stage, "sweep": v["sweep"]}
+                               "stages": stages, "stage_ledgers": per_stage, "sweep": v["sweep"],
+                               "activation_model": am}
 
         def attempt(f: Callable[[], Any]) -> Any:
             try:
