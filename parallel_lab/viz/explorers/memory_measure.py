@@ -252,7 +252,9 @@ class MeasurePanel(W.VBox):
         P.category_legend(fig)
         self.figure = fig
         self.image.value = P.to_png(fig)
-        self.table.value = measure_table(report, entry) + "".join(
+        self.table.value = measure_table(report, entry) + status_line(
+            "error = predicted / measured - 1; the peak row is torch's tracker's peak against the ledger's total",
+            "#57606a") + "".join(
             status_line(html.escape(n), "#57606a") for n in entry["notes"]) + status_line(
             f"command: <code>{html.escape(command)}</code>", "#57606a")
         peak = entry["measured"]["peak"]
@@ -279,7 +281,8 @@ def _pct(e: float | None) -> str:
 
 def measure_table(report: dict[str, Any], entry: dict[str, Any]) -> str:
     """Measured beside both ledgers as an HTML table (class ``pl-measure-table``; exact byte counts;
-    error = predicted / measured - 1, the command's own)."""
+    error = predicted / measured - 1, the command's own; the peak row: the tracker's peak against the
+    ledger's total)."""
     def cell(cls: str, v: float | None) -> str:
         text = "-" if v is None else f"{int(v):,}"
         return f"<td class='{cls}' style='text-align:right'>{text}</td>"
@@ -292,6 +295,6 @@ def measure_table(report: dict[str, Any], entry: dict[str, Any]) -> str:
                            f"{_pct(entry['error'][f].get(k))}</td>" for f in LEDGER_FORMULAS) + "</tr>")
     head = "".join(f"<th>ledger {f}</th><th>error</th>" for f in LEDGER_FORMULAS)
     return (f"<table class='pl-measure-table' style='font-size:12px;margin:4px 0'><caption style='text-align:left'>"
-            f"<b>one training step in fake tensors, stage {entry['stage']}</b> (bytes; error = predicted / "
-            f"measured - 1; peak: the tracker's against the ledger's total)</caption><tr><th>category</th>"
+            f"<b>stage {entry['stage']}, one training step in fake tensors</b> (bytes)</caption><tr>"
+            f"<th>category</th>"
             f"<th>measured</th>{head}</tr>{body}</table>")
