@@ -4,6 +4,11 @@ The memory explorer: the ledger per GPU (``parallel_lab.ledger.memory``) as stac
 per pipeline stage when pp > 1, and beside it one knob swept (ZeRO stage 0-3, the sequence length, the
 data-parallel degree). The status line says whether the plan fits in HBM minus the ledger's margin and
 names the largest category. The GPUs field is the product dp x tp x pp x cp.
+
+Below the chart, "measure this plan" (:class:`~.memory_measure.MeasurePanel`) runs ``parallel-lab memory
+... --measure --json`` for the plan shown in a child process: one training step of its fullest stage's
+rank at full size in fake tensors, measured beside both activation models' ledgers. Changes that start no
+measurement only show or hide its last answer (it belongs to one plan), so they stay as fast as before.
 """
 
 from __future__ import annotations
@@ -127,8 +132,7 @@ class MemoryExplorer(Explorer):
 
     def refresh(self) -> None:
         super().refresh()
-        if hasattr(self, "measure"):
-            self.measure.on_refresh()                # shows the last measurement only for its own plan
+        self.measure.on_refresh()                # shows the last measurement only for its own plan
 
     # ---- core -----------------------------------------------------------------------------------
     @staticmethod
