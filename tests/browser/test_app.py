@@ -327,3 +327,48 @@ def test_lesson_links_stay_on_127_0_0_1(page):
     assert all(h.startswith("http://127.0.0.1:") for h in hrefs)
     link = page.locator(".pl-lesson-link:visible a")
     assert link.get_attribute("data-lesson") == "01_memory_ledger"          # the Memory tab's lesson
+
+
+def measure_table(page) -> dict[str, dict[str, int | None]]:
+    """The Memory tab's measurement table read back: row -> {measured, per-op, korthikanti} bytes."""
+    rows = page.locator(".pl-measure-table tr[data-row]:visible")
+    out = {}
+    for i in range(rows.count()):
+        row = rows.nth(i)
+        out[row.get_attribute("data-row")] = {
+            cls: (None if (t := row.locator(f"td.{cls}").inner_text().replace(",", "")) == "-" else int(t))
+            for cls in ("measured", "per-op", "korthikanti")}
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_memory_tab_measures_the_plan_shown_in_fake_tensors(page):
+    from parallel_lab import ledger
+    from parallel_lab.viz.plots import fmt_bytes
+
+    status = page.locator(".pl-status:visible").first
+    sync_api.expect(status).to_contain_text("per GPU")
+    page.locator(".widget-dropdown:visible", has_text="model").locator("select").first.select_option("tiny-llama")
+    model, h100 = ModelSpec.preset("tiny-llama"), ClusterSpec.preset("h100-sxm")
+    plan = Plan(dp=8, seq=4096).validate(model)                      # the tab's other defaults
+    expected = memory(model, plan, h100)
+    sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected.total_bytes, 4)} per GPU", timeout=15_000)
+    measure_status = page.locator(".pl-measure-status:visible")
+    sync_api.expect(measure_status).to_contain_text("measure this plan")
+    page.get_by_role("button", name="measure this plan").click()
+    sync_api.expect(page.locator(".pl-measure-progress:visible")).to_contain_text("stage 0", timeout=30_000)
+    sync_api.expect(measure_status).to_contain_text("Measured", timeout=90_000)
+    sync_api.expect(page.locator(".pl-measure-progress:visible")).to_contain_text("done")
+    page.locator(".pl-measure:visible").screenshot(path=str(ARTIFACTS / "memory_measured.png"))
+    page.screenshot(path=str(ARTIFACTS / "app_memory_measured.png"), full_page=True)
+    rows = measure_table(page)
+    assert list(rows) == [*ledger.CATEGORIES, "peak"]
+    for f in ("per-op", "korthikanti"):                              # the predicted columns are the ledger's
+        led = ledger.memory(model, plan, h100, activation_model=f)
+        assert {k: rows[k][f] for k in led.per_gpu_bytes} == {k: int(v) for k, v in led.per_gpu_bytes.items()}
+        assert rows["peak"][f] == int(led.total_bytes)
+    for k in ("parameters", "gradients", "optimizer_states"):        # the state is measured exactly
+        assert rows[k]["measured"] == int(expected.per_gpu_bytes[k]), k
+    acts = rows["activations"]
+    assert abs(acts["measured"] - acts["per-op"]) <= 0.02 * acts["per-op"]
+    assert page.locator(".pl-measure-chart:visible").count() == 1

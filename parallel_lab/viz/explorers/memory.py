@@ -4,6 +4,11 @@ The memory explorer: the ledger per GPU (``parallel_lab.ledger.memory``) as stac
 per pipeline stage when pp > 1, and beside it one knob swept (ZeRO stage 0-3, the sequence length, the
 data-parallel degree). The status line says whether the plan fits in HBM minus the ledger's margin and
 names the largest category. The GPUs field is the product dp x tp x pp x cp.
+
+Below the chart, "measure this plan" (:class:`~.memory_measure.MeasurePanel`) runs ``parallel-lab memory
+... --measure --json`` for the plan shown in a child process: one training step of its fullest stage's
+rank at full size in fake tensors, measured beside both activation models' ledgers. Changes that start no
+measurement only show or hide its last answer (it belongs to one plan), so they stay as fast as before.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import ledger as ledger_mod
-from ...specs import CLUSTER_PRESETS, OPTIMIZERS, SCHEDULES, ClusterSpec, ParallelLabError, Plan
+from ...specs import CLUSTER_PRESETS, OPTIMIZERS, SCHEDULES, ClusterSpec, ModelSpec, ParallelLabError, Plan
 from .. import plots as P
 from .base import (
     DEGREES,
@@ -33,6 +38,7 @@ from .base import (
     status_line,
     toggles,
 )
+from .memory_measure import MeasurePanel
 
 SWEEPS = ("ZeRO stage", "sequence", "dp")
 DEGREE_NAMES = ("dp", "tp", "pp", "cp")
@@ -78,7 +84,8 @@ class MemoryExplorer(Explorer):
         ]
         knobs = W.HBox([labelled("ZeRO stage", c["zero"]), labelled("recompute", c["recompute"]),
                         labelled("second view", c["sweep"])], layout=W.Layout(flex_flow="row wrap"))
-        super().__init__(c, columns, extra=(), renderer=renderer)
+        self.measure = MeasurePanel(self.measure_target)
+        super().__init__(c, columns, extra=(self.measure,), renderer=renderer)
         self.children = (self.children[0], knobs, *self.children[1:])
 
     # ---- GPUs and degrees stay consistent -------------------------------------------------------
@@ -114,6 +121,19 @@ class MemoryExplorer(Explorer):
                 f"{world}; with tp={v['tp']}, pp={v['pp']}, cp={v['cp']} type one of {fits}, ... (dp is set "
                 f"from it), or change a degree (GPUs follows)")
 
+    # ---- measure this plan ------------------------------------------------------------------------
+    def measure_target(self) -> tuple[ModelSpec, Plan, ClusterSpec, int, str]:
+        """What "measure this plan" measures: the plan shown, at its fullest stage (the one the status
+        line names), with the activation model chosen; raises the explorer's error while the plan is invalid."""
+        if self.error is not None:
+            raise self.error
+        r = self.result
+        return r["model"], r["plan"], r["cluster"], r["ledger"].stage, r["activation_model"]
+
+    def refresh(self) -> None:
+        super().refresh()
+        self.measure.on_refresh()                # shows the last measurement only for its own plan
+
     # ---- core -----------------------------------------------------------------------------------
     @staticmethod
     def plan_from(v: dict[str, Any]) -> Plan:
@@ -132,7 +152,8 @@ class MemoryExplorer(Explorer):
         stages = _shown_stages(plan.pp)
         per_stage = [ledger_mod.memory(model, plan, cluster, activation_model=am, stage=s) for s in stages]
         out: dict[str, Any] = {"model": model, "plan": plan, "cluster": cluster, "ledger": led,
-                               "stages": stages, "stage_ledgers": per_stage, "sweep": v["sweep"]}
+                               "stages": stages, "stage_ledgers": per_stage, "sweep": v["sweep"],
+                               "activation_model": am}
 
         def attempt(f: Callable[[], Any]) -> Any:
             try:

@@ -1,12 +1,12 @@
 """The Run tab: train the tiny model under the plan shown, on CPU ranks, and put measured beside predicted.
 
-A run is ``parallel-lab run ... --json`` in a child process (:class:`RunJob`): the same code and the same
-numbers as the command line, and the kernel's event loop never waits for it (a reader thread follows the
-child's progress bar on stderr and hands every update back to the loop). Cancel stops the child's whole
-process group (the launcher and its ranks). Before anything starts, the plan is validated and checked
-against this machine's memory by the command line's own guard (``cli.check_fits_this_machine``: the
-ledger's bytes of the fullest rank for every rank plus the one-process reference); a refusal is its
-message, and no process starts.
+A run is ``parallel-lab run ... --json`` in a child process (:class:`RunJob`, a :class:`~.jobs.CliJob`):
+the same code and the same numbers as the command line, and the kernel's event loop never waits for it (a
+reader thread follows the child's progress bar on stderr and hands every update back to the loop). Cancel
+stops the child's whole process group (the launcher and its ranks). Before anything starts, the plan is
+validated and checked against this machine's memory by the command line's own guard
+(``cli.check_fits_this_machine``: the ledger's bytes of the fullest rank for every rank plus the
+one-process reference); a refusal is its message, and no process starts.
 
 When the run is done the chart shows, side by side, what the run measured and what the library predicted
 (both columns come from the run's report, ``distributed.run.RunReport.to_json``): memory per category of
@@ -18,19 +18,10 @@ draws the measured timeline of the last step below it (``set_measured``).
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import contextlib
 import html
-import json
-import os
 import re
-import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import ipywidgets as W
@@ -40,9 +31,9 @@ from matplotlib.figure import Figure
 from ...specs import MODEL_PRESETS, RUN_DEFAULTS, SCHEDULES, ModelSpec, ParallelLabError, Plan
 from .. import plots as P
 from .base import Explorer, error_html, int_slider, labelled, slider, status_line, toggles
+from .jobs import CliJob, loop_caller
 from .pipeline import PipelineExplorer
 
-REPO = Path(__file__).resolve().parents[3]
 RUN_DEGREES = (1, 2, 4, 8)
 STEPS_RE = re.compile(r"(\d+)/(\d+) steps")
 RUN_CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations")
@@ -74,90 +65,17 @@ def check_fits(model: ModelSpec, plan: Plan) -> None:
     check_fits_this_machine(model, plan)
 
 
-class RunJob:
-    """``argv`` in a child process of its own session; ``on_progress(done, total)`` for every step the
-    child's progress bar reports and ``on_done(job)`` at the end, each called through ``call`` (by default
-    directly, from the reader thread). ``report`` (the parsed JSON), ``error`` (the child's last error
-    line), ``returncode``, ``cancelled``."""
+class RunJob(CliJob):
+    """``parallel-lab run`` as a :class:`~.jobs.CliJob`: ``on_progress(done, total)`` for every step its
+    progress bar reports on stderr, ``on_done(job)`` at the end, each called through ``call``."""
 
     def __init__(self, argv: Sequence[str], on_progress: Callable[[int, int], None],
-                 on_done: Callable[[RunJob], None], call: Callable[..., None] | None = None) -> None:
-        self.argv = list(argv)
-        self.report: dict[str, Any] | None = None
-        self.error: str | None = None
-        self.returncode: int | None = None
-        self.cancelled = False
-        self._call = call or (lambda fn, *a: fn(*a))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-        self.proc = subprocess.Popen(self.argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        self._out: list[bytes] = []
-        self._err: list[str] = []
-        self._stdout_reader = threading.Thread(target=lambda: self._out.append(self.proc.stdout.read()),
-                                               daemon=True)
-        self._stdout_reader.start()
-        atexit.register(self._stop_at_exit)            # a kernel that stops takes its run's ranks with it
-        self.thread = threading.Thread(target=self._follow, args=(on_progress, on_done), daemon=True)
-        self.thread.start()
+                 on_done: Callable[[CliJob], None], call: Callable[..., None] | None = None) -> None:
+        def on_line(line: str) -> None:
+            m = STEPS_RE.search(line)
+            on_progress(int(m.group(1)), int(m.group(2)))
 
-    def _follow(self, on_progress: Callable[[int, int], None], on_done: Callable[[RunJob], None]) -> None:
-        buf = ""
-        for chunk in iter(lambda: self.proc.stderr.read1(4096), b""):
-            buf += chunk.decode(errors="replace")
-            *pieces, buf = re.split(r"[\r\n]", buf)
-            for piece in pieces:
-                self._err.append(piece)
-                if m := STEPS_RE.search(piece):
-                    self._call(on_progress, int(m.group(1)), int(m.group(2)))
-        self._err.append(buf)
-        self.returncode = self.proc.wait()
-        self._stdout_reader.join()
-        if self.returncode == 0 and not self.cancelled:
-            try:
-                self.report = json.loads(b"".join(self._out))
-            except ValueError as err:
-                self.error = f"the run's JSON could not be read: {err}"
-        elif not self.cancelled:
-            lines = [x.strip() for x in self._err if x.strip() and not STEPS_RE.search(x)]
-            said = [x for x in lines if "error:" in x or "failed:" in x or "stopped:" in x]
-            self.error = (said or lines or [f"exit status {self.returncode}"])[-1]
-        self._call(on_done, self)
-
-    def _stop_at_exit(self) -> None:
-        if self.running():
-            self.cancel(grace_s=2.0)
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def cancel(self, grace_s: float = 5.0) -> None:
-        """Stop the child and its ranks (SIGTERM to its process group, SIGKILL after ``grace_s``)."""
-        self.cancelled = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-
-    def wait(self, timeout_s: float | None = None) -> None:
-        self.thread.join(timeout_s)
-
-
-def _loop_caller() -> Callable[..., None]:
-    """Hand a call to the running event loop (the kernel's) from another thread; directly when none runs."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        try:
-            loop = asyncio.get_event_loop_policy().get_event_loop()
-        except RuntimeError:
-            loop = None
-    if loop is None or not loop.is_running():
-        return lambda fn, *a: fn(*a)
-    return lambda fn, *a: loop.call_soon_threadsafe(fn, *a)
+        super().__init__(argv, on_line, on_done, call, is_progress=STEPS_RE.search)
 
 
 class RunExplorer(Explorer):
@@ -229,7 +147,7 @@ class RunExplorer(Explorer):
         self.progress_text.value = f"starting {plan.world} ranks..."
         self.run_button.disabled, self.cancel_button.disabled = True, False
         self._running = (model, plan)
-        self.job = RunJob(run_argv(model, plan, steps), self._on_progress, self._on_done, _loop_caller())
+        self.job = RunJob(run_argv(model, plan, steps), self._on_progress, self._on_done, loop_caller())
         return True
 
     def cancel(self) -> None:
