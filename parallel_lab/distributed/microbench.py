@@ -1,9 +1,9 @@
 """Micro-benchmarks of the two costs the step-time model is built from: one GEMM, one all-reduce.
 
 :func:`time_gemms` times ``(T x k) @ (k x n)`` in the compute dtype on a device (``cpu``, ``cuda``: a
-parameter, never assumed): inputs allocated once, a warm-up, then ``repeats`` repetitions of enough
-back-to-back calls to last ``min_rep_s`` between two synchronisations; a sample is the median seconds
-of one call. :func:`time_all_reduce` does the same for ``all_reduce`` of several message sizes on
+parameter, never assumed): inputs allocated once, a warm-up, then ``repeats`` rounds over all shapes,
+each timing enough back-to-back calls to last ``min_rep_s`` between two synchronisations; a sample is the
+median seconds of one call. :func:`time_all_reduce` does the same for ``all_reduce`` of several message sizes on
 ``nproc`` ranks started by the project's launcher (gloo on CPU, nccl on GPUs), every rank timing the same
 calls between barriers; a sample is the median over repetitions of the slowest rank's time.
 ``parallel_lab.microfit`` turns the samples into ``e_max, d_half`` (``e(d) = e_max d / (d + d_half)``,
@@ -60,25 +60,25 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_call_s(call: Any, device: torch.device, warmup: int, repeats: int, min_rep_s: float) -> float:
-    """Median seconds of one ``call()``: warm-up, then repetitions of ``inner`` calls lasting ``min_rep_s``."""
+def _calls_per_rep(one_call_s: float, min_rep_s: float) -> int:
+    """Back-to-back calls that last about ``min_rep_s`` (one repetition), from the time of one call."""
+    return max(1, min(10_000, int(min_rep_s / one_call_s) + 1))
+
+
+def _warm_then_time_one(call: Any, device: torch.device, warmup: int) -> float:
     for _ in range(warmup):
         call()
+    return _timed(call, device, 1)
+
+
+def _timed(call: Any, device: torch.device, inner: int) -> float:
+    """Seconds of one ``call()``, from ``inner`` back-to-back calls between two synchronisations."""
     _sync(device)
     t0 = time.perf_counter()
-    call()
+    for _ in range(inner):
+        call()
     _sync(device)
-    one = max(time.perf_counter() - t0, 1e-7)
-    inner = max(1, min(10_000, int(min_rep_s / one) + 1))
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            call()
-        _sync(device)
-        times.append((time.perf_counter() - t0) / inner)
-    return statistics.median(times)
+    return max(time.perf_counter() - t0, 1e-9) / inner
 
 
 def device_of(device: str | None) -> torch.device:
@@ -99,53 +99,54 @@ def visible_gpus() -> int:
 
 def time_gemms(shapes: Sequence[tuple[int, int, int]], device: str | torch.device = "cpu", dtype: str = "bf16",
                warmup: int = 2, repeats: int = 5, min_rep_s: float = 2e-3) -> list[GemmSample]:
-    """Median seconds of ``(T x k) @ (k x n)`` for each ``(T, k, n)`` (module docstring)."""
+    """Median seconds of ``(T x k) @ (k x n)`` for each ``(T, k, n)`` (module docstring). The repetitions go
+    round the shapes, so that a burst of load elsewhere on the machine does not fall on one shape only."""
     dev = torch.device(device)
     if dtype not in TORCH_DTYPES:
         raise ParallelLabError(f"dtype {dtype!r} is not known; pick one of {', '.join(TORCH_DTYPES)}")
     gen = torch.Generator(device="cpu").manual_seed(0)
-    out = []
+    calls = []
     for t, k, n in shapes:
         a = torch.randn(t, k, generator=gen).to(dev, TORCH_DTYPES[dtype])       # (T, k)
         b = torch.randn(k, n, generator=gen).to(dev, TORCH_DTYPES[dtype])       # (k, n)
         c = torch.empty(t, n, device=dev, dtype=TORCH_DTYPES[dtype])            # (T, n)
-        s = _median_call_s(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c), dev, warmup, repeats, min_rep_s)
-        out.append(GemmSample(t, k, n, s))
-    return out
+        calls.append(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))
+    inner = [_calls_per_rep(_warm_then_time_one(call, dev, warmup), min_rep_s) for call in calls]
+    times: list[list[float]] = [[] for _ in shapes]
+    for _ in range(repeats):
+        for i, call in enumerate(calls):
+            times[i].append(_timed(call, dev, inner[i]))
+    return [GemmSample(t, k, n, statistics.median(ts)) for (t, k, n), ts in zip(shapes, times, strict=True)]
 
 
 def _all_reduce_rank(grid: Any, sizes: list[int], dtype: str, warmup: int, repeats: int,
                      min_rep_s: float) -> list[tuple[int, float]]:
-    """On every rank: ``(bytes, seconds)`` per size, the slowest rank's median (the same calls everywhere)."""
+    """On every rank: ``(bytes, seconds)`` per size, the median over repetitions (going round the sizes) of
+    the slowest rank's time; every rank makes the same calls."""
     dev, elem = grid.device, DTYPE_BYTES[dtype]
-    out = []
-    for size in sizes:
-        x = torch.ones(max(1, size // elem), device=dev, dtype=TORCH_DTYPES[dtype])
+    xs = [torch.ones(max(1, size // elem), device=dev, dtype=TORCH_DTYPES[dtype]) for size in sizes]
+
+    def slowest(seconds: float) -> float:
+        t = torch.tensor([seconds], dtype=torch.float64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    calls = [lambda x=x: dist.all_reduce(x) for x in xs]
+    inner = []
+    for call in calls:
         for _ in range(warmup):
-            dist.all_reduce(x)
-        _sync(dev)
+            call()
         dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        _sync(dev)
-        one = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=dev)
-        dist.all_reduce(one, op=dist.ReduceOp.MAX)           # every rank picks the same number of calls
-        inner = max(1, min(10_000, int(min_rep_s / max(one.item(), 1e-7)) + 1))
-        times = []
-        for _ in range(repeats):
+        # the slowest rank's time of one call: every rank then makes the same number of calls
+        inner.append(_calls_per_rep(slowest(_timed(call, dev, 1)), min_rep_s))
+    times: list[list[float]] = [[] for _ in sizes]
+    for rep in range(repeats):
+        for i, call in enumerate(calls):
             dist.barrier()
-            _sync(dev)
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                dist.all_reduce(x)
-            _sync(dev)
-            dt = torch.tensor([(time.perf_counter() - t0) / inner], dtype=torch.float64, device=dev)
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-            times.append(dt.item())
-        out.append((x.numel() * elem, statistics.median(times)))
+            times[i].append(slowest(_timed(call, dev, inner[i])))
         if grid.notify is not None:
-            grid.notify(size)
-    return out
+            grid.notify(rep)
+    return [(x.numel() * elem, statistics.median(ts)) for x, ts in zip(xs, times, strict=True)]
 
 
 def time_all_reduce(sizes: Sequence[int], nproc: int, device: str | None = None, dtype: str = "bf16",
@@ -160,7 +161,8 @@ def time_all_reduce(sizes: Sequence[int], nproc: int, device: str | None = None,
         raise ParallelLabError(f"dtype {dtype!r} is not known; pick one of {', '.join(TORCH_DTYPES)}")
     results = launch(_all_reduce_rank, nproc, list(sizes), dtype, warmup, repeats, min_rep_s, device=device,
                      timeout_s=timeout_s, time_limit_s=4 * timeout_s)
-    return [CommSample(b, nproc, s) for b, s in results[0]]
+    mine = next(r for r in results if r is not None)      # under torchrun only this rank's entry is filled
+    return [CommSample(b, nproc, s) for b, s in mine]
 
 
 def run_microbench(device: str | None = None, dtype: str = "bf16", nproc: int = 1,
