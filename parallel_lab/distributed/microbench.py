@@ -98,7 +98,7 @@ def visible_gpus() -> int:
 
 
 def time_gemms(shapes: Sequence[tuple[int, int, int]], device: str | torch.device = "cpu", dtype: str = "bf16",
-               warmup: int = 2, repeats: int = 5, min_rep_s: float = 2e-3) -> list[GemmSample]:
+               warmup: int = 2, repeats: int = 9, min_rep_s: float = 2e-3) -> list[GemmSample]:
     """Median seconds of ``(T x k) @ (k x n)`` for each ``(T, k, n)`` (module docstring). The repetitions go
     round the shapes, so that a burst of load elsewhere on the machine does not fall on one shape only."""
     dev = torch.device(device)
@@ -150,7 +150,7 @@ def _all_reduce_rank(grid: Any, sizes: list[int], dtype: str, warmup: int, repea
 
 
 def time_all_reduce(sizes: Sequence[int], nproc: int, device: str | None = None, dtype: str = "bf16",
-                    warmup: int = 2, repeats: int = 5, min_rep_s: float = 5e-3,
+                    warmup: int = 2, repeats: int = 9, min_rep_s: float = 5e-3,
                     timeout_s: float = 60.0) -> list[CommSample]:
     """Median seconds of ``all_reduce`` of each message size on ``nproc`` launched ranks (module docstring)."""
     from parallel_lab.distributed.launch import launch
