@@ -1010,7 +1010,7 @@ def _add_calibrate(sub: Any) -> None:
                    help="time GEMMs (-> matmul_efficiency, half_width) and all-reduces (-> the intra-node tier's "
                         "latency and bandwidth) here; see parallel_lab/distributed/microbench.py")
     g.add_argument("--device", choices=("cpu", "cuda"), help="where to time them (default: cuda when present)")
-    g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="compute dtype (default bf16)")
+    g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), help="compute dtype of the GEMMs and messages (default bf16)")
     g.add_argument("--nproc", type=int_in("nproc"),
                    help="ranks of the all-reduce (default: 2 on cpu, every visible GPU on cuda; 1: GEMMs only)")
     g.add_argument("--peak-tflops", type=float_in(0.0, 1e6, open_lo=True),
@@ -1026,7 +1026,7 @@ def _calibrate(args: argparse.Namespace) -> Output:
     if args.runs is None:
         raise ParallelLabError("calibrate needs --runs FILE (measured runs) or --microbench (time GEMMs and "
                                "all-reduces here)")
-    given = [f for f in ("device", "nproc", "peak_tflops") if getattr(args, f) is not None]
+    given = [f for f in ("device", "dtype", "nproc", "peak_tflops") if getattr(args, f) is not None]
     if given:
         raise ParallelLabError(f"--{given[0].replace('_', '-')} belongs to --microbench; drop it or add --microbench")
     runs = load_runs(args.runs, args.flops_convention)
@@ -1065,7 +1065,7 @@ def _calibrate_microbench(args: argparse.Namespace) -> Output:
     from .distributed.launch import LaunchTimeout, RankError
     from .distributed.microbench import device_of, preset_for_gpu, run_microbench, visible_gpus
 
-    dev = device_of(args.device)
+    dev, dtype = device_of(args.device), args.dtype or "bf16"
     nproc = args.nproc or (2 if dev.type == "cpu" else min(LIMITS["nproc"][1], visible_gpus()))
     if dev.type == "cuda" and nproc > visible_gpus():
         raise ParallelLabError(f"--nproc {nproc} needs {nproc} GPUs but {visible_gpus()} are visible; use "
@@ -1075,11 +1075,11 @@ def _calibrate_microbench(args: argparse.Namespace) -> Output:
     given = cluster_from_args(args) if args.cluster else None
     if args.peak_tflops is None and dev.type == "cpu":
         raise ParallelLabError("on cpu there is no datasheet peak: give --peak-tflops X, one core's dense peak in "
-                               f"--dtype {args.dtype} (one rank per core: GHz x FLOPs per cycle, e.g. 2.8 GHz x 64 "
+                               f"--dtype {dtype} (one rank per core: GHz x FLOPs per cycle, e.g. 2.8 GHz x 64 "
                                "fp32 FLOPs with AVX-512's two FMA units = 0.18); the fit refuses a peak below the "
                                "fastest GEMM it times")
     try:
-        bench = run_microbench(dev.type, args.dtype, nproc)
+        bench = run_microbench(dev.type, dtype, nproc)
     except RankError as e:
         raise _rank_failed(e, 1) from None
     except LaunchTimeout as e:
@@ -1091,12 +1091,12 @@ def _calibrate_microbench(args: argparse.Namespace) -> Output:
         peak, peak_from = args.peak_tflops * 1e12, "--peak-tflops"
     else:
         peak, peak_from = base.peak_flops, f"the {base.name} preset's datasheet peak"
-    where = {"device": dev.type, "device_name": bench.device_name, "dtype": args.dtype, "nproc": nproc}
+    where = {"device": dev.type, "device_name": bench.device_name, "dtype": dtype, "nproc": nproc}
     cluster, gemm, link = fit_microbench(bench.gemms, bench.all_reduce, base, peak,
-                                         source=f"micro-benchmarks on {bench.device_name} ({args.dtype})")
+                                         source=f"micro-benchmarks on {bench.device_name} ({dtype})")
     data = microbench_to_json(cluster, bench.gemms, bench.all_reduce, gemm, link, **where)
     _write_profile(args.out, data)
-    lines = [f"micro-benchmarks on {bench.device_name} ({dev.type}, {args.dtype}); peak "
+    lines = [f"micro-benchmarks on {bench.device_name} ({dev.type}, {dtype}); peak "
              f"{peak / 1e12:.4g} TFLOP/s from {peak_from}; cluster {cluster.name}"]
     lines.append(table([(f"{s.tokens} x {s.k} x {s.n}", s.d, f"{s.seconds * 1e6:,.1f}",
                          f"{s.flops / s.seconds / 1e12:.4g}", f"{s.flops / s.seconds / peak:.3f}", f"{r:+.1%}")

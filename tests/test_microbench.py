@@ -238,6 +238,8 @@ def test_cli_microbench_on_cpu_end_to_end(tmp_path):
     (["--runs", "x.csv", "--peak-tflops", "1"], "--peak-tflops belongs to --microbench"),
     (["--microbench", "--device", "cpu", "--peak-tflops", "0"], "must be a finite number in (0"),
     (["--microbench", "--device", "cpu", "--nproc", "0"], "--nproc"),
+    (["--microbench", "--device", "cpu", "--nproc", "64", "--peak-tflops", "1"], "ranks per core here"),
+    (["--runs", "x.csv", "--dtype", "fp32"], "--dtype belongs to --microbench"),
 ])
 def test_cli_microbench_bad_input_is_one_line(argv, words):
     p = run_cli("calibrate", *argv)
