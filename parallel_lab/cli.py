@@ -1078,6 +1078,9 @@ def _calibrate_microbench(args: argparse.Namespace) -> Output:
                                f"--dtype {dtype} (one rank per core: GHz x FLOPs per cycle, e.g. 2.8 GHz x 64 "
                                "fp32 FLOPs with AVX-512's two FMA units = 0.18); the fit refuses a peak below the "
                                "fastest GEMM it times")
+    if args.peak_tflops is None and dtype != "bf16":
+        raise ParallelLabError(f"the presets' datasheet peaks are dense bf16; for --dtype {dtype} give "
+                               "--peak-tflops X, the GPU's dense peak in that dtype")
     try:
         bench = run_microbench(dev.type, dtype, nproc)
     except RankError as e:
