@@ -18,6 +18,10 @@ cannot show, and writes what it measured under ``--out`` (default ``bench/result
    reference within 1e-4.
 4. **Step times** of the 1B model (median after warm-up) as ``runs.yaml``, the format ``parallel-lab calibrate
    --runs runs.yaml --cluster h100-sxm`` reads (``parallel_lab/calibrate.py``).
+5. **Micro-benchmarks** (``parallel-lab calibrate --microbench --device cuda``): bf16 GEMMs fitted to
+   ``e(d) = e_max d / (d + d_half)`` against the datasheet peak of the GPU's preset, all-reduces over every
+   GPU (where there are 2 or more) fitted to latency and bus bandwidth; the fitted profile is printed and
+   written as ``profile.json``, and each fit's rms residual must stay within 15% (GEMM) and 25% (all-reduce).
 
 Without a GPU it says so and exits 0 (tests/test_gpu_check.py). The device is chosen here only (``cuda``);
 the library code takes it from the launcher (``distributed/launch.pick_device``).
@@ -36,7 +40,7 @@ from typing import Any
 import torch
 
 from parallel_lab import comm, ledger
-from parallel_lab.specs import ModelSpec, Plan
+from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
 
 MODEL = "llama3.2-1b"
 STEPS, WARMUP = 4, 1
@@ -184,6 +188,34 @@ def check_nccl(n_gpus: int) -> list[dict[str, Any]]:
     return rows
 
 
+def check_microbench(device: str, nproc: int, peak_flops: float | None = None) -> tuple[list[dict[str, Any]],
+                                                                                     dict[str, Any], str]:
+    """Check 5: the micro-benchmarks on ``device`` (``nproc`` ranks for the all-reduce; 1: GEMMs only), fitted
+    against ``peak_flops`` (default: the datasheet peak of the GPU's preset). Returns the rows, the profile
+    file's content and the fitted profile as text."""
+    from parallel_lab.calibrate import fit_microbench, microbench_to_json
+    from parallel_lab.distributed.microbench import preset_for_gpu, run_microbench
+
+    bench = run_microbench(device, "bf16", nproc)
+    base = ClusterSpec.preset(preset_for_gpu(bench.device_name) or ("cpu-gloo" if device == "cpu" else "h100-sxm"))
+    peak = peak_flops or base.peak_flops
+    cluster, gemm, link = fit_microbench(bench.gemms, bench.all_reduce, base, peak,
+                                         source=f"gpu-check micro-benchmarks on {bench.device_name} (bf16)")
+    data = microbench_to_json(cluster, bench.gemms, bench.all_reduce, gemm, link, device=device,
+                              device_name=bench.device_name, dtype="bf16", nproc=nproc)
+    rows = [{"check": f"GEMM e(d) fit rms residual ({len(bench.gemms)} shapes)", "measured": gemm.rms,
+             "predicted": 0.0, "gap": gemm.rms, "tolerance": 0.15, "ok": gemm.rms <= 0.15}]
+    text = (f"{bench.device_name}: e_max {gemm.matmul_efficiency:.4f}, d_half {gemm.half_width:.1f} against "
+            f"{peak / 1e12:.0f} TFLOP/s ({base.name}); best GEMM "
+            f"{max(s.flops / s.seconds for s in bench.gemms) / 1e12:.1f} TFLOP/s")
+    if link:
+        rows.append({"check": f"all-reduce alpha-beta fit rms residual ({nproc} GPUs)", "measured": link.rms,
+                     "predicted": 0.0, "gap": link.rms, "tolerance": 0.25, "ok": link.rms <= 0.25})
+        text += (f"; all-reduce over {nproc}: alpha {link.tier.latency * 1e6:.2f} us per ring step, bus bandwidth "
+                 f"{link.tier.bandwidth / 1e9:.1f} GB/s")
+    return rows, data, text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench/results/gpu_check", help="folder for results.json and runs.yaml")
@@ -201,8 +233,17 @@ def main(argv: list[str] | None = None) -> int:
         rows += check_nccl(n)
     elif n >= 2:
         print("gpu-check: NCCL checks skipped: the 5-minute budget is spent", flush=True)
+    profile, fitted = None, ""
+    if time.perf_counter() - t0 < BUDGET_S - 45:
+        micro_rows, profile, fitted = check_microbench("cuda", min(n, 8))
+        rows += micro_rows
+    else:
+        print("gpu-check: micro-benchmarks skipped: the 5-minute budget is spent", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if profile is not None:
+        (out / "profile.json").write_text(json.dumps(profile, indent=2))
+        print(f"gpu-check: fitted profile ({out / 'profile.json'}, --cluster for plan): {fitted}", flush=True)
     (out / "results.json").write_text(json.dumps({"rows": rows, "wall_s": time.perf_counter() - t0}, indent=1))
     import yaml
 

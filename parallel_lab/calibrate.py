@@ -13,6 +13,10 @@ The fit (:func:`fit_profile`): the roofline of ``steptime`` ("Roofline compute")
 (``specs.StepProfile``). Predicted step times are :func:`parallel_lab.planner.evaluate`'s, the same code
 the planner ranks with, so a profile written by ``parallel-lab calibrate`` and given back as ``--cluster
 PROFILE.json`` changes the planner's ranking and nothing else.
+
+Micro-benchmarks (:func:`fit_microbench`, ``parallel-lab calibrate --microbench``): timed GEMMs give
+``e_max`` and ``d_half`` against a given peak, timed all-reduces the intra-node tier's latency and bus
+bandwidth (``parallel_lab.microfit``); the same profile file then also holds that peak and that tier.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from typing import Any
 
 from .errors import ParallelLabError
 from .flops import CONVENTIONS, step_flops
-from .specs import ClusterSpec, ModelSpec, Plan, StepProfile
+from .microfit import CommSample, GemmFit, GemmSample, LinkFit, fit_gemm, fit_link
+from .specs import ClusterSpec, LinkTier, ModelSpec, Plan, StepProfile
 
 _INT = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "grad_accum", "seq", "interleave", "loss_chunk")
 _BOOL = ("sp",)
@@ -163,21 +168,60 @@ def fit_profile(runs: list[Run], cluster: ClusterSpec,
     return with_(best_e(o), o), fitted
 
 
+def _cluster_json(cluster: ClusterSpec) -> dict[str, Any]:
+    """What a profile file says of its cluster: the preset, the step-time profile, the peak, and the
+    intra-node tier where it differs from the preset's (a measured one)."""
+    assert cluster.profile is not None
+    out = {"cluster": cluster.name, "profile": asdict(cluster.profile), "peak_flops": cluster.peak_flops}
+    if cluster.intra != ClusterSpec.preset(cluster.name).intra:
+        out["intra"] = asdict(cluster.intra)
+    return out
+
+
 def profile_to_json(cluster: ClusterSpec, runs: list[Run], fitted: list[str]) -> dict[str, Any]:
     """The profile file's content: the cluster preset, the fitted parameters, each run against the fit."""
-    assert cluster.profile is not None
-    return {"cluster": cluster.name, "profile": asdict(cluster.profile), "fitted": fitted,
+    return {**_cluster_json(cluster), "fitted": fitted,
             "runs": [{"name": r.name, "flops_convention": r.convention, "measured_tflops_per_gpu": r.tflops_per_gpu,
                       "predicted_tflops_per_gpu": predicted_tflops(r, cluster)} for r in runs]}
 
 
+def fit_microbench(gemms: list[GemmSample], comms: list[CommSample], cluster: ClusterSpec, peak_flops: float,
+                   source: str = "micro-benchmarks") -> tuple[ClusterSpec, GemmFit, LinkFit | None]:
+    """``cluster`` with the fitted GEMM efficiency (a :class:`StepProfile` keeping the other parameters of
+    ``cluster.profile``), ``peak_flops`` and, given all-reduce samples, the fitted intra-node tier."""
+    gemm = fit_gemm(gemms, peak_flops)
+    link = fit_link(comms, f"{cluster.intra.name} (measured)") if comms else None
+    profile = replace(cluster.profile or StepProfile(), matmul_efficiency=gemm.matmul_efficiency,
+                      half_width=gemm.half_width, source=source)
+    return replace(cluster, peak_flops=peak_flops, intra=link.tier if link else cluster.intra,
+                   profile=profile), gemm, link
+
+
+def microbench_to_json(cluster: ClusterSpec, gemms: list[GemmSample], comms: list[CommSample], gemm: GemmFit,
+                       link: LinkFit | None, **where: Any) -> dict[str, Any]:
+    """The profile file of :func:`profile_to_json` plus the peak, the measured tier and every sample with its
+    residual (``where``: device, dtype, ... as measured)."""
+    fitted = ["matmul_efficiency", "half_width"] + (["intra.latency", "intra.bandwidth"] if link else [])
+    return {**_cluster_json(cluster), "fitted": fitted, "runs": [],
+            "microbench": {**where,
+                           "gemm": [{**asdict(s), "residual": r} for s, r in zip(gemms, gemm.residuals, strict=True)],
+                           "all_reduce": [{**asdict(s), "residual": r}
+                                          for s, r in zip(comms, link.residuals if link else [], strict=True)],
+                           "gemm_rms_residual": gemm.rms, "all_reduce_rms_residual": link.rms if link else None,
+                           "notes": [n for n in (gemm.note, link.note if link else "") if n]}}
+
+
 def load_profile(path: str | Path) -> ClusterSpec:
-    """The cluster of a profile file written by ``parallel-lab calibrate`` (preset + fitted profile)."""
+    """The cluster of a profile file written by ``parallel-lab calibrate`` (preset + fitted profile, and from
+    ``--microbench`` the measured peak and intra-node tier)."""
     p = Path(path)
     try:
         data = json.loads(p.read_text())
         cluster = ClusterSpec.preset(data["cluster"])
         profile = StepProfile(**data["profile"])
+        cluster = replace(cluster, profile=profile, peak_flops=float(data.get("peak_flops", cluster.peak_flops)))
+        if "intra" in data:
+            cluster = replace(cluster, intra=LinkTier(**data["intra"]))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ParallelLabError(f"{str(p)!r} is not a profile file written by parallel-lab calibrate ({e})") from None
-    return replace(cluster, profile=profile)
+    return cluster

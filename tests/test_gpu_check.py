@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from bench.gpu_check import calibrate_run, saved_activations
+from bench.gpu_check import calibrate_run, check_microbench, saved_activations
 from parallel_lab.calibrate import run_from_dict
 from parallel_lab.distributed.run import predicted_activations
 from parallel_lab.specs import ModelSpec, Plan
@@ -45,3 +45,18 @@ def test_measured_step_times_are_in_calibrates_format():
     run = run_from_dict(calibrate_run("NVIDIA H100 80GB HBM3", plan, 0.5))
     assert run.model.name == "llama3.2-1b" and 1.2e9 < run.model.n_params < 1.3e9
     assert run.plan == plan and run.tflops_per_gpu > 0
+
+
+def test_the_micro_benchmark_check_on_cpu():
+    """Check 5's own code on this CPU (GEMMs only, one rank; the cuda run is make gpu-check's): its rows are the
+    fit's rms residual, recomputed here from the samples it writes into profile.json."""
+    import math
+
+    from parallel_lab.distributed.microbench import GEMM_SHAPES
+
+    rows, data, text = check_microbench("cpu", 1, peak_flops=1e12)
+    residuals = [g["residual"] for g in data["microbench"]["gemm"]]
+    assert len(residuals) == len(GEMM_SHAPES["cpu"]) and data["microbench"]["all_reduce"] == []
+    rms = math.sqrt(sum(r * r for r in residuals) / len(residuals))
+    assert [r["measured"] for r in rows] == [pytest.approx(rms)] and rows[0]["ok"] == (rms <= 0.15)
+    assert data["peak_flops"] == 1e12 and "e_max" in text and "intra" not in data
