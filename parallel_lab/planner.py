@@ -433,12 +433,32 @@ class _Fast:
         m = m if accumulate == "sharded" or (zero == 3 and pp > 1) else 0   # only then does m matter
 
         def compute() -> DpTimes:
-            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, zero2_accumulate=accumulate)
-            if m:
-                plan = _variant(plan, grad_accum=m)
-            colls = comm_mod.stage_collectives(self.model, plan, stage, dims=("dp",))
-            return dp_times(colls, tier, zero, plan.microbatches)
+            plan, colls = self._dp_collectives(tp, pp, v, stage, g, zero, zero_unit, accumulate, m)
+            return dp_times(colls, tier, zero, plan.microbatches, time=_t)
         return self._once(("dp", tp, pp, v, stage, g, zero, tier.name, zero_unit, accumulate, m), compute)
+
+    def _dp_collectives(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int, zero_unit: str,
+                        accumulate: str, m: int) -> tuple[Plan, list[comm_mod.Collective]]:
+        """The stage plan and comm's dp collectives of the stage (``m`` micro-batches; 0: the stage plan's).
+
+        Comm's counts are affine in ``m`` (as :meth:`_per_mb_and_step` uses): when the calls for ``m`` and
+        ``m + 1`` micro-batches are equal, they are the same for every ``m`` (ZeRO-3 under a pipeline
+        gathers once per step), and are kept once; else they are asked of comm for each ``m``."""
+        def stage_plan(mm: int) -> Plan:
+            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, zero2_accumulate=accumulate)
+            return _variant(plan, grad_accum=mm) if mm else plan
+
+        def colls(plan: Plan) -> list[comm_mod.Collective]:
+            return comm_mod.stage_collectives(self.model, plan, stage, dims=("dp",))
+        if not m:
+            plan = stage_plan(0)
+            return plan, colls(plan)
+        memo, key, plan = self._memo, ("dp_calls", tp, pp, v, stage, g, zero, zero_unit, accumulate), stage_plan(m)
+        if key not in memo:
+            here = colls(plan)
+            memo[key] = here if here == colls(stage_plan(m + 1)) else None
+            return plan, here
+        return plan, memo[key] if memo[key] is not None else colls(plan)
 
     def _per_mb_and_step(self, dim: str, plan: Plan, stage: int, tier: LinkTier) -> tuple[float, float]:
         """(seconds per micro-batch, seconds once per step) of comm's ``dim`` calls: counts are affine in
@@ -735,57 +755,66 @@ class _Search:
             m, rest = divmod(per_replica, mb)
             if rest or (c.max_micro_batch and mb > c.max_micro_batch) or c.fixed.get("grad_accum", m) != m:
                 continue
-            # per schedule, the activation multiplier of each stage: its layers x in-flight micro-batches
-            scheds = {(sched, v): [ledger.block_inflight(self.model.layers, sched, pp, m, v, s, fast.base.pp_split)
-                                   for s in stages] for sched, v in _schedules(self.model, c, pp, m)}
+            # What the recomputation and SP choices share, once per micro-batch size: per schedule, each
+            # checked stage's activation multiplier (its blocks x in-flight micro-batches) and the last
+            # stage's in-flight logits; per interleave, each ZeRO variant's model state and buffers.
+            scheds = [(sched, v, [ledger.block_inflight(self.model.layers, sched, pp, m, v, s, fast.base.pp_split)
+                                  for s in stages], head_inflight(sched, pp, m, v))
+                      for sched, v in _schedules(self.model, c, pp, m)]
+            zeros = fam.zeros_for(m)
+            states = {v: [(zv, fam.state(fast, v, zv, m)) for zv in zeros] for _, v, _, _ in scheds}
             for recompute in c.options("recompute", c.recompute):
                 for sp in c.options("sp", c.sp):
                     if not sp or tp > 1:
-                        self._variants(fam, mb, m, recompute, sp, scheds)
+                        self._variants(fam, mb, m, recompute, sp, scheds, states)
         return len(self.records) - before
 
     def _variants(self, fam: _Family, mb: int, m: int, recompute: str, sp: bool,
-                  scheds: dict[tuple[str, int], list[float]]) -> None:
-        """Every schedule and ZeRO stage of one (micro-batch, recompute, SP) choice of a family."""
+                  scheds: list[tuple[str, int, list[float], int]],
+                  states: dict[int, list[tuple[tuple[int, str], list[float]]]]) -> None:
+        """Every schedule and ZeRO stage of one (micro-batch, recompute, SP) choice of a family.
+
+        A candidate fits when its largest checked stage does: state + buffers + activations (+ logits on
+        the last). Its step time is, over the checked stages, the largest critical path (compute, TP, CP
+        and PP, scaled by the schedule's bubble) plus that stage's exposed DP time. The stage times depend
+        on the interleave, not the schedule, and the exposed DP time on the interleave and the ZeRO
+        variant: both are computed once, for the first candidate that fits."""
         c, fast = self.c, self.fast
         tp, cp, pp, dp = fam.tp, fam.cp, fam.pp, fam.dp
         apl = fast.act_per_layer(tp, sp, cp, mb, recompute)
         abuf = fast.act_buffers(tp, sp, cp, mb, pp, c.cp_kind)
         lpm = fast.logits_per_mb(tp, cp, mb)
         timed_v: dict[int, list[StageTimes]] = {}
-        states_v: dict[int, list[tuple[int, list[float]]]] = {}
-        zeros = fam.zeros_for(m)
-        usable, records, n_zeros = self.usable, self.records, len(zeros)
-        for (sched, v), layers_x_inflight in scheds.items():
+        dp_v: dict[tuple[int, tuple[int, str]], list[tuple[float, DpTimes]]] = {}
+        usable, records, n_zeros = self.usable, self.records, len(fam.zeros_for(m))
+        for sched, v, layers_x_inflight, head in scheds:
             act = [apl * n + abuf for n in layers_x_inflight]
-            act[-1] += lpm * head_inflight(sched, pp, m, v)                  # the last stage's logits
-            states = states_v.get(v)
-            if states is None:
-                states = states_v[v] = [(zv, fam.state(fast, v, zv, m)) for zv in zeros]
+            act[-1] += lpm * head                                              # the last stage's logits
             self.candidates += n_zeros
             variant = None
-            for zv, sb in states:
-                # the largest checked stage: state + buffers + activations (+ logits on the last)
-                mem = max(map(add, sb, act))
+            for zv, sb in states[v]:
+                mem = max(map(add, sb, act))                                   # the largest checked stage
                 if mem > usable:
                     continue
                 if variant is None:
-                    bub = bubble(sched, pp, m, v, recompute)
                     sts = timed_v.get(v)
-                    if sts is None:      # TP, CP, PP and compute are the same for every schedule
+                    if sts is None:
                         sts = timed_v[v] = [fast.times_raw(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
                                             for s in fam.stages]
+                    bub = bubble(sched, pp, m, v, recompute)
                     variant = _Variant(tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub, sts,
                                        [critical_path(st, c.cp_kind, bub) for st in sts])
-                best = None
-                zero = zv[0]
-                for i, dpt in enumerate(fam.dp_times(fast, v, zv, m)):
-                    dpe = dp_exposed(zero, variant.stages[i].compute, m, recompute, dpt)
-                    step = variant.cores[i][0] + dpe
-                    if best is None or step > best[0]:
-                        best = (step, i, dpe, dpt)
-                assert best is not None
-                records.append(_Record(best[0], mem, len(records), variant, zero, zv[1], *best[1:]))
+                dps = dp_v.get((v, zv))
+                if dps is None:      # per checked stage: (exposed DP seconds, the DP calls' times)
+                    dps = dp_v[v, zv] = [(dp_exposed(zv[0], st.compute, m, recompute, dpt), dpt)
+                                         for st, dpt in zip(variant.stages, fam.dp_times(fast, v, zv, m), strict=True)]
+                # the checked stage with the longest step sets it (the first, on a tie)
+                i, step = 0, variant.cores[0][0] + dps[0][0]
+                for j in range(1, len(dps)):
+                    step_j = variant.cores[j][0] + dps[j][0]
+                    if step_j > step:
+                        i, step = j, step_j
+                records.append(_Record(step, mem, len(records), variant, zv[0], zv[1], i, *dps[i]))
 
     def build(self, record: _Record) -> Estimate:
         """The :class:`Estimate` of one record (see :meth:`family`)."""

@@ -35,7 +35,7 @@ behind the neighbouring GEMMs (Megatron's TP communication overlap). ``parallel-
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -73,17 +73,19 @@ class DpTimes:
         return self.sync + self.gather + self.zero3_per_mb * m
 
 
-def dp_times(colls: Iterable[Collective], tier: LinkTier, zero: int, m: int) -> DpTimes:
+def dp_times(colls: Iterable[Collective], tier: LinkTier, zero: int, m: int,
+             time: Callable[[str, int, int, LinkTier], float] = collective_time) -> DpTimes:
     """Read comm's ``dp`` collectives of one stage (in comm's order) into :class:`DpTimes`.
 
-    ZeRO-3's calls are made every micro-batch (``count = m``); the others once per step."""
+    ZeRO-3's calls are made every micro-batch (``count = m``); the others once per step. ``time`` is
+    :func:`comm.collective_time` (the planner passes a memoised one)."""
     sync = last = gather = first = z3 = 0.0
     spread = False
     units: dict[str | None, float] = {}
     for c in colls:
         if c.dim != "dp":
             continue
-        t = collective_time(c.kind, c.message_bytes, c.group_size, tier)
+        t = time(c.kind, c.message_bytes, c.group_size, tier)
         if zero == 3:
             z3 += c.count * t / m
             units[c.unit] = units.get(c.unit, 0.0) + t
