@@ -80,6 +80,7 @@ from .specs import (
     divisors,
 )
 from .steptime import (
+    NO_DP,
     DpTimes,
     StageFlops,
     StageTimes,
@@ -471,18 +472,22 @@ class _Fast:
 
     def times_raw(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
                   cp_kind: str, stage: int) -> StageTimes:
-        """Compute and the TP, CP and PP times of one stage (no DP fields; see :meth:`add_dp`)."""
+        """:meth:`stage_times`, memoised (for :meth:`times`; the search asks each one once)."""
         key = ("times", dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
         memo = self._memo
         if key not in memo:
-            memo[key] = self._times_raw(dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
+            memo[key] = self.stage_times(dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
         return memo[key]
 
-    def _times_raw(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
-                   cp_kind: str, stage: int) -> StageTimes:
-        # comm's TP, PP and CP calls see a micro-batch only through its local tokens (seq / cp) * micro_batch:
-        # the memo keys use that product, and the plans stand for it with micro_batch = 1 (tests compare
-        # every figure with comm.report, so a change in comm that broke this would be caught)
+    def stage_times(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
+                    cp_kind: str, stage: int) -> StageTimes:
+        """Compute and the TP, CP and PP seconds of one stage for one step (no DP fields: :meth:`dp_times`).
+
+        Comm's TP, PP and CP calls see a micro-batch only through its local tokens ``(seq / cp) *
+        micro_batch``: one block's calls for one micro-batch, and the stage's calls once per step, are
+        memoised on that product (the plans stand for it with ``micro_batch = 1``) and scaled by the stage's
+        blocks and micro-batches as comm scales them (tests compare every figure with ``comm.report``, so a
+        change in comm that broke this would be caught)."""
         tiers = self.tiers(dp, pp, c, t, stage, v)
         L = self.fl.n_layers(pp, v, stage)
         first, last = stage == 0, stage == pp - 1
@@ -490,43 +495,40 @@ class _Fast:
         memo, out = self._memo, {}
         if t > 1:
             tt = tiers["tp"]
-            key = ("tp_layer", t, sp, recompute, tokens, tt.name)
-            if key not in memo:
-                memo[key] = _time(comm_mod.tp_layer_collectives(self.model, _variant(
+            layer = memo.get(key := ("tp_layer", t, sp, recompute, tokens, tt.name))
+            if layer is None:           # one block, one micro-batch
+                layer = memo[key] = _time(comm_mod.tp_layer_collectives(self.model, _variant(
                     self.base, tp=t, sp=sp, recompute=recompute, seq=tokens, micro_batch=1)), tt)
-            layer = memo[key]
-            key = ("tp_step", t, sp, pp, v, stage, tt.name)
-            if key not in memo:
-                memo[key] = _time(comm_mod.tp_step_collectives(self.model, self._stage_plan(t, pp, v, sp=sp),
-                                                               stage), tt)
-            out["tp"] = L * m * layer + memo[key]
-            key = ("tp_vocab", t, sp, tokens, first, last, tt.name)
-            if key not in memo:
+            step = memo.get(key := ("tp_step", t, sp, pp, v, stage, tt.name))
+            if step is None:            # once per step (SP's replicated gradients, replicated kv heads)
+                step = memo[key] = _time(comm_mod.tp_step_collectives(self.model, self._stage_plan(t, pp, v, sp=sp),
+                                                                      stage), tt)
+            out["tp"] = L * m * layer + step
+            vocab = memo.get(key := ("tp_vocab", t, sp, tokens, first, last, tt.name))
+            if vocab is None:           # the vocabulary-parallel embedding and head
                 plan, s = self._edge_plan(first, last, tp=t, sp=sp, seq=tokens, micro_batch=1)
-                memo[key] = self._per_mb_and_step("tp_vocab", plan, s, tt)
-            per_mb, once = memo[key]
-            out["tp_vocab"] = m * per_mb + once
+                vocab = memo[key] = self._per_mb_and_step("tp_vocab", plan, s, tt)
+            out["tp_vocab"] = m * vocab[0] + vocab[1]
         if pp > 1:
             tpp = tiers["pp"]
-            key = ("pp", t, sp, tokens, v, first, last, tpp.name)
-            if key not in memo:
+            p2p = memo.get(key := ("pp", t, sp, tokens, v, first, last, tpp.name))
+            if p2p is None:
                 plan, s = self._edge_plan(first, last, tp=t, sp=sp, seq=tokens, micro_batch=1, interleave=v,
                                           schedule="interleaved" if v > 1 else "1f1b")
-                memo[key] = self._per_mb_and_step("pp", plan, s, tpp)
-            per_mb, once = memo[key]
-            out["pp"] = m * per_mb + once
+                p2p = memo[key] = self._per_mb_and_step("pp", plan, s, tpp)
+            out["pp"] = m * p2p[0] + p2p[1]
         if c > 1:
             tc = tiers["cp"]
-            key = ("cp_layer", t, c, tokens, recompute, cp_kind, tc.name)
-            if key not in memo:
-                memo[key] = _time(comm_mod.cp_layer_collectives(self.model, _variant(
+            ring = memo.get(key := ("cp_layer", t, c, tokens, recompute, cp_kind, tc.name))
+            if ring is None:            # one block, one micro-batch
+                ring = memo[key] = _time(comm_mod.cp_layer_collectives(self.model, _variant(
                     self.base, tp=t, cp=c, seq=tokens * c, micro_batch=1, recompute=recompute,
                     cp_kind=cp_kind)), tc)
-            out["cp"] = L * m * memo[key]
+            out["cp"] = L * m * ring
         tok = mb * m * self.seq / (t * c)
         compute, attention = _compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
                                       recompute, tok, self.rate)
-        return StageTimes(compute, attention, out, tp_overlap=_tp_overlap(self.cluster, sp))
+        return StageTimes(compute, attention, out, NO_DP, _tp_overlap(self.cluster, sp))
 
     def times(self, plan: Plan, stage: int) -> StageTimes:
         """Seconds of stage ``stage``: compute, and per dim ``comm.report(..., stage=stage).time_s``."""
@@ -764,28 +766,30 @@ class _Search:
             zeros = fam.zeros_for(m)
             states = {v: [(zv, fam.state(fast, v, zv, m)) for zv in zeros] for _, v, _, _ in scheds}
             for recompute in c.options("recompute", c.recompute):
+                exposed: dict[tuple[int, tuple[int, str]], list[tuple[float, DpTimes]]] = {}   # SP's too
                 for sp in c.options("sp", c.sp):
                     if not sp or tp > 1:
-                        self._variants(fam, mb, m, recompute, sp, scheds, states)
+                        self._variants(fam, mb, m, recompute, sp, scheds, states, exposed)
         return len(self.records) - before
 
     def _variants(self, fam: _Family, mb: int, m: int, recompute: str, sp: bool,
                   scheds: list[tuple[str, int, list[float], int]],
-                  states: dict[int, list[tuple[tuple[int, str], list[float]]]]) -> None:
+                  states: dict[int, list[tuple[tuple[int, str], list[float]]]],
+                  exposed: dict[tuple[int, tuple[int, str]], list[tuple[float, DpTimes]]]) -> None:
         """Every schedule and ZeRO stage of one (micro-batch, recompute, SP) choice of a family.
 
         A candidate fits when its largest checked stage does: state + buffers + activations (+ logits on
         the last). Its step time is, over the checked stages, the largest critical path (compute, TP, CP
         and PP, scaled by the schedule's bubble) plus that stage's exposed DP time. The stage times depend
-        on the interleave, not the schedule, and the exposed DP time on the interleave and the ZeRO
-        variant: both are computed once, for the first candidate that fits."""
+        on the interleave, not the schedule; the exposed DP time on the interleave, the ZeRO variant and
+        the stage's compute, not on SP: ``exposed`` keeps it per (interleave, ZeRO variant) for both SP
+        choices. Both are computed for the first candidate that fits."""
         c, fast = self.c, self.fast
         tp, cp, pp, dp = fam.tp, fam.cp, fam.pp, fam.dp
         apl = fast.act_per_layer(tp, sp, cp, mb, recompute)
         abuf = fast.act_buffers(tp, sp, cp, mb, pp, c.cp_kind)
         lpm = fast.logits_per_mb(tp, cp, mb)
         timed_v: dict[int, list[StageTimes]] = {}
-        dp_v: dict[tuple[int, tuple[int, str]], list[tuple[float, DpTimes]]] = {}
         usable, records, n_zeros = self.usable, self.records, len(fam.zeros_for(m))
         for sched, v, layers_x_inflight, head in scheds:
             act = [apl * n + abuf for n in layers_x_inflight]
@@ -799,14 +803,14 @@ class _Search:
                 if variant is None:
                     sts = timed_v.get(v)
                     if sts is None:
-                        sts = timed_v[v] = [fast.times_raw(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
+                        sts = timed_v[v] = [fast.stage_times(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
                                             for s in fam.stages]
                     bub = bubble(sched, pp, m, v, recompute)
                     variant = _Variant(tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub, sts,
                                        [critical_path(st, c.cp_kind, bub) for st in sts])
-                dps = dp_v.get((v, zv))
+                dps = exposed.get((v, zv))
                 if dps is None:      # per checked stage: (exposed DP seconds, the DP calls' times)
-                    dps = dp_v[v, zv] = [(dp_exposed(zv[0], st.compute, m, recompute, dpt), dpt)
+                    dps = exposed[v, zv] = [(dp_exposed(zv[0], st.compute, m, recompute, dpt), dpt)
                                          for st, dpt in zip(variant.stages, fam.dp_times(fast, v, zv, m), strict=True)]
                 # the checked stage with the longest step sets it (the first, on a tie)
                 i, step = 0, variant.cores[0][0] + dps[0][0]

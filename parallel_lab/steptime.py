@@ -36,7 +36,7 @@ behind the neighbouring GEMMs (Megatron's TP communication overlap). ``parallel-
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 from . import layout
@@ -45,17 +45,6 @@ from .flops import attention_keys, matmul_params, op_sac_recomputed_params
 from .layout import stage_blocks
 from .simulate import Costs, bubble_formula
 from .specs import RECOMPUTE, LinkTier, ModelSpec, Plan, StepProfile
-
-
-@dataclass
-class StageTimes:
-    """Seconds of one pipeline stage for one step (inputs of :func:`combine`)."""
-
-    compute: float
-    attention: float
-    comm: dict[str, float]
-    dp: DpTimes = field(default_factory=lambda: DpTimes())
-    tp_overlap: float = 0.0     # fraction of the TP time hidden (profile.tp_overlap with SP, else 0)
 
 
 @dataclass(frozen=True)
@@ -71,6 +60,21 @@ class DpTimes:
 
     def total(self, m: int) -> float:
         return self.sync + self.gather + self.zero3_per_mb * m
+
+
+#: No data-parallel calls (a frozen value, shared).
+NO_DP = DpTimes()
+
+
+@dataclass
+class StageTimes:
+    """Seconds of one pipeline stage for one step (inputs of :func:`combine`)."""
+
+    compute: float
+    attention: float
+    comm: dict[str, float]
+    dp: DpTimes = NO_DP
+    tp_overlap: float = 0.0     # fraction of the TP time hidden (profile.tp_overlap with SP, else 0)
 
 
 def dp_times(colls: Iterable[Collective], tier: LinkTier, zero: int, m: int,
