@@ -716,11 +716,10 @@ class _Variant:
 
 @dataclass(slots=True)
 class _Record:
-    """One fitting plan: its step time and memory (the sort key), and where to rebuild its Estimate."""
+    """One fitting plan: its step time and memory (the sort keys), and where to rebuild its Estimate."""
 
     step: float
     memory: float
-    order: int
     variant: _Variant
     zero: int
     accumulate: str             # Plan.zero2_accumulate
@@ -818,7 +817,7 @@ class _Search:
                     step_j = variant.cores[j][0] + dps[j][0]
                     if step_j > step:
                         i, step = j, step_j
-                records.append(_Record(step, mem, len(records), variant, zv[0], zv[1], i, *dps[i]))
+                records.append(_Record(step, mem, variant, zv[0], zv[1], i, *dps[i]))
 
     def build(self, record: _Record) -> Estimate:
         """The :class:`Estimate` of one record (see :meth:`family`)."""
@@ -877,7 +876,12 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, *,
     finally:
         if collecting:
             gc.enable()
-    estimates = RankedPlans(sorted(search.records, key=attrgetter("step", "memory", "order")), search.build)
+    # ranked by step time, then memory, then the order found: records are appended in that order and a sort
+    # is stable, so sorting by memory and then by step time gives that ranking (two sorts on float keys
+    # are faster than one on tuples)
+    records = sorted(search.records, key=attrgetter("memory"))
+    records.sort(key=attrgetter("step"))
+    estimates = RankedPlans(records, search.build)
     reasons = {r: rejected[r] for r in REASONS if rejected[r]}
     return PlannerResult(estimates, reasons, families, search.candidates, time.perf_counter() - t0, model,
                          cluster, gpus, seq, batch, c.margin)
