@@ -86,6 +86,7 @@ from .steptime import (
     StageTimes,
     bubble,
     combine,
+    critical_parts,
     critical_path,
     dp_exposed,
     dp_times,
@@ -788,8 +789,8 @@ class _Search:
         apl = fast.act_per_layer(tp, sp, cp, mb, recompute)
         abuf = fast.act_buffers(tp, sp, cp, mb, pp, c.cp_kind)
         lpm = fast.logits_per_mb(tp, cp, mb)
-        timed_v: dict[int, list[StageTimes]] = {}
-        usable, records, n_zeros = self.usable, self.records, len(fam.zeros_for(m))
+        timed_v: dict[int, tuple[list[StageTimes], list[tuple[float, float, float, float]]]] = {}
+        usable, records, n_zeros, later = self.usable, self.records, len(fam.zeros_for(m)), range(1, len(fam.stages))
         for sched, v, layers_x_inflight, head in scheds:
             act = [apl * n + abuf for n in layers_x_inflight]
             act[-1] += lpm * head                                              # the last stage's logits
@@ -800,20 +801,22 @@ class _Search:
                 if mem > usable:
                     continue
                 if variant is None:
-                    sts = timed_v.get(v)
-                    if sts is None:
-                        sts = timed_v[v] = [fast.stage_times(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
-                                            for s in fam.stages]
+                    timed = timed_v.get(v)
+                    if timed is None:    # per checked stage: its times, and what of them the bubble scales
+                        sts = [fast.stage_times(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
+                               for s in fam.stages]
+                        timed = timed_v[v] = sts, [critical_parts(st, c.cp_kind) for st in sts]
                     bub = bubble(sched, pp, m, v, recompute)
-                    variant = _Variant(tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub, sts,
-                                       [critical_path(st, c.cp_kind, bub) for st in sts])
+                    variant = _Variant(tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub, timed[0],
+                                       [critical_path(st, c.cp_kind, bub, parts)
+                                        for st, parts in zip(*timed, strict=True)])
                 dps = exposed.get((v, zv))
                 if dps is None:      # per checked stage: (exposed DP seconds, the DP calls' times)
                     dps = exposed[v, zv] = [(dp_exposed(zv[0], st.compute, m, recompute, dpt), dpt)
                                          for st, dpt in zip(variant.stages, fam.dp_times(fast, v, zv, m), strict=True)]
                 # the checked stage with the longest step sets it (the first, on a tie)
                 i, step = 0, variant.cores[0][0] + dps[0][0]
-                for j in range(1, len(dps)):
+                for j in later:
                     step_j = variant.cores[j][0] + dps[j][0]
                     if step_j > step:
                         i, step = j, step_j

@@ -146,14 +146,24 @@ def dp_exposed(zero: int, compute: float, m: int, recompute: str, d: DpTimes) ->
     return out
 
 
-def critical_path(st: StageTimes, cp_kind: str, bubble_ratio: float) -> tuple[float, float, float, float]:
-    """(per-micro-batch critical path times the pipeline factor, + PP) and its parts: tp, exposed cp, pp."""
+def critical_parts(st: StageTimes, cp_kind: str) -> tuple[float, float, float, float]:
+    """What of a stage's step is on the per-micro-batch critical path (compute, exposed TP, CP and EP), and
+    its parts: exposed tp, exposed cp, pp; :func:`critical_path` scales the first by the bubble."""
     tp = (st.comm.get("tp", 0.0) + st.comm.get("tp_vocab", 0.0)) * (1.0 - st.tp_overlap)
     cp = st.comm.get("cp", 0.0)
     cp_exp = max(0.0, cp - st.attention) if cp_kind == "ring" else cp
     pp = st.comm.get("pp", 0.0)
     ep = st.comm.get("ep", 0.0)            # expert parallelism's all-to-alls block the layer: not overlapped
-    return (st.compute + tp + cp_exp + ep) * (1.0 + bubble_ratio) + pp, tp, cp_exp, pp
+    return st.compute + tp + cp_exp + ep, tp, cp_exp, pp
+
+
+def critical_path(st: StageTimes, cp_kind: str, bubble_ratio: float,
+                  parts: tuple[float, float, float, float] | None = None) -> tuple[float, float, float, float]:
+    """(per-micro-batch critical path times the pipeline factor, + PP) and its parts: tp, exposed cp, pp.
+
+    ``parts``: :func:`critical_parts` of ``st``, when the caller has it (one stage under several schedules)."""
+    per_mb, tp, cp_exp, pp = parts or critical_parts(st, cp_kind)
+    return per_mb * (1.0 + bubble_ratio) + pp, tp, cp_exp, pp
 
 
 def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float,
