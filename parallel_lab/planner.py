@@ -355,6 +355,7 @@ class _Fast:
                          mlp=c.mlp, pp_split=c.pp_split)
         self.fl = StageFlops(model, seq, c.pp_split, c.mlp)
         self.rate = cluster.mfu_achievable * cluster.peak_flops
+        self.tp_overlap = {sp: _tp_overlap(cluster, sp) for sp in (False, True)}
         self._memo: dict[tuple, Any] = {}
 
     def _once(self, key: tuple, compute: Any) -> Any:
@@ -489,11 +490,13 @@ class _Fast:
         memoised on that product (the plans stand for it with ``micro_batch = 1``) and scaled by the stage's
         blocks and micro-batches as comm scales them (tests compare every figure with ``comm.report``, so a
         change in comm that broke this would be caught)."""
-        tiers = self.tiers(dp, pp, c, t, stage, v)
-        L = self.fl.n_layers(pp, v, stage)
-        first, last = stage == 0, stage == pp - 1
-        tokens = (self.seq // c) * mb
         memo, out = self._memo, {}
+        where = memo.get(key := ("where", dp, t, pp, c, v, stage))
+        if where is None:               # the groups' link tiers, the stage's blocks, its embedding and head
+            where = memo[key] = (self.tiers(dp, pp, c, t, stage, v), self.fl.n_layers(pp, v, stage), stage == 0,
+                                 stage == pp - 1)
+        tiers, L, first, last = where
+        tokens = (self.seq // c) * mb
         if t > 1:
             tt = tiers["tp"]
             layer = memo.get(key := ("tp_layer", t, sp, recompute, tokens, tt.name))
@@ -529,7 +532,7 @@ class _Fast:
         tok = mb * m * self.seq / (t * c)
         compute, attention = _compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
                                       recompute, tok, self.rate)
-        return StageTimes(compute, attention, out, NO_DP, _tp_overlap(self.cluster, sp))
+        return StageTimes(compute, attention, out, NO_DP, self.tp_overlap[sp])
 
     def times(self, plan: Plan, stage: int) -> StageTimes:
         """Seconds of stage ``stage``: compute, and per dim ``comm.report(..., stage=stage).time_s``."""
