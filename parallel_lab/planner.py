@@ -11,11 +11,13 @@ by reason: ``divisibility``, ``batch``, ``tp_across_nodes``, ``oom``.
 Memory is the ledger's (:func:`parallel_lab.ledger.memory`): the largest stage total against
 ``hbm * (1 - margin)``. Communication is the comm module's (:func:`parallel_lab.comm.report`): each group's
 collectives on the link tier its ranks land on in the placement ``arange(world).view(dp, pp, cp, tp)`` (TP
-innermost, then CP, PP, DP). To estimate some 10^5 candidates in under a second (Llama 3 405B on 16,384
-GPUs: 73,602 candidates; ``bench/bench_planner.py`` prints the time), the planner evaluates
-both through a fast path (:class:`_Fast`) that caches what depends on few degrees (per-stage parameter
-units, DDP buckets, activation bytes per layer) and sums the same closed forms; tests check it against
-``ledger.memory`` and ``comm.report`` plan by plan, and :func:`evaluate` uses the two modules themselves.
+innermost, then CP, PP, DP). To estimate some 10^5 candidates in well under a second (Llama 3 405B on
+16,384 GPUs: 73,602 candidates; Llama 2 7B: 64,632; ``bench/bench_planner.py`` prints the times), the
+planner evaluates both through a fast path (:class:`_Fast`) that caches what depends on few degrees
+(per-stage parameter units, DDP buckets, activation bytes per layer) and sums the same closed forms, and
+the search computes each part once at the loop level it depends on (:meth:`_Search.family`); tests check
+it against ``ledger.memory`` and ``comm.report`` plan by plan, and :func:`evaluate` uses the two modules
+themselves.
 Only stage 0 (most layers, the embedding, the most in-flight micro-batches) and the last stage (the head
 and the logits) are evaluated: no middle stage exceeds both (also checked against the ledger).
 
@@ -345,8 +347,10 @@ class _Fast:
     few quantities it depends on: a pipeline stage's parameters on ``(tp, pp, interleave, stage)`` (the
     layout caches them by block count, embedding and head), the activations on ``(tp, sp, cp,
     micro_batch, recompute)``, one block's TP and CP calls for one micro-batch on the same, scaled by the
-    stage's blocks and micro-batches exactly as comm scales them. Tests compare :meth:`memory` with
-    ``ledger.memory`` and :meth:`times` with ``comm.report`` plan by plan.
+    stage's blocks and micro-batches exactly as comm scales them; a stage's DP calls on ``(tp, pp,
+    interleave, stage, dp * cp, ZeRO variant)``, and on ``m`` only where comm's calls change with it. Tests
+    compare :meth:`memory` with ``ledger.memory`` and :meth:`times` with ``comm.report`` plan by plan.
+    The memo lives in the object: one search, one model.
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, seq: int, c: Constraints) -> None:
@@ -748,7 +752,13 @@ class _Search:
 
     def family(self, tp: int, cp: int, pp: int, dp: int) -> int:
         """Estimate every variant of one family (micro-batch, schedule, recompute, SP, ZeRO); returns how
-        many fit."""
+        many fit.
+
+        The loops nest micro-batch size > recomputation > SP > schedule > ZeRO variant, and each part of an
+        estimate is computed at the outermost loop it depends on: in-flight micro-batches and model state
+        per micro-batch size; the exposed DP time per recomputation (it does not depend on SP); stage
+        times per SP choice and interleave; the bubble per schedule; memory and step time per candidate
+        (:meth:`_variants`)."""
         c, fast = self.c, self.fast
         before = len(self.records)
         stages = stages_to_check(pp, fast.base.pp_split)
