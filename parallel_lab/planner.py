@@ -771,10 +771,11 @@ class _Search:
             if rest or (c.max_micro_batch and mb > c.max_micro_batch) or c.fixed.get("grad_accum", m) != m:
                 continue
             # What the recomputation and SP choices share, once per micro-batch size: per schedule, each
-            # checked stage's activation multiplier (its blocks x in-flight micro-batches) and the last
-            # stage's in-flight logits; per interleave, each ZeRO variant's model state and buffers.
+            # checked stage's activation multiplier (its blocks x in-flight micro-batches) and the bytes of
+            # the last stage's in-flight logits; per interleave, each ZeRO variant's model state and buffers.
+            logits = fast.logits_per_mb(tp, cp, mb)
             scheds = [(sched, v, [ledger.block_inflight(self.model.layers, sched, pp, m, v, s, fast.base.pp_split)
-                                  for s in stages], head_inflight(sched, pp, m, v))
+                                  for s in stages], logits * head_inflight(sched, pp, m, v))
                       for sched, v in _schedules(self.model, c, pp, m)]
             zeros = fam.zeros_for(m)
             states = {v: [(zv, fam.state(fast, v, zv, m)) for zv in zeros] for _, v, _, _ in scheds}
@@ -786,7 +787,7 @@ class _Search:
         return len(self.records) - before
 
     def _variants(self, fam: _Family, mb: int, m: int, recompute: str, sp: bool,
-                  scheds: list[tuple[str, int, list[float], int]],
+                  scheds: list[tuple[str, int, list[float], float]],
                   states: dict[int, list[tuple[tuple[int, str], list[float]]]],
                   exposed: dict[tuple[int, tuple[int, str]], list[tuple[float, DpTimes]]]) -> None:
         """Every schedule and ZeRO stage of one (micro-batch, recompute, SP) choice of a family.
@@ -801,13 +802,12 @@ class _Search:
         tp, cp, pp, dp = fam.tp, fam.cp, fam.pp, fam.dp
         apl = fast.act_per_layer(tp, sp, cp, mb, recompute)
         abuf = fast.act_buffers(tp, sp, cp, mb, pp, c.cp_kind)
-        lpm = fast.logits_per_mb(tp, cp, mb)
         timed_v: dict[int, tuple[list[StageTimes], list[tuple[float, float, float, float]]]] = {}
-        usable, records, n_zeros, later = self.usable, self.records, len(fam.zeros_for(m)), range(1, len(fam.stages))
-        for sched, v, layers_x_inflight, head in scheds:
+        usable, records, later = self.usable, self.records, range(1, len(fam.stages))
+        self.candidates += len(scheds) * len(fam.zeros_for(m))
+        for sched, v, layers_x_inflight, logits in scheds:
             act = [apl * n + abuf for n in layers_x_inflight]
-            act[-1] += lpm * head                                              # the last stage's logits
-            self.candidates += n_zeros
+            act[-1] += logits                                                  # the last stage's logits
             variant = None
             for zv, sb in states[v]:
                 mem = max(map(add, sb, act))                                   # the largest checked stage
