@@ -449,7 +449,7 @@ class _Fast:
         """The stage plan and comm's dp collectives of the stage (``m`` micro-batches; 0: the stage plan's).
 
         Comm's counts are affine in ``m`` (as :meth:`_per_mb_and_step` uses): when the calls for ``m`` and
-        ``m + 1`` micro-batches are equal, they are the same for every ``m`` (ZeRO-3 under a pipeline
+        ``2 m`` micro-batches are equal, they are the same for every ``m`` (ZeRO-3 under a pipeline
         gathers once per step), and are kept once; else they are asked of comm for each ``m``."""
         def stage_plan(mm: int) -> Plan:
             plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, zero2_accumulate=accumulate)
@@ -463,7 +463,7 @@ class _Fast:
         memo, key, plan = self._memo, ("dp_calls", tp, pp, v, stage, g, zero, zero_unit, accumulate), stage_plan(m)
         if key not in memo:
             here = colls(plan)
-            memo[key] = here if here == colls(stage_plan(m + 1)) else None
+            memo[key] = here if here == colls(stage_plan(2 * m)) else None
             return plan, here
         return plan, memo[key] if memo[key] is not None else colls(plan)
 
