@@ -61,7 +61,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from operator import add, attrgetter
 from typing import Any
 
@@ -319,11 +318,6 @@ def _tp_overlap(cluster: ClusterSpec, sp: bool) -> float:
 # The fast path: the ledger's and comm's own functions, memoised on the few quantities each depends on
 # --------------------------------------------------------------------------------------------------
 
-def _time(colls: list[comm_mod.Collective], tier: LinkTier) -> float:
-    """Seconds of ``colls`` on ``tier`` (comm's alpha-beta model, as ``comm.report`` sums it)."""
-    return sum(c.count * _t(c.kind, c.message_bytes, c.group_size, tier) for c in colls)
-
-
 def _variant(plan: Plan, **changes: Any) -> Plan:
     """``dataclasses.replace(plan, **changes)`` without re-running ``Plan.__post_init__``'s checks.
 
@@ -334,12 +328,6 @@ def _variant(plan: Plan, **changes: Any) -> Plan:
     new.__dict__.update(plan.__dict__)
     new.__dict__.update(changes)
     return new
-
-
-@cache
-def _t(kind: str, message: float, n: int, tier: LinkTier) -> float:
-    """``comm.collective_time``, memoised."""
-    return comm_mod.collective_time(kind, message, n, tier)
 
 
 class _Fast:
@@ -361,6 +349,19 @@ class _Fast:
         self.rate = cluster.mfu_achievable * cluster.peak_flops
         self.tp_overlap = {sp: _tp_overlap(cluster, sp) for sp in (False, True)}
         self._memo: dict[tuple, Any] = {}
+        self._call_s: dict[tuple[str, int, int, LinkTier], float] = {}
+
+    def _t(self, kind: str, message: int, n: int, tier: LinkTier) -> float:
+        """``comm.collective_time``, memoised (in this object: one search)."""
+        key = (kind, message, n, tier)
+        t = self._call_s.get(key)
+        if t is None:
+            t = self._call_s[key] = comm_mod.collective_time(kind, message, n, tier)
+        return t
+
+    def _time(self, colls: list[comm_mod.Collective], tier: LinkTier) -> float:
+        """Seconds of ``colls`` on ``tier`` (comm's alpha-beta model, as ``comm.report`` sums it)."""
+        return sum(c.count * self._t(c.kind, c.message_bytes, c.group_size, tier) for c in colls)
 
     def _once(self, key: tuple, compute: Any) -> Any:
         memo = self._memo
@@ -441,7 +442,7 @@ class _Fast:
 
         def compute() -> DpTimes:
             plan, colls = self._dp_collectives(tp, pp, v, stage, g, zero, zero_unit, accumulate, m)
-            return dp_times(colls, tier, zero, plan.microbatches, time=_t)
+            return dp_times(colls, tier, zero, plan.microbatches, time=self._t)
         return self._once(("dp", tp, pp, v, stage, g, zero, tier.name, zero_unit, accumulate, m), compute)
 
     def _dp_collectives(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int, zero_unit: str,
@@ -471,9 +472,9 @@ class _Fast:
         """(seconds per micro-batch, seconds once per step) of comm's ``dim`` calls: counts are affine in
         the number of micro-batches ``m``, so two evaluations (``m0`` and ``2 m0``) separate them exactly."""
         m0 = plan.grad_accum
-        one = _time(comm_mod.stage_collectives(self.model, plan, stage, dims=(dim,)), tier)
-        two = _time(comm_mod.stage_collectives(self.model, _variant(plan, grad_accum=2 * m0), stage, dims=(dim,)),
-                    tier)
+        one = self._time(comm_mod.stage_collectives(self.model, plan, stage, dims=(dim,)), tier)
+        two = self._time(comm_mod.stage_collectives(self.model, _variant(plan, grad_accum=2 * m0), stage,
+                                                    dims=(dim,)), tier)
         return (two - one) / m0, 2 * one - two
 
     def times_raw(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
@@ -505,12 +506,12 @@ class _Fast:
             tt = tiers["tp"]
             layer = memo.get(key := ("tp_layer", t, sp, recompute, tokens, tt.name))
             if layer is None:           # one block, one micro-batch
-                layer = memo[key] = _time(comm_mod.tp_layer_collectives(self.model, _variant(
+                layer = memo[key] = self._time(comm_mod.tp_layer_collectives(self.model, _variant(
                     self.base, tp=t, sp=sp, recompute=recompute, seq=tokens, micro_batch=1)), tt)
             step = memo.get(key := ("tp_step", t, sp, pp, v, stage, tt.name))
             if step is None:            # once per step (SP's replicated gradients, replicated kv heads)
-                step = memo[key] = _time(comm_mod.tp_step_collectives(self.model, self._stage_plan(t, pp, v, sp=sp),
-                                                                      stage), tt)
+                step = memo[key] = self._time(comm_mod.tp_step_collectives(
+                    self.model, self._stage_plan(t, pp, v, sp=sp), stage), tt)
             out["tp"] = L * m * layer + step
             vocab = memo.get(key := ("tp_vocab", t, sp, tokens, first, last, tt.name))
             if vocab is None:           # the vocabulary-parallel embedding and head
@@ -529,7 +530,7 @@ class _Fast:
             tc = tiers["cp"]
             ring = memo.get(key := ("cp_layer", t, c, tokens, recompute, cp_kind, tc.name))
             if ring is None:            # one block, one micro-batch
-                ring = memo[key] = _time(comm_mod.cp_layer_collectives(self.model, _variant(
+                ring = memo[key] = self._time(comm_mod.cp_layer_collectives(self.model, _variant(
                     self.base, tp=t, cp=c, seq=tokens * c, micro_batch=1, recompute=recompute,
                     cp_kind=cp_kind)), tc)
             out["cp"] = L * m * ring
