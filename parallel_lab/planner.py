@@ -61,6 +61,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from operator import add, attrgetter
 from typing import Any
 
@@ -349,15 +350,8 @@ class _Fast:
         self.rate = cluster.mfu_achievable * cluster.peak_flops
         self.tp_overlap = {sp: _tp_overlap(cluster, sp) for sp in (False, True)}
         self._memo: dict[tuple, Any] = {}
-        self._call_s: dict[tuple[str, int, int, LinkTier], float] = {}
-
-    def _t(self, kind: str, message: int, n: int, tier: LinkTier) -> float:
-        """``comm.collective_time``, memoised (in this object: one search)."""
-        key = (kind, message, n, tier)
-        t = self._call_s.get(key)
-        if t is None:
-            t = self._call_s[key] = comm_mod.collective_time(kind, message, n, tier)
-        return t
+        #: ``comm.collective_time(kind, message_bytes, group_size, tier)``, memoised in this object (one search)
+        self._t = cache(comm_mod.collective_time)
 
     def _time(self, colls: list[comm_mod.Collective], tier: LinkTier) -> float:
         """Seconds of ``colls`` on ``tier`` (comm's alpha-beta model, as ``comm.report`` sums it)."""
@@ -398,16 +392,22 @@ class _Fast:
                           compute)
 
     def act_per_layer(self, tp: int, sp: bool, cp: int, mb: int, recompute: str) -> float:
-        return self._once(("act", tp, sp, cp, mb, recompute), lambda: ledger.activation_bytes_per_layer(
-            self.model, _variant(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, recompute=recompute)))
+        got = self._memo.get(key := ("act", tp, sp, cp, mb, recompute))
+        if got is None:
+            got = self._memo[key] = ledger.activation_bytes_per_layer(
+                self.model, _variant(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, recompute=recompute))
+        return got
 
     def logits_per_mb(self, tp: int, cp: int, mb: int) -> float:
         return self._once(("logits", tp, cp, mb), lambda: ledger.logits_bytes(
             self.model, _variant(self.base, tp=tp, cp=cp, micro_batch=mb)))
 
     def act_buffers(self, tp: int, sp: bool, cp: int, mb: int, pp: int, cp_kind: str) -> float:
-        return self._once(("abuf", tp, sp, cp, mb, pp > 1, cp_kind), lambda: ledger.activation_buffer_bytes(
-            self.model, _variant(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, pp=min(pp, 2), cp_kind=cp_kind)))
+        got = self._memo.get(key := ("abuf", tp, sp, cp, mb, pp > 1, cp_kind))
+        if got is None:
+            got = self._memo[key] = ledger.activation_buffer_bytes(self.model, _variant(
+                self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, pp=min(pp, 2), cp_kind=cp_kind))
+        return got
 
     def memory(self, plan: Plan, stage: int) -> float:
         """Bytes of stage ``stage`` per GPU, as ``ledger.memory(model, plan, stage=stage).total_bytes``."""
@@ -535,9 +535,14 @@ class _Fast:
                     cp_kind=cp_kind)), tc)
             out["cp"] = L * m * ring
         tok = mb * m * self.seq / (t * c)
-        compute, attention = _compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
-                                      recompute, tok, self.rate)
-        return StageTimes(compute, attention, out, NO_DP, self.tp_overlap[sp])
+        # without a roofline profile the compute sees the micro-batches only through the tokens of the step
+        # (the same for every micro-batch size of a family); with one, through both sizes
+        sizes = (mb, m) if self.cluster.profile is not None else ()
+        flops = memo.get(key := ("compute", t, c, pp, v, stage, recompute, tok, sizes))
+        if flops is None:
+            flops = memo[key] = _compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
+                                         recompute, tok, self.rate)
+        return StageTimes(*flops, out, NO_DP, self.tp_overlap[sp])
 
     def times(self, plan: Plan, stage: int) -> StageTimes:
         """Seconds of stage ``stage``: compute, and per dim ``comm.report(..., stage=stage).time_s``."""
