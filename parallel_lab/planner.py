@@ -11,11 +11,13 @@ by reason: ``divisibility``, ``batch``, ``tp_across_nodes``, ``oom``.
 Memory is the ledger's (:func:`parallel_lab.ledger.memory`): the largest stage total against
 ``hbm * (1 - margin)``. Communication is the comm module's (:func:`parallel_lab.comm.report`): each group's
 collectives on the link tier its ranks land on in the placement ``arange(world).view(dp, pp, cp, tp)`` (TP
-innermost, then CP, PP, DP). To estimate some 10^5 candidates in under a second (Llama 3 405B on 16,384
-GPUs: 73,602 candidates; ``bench/bench_planner.py`` prints the time), the planner evaluates
-both through a fast path (:class:`_Fast`) that caches what depends on few degrees (per-stage parameter
-units, DDP buckets, activation bytes per layer) and sums the same closed forms; tests check it against
-``ledger.memory`` and ``comm.report`` plan by plan, and :func:`evaluate` uses the two modules themselves.
+innermost, then CP, PP, DP). To estimate some 10^5 candidates in well under a second (Llama 3 405B on
+16,384 GPUs: 73,602 candidates; Llama 2 7B: 64,632; ``bench/bench_planner.py`` prints the times), the
+planner evaluates both through a fast path (:class:`_Fast`) that caches what depends on few degrees
+(per-stage parameter units, DDP buckets, activation bytes per layer) and sums the same closed forms, and
+the search computes each part once at the loop level it depends on (:meth:`_Search.family`); tests check
+it against ``ledger.memory`` and ``comm.report`` plan by plan, and :func:`evaluate` uses the two modules
+themselves.
 Only stage 0 (most layers, the embedding, the most in-flight micro-batches) and the last stage (the head
 and the logits) are evaluated: no middle stage exceeds both (also checked against the ledger).
 
@@ -80,11 +82,13 @@ from .specs import (
     divisors,
 )
 from .steptime import (
+    NO_DP,
     DpTimes,
     StageFlops,
     StageTimes,
     bubble,
     combine,
+    critical_parts,
     critical_path,
     dp_exposed,
     dp_times,
@@ -315,11 +319,6 @@ def _tp_overlap(cluster: ClusterSpec, sp: bool) -> float:
 # The fast path: the ledger's and comm's own functions, memoised on the few quantities each depends on
 # --------------------------------------------------------------------------------------------------
 
-def _time(colls: list[comm_mod.Collective], tier: LinkTier) -> float:
-    """Seconds of ``colls`` on ``tier`` (comm's alpha-beta model, as ``comm.report`` sums it)."""
-    return sum(c.count * _t(c.kind, c.message_bytes, c.group_size, tier) for c in colls)
-
-
 def _variant(plan: Plan, **changes: Any) -> Plan:
     """``dataclasses.replace(plan, **changes)`` without re-running ``Plan.__post_init__``'s checks.
 
@@ -332,19 +331,15 @@ def _variant(plan: Plan, **changes: Any) -> Plan:
     return new
 
 
-@cache
-def _t(kind: str, message: float, n: int, tier: LinkTier) -> float:
-    """``comm.collective_time``, memoised."""
-    return comm_mod.collective_time(kind, message, n, tier)
-
-
 class _Fast:
     """Memory and step times of a plan from the ledger's and comm's own functions, each memoised on the
     few quantities it depends on: a pipeline stage's parameters on ``(tp, pp, interleave, stage)`` (the
     layout caches them by block count, embedding and head), the activations on ``(tp, sp, cp,
     micro_batch, recompute)``, one block's TP and CP calls for one micro-batch on the same, scaled by the
-    stage's blocks and micro-batches exactly as comm scales them. Tests compare :meth:`memory` with
-    ``ledger.memory`` and :meth:`times` with ``comm.report`` plan by plan.
+    stage's blocks and micro-batches exactly as comm scales them; a stage's DP calls on ``(tp, pp,
+    interleave, stage, dp * cp, ZeRO variant)``, and on ``m`` only where comm's calls change with it. Tests
+    compare :meth:`memory` with ``ledger.memory`` and :meth:`times` with ``comm.report`` plan by plan.
+    The memo lives in the object: one search, one model.
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, seq: int, c: Constraints) -> None:
@@ -353,7 +348,14 @@ class _Fast:
                          mlp=c.mlp, pp_split=c.pp_split)
         self.fl = StageFlops(model, seq, c.pp_split, c.mlp)
         self.rate = cluster.mfu_achievable * cluster.peak_flops
+        self.tp_overlap = {sp: _tp_overlap(cluster, sp) for sp in (False, True)}
         self._memo: dict[tuple, Any] = {}
+        #: ``comm.collective_time(kind, message_bytes, group_size, tier)``, memoised in this object (one search)
+        self._t = cache(comm_mod.collective_time)
+
+    def _time(self, colls: list[comm_mod.Collective], tier: LinkTier) -> float:
+        """Seconds of ``colls`` on ``tier`` (comm's alpha-beta model, as ``comm.report`` sums it)."""
+        return sum(c.count * self._t(c.kind, c.message_bytes, c.group_size, tier) for c in colls)
 
     def _once(self, key: tuple, compute: Any) -> Any:
         memo = self._memo
@@ -390,16 +392,22 @@ class _Fast:
                           compute)
 
     def act_per_layer(self, tp: int, sp: bool, cp: int, mb: int, recompute: str) -> float:
-        return self._once(("act", tp, sp, cp, mb, recompute), lambda: ledger.activation_bytes_per_layer(
-            self.model, _variant(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, recompute=recompute)))
+        got = self._memo.get(key := ("act", tp, sp, cp, mb, recompute))
+        if got is None:
+            got = self._memo[key] = ledger.activation_bytes_per_layer(
+                self.model, _variant(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, recompute=recompute))
+        return got
 
     def logits_per_mb(self, tp: int, cp: int, mb: int) -> float:
         return self._once(("logits", tp, cp, mb), lambda: ledger.logits_bytes(
             self.model, _variant(self.base, tp=tp, cp=cp, micro_batch=mb)))
 
     def act_buffers(self, tp: int, sp: bool, cp: int, mb: int, pp: int, cp_kind: str) -> float:
-        return self._once(("abuf", tp, sp, cp, mb, pp > 1, cp_kind), lambda: ledger.activation_buffer_bytes(
-            self.model, _variant(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, pp=min(pp, 2), cp_kind=cp_kind)))
+        got = self._memo.get(key := ("abuf", tp, sp, cp, mb, pp > 1, cp_kind))
+        if got is None:
+            got = self._memo[key] = ledger.activation_buffer_bytes(self.model, _variant(
+                self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, pp=min(pp, 2), cp_kind=cp_kind))
+        return got
 
     def memory(self, plan: Plan, stage: int) -> float:
         """Bytes of stage ``stage`` per GPU, as ``ledger.memory(model, plan, stage=stage).total_bytes``."""
@@ -433,80 +441,108 @@ class _Fast:
         m = m if accumulate == "sharded" or (zero == 3 and pp > 1) else 0   # only then does m matter
 
         def compute() -> DpTimes:
-            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, zero2_accumulate=accumulate)
-            if m:
-                plan = _variant(plan, grad_accum=m)
-            colls = comm_mod.stage_collectives(self.model, plan, stage, dims=("dp",))
-            return dp_times(colls, tier, zero, plan.microbatches)
+            plan, colls = self._dp_collectives(tp, pp, v, stage, g, zero, zero_unit, accumulate, m)
+            return dp_times(colls, tier, zero, plan.microbatches, time=self._t)
         return self._once(("dp", tp, pp, v, stage, g, zero, tier.name, zero_unit, accumulate, m), compute)
+
+    def _dp_collectives(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int, zero_unit: str,
+                        accumulate: str, m: int) -> tuple[Plan, list[comm_mod.Collective]]:
+        """The stage plan and comm's dp collectives of the stage (``m`` micro-batches; 0: the stage plan's).
+
+        Comm's counts are affine in ``m`` (as :meth:`_per_mb_and_step` uses): when the calls for ``m`` and
+        ``2 m`` micro-batches are equal, they are the same for every ``m`` (ZeRO-3 under a pipeline
+        gathers once per step), and are kept once; else they are asked of comm for each ``m``."""
+        def stage_plan(mm: int) -> Plan:
+            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, zero2_accumulate=accumulate)
+            return _variant(plan, grad_accum=mm) if mm else plan
+
+        def colls(plan: Plan) -> list[comm_mod.Collective]:
+            return comm_mod.stage_collectives(self.model, plan, stage, dims=("dp",))
+        if not m:
+            plan = stage_plan(0)
+            return plan, colls(plan)
+        memo, key, plan = self._memo, ("dp_calls", tp, pp, v, stage, g, zero, zero_unit, accumulate), stage_plan(m)
+        if key not in memo:
+            here = colls(plan)
+            memo[key] = here if here == colls(stage_plan(2 * m)) else None
+            return plan, here
+        return plan, memo[key] if memo[key] is not None else colls(plan)
 
     def _per_mb_and_step(self, dim: str, plan: Plan, stage: int, tier: LinkTier) -> tuple[float, float]:
         """(seconds per micro-batch, seconds once per step) of comm's ``dim`` calls: counts are affine in
         the number of micro-batches ``m``, so two evaluations (``m0`` and ``2 m0``) separate them exactly."""
         m0 = plan.grad_accum
-        one = _time(comm_mod.stage_collectives(self.model, plan, stage, dims=(dim,)), tier)
-        two = _time(comm_mod.stage_collectives(self.model, _variant(plan, grad_accum=2 * m0), stage, dims=(dim,)),
-                    tier)
+        one = self._time(comm_mod.stage_collectives(self.model, plan, stage, dims=(dim,)), tier)
+        two = self._time(comm_mod.stage_collectives(self.model, _variant(plan, grad_accum=2 * m0), stage,
+                                                    dims=(dim,)), tier)
         return (two - one) / m0, 2 * one - two
 
     def times_raw(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
                   cp_kind: str, stage: int) -> StageTimes:
-        """Compute and the TP, CP and PP times of one stage (no DP fields; see :meth:`add_dp`)."""
+        """:meth:`stage_times`, memoised (for :meth:`times`; the search asks each one once)."""
         key = ("times", dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
         memo = self._memo
         if key not in memo:
-            memo[key] = self._times_raw(dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
+            memo[key] = self.stage_times(dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
         return memo[key]
 
-    def _times_raw(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
-                   cp_kind: str, stage: int) -> StageTimes:
-        # comm's TP, PP and CP calls see a micro-batch only through its local tokens (seq / cp) * micro_batch:
-        # the memo keys use that product, and the plans stand for it with micro_batch = 1 (tests compare
-        # every figure with comm.report, so a change in comm that broke this would be caught)
-        tiers = self.tiers(dp, pp, c, t, stage, v)
-        L = self.fl.n_layers(pp, v, stage)
-        first, last = stage == 0, stage == pp - 1
-        tokens = (self.seq // c) * mb
+    def stage_times(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
+                    cp_kind: str, stage: int) -> StageTimes:
+        """Compute and the TP, CP and PP seconds of one stage for one step (no DP fields: :meth:`dp_times`).
+
+        Comm's TP, PP and CP calls see a micro-batch only through its local tokens ``(seq / cp) *
+        micro_batch``: one block's calls for one micro-batch, and the stage's calls once per step, are
+        memoised on that product (the plans stand for it with ``micro_batch = 1``) and scaled by the stage's
+        blocks and micro-batches as comm scales them (tests compare every figure with ``comm.report``, so a
+        change in comm that broke this would be caught)."""
         memo, out = self._memo, {}
+        where = memo.get(key := ("where", dp, t, pp, c, v, stage))
+        if where is None:               # the groups' link tiers, the stage's blocks, its embedding and head
+            where = memo[key] = (self.tiers(dp, pp, c, t, stage, v), self.fl.n_layers(pp, v, stage), stage == 0,
+                                 stage == pp - 1)
+        tiers, L, first, last = where
+        tokens = (self.seq // c) * mb
         if t > 1:
             tt = tiers["tp"]
-            key = ("tp_layer", t, sp, recompute, tokens, tt.name)
-            if key not in memo:
-                memo[key] = _time(comm_mod.tp_layer_collectives(self.model, _variant(
+            layer = memo.get(key := ("tp_layer", t, sp, recompute, tokens, tt.name))
+            if layer is None:           # one block, one micro-batch
+                layer = memo[key] = self._time(comm_mod.tp_layer_collectives(self.model, _variant(
                     self.base, tp=t, sp=sp, recompute=recompute, seq=tokens, micro_batch=1)), tt)
-            layer = memo[key]
-            key = ("tp_step", t, sp, pp, v, stage, tt.name)
-            if key not in memo:
-                memo[key] = _time(comm_mod.tp_step_collectives(self.model, self._stage_plan(t, pp, v, sp=sp),
-                                                               stage), tt)
-            out["tp"] = L * m * layer + memo[key]
-            key = ("tp_vocab", t, sp, tokens, first, last, tt.name)
-            if key not in memo:
+            step = memo.get(key := ("tp_step", t, sp, pp, v, stage, tt.name))
+            if step is None:            # once per step (SP's replicated gradients, replicated kv heads)
+                step = memo[key] = self._time(comm_mod.tp_step_collectives(
+                    self.model, self._stage_plan(t, pp, v, sp=sp), stage), tt)
+            out["tp"] = L * m * layer + step
+            vocab = memo.get(key := ("tp_vocab", t, sp, tokens, first, last, tt.name))
+            if vocab is None:           # the vocabulary-parallel embedding and head
                 plan, s = self._edge_plan(first, last, tp=t, sp=sp, seq=tokens, micro_batch=1)
-                memo[key] = self._per_mb_and_step("tp_vocab", plan, s, tt)
-            per_mb, once = memo[key]
-            out["tp_vocab"] = m * per_mb + once
+                vocab = memo[key] = self._per_mb_and_step("tp_vocab", plan, s, tt)
+            out["tp_vocab"] = m * vocab[0] + vocab[1]
         if pp > 1:
             tpp = tiers["pp"]
-            key = ("pp", t, sp, tokens, v, first, last, tpp.name)
-            if key not in memo:
+            p2p = memo.get(key := ("pp", t, sp, tokens, v, first, last, tpp.name))
+            if p2p is None:
                 plan, s = self._edge_plan(first, last, tp=t, sp=sp, seq=tokens, micro_batch=1, interleave=v,
                                           schedule="interleaved" if v > 1 else "1f1b")
-                memo[key] = self._per_mb_and_step("pp", plan, s, tpp)
-            per_mb, once = memo[key]
-            out["pp"] = m * per_mb + once
+                p2p = memo[key] = self._per_mb_and_step("pp", plan, s, tpp)
+            out["pp"] = m * p2p[0] + p2p[1]
         if c > 1:
             tc = tiers["cp"]
-            key = ("cp_layer", t, c, tokens, recompute, cp_kind, tc.name)
-            if key not in memo:
-                memo[key] = _time(comm_mod.cp_layer_collectives(self.model, _variant(
+            ring = memo.get(key := ("cp_layer", t, c, tokens, recompute, cp_kind, tc.name))
+            if ring is None:            # one block, one micro-batch
+                ring = memo[key] = self._time(comm_mod.cp_layer_collectives(self.model, _variant(
                     self.base, tp=t, cp=c, seq=tokens * c, micro_batch=1, recompute=recompute,
                     cp_kind=cp_kind)), tc)
-            out["cp"] = L * m * memo[key]
+            out["cp"] = L * m * ring
         tok = mb * m * self.seq / (t * c)
-        compute, attention = _compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
-                                      recompute, tok, self.rate)
-        return StageTimes(compute, attention, out, tp_overlap=_tp_overlap(self.cluster, sp))
+        # without a roofline profile the compute sees the micro-batches only through the tokens of the step
+        # (the same for every micro-batch size of a family); with one, through both sizes
+        sizes = (mb, m) if self.cluster.profile is not None else ()
+        flops = memo.get(key := ("compute", t, c, pp, v, stage, recompute, tok, sizes))
+        if flops is None:
+            flops = memo[key] = _compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
+                                         recompute, tok, self.rate)
+        return StageTimes(*flops, out, NO_DP, self.tp_overlap[sp])
 
     def times(self, plan: Plan, stage: int) -> StageTimes:
         """Seconds of stage ``stage``: compute, and per dim ``comm.report(..., stage=stage).time_s``."""
@@ -694,11 +730,10 @@ class _Variant:
 
 @dataclass(slots=True)
 class _Record:
-    """One fitting plan: its step time and memory (the sort key), and where to rebuild its Estimate."""
+    """One fitting plan: its step time and memory (the sort keys), and where to rebuild its Estimate."""
 
     step: float
     memory: float
-    order: int
     variant: _Variant
     zero: int
     accumulate: str             # Plan.zero2_accumulate
@@ -723,7 +758,13 @@ class _Search:
 
     def family(self, tp: int, cp: int, pp: int, dp: int) -> int:
         """Estimate every variant of one family (micro-batch, schedule, recompute, SP, ZeRO); returns how
-        many fit."""
+        many fit.
+
+        The loops nest micro-batch size > recomputation > SP > schedule > ZeRO variant, and each part of an
+        estimate is computed at the outermost loop it depends on: in-flight micro-batches and model state
+        per micro-batch size; the exposed DP time per recomputation (it does not depend on SP); stage
+        times per SP choice and interleave; the bubble per schedule; memory and step time per candidate
+        (:meth:`_variants`)."""
         c, fast = self.c, self.fast
         before = len(self.records)
         stages = stages_to_check(pp, fast.base.pp_split)
@@ -735,57 +776,70 @@ class _Search:
             m, rest = divmod(per_replica, mb)
             if rest or (c.max_micro_batch and mb > c.max_micro_batch) or c.fixed.get("grad_accum", m) != m:
                 continue
-            # per schedule, the activation multiplier of each stage: its layers x in-flight micro-batches
-            scheds = {(sched, v): [ledger.block_inflight(self.model.layers, sched, pp, m, v, s, fast.base.pp_split)
-                                   for s in stages] for sched, v in _schedules(self.model, c, pp, m)}
+            # What the recomputation and SP choices share, once per micro-batch size: per schedule, each
+            # checked stage's activation multiplier (its blocks x in-flight micro-batches) and the bytes of
+            # the last stage's in-flight logits; per interleave, each ZeRO variant's model state and buffers.
+            logits = fast.logits_per_mb(tp, cp, mb)
+            scheds = [(sched, v, [ledger.block_inflight(self.model.layers, sched, pp, m, v, s, fast.base.pp_split)
+                                  for s in stages], logits * head_inflight(sched, pp, m, v))
+                      for sched, v in _schedules(self.model, c, pp, m)]
+            zeros = fam.zeros_for(m)
+            states = {v: [(zv, fam.state(fast, v, zv, m)) for zv in zeros] for _, v, _, _ in scheds}
             for recompute in c.options("recompute", c.recompute):
+                exposed: dict[tuple[int, tuple[int, str]], list[tuple[float, DpTimes]]] = {}   # SP's too
                 for sp in c.options("sp", c.sp):
                     if not sp or tp > 1:
-                        self._variants(fam, mb, m, recompute, sp, scheds)
+                        self._variants(fam, mb, m, recompute, sp, scheds, states, exposed)
         return len(self.records) - before
 
     def _variants(self, fam: _Family, mb: int, m: int, recompute: str, sp: bool,
-                  scheds: dict[tuple[str, int], list[float]]) -> None:
-        """Every schedule and ZeRO stage of one (micro-batch, recompute, SP) choice of a family."""
+                  scheds: list[tuple[str, int, list[float], float]],
+                  states: dict[int, list[tuple[tuple[int, str], list[float]]]],
+                  exposed: dict[tuple[int, tuple[int, str]], list[tuple[float, DpTimes]]]) -> None:
+        """Every schedule and ZeRO stage of one (micro-batch, recompute, SP) choice of a family.
+
+        A candidate fits when its largest checked stage does: state + buffers + activations (+ logits on
+        the last). Its step time is, over the checked stages, the largest critical path (compute, TP, CP
+        and PP, scaled by the schedule's bubble) plus that stage's exposed DP time. The stage times depend
+        on the interleave, not the schedule; the exposed DP time on the interleave, the ZeRO variant and
+        the stage's compute, not on SP: ``exposed`` keeps it per (interleave, ZeRO variant) for both SP
+        choices. Both are computed for the first candidate that fits."""
         c, fast = self.c, self.fast
         tp, cp, pp, dp = fam.tp, fam.cp, fam.pp, fam.dp
         apl = fast.act_per_layer(tp, sp, cp, mb, recompute)
         abuf = fast.act_buffers(tp, sp, cp, mb, pp, c.cp_kind)
-        lpm = fast.logits_per_mb(tp, cp, mb)
-        timed_v: dict[int, list[StageTimes]] = {}
-        states_v: dict[int, list[tuple[int, list[float]]]] = {}
-        zeros = fam.zeros_for(m)
-        usable, records, n_zeros = self.usable, self.records, len(zeros)
-        for (sched, v), layers_x_inflight in scheds.items():
+        timed_v: dict[int, tuple[list[StageTimes], list[tuple[float, float, float, float]]]] = {}
+        usable, records, later = self.usable, self.records, range(1, len(fam.stages))
+        self.candidates += len(scheds) * len(fam.zeros_for(m))
+        for sched, v, layers_x_inflight, logits in scheds:
             act = [apl * n + abuf for n in layers_x_inflight]
-            act[-1] += lpm * head_inflight(sched, pp, m, v)                  # the last stage's logits
-            states = states_v.get(v)
-            if states is None:
-                states = states_v[v] = [(zv, fam.state(fast, v, zv, m)) for zv in zeros]
-            self.candidates += n_zeros
+            act[-1] += logits                                                  # the last stage's logits
             variant = None
-            for zv, sb in states:
-                # the largest checked stage: state + buffers + activations (+ logits on the last)
-                mem = max(map(add, sb, act))
+            for zv, sb in states[v]:
+                mem = max(map(add, sb, act))                                   # the largest checked stage
                 if mem > usable:
                     continue
                 if variant is None:
+                    timed = timed_v.get(v)
+                    if timed is None:    # per checked stage: its times, and what of them the bubble scales
+                        sts = [fast.stage_times(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
+                               for s in fam.stages]
+                        timed = timed_v[v] = sts, [critical_parts(st, c.cp_kind) for st in sts]
                     bub = bubble(sched, pp, m, v, recompute)
-                    sts = timed_v.get(v)
-                    if sts is None:      # TP, CP, PP and compute are the same for every schedule
-                        sts = timed_v[v] = [fast.times_raw(dp, tp, pp, cp, v, m, mb, sp, recompute, c.cp_kind, s)
-                                            for s in fam.stages]
-                    variant = _Variant(tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub, sts,
-                                       [critical_path(st, c.cp_kind, bub) for st in sts])
-                best = None
-                zero = zv[0]
-                for i, dpt in enumerate(fam.dp_times(fast, v, zv, m)):
-                    dpe = dp_exposed(zero, variant.stages[i].compute, m, recompute, dpt)
-                    step = variant.cores[i][0] + dpe
-                    if best is None or step > best[0]:
-                        best = (step, i, dpe, dpt)
-                assert best is not None
-                records.append(_Record(best[0], mem, len(records), variant, zero, zv[1], *best[1:]))
+                    variant = _Variant(tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub, timed[0],
+                                       [critical_path(st, c.cp_kind, bub, parts)
+                                        for st, parts in zip(*timed, strict=True)])
+                dps = exposed.get((v, zv))
+                if dps is None:      # per checked stage: (exposed DP seconds, the DP calls' times)
+                    dps = exposed[v, zv] = [(dp_exposed(zv[0], st.compute, m, recompute, dpt), dpt)
+                                         for st, dpt in zip(variant.stages, fam.dp_times(fast, v, zv, m), strict=True)]
+                # the checked stage with the longest step sets it (the first, on a tie)
+                i, step = 0, variant.cores[0][0] + dps[0][0]
+                for j in later:
+                    step_j = variant.cores[j][0] + dps[j][0]
+                    if step_j > step:
+                        i, step = j, step_j
+                records.append(_Record(step, mem, variant, zv[0], zv[1], i, *dps[i]))
 
     def build(self, record: _Record) -> Estimate:
         """The :class:`Estimate` of one record (see :meth:`family`)."""
@@ -844,7 +898,12 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, *,
     finally:
         if collecting:
             gc.enable()
-    estimates = RankedPlans(sorted(search.records, key=attrgetter("step", "memory", "order")), search.build)
+    # ranked by step time, then memory, then the order found: records are appended in that order and a sort
+    # is stable, so sorting by memory and then by step time gives that ranking (two sorts on float keys
+    # are faster than one on tuples)
+    records = sorted(search.records, key=attrgetter("memory"))
+    records.sort(key=attrgetter("step"))
+    estimates = RankedPlans(records, search.build)
     reasons = {r: rejected[r] for r in REASONS if rejected[r]}
     return PlannerResult(estimates, reasons, families, search.candidates, time.perf_counter() - t0, model,
                          cluster, gpus, seq, batch, c.margin)

@@ -35,8 +35,8 @@ behind the neighbouring GEMMs (Megatron's TP communication overlap). ``parallel-
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import lru_cache
 
 from . import layout
@@ -45,17 +45,6 @@ from .flops import attention_keys, matmul_params, op_sac_recomputed_params
 from .layout import stage_blocks
 from .simulate import Costs, bubble_formula
 from .specs import RECOMPUTE, LinkTier, ModelSpec, Plan, StepProfile
-
-
-@dataclass
-class StageTimes:
-    """Seconds of one pipeline stage for one step (inputs of :func:`combine`)."""
-
-    compute: float
-    attention: float
-    comm: dict[str, float]
-    dp: DpTimes = field(default_factory=lambda: DpTimes())
-    tp_overlap: float = 0.0     # fraction of the TP time hidden (profile.tp_overlap with SP, else 0)
 
 
 @dataclass(frozen=True)
@@ -73,17 +62,34 @@ class DpTimes:
         return self.sync + self.gather + self.zero3_per_mb * m
 
 
-def dp_times(colls: Iterable[Collective], tier: LinkTier, zero: int, m: int) -> DpTimes:
+#: No data-parallel calls (a frozen value, shared).
+NO_DP = DpTimes()
+
+
+@dataclass
+class StageTimes:
+    """Seconds of one pipeline stage for one step (inputs of :func:`combine`)."""
+
+    compute: float
+    attention: float
+    comm: dict[str, float]
+    dp: DpTimes = NO_DP
+    tp_overlap: float = 0.0     # fraction of the TP time hidden (profile.tp_overlap with SP, else 0)
+
+
+def dp_times(colls: Iterable[Collective], tier: LinkTier, zero: int, m: int,
+             time: Callable[[str, int, int, LinkTier], float] = collective_time) -> DpTimes:
     """Read comm's ``dp`` collectives of one stage (in comm's order) into :class:`DpTimes`.
 
-    ZeRO-3's calls are made every micro-batch (``count = m``); the others once per step."""
+    ZeRO-3's calls are made every micro-batch (``count = m``); the others once per step. ``time`` is
+    :func:`comm.collective_time` (the planner passes a memoised one)."""
     sync = last = gather = first = z3 = 0.0
     spread = False
     units: dict[str | None, float] = {}
     for c in colls:
         if c.dim != "dp":
             continue
-        t = collective_time(c.kind, c.message_bytes, c.group_size, tier)
+        t = time(c.kind, c.message_bytes, c.group_size, tier)
         if zero == 3:
             z3 += c.count * t / m
             units[c.unit] = units.get(c.unit, 0.0) + t
@@ -140,14 +146,24 @@ def dp_exposed(zero: int, compute: float, m: int, recompute: str, d: DpTimes) ->
     return out
 
 
-def critical_path(st: StageTimes, cp_kind: str, bubble_ratio: float) -> tuple[float, float, float, float]:
-    """(per-micro-batch critical path times the pipeline factor, + PP) and its parts: tp, exposed cp, pp."""
+def critical_parts(st: StageTimes, cp_kind: str) -> tuple[float, float, float, float]:
+    """What of a stage's step is on the per-micro-batch critical path (compute, exposed TP, CP and EP), and
+    its parts: exposed tp, exposed cp, pp; :func:`critical_path` scales the first by the bubble."""
     tp = (st.comm.get("tp", 0.0) + st.comm.get("tp_vocab", 0.0)) * (1.0 - st.tp_overlap)
     cp = st.comm.get("cp", 0.0)
     cp_exp = max(0.0, cp - st.attention) if cp_kind == "ring" else cp
     pp = st.comm.get("pp", 0.0)
     ep = st.comm.get("ep", 0.0)            # expert parallelism's all-to-alls block the layer: not overlapped
-    return (st.compute + tp + cp_exp + ep) * (1.0 + bubble_ratio) + pp, tp, cp_exp, pp
+    return st.compute + tp + cp_exp + ep, tp, cp_exp, pp
+
+
+def critical_path(st: StageTimes, cp_kind: str, bubble_ratio: float,
+                  parts: tuple[float, float, float, float] | None = None) -> tuple[float, float, float, float]:
+    """(per-micro-batch critical path times the pipeline factor, + PP) and its parts: tp, exposed cp, pp.
+
+    ``parts``: :func:`critical_parts` of ``st``, when the caller has it (one stage under several schedules)."""
+    per_mb, tp, cp_exp, pp = parts or critical_parts(st, cp_kind)
+    return per_mb * (1.0 + bubble_ratio) + pp, tp, cp_exp, pp
 
 
 def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float,

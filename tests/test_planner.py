@@ -17,6 +17,7 @@ from parallel_lab.planner import (
     plan_search,
 )
 from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from parallel_lab.steptime import dp_times
 
 H100 = ClusterSpec.preset("h100-sxm")
 L405 = ModelSpec.preset("llama3-405b")
@@ -103,6 +104,25 @@ def test_fast_path_covers_every_knob():
                   cp_kind=k, recompute="selective", zero_unit=u)
              for z in (0, 2, 3) for k in ("ring", "allgather", "ulysses") for u in ("block", "root")]
     _check_fast(tied, H100, plans, 1024)
+
+
+def test_dp_calls_asked_once_across_micro_batch_counts_are_comms_own():
+    # the fast path asks comm for a stage's DP calls once when they do not change with the number of
+    # micro-batches m (ZeRO-3 under a pipeline gathers and reduce-scatters once per step) and again for each m
+    # when they do (ZeRO-2 reduce-scattering every micro-batch); either way each m gets comm's own calls' times
+    model = ModelSpec.preset("llama3-8b")
+    fast = _Fast(model, H100, 2048, Constraints())
+    for zero, acc, kept in ((3, "unsharded", True), (2, "sharded", False)):
+        for m in (4, 8, 5, 12):
+            plan = Plan(dp=4, tp=2, pp=4, zero=zero, zero2_accumulate=acc, micro_batch=1, grad_accum=m, seq=2048)
+            for s in (0, 3):
+                tier = layout.group_tier(H100, plan, "dp", s)
+                want = dp_times(comm.stage_collectives(model, plan, s, dims=("dp",)), tier, zero, m)
+                assert fast.times(plan, s).dp == want, (zero, acc, m, s)
+                assert fast.times(plan, s).comm["dp"] == pytest.approx(
+                    comm.report(model, plan, H100, stage=s).time_s["dp"], rel=1e-12)
+        reused = [v for k, v in fast._memo.items() if k[0] == "dp_calls" and k[6] == zero]
+        assert reused and all((v is not None) == kept for v in reused), (zero, acc)
 
 
 def test_search_estimate_equals_evaluate(search_8k):
