@@ -374,18 +374,22 @@ def zero3_gathered_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
 def zero3_held_gradient_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
     """Bytes of full (unsharded) gradients that ZeRO-3 under a pipeline holds on one rank of ``stage``.
 
-    With ``pp > 1`` the stage's units stay gathered through the step and each unit's flat gradient (an
-    autograd leaf's ``.grad``, in the gathered dtype) accumulates over the micro-batches until the
-    reduce-scatter at the end of the step: the whole stage, padded, ``sum_u g ceil(n_u / g) * d_param``.
-    This is what FSDP2 does under ``torch.distributed.pipelining`` (gradient sync only on the last
-    backward, so the unsharded gradients persist between micro-batches). 0 without ZeRO-3 or a pipeline
-    (then one unit's gradient at a time is in flight: :func:`state_buffer_bytes`).
-    ``distributed/fsdp.py`` measures this peak (``info["peak_held_gradient_bytes"]``).
+    With ``pp > 1`` the stage's units stay gathered through the step and each unit's flat gradient is
+    summed over the micro-batches in the reduce dtype until the reduce-scatter at the end of the step:
+    the whole stage, padded, ``sum_u g ceil(n_u / g) * d_reduce``, plus (when the compute dtype differs)
+    one unit's compute-dtype gradient being added in, ``max_u g ceil(n_u / g) * d_param``. This is what
+    FSDP2 does under ``torch.distributed.pipelining``: without gradient sync until the last backward it
+    accumulates the unsharded gradients in ``reduce_dtype`` (fp32); Meta's Llama 3 run too ("gradients
+    accumulated in FP32"). 0 without ZeRO-3 or a pipeline (then one unit's gradient at a time is in
+    flight: :func:`zero3_reduce_input_bytes`). ``distributed/fsdp.py`` measures this peak
+    (``info["peak_held_gradient_bytes"]``).
     """
     g = shard_group(plan)
     if plan.zero != 3 or g == 1 or plan.pp == 1:
         return 0
-    return sum(g * math.ceil(n / g) for n in unit_sizes(model, plan, stage).values()) * param_comm_bytes(plan)
+    padded = [g * math.ceil(n / g) for n in unit_sizes(model, plan, stage).values()]
+    pb, gb = param_comm_bytes(plan), grad_comm_bytes(plan)
+    return sum(padded) * gb + (max(padded) * pb if pb != gb else 0)
 
 
 def zero3_reduce_input_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:

@@ -49,8 +49,8 @@ def test_the_fused_kernels_are_what_makes_the_8k_run_fit():
 
 # ---- the planner, given Meta's settings, against Meta's configurations -------------------------------------
 # The full search (every tp, cp, pp, dp; README "What the planner proposes with Meta's settings", all-gather
-# CP as Meta ran it) ranks Meta's 8K degrees 22nd/23rd, 10.2% behind dp 64 tp 4 pp 8 cp 8 with ZeRO-3
-# (a quarter of the bubble, half the TP time), and the 131K ones 8th/9th, 2.6% behind. The test searches
+# CP as Meta ran it) ranks Meta's 8K degrees 15th, 9.8% behind dp 64 tp 4 pp 16 cp 4 with ZeRO-3
+# (half the bubble, half the TP time), and the 131K ones 8th, 2.6% behind. The test searches
 # Meta's PP degree and TP (time: the embed-head in-flight peaks are traced from action lists).
 
 @pytest.mark.parametrize("seq, cp, dp, kind", [(8192, 1, 128, "allgather"), (131072, 16, 8, "allgather")])
@@ -69,7 +69,10 @@ def test_the_planner_with_metas_settings_finds_metas_configuration(seq, cp, dp, 
     ref = evaluate(L405, H100, meta.plan)
     assert meta.step_time_s == pytest.approx(ref.step_time_s, rel=1e-9)
     assert meta.memory_bytes == pytest.approx(ref.memory_bytes, rel=1e-12)
-    # without the per-micro-batch reduce-scatter Meta's degrees fit only with ZeRO-3
+    # without the per-micro-batch reduce-scatter Meta's degrees do not fit: ZeRO-1 (= ZeRO-2 holding full
+    # gradients) and ZeRO-3 under the pipeline both hold the stage's full gradients in fp32 (FSDP2's and
+    # Meta's accumulation), while other degrees still fit
     cons_unsharded = Constraints(**{**cons.__dict__, "zero2_accumulate": ("unsharded",)})
     res2 = plan_search(L405, H100, 16384, seq, global_batch_tokens="16M", constraints=cons_unsharded)
-    assert {e.fields["zero"] for e in res2.estimates if (e.fields["dp"], e.fields["cp"]) == (dp, cp)} <= {3}
+    assert res2.estimates
+    assert not [e for e in res2.estimates if (e.fields["dp"], e.fields["cp"]) == (dp, cp)]

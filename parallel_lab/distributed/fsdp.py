@@ -23,9 +23,10 @@ once and the peak saving disappears (the seed's failure mode; ``info["peak_param
 pipeline (``pp > 1``) a stage's micro-batches are in flight together and the executor calls the blocks
 itself: the stage's units are gathered once per step (at ``zero_grad``), kept through every micro-batch and
 reduce-scattered once in ``finish`` (FSDP's ``reshard_after_forward=False``, torchtitan's choice with PP);
-meanwhile every unit's full gradient accumulates in its leaf's ``.grad`` (``info["peak_held_gradient_bytes"]``,
-``ledger.zero3_held_gradient_bytes``), as FSDP2 under ``torch.distributed.pipelining`` holds its unsharded
-gradients until the last backward.
+meanwhile every unit's full gradient is summed over the micro-batches in an fp32 accumulator (the compute-dtype
+gradient is added in and dropped at each micro-batch; ``info["peak_held_gradient_bytes"]``,
+``ledger.zero3_held_gradient_bytes``), as FSDP2 under ``torch.distributed.pipelining`` (no gradient sync until
+the last backward) accumulates its unsharded gradients in ``reduce_dtype``.
 
 Memory. Peak parameter memory of ZeRO-3 (sampled from the storages at every gather and free): the
 shards, plus the gathered root unit and two gathered blocks (the one computing and the prefetched one),
@@ -128,6 +129,7 @@ class Zero3(_Zero):
         self.optimizer = self._optimizer(self.shards)
         n = len(self.units)
         self.leaf: list[Tensor | None] = [None] * n    # the gathered flat buffer of the current forward
+        self.accumulated: list[Tensor | None] = [None] * n   # under a pipeline: fp32 sums over micro-batches
         self.work: list[TracedWork | None] = [None] * n
         self.live = [False] * n                        # storage allocated (gathered or being gathered)
         self.fresh = [False] * n                       # the pending gather is a forward one (new leaf)
@@ -267,15 +269,30 @@ class Zero3(_Zero):
     # ---- gradients -----------------------------------------------------------------------------------
     def _on_grad(self, i: int, leaf: Tensor) -> None:
         """Unit ``i``'s flat gradient is complete: free the parameters, reduce-scatter the gradient."""
-        if self.keep:                                  # under a pipeline: once per step, in finish
-            held = sum(lf.grad.untyped_storage().nbytes() for lf in self.leaf if lf.grad is not None)
-            if held > self.info["peak_held_gradient_bytes"]:
-                self.info["peak_held_gradient_bytes"] = held
+        if self.keep:                                  # under a pipeline: summed in fp32, reduced in finish
+            self._accumulate(i, leaf)
             return
         grad = leaf.grad
         leaf.grad = None
         self._free(i)
         self._reduce_scatter(i, grad)
+
+    def _accumulate(self, i: int, leaf: Tensor) -> None:
+        """Under a pipeline: add this micro-batch's flat gradient of unit ``i`` into its fp32 accumulator
+        (FSDP2 without gradient sync accumulates the unsharded gradient in ``reduce_dtype``); the
+        compute-dtype gradient and the accumulators are alive together for a moment (the sampled peak)."""
+        grad = leaf.grad
+        if grad.dtype == torch.float32:                # fp32 training: the leaf's own gradient accumulates
+            self.accumulated[i] = grad
+        elif self.accumulated[i] is None:
+            self.accumulated[i] = grad.float()
+        else:
+            self.accumulated[i].add_(grad)
+        held = sum(a.untyped_storage().nbytes() for a in self.accumulated if a is not None)
+        if grad is not self.accumulated[i]:
+            held += grad.untyped_storage().nbytes()
+            leaf.grad = None
+        self.info["peak_held_gradient_bytes"] = max(self.info["peak_held_gradient_bytes"], held)
 
     def _reduce_scatter(self, i: int, grad: Tensor) -> None:
         self._complete()
@@ -306,11 +323,12 @@ class Zero3(_Zero):
     def finish(self) -> None:
         if self.keep:                                  # every unit's gradient summed over the micro-batches
             for i in reversed(range(len(self.units))):
-                leaf = self.leaf[i]
-                grad = leaf.grad if leaf.grad is not None else torch.zeros(self.units[i].padded, device=self.device)
-                leaf.grad = None
+                acc, self.accumulated[i] = self.accumulated[i], None
+                grad = acc if acc is not None else torch.zeros(self.units[i].padded, device=self.device)
+                self.leaf[i].grad = None
                 self._free(i)
                 self._reduce_scatter(i, grad)
+                del acc, grad
         for i in range(len(self.units)):              # a unit whose gradient never came: zeros, calls aligned
             if not self._reduced[i] and self.leaf[i].requires_grad:
                 self._free(i)
