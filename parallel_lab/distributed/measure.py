@@ -44,6 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from parallel_lab.distributed.data import Batch
 from parallel_lab.distributed.grid import Grid, mesh
 from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.measurable import measurable_layout
 from parallel_lab.distributed.model import Transformer
 from parallel_lab.distributed.runtime import Runtime, sequential_forward_backward
 from parallel_lab.distributed.train import check_parallelisms, parallelize
@@ -53,7 +54,7 @@ from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 #: The ledger's activation models, each shown beside the measurement.
 FORMULAS = ("per-op", "korthikanti")
 #: The compute dtypes a fake-tensor run can use, with the optimizers whose layout the runnable code has.
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}     # measurable.MEASURABLE_DTYPES
 
 Progress = Callable[[str], None]
 
@@ -150,33 +151,9 @@ class Measurement:
 # --------------------------------------------------------------------------------------------------
 
 def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
-    """The dtype of the fake model's parameters, or a ParallelLabError naming the fix.
-
-    Layouts: ``adam-mixed`` (bf16 parameters, fp32 master in the optimizer), ``fsdp2-mixed`` with ZeRO-3
-    (fp32 shards, bf16 gathers), or fp32 everything (``adam-fp32``, ``sgd-momentum``); ``cp = 1`` and
-    ``tp <= kv_heads`` (both read tensor values on the way). Mixed precision is allowed with TP, PP and CP,
-    as in ``parallel-lab run``.
-    """
-    plan.validate(model)
-    model.require_shape("a fake-tensor measurement")
-    if plan.optimizer == "adam-mixed" and plan.dtype == "bf16" and plan.zero < 3:
-        dtype = torch.bfloat16
-    elif plan.optimizer == "fsdp2-mixed" and plan.zero == 3 and plan.dtype in _DTYPES:
-        dtype = torch.float32
-    elif plan.optimizer in ("adam-fp32", "sgd-momentum") and plan.dtype == "fp32":
-        dtype = torch.float32
-    else:
-        raise ParallelLabError(
-            f"optimizer={plan.optimizer!r} with dtype={plan.dtype!r} and zero={plan.zero} has no runnable layout "
-            f"to measure; use --optimizer adam-mixed --dtype bf16 (zero 0-2), --optimizer fsdp2-mixed --zero 3, "
-            f"or --optimizer adam-fp32 --dtype fp32")
-    if plan.cp > 1:
-        raise ParallelLabError(f"cp={plan.cp}: context parallelism tiles attention from the token positions' "
-                               f"values, which fake tensors do not have; measure with cp=1")
-    if plan.tp > model.kv_heads:
-        raise ParallelLabError(f"tp={plan.tp} > kv_heads={model.kv_heads} replicates key/value heads over process "
-                               f"groups built from tensors, which fake tensors cannot read; measure with tp <= "
-                               f"{model.kv_heads}")
+    """The dtype of the fake model's parameters, or a ParallelLabError naming the fix: the plan rules of
+    ``measurable.measurable_layout`` (torch-free), then the runnable code's own checks."""
+    dtype = _DTYPES[measurable_layout(model, plan)]
     check_parallelisms(model, plan)
     return dtype
 

@@ -157,3 +157,41 @@ def test_a_custom_shape_is_spelled_or_refused():
                       "vocab": 1000, "flavour": "gpt"})
     with pytest.raises(ParallelLabError, match="max_positions"):        # the explorer's table is longer
         check_spelled(cli_argv("memory", gpt, plan), gpt, plan)
+
+
+_NO_TORCH = """
+import sys
+from parallel_lab.viz.explorers.memory import MemoryExplorer
+ex = MemoryExplorer(model="llama3.2-1b", seq=1024, dp=8)
+ex.set(cp=2)
+ex.measure.start()
+assert ex.measure.refused and ex.measure.job is None
+print("torch" in sys.modules)
+"""
+
+
+def test_the_kernel_refuses_without_loading_torch():
+    """The Memory tab's refusals are the torch-free rules (distributed.measurable): a learner's kernel
+    does not grow by torch's few hundred MB to be told that cp > 1 cannot be measured."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _NO_TORCH], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_finished_job_keeps_no_descriptors_or_exit_hooks():
+    import os
+
+    from parallel_lab.viz.explorers.jobs import CliJob
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    CliJob(["true"], lambda line: None, lambda job: None).wait(30)      # warm up (lazy imports, caches)
+    before = fds()
+    jobs = [CliJob(["true"], lambda line: None, lambda job: None) for _ in range(5)]
+    for job in jobs:
+        job.wait(30)
+        assert job.returncode == 0 and not job.thread.is_alive()
+    assert fds() <= before

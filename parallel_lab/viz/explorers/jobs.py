@@ -79,6 +79,9 @@ class CliJob:
         self.lines.append(buf)
         self.returncode = self.proc.wait()
         self._stdout_reader.join()
+        for pipe in (self.proc.stdout, self.proc.stderr):  # a finished job holds no descriptors
+            pipe.close()
+        atexit.unregister(self._stop_at_exit)            # nor a reference from the interpreter's exit hooks
         if self.returncode == 0 and not self.cancelled:
             try:
                 self.report = json.loads(b"".join(self._out))

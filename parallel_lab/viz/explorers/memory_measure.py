@@ -9,21 +9,22 @@ models' predictions, with ``error = predicted / measured - 1``. That takes secon
 the Run tab): the panel shows each progress line the command prints, Cancel stops it, and the answer is
 drawn with the library's own plots (``plots.draw_memory`` stacked bars of both ledgers and the measurement,
 ``plots.draw_predicted_measured`` per category) above a table of the exact bytes. Before anything starts,
-``distributed.measure.check_measurable`` (in a thread: it imports torch) refuses what fake tensors cannot
-run (``cp > 1``, ``tp > kv_heads``, an optimizer without a runnable layout) with its message and its fix,
-and the command line is parsed back (``jobs.check_spelled``) so that it computes the very plan shown.
+``distributed.measurable.measurable_layout`` (torch-free: the kernel never loads torch) refuses what fake
+tensors cannot run (``cp > 1``, ``tp > kv_heads``, an optimizer without a runnable layout) with its message
+and its fix, and the command line is parsed back (``jobs.check_spelled``) so that it computes the very plan
+shown; the runnable code's own checks run in the child, whose error line the panel shows.
 """
 
 from __future__ import annotations
 
 import html
 import math
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as W
 
+from ...distributed.measurable import measurable_layout
 from ...ledger import CATEGORIES
 from ...specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 from .. import plots as P
@@ -76,7 +77,6 @@ class MeasurePanel(W.VBox):
         self.figure: Any = None
         self.refused: str | None = None
         self.failed: str | None = None
-        self._checker: threading.Thread | None = None
         self._pending: Target | None = None
         self._lines = 0
         self._summary = ""
@@ -105,13 +105,11 @@ class MeasurePanel(W.VBox):
 
     # ---- starting and stopping ------------------------------------------------------------------
     def busy(self) -> bool:
-        return (self._checker is not None and self._checker.is_alive()) or (
-            self.job is not None and self.job.running())
+        return self.job is not None and self.job.running()
 
     def start(self) -> bool:
-        """Check the plan shown and start measuring it. False (the reason in the panel) when it cannot start;
-        True once the check runs (in a thread: a refusal by ``check_measurable`` then shows in the panel,
-        ``refused``, and nothing starts)."""
+        """Check the plan shown and start measuring it: False (the reason in the panel, ``refused``) when it
+        cannot start, True once the child process runs."""
         if self.busy() or self._pending is not None:
             return False
         self.refused = self.failed = None
@@ -119,26 +117,13 @@ class MeasurePanel(W.VBox):
             model, plan, cluster, stage, am = self._target()
             argv = measure_argv(model, plan, cluster, stage, am)
             check_spelled(argv, model, plan)
+            measurable_layout(model, plan)             # the plan rules, torch-free: the kernel stays light
         except Exception as err:  # noqa: BLE001 - the library's message, shown
             return self._refuse(err)
         self._pending = (model, plan, stage)
         self.button.disabled = True
         self.progress.value, self.progress.max, self._lines = 0, STAGE_LINES, 0
-        self.progress_text.value = "checking that fake tensors can run the plan..."
-        call = loop_caller()
-
-        def check() -> None:
-            try:
-                from ...distributed.measure import check_measurable  # imports torch: not on the event loop
-
-                check_measurable(model, plan)
-            except Exception as err:  # noqa: BLE001 - handed back and shown
-                call(self._refuse, err)
-            else:
-                call(self._launch, argv, call)
-
-        self._checker = threading.Thread(target=check, daemon=True)
-        self._checker.start()
+        self._launch(argv, loop_caller())              # the runnable code's own checks run in the child
         return True
 
     def _refuse(self, err: BaseException) -> bool:
@@ -152,8 +137,12 @@ class MeasurePanel(W.VBox):
     def _launch(self, argv: list[str], call: Callable[..., None]) -> None:
         self.cancel_button.disabled = False
         self.progress_text.value = "starting: " + html.escape(shown_argv(argv))
-        self.job = CliJob(argv, self._on_line, self._on_done, call,
-                          is_progress=lambda line: line.startswith(PROGRESS_PREFIX))
+        try:
+            self.job = CliJob(argv, self._on_line, self._on_done, call,
+                              is_progress=lambda line: line.startswith(PROGRESS_PREFIX))
+        except OSError as err:                         # no process could start (descriptors, memory)
+            self.cancel_button.disabled = True
+            self._refuse(ParallelLabError(f"the measurement's process could not start: {err}"))
 
     def cancel(self) -> None:
         if self.job is not None and self.job.running():
@@ -161,8 +150,6 @@ class MeasurePanel(W.VBox):
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Until the check and the measurement it started have ended (tests and notebooks)."""
-        if self._checker is not None:
-            self._checker.join(timeout_s)
         if self.job is not None:
             self.job.wait(timeout_s)
 
@@ -178,6 +165,7 @@ class MeasurePanel(W.VBox):
         if job.cancelled:
             self.progress_text.value = "cancelled (the measurement's process stopped)"
             self.failed = "cancelled"
+            self.status.value = status_line("Measurement cancelled: nothing was measured.", "#57606a")
         elif job.report is None:
             self.progress_text.value = "failed"
             self.failed = job.error or "the command did not answer"
