@@ -263,3 +263,14 @@ def test_cuda_gemms_follow_the_efficiency_model():
     fitted, g, _ = fit_microbench(bench.gemms, [], cluster, cluster.peak_flops)
     assert 0.3 < g.matmul_efficiency <= 1.0 and g.rms < 0.25, (g, bench.gemms)
     assert replace(fitted, profile=None) == replace(cluster, profile=None)
+
+
+def test_a_gpu_name_maps_to_its_own_peak_or_to_none():
+    from parallel_lab.distributed.microbench import preset_for_gpu
+
+    assert preset_for_gpu("NVIDIA H100 80GB HBM3") == "h100-sxm"
+    assert preset_for_gpu("NVIDIA H200") == "h200"
+    assert preset_for_gpu("NVIDIA A100-SXM4-80GB") == "a100-80gb"
+    # other boards of the same GPU run at lower clocks: the SXM peak would make e_max come out too low
+    assert preset_for_gpu("NVIDIA H100 PCIe") is None and preset_for_gpu("NVIDIA H100 NVL") is None
+    assert preset_for_gpu("NVIDIA H200 NVL") is None and preset_for_gpu("Tesla T4") is None

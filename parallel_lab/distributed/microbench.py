@@ -124,7 +124,8 @@ def _all_reduce_rank(grid: Any, sizes: list[int], dtype: str, warmup: int, repea
     """On every rank: ``(bytes, seconds)`` per size, the median over repetitions (going round the sizes) of
     the slowest rank's time; every rank makes the same calls."""
     dev, elem = grid.device, DTYPE_BYTES[dtype]
-    xs = [torch.ones(max(1, size // elem), device=dev, dtype=TORCH_DTYPES[dtype]) for size in sizes]
+    # zeros: thousands of all-reduces of ones would double the values to inf (the timing does not care)
+    xs = [torch.zeros(max(1, size // elem), device=dev, dtype=TORCH_DTYPES[dtype]) for size in sizes]
 
     def slowest(seconds: float) -> float:
         t = torch.tensor([seconds], dtype=torch.float64, device=dev)
@@ -190,6 +191,16 @@ def run_microbench(device: str | None = None, dtype: str = "bf16", nproc: int = 
 GPU_PRESETS: tuple[tuple[str, str], ...] = (("H200", "h200"), ("H100", "h100-sxm"), ("A100", "a100-80gb"))
 
 
+#: board variants whose peak differs from the SXM part of the same name (lower clocks): no preset, so the
+#: caller asks for ``--peak-tflops`` instead of fitting against the wrong peak
+OTHER_BOARDS = {"H100": ("PCIE", "NVL"), "H200": ("NVL",)}
+
+
 def preset_for_gpu(name: str) -> str | None:
-    """The cluster preset whose datasheet peak belongs to GPU ``name``, or None."""
-    return next((preset for key, preset in GPU_PRESETS if key in name.upper()), None)
+    """The cluster preset whose datasheet peak belongs to GPU ``name``, or None (unknown, or a PCIe/NVL
+    board of a GPU whose preset is the SXM part)."""
+    upper = name.upper()
+    for key, preset in GPU_PRESETS:
+        if key in upper:
+            return None if any(b in upper for b in OTHER_BOARDS.get(key, ())) else preset
+    return None

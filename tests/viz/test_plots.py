@@ -185,3 +185,29 @@ def test_a_large_model_keeps_its_hbm_line_and_gb_axis():
     assert ax.get_ylabel() == "memory per GPU (GB)"
     assert all(ln.get_visible() for ln in ax.lines if ln.get_gid() in ("hbm", "usable"))
     assert not any(t.get_visible() and "off the scale" in t.get_text() for t in ax.texts)
+
+
+def test_a_timeline_drawn_from_the_memo_is_the_same_picture():
+    """``draw_timeline(memo=...)`` (the Planner tab toggling between two plans' schedules) must draw what a
+    fresh call draws: the same pixels after A, then B, then A again, with other timelines in the memo."""
+    import numpy as np
+
+    def sim(name: str, v: int = 1):
+        return simulate(build_schedule(name, 4, 8, v), Costs(f=1.0, b=1.0, w=1.0))
+
+    a, b = sim("1f1b"), sim("zb-h1")
+
+    def pixels(timelines, memo):
+        fig = P.new_figure(figsize=(8, 3))
+        ax = fig.add_subplot(1, 1, 1)
+        for t in timelines:
+            P.draw_timeline(ax, t, title="schedule", step_time=t.step_time, memo=memo)
+        fig.canvas.draw()
+        return np.asarray(fig.canvas.buffer_rgba()).copy()
+
+    fresh_a, fresh_b = pixels([a], None), pixels([b], None)
+    memo: dict = {}
+    assert (pixels([a, b, a], memo) == fresh_a).all()
+    assert len(memo) == 2                                    # both timelines built once
+    assert (pixels([b, a, b], memo) == fresh_b).all()        # drawn from the memo on a new axes
+    assert not (fresh_a == fresh_b).all()                    # the two pictures differ: the test can fail
