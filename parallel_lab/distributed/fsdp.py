@@ -216,8 +216,9 @@ class Zero3(_Zero):
 
     def _sample(self) -> None:
         """Peak parameter bytes: shards + gathered buffers + any parameters the model still holds."""
-        live = storage_bytes(self.shards) + storage_bytes(self.model.parameters())
-        live += sum(self.leaf[i].untyped_storage().nbytes() for i in range(len(self.units)) if self.live[i])
+        gathered = sum(self.leaf[i].untyped_storage().nbytes() for i in range(len(self.units)) if self.live[i])
+        self.tracer.buffers.sample("zero3_gathered", nbytes=gathered)
+        live = storage_bytes(self.shards) + storage_bytes(self.model.parameters()) + gathered
         if live > self.peak_parameter_bytes:
             self.peak_parameter_bytes = live
             self.info["peak_parameter_bytes"] = live
@@ -271,6 +272,7 @@ class Zero3(_Zero):
             held = sum(lf.grad.untyped_storage().nbytes() for lf in self.leaf if lf.grad is not None)
             if held > self.info["peak_held_gradient_bytes"]:
                 self.info["peak_held_gradient_bytes"] = held
+            self.tracer.buffers.sample("zero3_held_gradients", nbytes=held)
             return
         grad = leaf.grad
         leaf.grad = None
@@ -284,6 +286,7 @@ class Zero3(_Zero):
         if not self.keep:                              # the unit's gradient and its fp32 copy, both alive
             inflight = full.untyped_storage().nbytes() + (grad.untyped_storage().nbytes() if grad is not full else 0)
             self.info["peak_reduce_input_bytes"] = max(self.info["peak_reduce_input_bytes"], inflight)
+            self.tracer.buffers.sample("zero3_reduce_input", nbytes=inflight)
         del full
         grad.div_(self.group_size)
         out = torch.empty(self.units[i].shard, dtype=torch.float32, device=self.device)

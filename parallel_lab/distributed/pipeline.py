@@ -502,6 +502,7 @@ class PipelineExecutor:
             else:
                 shape = self.activation_shape(rt, st.micro_batches[op.microbatch])
                 ops.append(("recv", torch.empty(shape, dtype=st.dtype, device=st.device), peer))
+        rt.tracer.buffers.sample("pp", [t for _, t, _ in ops])    # the messages one P2P action posts together
         waits = op_waits(rt.tracer.batch_isend_irecv(ops, "pp"), len(ops))
         for op, (_, tensor, _peer), done in zip(a.ops, ops, waits, strict=True):
             if done.own is not None and done.own.event is not None:

@@ -13,6 +13,9 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
 * ``memory[category]`` per rank (the largest rank): ``parameters``, ``gradients`` and
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
+  ``comm_buffers`` (where the ranks sample every part, :func:`comm_buffers_measured`): each rank's parts
+  (``RankResult.info["comm_buffers"]``, ``tracer.buffers``) summed, against ``ledger.comm_buffer_parts``
+  of its stage (equal exactly);
 * ``moe`` (a mixture-of-experts model, ``expert_parallel.moe_report``): tokens per expert routed and kept,
   per expert rank, the imbalance, the fraction dropped over capacity and the mean aux loss;
 * ``run(..., schedule="zb-v" | "dualpipev")``: the V schedules as action lists (a pipeline alone), with the
@@ -76,6 +79,17 @@ def predicted_logits_and_loss(spec: ModelSpec, plan: Plan, stage: int = 0) -> in
     return int(round(ledger.logits_bytes(spec, plan, formula="per-op"))) if stage == plan.pp - 1 else 0
 
 
+def predicted_comm_buffer_parts(spec: ModelSpec, plan: Plan, stage: int = 0) -> dict[str, int]:
+    """``ledger.comm_buffer_parts`` of ``stage`` in whole bytes (the parts a rank samples, zero parts left out)."""
+    return {k: int(round(v)) for k, v in (ledger.comm_buffer_parts(spec, plan, stage) or {}).items()}
+
+
+def comm_buffers_measured(spec: ModelSpec, plan: Plan) -> bool:
+    """Whether the runnable code samples every comm-buffer part of ``plan``: all but context parallelism's
+    K/V buffers and expert parallelism's dispatch buffers (predicted, not sampled)."""
+    return plan.cp == 1 and not spec.is_moe
+
+
 def activation_model_name(plan: Plan) -> str:
     """Which activation model the predicted column uses: the per-op model with this plan's kernels."""
     return (f"per-op model (attention={plan.attention}, mlp={plan.mlp}, recompute={plan.recompute}, "
@@ -105,6 +119,7 @@ class RunReport:
                 **({"step_times": self.extra["step_times"]} if "step_times" in self.extra else {}),
                 **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {}),
                 **({"moe": self.extra["moe"]} if "moe" in self.extra else {}),
+                **({"comm_buffers": self.extra["comm_buffers"]} if "comm_buffers" in self.extra else {}),
                 **({"nodes": self.extra["nodes"]} if "nodes" in self.extra else {})}
 
     def summary(self) -> str:
@@ -126,8 +141,9 @@ class RunReport:
         lines += ["", "memory per rank (bytes); predicted activations: " + activation_model_name(self.plan),
                   "category           measured      predicted"]
         rows = dict(self.memory)
-        if "logits_and_loss" in self.extra:
-            rows["logits_and_loss"] = self.extra["logits_and_loss"]
+        for cat in ("logits_and_loss", "comm_buffers"):
+            if cat in self.extra:
+                rows[cat] = self.extra[cat]
         for cat, c in rows.items():
             m, p = c["measured_bytes"], c["predicted_bytes"]
             gap = f"{(m - p) / p:+.2%}" if p else ""
@@ -274,6 +290,10 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
     extra = {"logits_and_loss": {"measured_bytes": max(r.memory["logits_and_loss"] for r in results),
                                  "predicted_bytes": max(predicted_logits_and_loss(spec, plan, s)
                                                         for s in stages)}}
+    if comm_buffers_measured(spec, plan):
+        extra["comm_buffers"] = {
+            "measured_bytes": max(sum(r.info["comm_buffers"].values()) for r in results),
+            "predicted_bytes": max(sum(predicted_comm_buffer_parts(spec, plan, s).values()) for s in stages)}
     if plan.pp > 1:
         extra["pipeline"] = pipeline_report(spec, plan, results)
     if spec.is_moe:
