@@ -13,7 +13,7 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
 * ``memory[category]`` per rank (the largest rank): ``parameters``, ``gradients`` and
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
-  ``comm_buffers`` (where the ranks sample every part, :func:`comm_buffers_measured`): each rank's parts
+  ``comm_buffers`` (where the ranks sample every part, ``instruments.buffers_sampled``): each rank's parts
   (``RankResult.info["comm_buffers"]``, ``tracer.buffers``) summed, against ``ledger.comm_buffer_parts``
   of its stage (equal exactly);
 * ``moe`` (a mixture-of-experts model, ``expert_parallel.moe_report``): tokens per expert routed and kept,
@@ -43,7 +43,7 @@ from parallel_lab.distributed.diagnosis import format_step_times, step_time_repo
 from parallel_lab.distributed.expert_parallel import format_moe_report, moe_report
 from parallel_lab.distributed.faults import Fault, check_faults
 from parallel_lab.distributed.grid import coords
-from parallel_lab.distributed.instruments import payload_by_dim
+from parallel_lab.distributed.instruments import buffers_sampled, payload_by_dim
 from parallel_lab.distributed.launch import launch, under_torchrun
 from parallel_lab.distributed.mixed_precision import is_mixed
 from parallel_lab.distributed.pipeline_report import format_pipeline_report, pipeline_report
@@ -82,12 +82,6 @@ def predicted_logits_and_loss(spec: ModelSpec, plan: Plan, stage: int = 0) -> in
 def predicted_comm_buffer_parts(spec: ModelSpec, plan: Plan, stage: int = 0) -> dict[str, int]:
     """``ledger.comm_buffer_parts`` of ``stage`` in whole bytes (the parts a rank samples, zero parts left out)."""
     return {k: int(round(v)) for k, v in (ledger.comm_buffer_parts(spec, plan, stage) or {}).items()}
-
-
-def comm_buffers_measured(spec: ModelSpec, plan: Plan) -> bool:
-    """Whether the runnable code samples every comm-buffer part of ``plan``: all but context parallelism's
-    K/V buffers and expert parallelism's dispatch buffers (predicted, not sampled)."""
-    return plan.cp == 1 and not spec.is_moe
 
 
 def activation_model_name(plan: Plan) -> str:
@@ -290,7 +284,7 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
     extra = {"logits_and_loss": {"measured_bytes": max(r.memory["logits_and_loss"] for r in results),
                                  "predicted_bytes": max(predicted_logits_and_loss(spec, plan, s)
                                                         for s in stages)}}
-    if comm_buffers_measured(spec, plan):
+    if buffers_sampled(spec, plan):
         extra["comm_buffers"] = {
             "measured_bytes": max(sum(r.info["comm_buffers"].values()) for r in results),
             "predicted_bytes": max(sum(predicted_comm_buffer_parts(spec, plan, s).values()) for s in stages)}

@@ -63,6 +63,12 @@ class BufferMeter:
         return sum(self.peaks.values())
 
 
+def buffers_sampled(spec: Any, plan: Any) -> bool:
+    """Whether the runnable code samples every comm-buffer part the ledger predicts for ``plan``: all but
+    context parallelism's K/V buffers and expert parallelism's dispatch buffers (predicted, not sampled)."""
+    return plan.cp == 1 and not spec.is_moe
+
+
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     """Per-parameter state tensors of an optimizer (``exp_avg``, ``momentum_buffer``...), not 0-dim
     step counters."""
