@@ -510,8 +510,10 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
       reorders the rank-major gathered shards into a copy (``tp_communications``);
     * ``pp``: one received and one sent activation (``s b h``, split by tp with SP), what one P2P action of
       1F1B's steady state posts (GPipe's last stage and ``m = 1`` post one at a time: one fewer);
-    * ``cp`` (not sampled by the runnable code): ring: double-buffered K and V blocks; all-gather: the
-      gathered K and V; Ulysses: the all-to-all outputs of Q, K and V.
+    * ``cp``: all-gather: backward's reduce-scatter of dK and dV, its input (every rank's blocks, ``seq``
+      tokens: the gathered K and V forward are saved for backward, activations) and its output (this rank's
+      block), ``2 b kv (seq + s) d``; ring (not sampled by the runnable code): double-buffered K and V
+      blocks; Ulysses (not sampled): the all-to-all outputs of Q, K and V.
     """
     d, s, b, h = plan.dtype_bytes, plan.seq / plan.cp, plan.micro_batch, model.hidden
     parts: dict[str, float] = {}
@@ -524,7 +526,7 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
         if plan.cp_kind == "ring":
             parts["cp"] = 2 * 2 * s * b * kv * d
         elif plan.cp_kind == "allgather":
-            parts["cp"] = 2 * plan.seq * b * kv * d
+            parts["cp"] = 2 * (plan.seq + s) * b * kv * d
         else:
             parts["cp"] = s * b * (q_width_local(model, plan.tp) + 2 * kv) * d
     return parts

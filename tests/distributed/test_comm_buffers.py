@@ -2,7 +2,8 @@
 
 The runnable code samples its buffers where they are alive (``tracer.buffers``, one byte count per call):
 DDP's buckets beyond the gradients, ZeRO-1/2's flat gradient and gathered unit, ZeRO-3's gathered units
-and full gradients, SP's full-sequence tensors, the messages of one pipeline P2P action. Each rank's
+and full gradients, SP's full-sequence tensors, the messages of one pipeline P2P action, all-gather
+context parallelism's dK/dV reduce-scatter (ring and Ulysses: predicted only). Each rank's
 parts (``RankResult.info["comm_buffers"]``) must equal ``ledger.comm_buffer_parts`` of its stage, and
 ``parallel-lab run``'s memory table shows the sum beside the prediction. A part the code holds and the
 ledger does not know (or the reverse) fails as a key mismatch; a wrong size as a value mismatch.
@@ -36,6 +37,8 @@ PLANS = {
     "tp-sp": plan(tp=2, sp=True),                     # b = 2: the reordering copy of the gathered sequence
     "tp-sp-b1": plan(tp=2, sp=True, micro_batch=1),
     "pp-1f1b": plan(pp=2, grad_accum=4, schedule="1f1b"),
+    "cp-allgather": plan(cp=2, cp_kind="allgather"),
+    "cp-allgather-dp": plan(dp=2, cp=2, cp_kind="allgather", micro_batch=1),   # gradients over dp x cp
     "mixed-zero1": plan(dp=2, zero=1, optimizer="adam-mixed", dtype="bf16"),
 }
 
@@ -54,7 +57,7 @@ def test_comm_buffers_equal_the_ledger_part_by_part(name):
     results = launch(train_rank, p, LLAMA, p, steps=2, seed=0, return_params=False, timeout_s=240)
     for rank, measured, predicted in _parts(results, p):
         assert measured == predicted, (name, rank, measured, predicted)
-    if p.zero in (1, 2) or p.sp or p.pp > 1 or p.zero == 3:
+    if p.zero or p.sp or p.pp > 1 or p.cp > 1:
         assert any(m for _, m, _ in _parts(results, p)), name       # something was measured
 
 
@@ -79,3 +82,11 @@ def test_run_reports_comm_buffers_of_a_composition():
     row = rep.to_json()["comm_buffers"]
     assert row["measured_bytes"] == row["predicted_bytes"] > 0
     assert "comm_buffers" in rep.summary()
+
+
+def test_run_leaves_out_the_row_where_a_part_is_not_sampled():
+    """Ring context parallelism's buffers are predicted only: no measured row (rather than a false 0)."""
+    p = plan(cp=2, cp_kind="ring")
+    rep = run(LLAMA, p, steps=1, timeout_s=280)
+    assert "comm_buffers" not in rep.to_json()
+    assert ledger.comm_buffer_parts(LLAMA, p)["cp"] > 0
