@@ -509,7 +509,9 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
       activation formula stores only the sharded copy); with ``b > 1`` two, since the batch-first layout
       reorders the rank-major gathered shards into a copy (``tp_communications``);
     * ``pp``: one received and one sent activation (``s b h``, split by tp with SP), what one P2P action of
-      1F1B's steady state posts (GPipe's last stage and ``m = 1`` post one at a time: one fewer);
+      1F1B's steady state posts. Measured on CPU ranks, other lists differ: GPipe's last stage posts one at
+      a time (one fewer), interleaved 1F1B up to four at once (two more). Not modelled: the planner's memo
+      of this part has no schedule in its key;
     * ``cp``: all-gather: backward's reduce-scatter of dK and dV, its input (every rank's blocks, ``seq``
       tokens: the gathered K and V forward are saved for backward, activations) and its output (this rank's
       block), ``2 b kv (seq + s) d``; ring (not sampled by the runnable code): double-buffered K and V
