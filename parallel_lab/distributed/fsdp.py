@@ -31,6 +31,8 @@ Memory. Peak parameter memory of ZeRO-3 (sampled from the storages at every gath
 shards, plus the gathered root unit and two gathered blocks (the one computing and the prefetched one),
 ``ledger.state_bytes(...)["parameters"] + ledger.zero3_gathered_bytes(...)``; with root-only units the
 whole padded model. Gathered buffers are excluded from the saved-tensor meter (``rt.meter.exclude``).
+The gathered buffers, the gradient going to its reduce-scatter and the held gradients are the comm-buffer
+parts ``zero3_gathered``, ``zero3_reduce_input``, ``zero3_held_gradients`` of ``tracer.buffers``.
 
 Mixed precision (ZeRO-3, ``optimizer="fsdp2-mixed"``, ``dtype="bf16"``; FSDP2's ``MixedPrecisionPolicy``
 with ``param_dtype=bf16, reduce_dtype=fp32``): fp32 shards, fp32 gradient shards and fp32 AdamW; each

@@ -58,7 +58,8 @@ The executor keeps per step a :class:`StepRecord`: the rows ``Interval.as_row()`
 step started and ended, and the peak number of in-flight ``(mb, chunk)`` pairs, *counted from the objects
 alive* (a ``WeakSet`` of the per-micro-batch graphs, so a leaked reference would show), beside the
 saved-tensor meter's live bytes; they reach the caller as ``RankResult.info["pp"]``, and
-``distributed/pipeline_report.py`` reads them with the simulator's definitions.
+``distributed/pipeline_report.py`` reads them with the simulator's definitions. The messages each ``P2P``
+action posts together are the comm-buffer part ``pp`` of ``tracer.buffers`` (``ledger.comm_buffer_parts``).
 """
 
 from __future__ import annotations

@@ -43,8 +43,8 @@ class BufferMeter:
     """Peak bytes of the communication buffers of one rank, by part (the ledger's ``comm_buffer_parts``).
 
     The implementations call :meth:`sample` where a buffer is alive: at a collective, with the tensors
-    handed to it or made for it that are not model state or saved activations (a flat gradient, a
-    gathered unit, a received activation), or with a byte count they computed. A sample counts the
+    handed to it or made for it that are not model state (a flat gradient, a gathered unit, a received
+    activation), or with a byte count they computed. A sample counts the
     distinct storages (``storage_bytes``); ``peaks[part]`` keeps the largest. No hooks: one byte count
     per call.
     """
@@ -56,11 +56,6 @@ class BufferMeter:
         n = storage_bytes(tensors) if nbytes is None else int(nbytes)
         if n > self.peaks.get(part, -1):
             self.peaks[part] = n
-
-    @property
-    def total(self) -> int:
-        """The parts summed, each at its own peak (as the ledger adds them)."""
-        return sum(self.peaks.values())
 
 
 def buffers_sampled(spec: Any, plan: Any) -> bool:
