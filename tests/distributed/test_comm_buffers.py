@@ -40,6 +40,8 @@ PLANS = {
     "cp-allgather": plan(cp=2, cp_kind="allgather"),
     "cp-allgather-dp": plan(dp=2, cp=2, cp_kind="allgather", micro_batch=1),   # gradients over dp x cp
     "mixed-zero1": plan(dp=2, zero=1, optimizer="adam-mixed", dtype="bf16"),
+    "zero3-pp": plan(dp=2, pp=2, zero=3, grad_accum=2, schedule="1f1b", micro_batch=1),
+    "ddp-pp": plan(dp=2, pp=2, grad_accum=2, schedule="1f1b", micro_batch=1),   # DDP accumulating under PP
 }
 
 
@@ -90,3 +92,17 @@ def test_run_leaves_out_the_row_where_a_part_is_not_sampled():
     rep = run(LLAMA, p, steps=1, timeout_s=280)
     assert "comm_buffers" not in rep.to_json()
     assert ledger.comm_buffer_parts(LLAMA, p)["cp"] > 0
+
+
+def test_pp_part_where_the_schedule_posts_other_than_two_messages():
+    """The ledger's ``pp`` part is 1F1B's two messages per P2P action (its docstring names the gaps, the
+    planner's memo has no schedule to key a better rule on): GPipe's last stage posts one at a time,
+    interleaved 1F1B up to four at once. Pinned here so that a fix of the rule shows."""
+    one = 1 * 32 * LLAMA.hidden * 4                                  # one (b, s, h) fp32 message, b = 1
+    for p, want in ((plan(pp=2, grad_accum=2, schedule="gpipe", micro_batch=1), {0: 2 * one, 1: one}),
+                    (plan(pp=2, grad_accum=4, schedule="interleaved", interleave=2, micro_batch=1),
+                     {0: 4 * one, 1: 4 * one})):
+        results = launch(train_rank, p, LLAMA, p, steps=1, seed=0, return_params=False, timeout_s=240)
+        for r in results:
+            assert r.info["comm_buffers"]["pp"] == want[r.coords["pp"]], (p.schedule, r.rank)
+            assert predicted_comm_buffer_parts(LLAMA, p, r.coords["pp"])["pp"] == 2 * one
