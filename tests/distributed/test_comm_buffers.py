@@ -32,6 +32,8 @@ PLANS = {
     # accumulating over 2 micro-batches: the buckets must not hold a second copy of the gradients
     "ddp-bucketed": plan(dp=2, grad_accum=2, bucket_mb=0.5),
     "zero1": plan(dp=2, zero=1),
+    "zero1-allreduce": plan(dp=2, zero=1, zero1_reduce="all_reduce"),      # no output shard: the flat buffer only
+    "zero2": plan(dp=2, zero=2, grad_accum=2),          # one reduce-scatter into the shard: no temporary
     "zero2-sharded": plan(dp=2, zero=2, grad_accum=2, zero2_accumulate="sharded"),
     "zero3": plan(dp=2, zero=3),
     "tp-sp": plan(tp=2, sp=True),                     # b = 2: the reordering copy of the gathered sequence
