@@ -412,7 +412,8 @@ def zero3_reduce_input_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> in
 
 def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[float | None, list[str]]:
     """Transient communication buffers at the peak, with one note per part: the model-state part
-    (:func:`state_buffer_bytes`) plus the activation part (:func:`activation_buffer_bytes`).
+    (:func:`state_buffer_bytes`) plus the activation part (:func:`activation_buffer_bytes`), the sum of
+    :func:`comm_buffer_parts`.
 
     Returns ``(None, notes)`` when the buffers cannot be computed (ZeRO on a bare parameter count).
     """
@@ -422,29 +423,48 @@ def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[flo
     return state + (activation_buffer_bytes(model, plan) if model.shape_known else 0.0), notes
 
 
-def state_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[float | None, list[str]]:
-    """The data-parallel buffers of ``stage`` at the peak (they depend on its parameters only).
+def comm_buffer_parts(model: ModelSpec, plan: Plan, stage: int = 0) -> dict[str, float] | None:
+    """:func:`comm_buffer_bytes` by part, each at its own peak (the parts the runnable code samples in
+    ``tracer.buffers``, ``distributed/instruments/memory.py``; zero parts left out): ``zero_reduce``,
+    ``zero_gather``, ``zero3_gathered``, ``zero3_reduce_input``, ``zero3_held_gradients``, ``sp``, ``pp``,
+    ``cp``. None where :func:`state_buffer_bytes` is."""
+    state, _ = state_buffer_parts(model, plan, stage)
+    if state is None:
+        return None
+    parts = {**state, **(activation_buffer_parts(model, plan) if model.shape_known else {})}
+    return {k: v for k, v in parts.items() if v}
 
-    * bucketed DDP: the flat buffers of two buckets (one being all-reduced while the next fills);
-    * ZeRO-1/2: the largest unit's padded flat gradient (the all-reduce / reduce-scatter input) and its
-      padded flat parameters (the all-gather output);
+
+def state_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[float | None, list[str]]:
+    """The data-parallel buffers of ``stage`` at the peak (they depend on its parameters only), the sum of
+    :func:`state_buffer_parts`, with one note per part."""
+    parts, notes = state_buffer_parts(model, plan, stage)
+    return (None if parts is None else float(sum(parts.values()))), notes
+
+
+def state_buffer_parts(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[dict[str, float] | None, list[str]]:
+    """The data-parallel buffers of ``stage`` by part, each at its own peak (``S = ceil(n / g)`` elements of
+    the largest unit, ``g S`` padded):
+
+    * DDP: none. The bucketed gradients are views into the buckets (torch's ``gradient_as_bucket_view=True``,
+      also while accumulating), the naive all-reduce works in place on ``.grad``;
+    * ZeRO-1/2, ``zero_reduce``: the largest unit's padded flat gradient ``g S`` (the reduce input) and,
+      where the output is a temporary, its shard ``S`` (ZeRO-1's reduce-scatter, whose output is written
+      into the full ``.grad``; ZeRO-2 reducing every micro-batch, whose output is added to the shard;
+      counted also at ``m = 1``, where it is the shard itself); ``zero_gather``: the step's all-gather of the
+      updated unit, its padded output ``g S`` and its input shard ``S`` in the parameter dtype;
     * ZeRO-3: the gathered root unit (kept from the start of forward to the end of backward), plus two
       gathered block units (the one in use and the prefetched next one), plus the largest unit's full
       gradient awaiting its reduce-scatter (:func:`zero3_reduce_input_bytes`); under a pipeline the whole
       stage gathered and its full gradients held (:func:`zero3_held_gradient_bytes`).
     """
     notes: list[str] = []
-    total = 0.0
+    parts: dict[str, float] = {}
     g = shard_group(plan)
     gb, pb = grad_comm_bytes(plan), param_comm_bytes(plan)
     if g > 1 and plan.zero == 0 and plan.dp_kind == "bucketed":
-        if model.shape_known:
-            buckets = list(bucket_bytes(model, plan, stage))
-        else:
-            buckets = [int(min(plan.bucket_mb * 1e6, model.n_params * gb))] * 2
-        top = sorted(buckets, reverse=True)[:2]
-        total += sum(top)
-        notes.append(f"comm_buffers: {len(top)} DDP bucket(s) of {plan.bucket_mb:g} MB cap in flight")
+        notes.append("comm_buffers: none for DDP's buckets: the gradients are views into them "
+                     "(torch's default, gradient_as_bucket_view=False, would keep a second copy)")
     if g > 1 and plan.zero:
         if not model.shape_known:
             notes.append(f"comm_buffers: not computed; a bare parameter count has no ZeRO-{plan.zero} units "
@@ -456,47 +476,66 @@ def state_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[fl
             return None, notes
         big = max(g * math.ceil(n / g) for n in unit_sizes(model, plan, stage).values())
         if plan.zero in (1, 2):
-            total += big * (gb + pb)
-            notes.append("comm_buffers: the largest unit's flat gradient and gathered parameters")
+            temp_out = ((plan.zero == 1 and plan.zero1_reduce == "reduce_scatter")
+                        or (plan.zero == 2 and plan.zero2_accumulate == "sharded"))
+            parts["zero_reduce"] = float(big * gb + (big // g * gb if temp_out else 0))
+            parts["zero_gather"] = float((big + big // g) * pb)
+            notes.append("comm_buffers: the largest unit's flat gradient" + (" and its reduced shard" if temp_out
+                         else "") + "; its gathered parameters and their shard in the step")
         elif plan.pp > 1:
-            total += zero3_gathered_bytes(model, plan, stage) + zero3_held_gradient_bytes(model, plan, stage)
+            parts["zero3_gathered"] = float(zero3_gathered_bytes(model, plan, stage))
+            parts["zero3_held_gradients"] = float(zero3_held_gradient_bytes(model, plan, stage))
             notes.append("comm_buffers: ZeRO-3 under a pipeline keeps the stage's units gathered through the "
                          "step and their full gradients accumulating until the reduce_scatter at its end "
                          "(FSDP's reshard_after_forward=False with gradient sync on the last backward)")
         else:
-            total += zero3_gathered_bytes(model, plan, stage) + zero3_reduce_input_bytes(model, plan, stage)
+            parts["zero3_gathered"] = float(zero3_gathered_bytes(model, plan, stage))
+            parts["zero3_reduce_input"] = float(zero3_reduce_input_bytes(model, plan, stage))
             if plan.zero_unit == "root":
                 notes.append("comm_buffers: ZeRO-3 with a single root unit gathers the whole model at once "
                              "(no peak saving) + its full gradient before the reduce_scatter")
             else:
                 notes.append("comm_buffers: ZeRO-3 gathered root unit + 2 gathered blocks (prefetch) + the "
                              "largest unit's full gradient (and its fp32 copy) before its reduce_scatter")
-    return total, notes
+    return parts, notes
 
 
 def activation_buffer_bytes(model: ModelSpec, plan: Plan) -> float:
-    """The activation-sized buffers in flight (the same on every stage):
+    """The activation-sized buffers in flight (the same on every stage), the sum of
+    :func:`activation_buffer_parts`."""
+    return float(sum(activation_buffer_parts(model, plan).values()))
 
-    * SP: one all-gathered ``s b h`` input (the activation formula stores only the sharded copy);
-    * PP: one received and one sent activation (``s b h``, split by tp with SP);
-    * CP: ring: double-buffered K and V blocks; all-gather: the gathered K and V; Ulysses: the
-      all-to-all outputs of Q, K and V.
+
+def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
+    """The activation-sized buffers by part, each at its own peak (``s = seq / cp`` local tokens):
+
+    * ``sp``: one full-sequence ``s b h`` tensor (the all-gather's output, the reduce-scatter's input; the
+      activation formula stores only the sharded copy); with ``b > 1`` two, since the batch-first layout
+      reorders the rank-major gathered shards into a copy (``tp_communications``);
+    * ``pp``: one received and one sent activation (``s b h``, split by tp with SP), what one P2P action of
+      1F1B's steady state posts. Measured on CPU ranks, other lists differ: GPipe's last stage posts one at
+      a time (one fewer), interleaved 1F1B up to four at once (two more). Not modelled: the planner's memo
+      of this part has no schedule in its key;
+    * ``cp``: all-gather: backward's reduce-scatter of dK and dV, its input (every rank's blocks, ``seq``
+      tokens: the gathered K and V forward are saved for backward, activations) and its output (this rank's
+      block), ``2 b kv (seq + s) d``; ring (not sampled by the runnable code): double-buffered K and V
+      blocks; Ulysses (not sampled): the all-to-all outputs of Q, K and V.
     """
     d, s, b, h = plan.dtype_bytes, plan.seq / plan.cp, plan.micro_batch, model.hidden
-    total = 0.0
+    parts: dict[str, float] = {}
     if plan.sp:
-        total += s * b * h * d
+        parts["sp"] = s * b * h * d * (2 if b > 1 else 1)
     if plan.pp > 1:
-        total += 2 * s * b * h * d / (plan.tp if plan.sp else 1)
+        parts["pp"] = 2 * s * b * h * d / (plan.tp if plan.sp else 1)
     if plan.cp > 1:
         kv = kv_width_local(model, plan.tp)
         if plan.cp_kind == "ring":
-            total += 2 * 2 * s * b * kv * d
+            parts["cp"] = 2 * 2 * s * b * kv * d
         elif plan.cp_kind == "allgather":
-            total += 2 * plan.seq * b * kv * d
+            parts["cp"] = 2 * (plan.seq + s) * b * kv * d
         else:
-            total += s * b * (q_width_local(model, plan.tp) + 2 * kv) * d
-    return total
+            parts["cp"] = s * b * (q_width_local(model, plan.tp) + 2 * kv) * d
+    return parts
 
 
 # --------------------------------------------------------------------------------------------------

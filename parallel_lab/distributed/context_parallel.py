@@ -197,6 +197,7 @@ class AllGatherAttention(torch.autograd.Function):
         qg = group_queries(q, g, 1.0 / math.sqrt(d))
         kv_local = torch.stack([k, v])
         gathered = torch.empty((n, *kv_local.shape), dtype=kv_local.dtype, device=kv_local.device)
+        grp.tracer.buffers.sample("cp", [kv_local])          # the input; the gathered K, V are saved (activations)
         work = grp.tracer.all_gather(gathered.flatten(0, 1), kv_local, "cp", group=grp.group, async_op=True)
         if not grp.overlap:
             grp.wait([work], "forward")
@@ -232,6 +233,7 @@ class AllGatherAttention(torch.autograd.Function):
                                 causal, dqg, dkv_all[j, 0], dkv_all[j, 1])
         dkv_all = dkv_all.to(gathered.dtype)
         dkv = torch.empty(gathered.shape[1:], dtype=gathered.dtype, device=gathered.device)
+        grp.tracer.buffers.sample("cp", [dkv_all, dkv])      # every rank's dK, dV and this rank's sum
         work = grp.tracer.reduce_scatter(dkv, dkv_all.flatten(0, 1), "cp", group=grp.group, async_op=True)
         dq = ungroup(dqg * (1.0 / math.sqrt(d))).to(qg.dtype)     # while dK, dV are reduced
         grp.wait([work], "backward")

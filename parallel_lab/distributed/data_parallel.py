@@ -15,8 +15,9 @@ optimizer, a comm tracer, and an explicit ``finish()`` instead of the end-of-bac
 
 * :class:`NaiveDDP`: after backward, one all-reduce per gradient, in reverse registration order.
 * :class:`BucketedDDP`: gradients live in flat *buckets*; a post-accumulate-grad hook makes ``p.grad`` a
-  view into its bucket (copying it in when ``zero_grad(set_to_none=True)`` dropped the view) and marks
-  it ready; a complete bucket's async all-reduce starts at once, overlapping the rest of backward.
+  view into its bucket (copying it in when ``zero_grad(set_to_none=True)`` dropped the view; also in the
+  accumulating passes, so the buckets never hold a second copy: torch's ``gradient_as_bucket_view=True``)
+  and marks it ready; a complete bucket's async all-reduce starts at once, overlapping the rest of backward.
 
 Bucket rule (``comm.pack_buckets``, which the prediction uses): reverse registration order; a bucket
 closes before it would exceed ``bucket_mb * 10**6`` bytes (torch counts MiB); at least one gradient each.
@@ -192,6 +193,13 @@ class BucketedDDP(DataParallel):
         self._where = {id(p): (b, j) for b in self.buckets for j, p in enumerate(b.params)}
         self._next = 0                       # index of the next bucket to launch
 
+    def _hook(self, p: Tensor) -> None:
+        if not self.require_backward_grad_sync:        # accumulating: the gradient lives in its bucket too
+            bucket, j = self._where[id(p)]
+            bucket.adopt(j)
+            return
+        super()._hook(p)
+
     def _on_grad(self, p: Tensor) -> None:
         bucket, j = self._where[id(p)]
         bucket.adopt(j)
@@ -233,13 +241,17 @@ class LocalGrads:
         self.params = [p for _, p in self.named]
         self.optimizer = make_optimizer(self.params, plan)
         self.peak_gradient_bytes = 0
+        self.peak_held_bytes = 0                         # gradients and buckets together
 
     @property
     def buckets(self) -> list[Bucket]:
         return getattr(self.ddp, "buckets", [])
 
     def sample_gradients(self) -> None:
-        self.peak_gradient_bytes = max(self.peak_gradient_bytes, storage_bytes(p.grad for p in self.params))
+        grads = [p.grad for p in self.params]
+        self.peak_gradient_bytes = max(self.peak_gradient_bytes, storage_bytes(grads))
+        if self.buckets:
+            self.peak_held_bytes = max(self.peak_held_bytes, storage_bytes([*grads, *(b.buffer for b in self.buckets)]))
 
     def set_sync(self, sync: bool) -> None:
         """Whether the coming backward is the step's last (gradients are synchronised during/after it)."""
@@ -252,13 +264,15 @@ class LocalGrads:
         if self.ddp is not None:
             self.ddp.finish()
         self.sample_gradients()
+        if self.buckets:              # what the buckets hold beyond the gradients (0: the gradients are views)
+            self.ddp.tracer.buffers.sample("ddp_buckets", nbytes=self.peak_held_bytes - self.peak_gradient_bytes)
 
     def step(self) -> None:
         self.optimizer.step()
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)       # the buckets adopt the new gradients (see Bucket)
-        self.peak_gradient_bytes = 0
+        self.peak_gradient_bytes = self.peak_held_bytes = 0
 
     def measure_state(self) -> dict[str, int]:
         """Parameters, gradients (peak of the step), optimizer states of this rank, in bytes."""

@@ -32,6 +32,8 @@ Memory. Peak parameter memory of ZeRO-3 (sampled from the storages at every gath
 shards, plus the gathered root unit and two gathered blocks (the one computing and the prefetched one),
 ``ledger.state_bytes(...)["parameters"] + ledger.zero3_gathered_bytes(...)``; with root-only units the
 whole padded model. Gathered buffers are excluded from the saved-tensor meter (``rt.meter.exclude``).
+The gathered buffers, the gradient going to its reduce-scatter and the held gradients are the comm-buffer
+parts ``zero3_gathered``, ``zero3_reduce_input``, ``zero3_held_gradients`` of ``tracer.buffers``.
 
 Mixed precision (ZeRO-3, ``optimizer="fsdp2-mixed"``, ``dtype="bf16"``; FSDP2's ``MixedPrecisionPolicy``
 with ``param_dtype=bf16, reduce_dtype=fp32``): fp32 shards, fp32 gradient shards and fp32 AdamW; each
@@ -218,8 +220,9 @@ class Zero3(_Zero):
 
     def _sample(self) -> None:
         """Peak parameter bytes: shards + gathered buffers + any parameters the model still holds."""
-        live = storage_bytes(self.shards) + storage_bytes(self.model.parameters())
-        live += sum(self.leaf[i].untyped_storage().nbytes() for i in range(len(self.units)) if self.live[i])
+        gathered = sum(self.leaf[i].untyped_storage().nbytes() for i in range(len(self.units)) if self.live[i])
+        self.tracer.buffers.sample("zero3_gathered", nbytes=gathered)
+        live = storage_bytes(self.shards) + storage_bytes(self.model.parameters()) + gathered
         if live > self.peak_parameter_bytes:
             self.peak_parameter_bytes = live
             self.info["peak_parameter_bytes"] = live
@@ -293,6 +296,7 @@ class Zero3(_Zero):
             held += grad.untyped_storage().nbytes()
             leaf.grad = None
         self.info["peak_held_gradient_bytes"] = max(self.info["peak_held_gradient_bytes"], held)
+        self.tracer.buffers.sample("zero3_held_gradients", nbytes=held)
 
     def _reduce_scatter(self, i: int, grad: Tensor) -> None:
         self._complete()
@@ -301,6 +305,7 @@ class Zero3(_Zero):
         if not self.keep:                              # the unit's gradient and its fp32 copy, both alive
             inflight = full.untyped_storage().nbytes() + (grad.untyped_storage().nbytes() if grad is not full else 0)
             self.info["peak_reduce_input_bytes"] = max(self.info["peak_reduce_input_bytes"], inflight)
+            self.tracer.buffers.sample("zero3_reduce_input", nbytes=inflight)
         del full
         grad.div_(self.group_size)
         out = torch.empty(self.units[i].shard, dtype=torch.float32, device=self.device)

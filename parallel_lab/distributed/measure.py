@@ -14,9 +14,10 @@ micro-batch, gradient sync, optimizer step) and reads:
 * ``activations`` and ``logits_and_loss``: torch's ``MemTracker`` (``torch.distributed._tools``), the
   bytes created in forward and still alive, read after each block's forward (minus its output) and around
   the head and the loss; the maximum over the step (a pipeline stage holds several micro-batches);
-* ``comm_buffers``: ZeRO-3's gathered units at their peak, plus the full gradients on their way to the
-  reduce-scatter (one unit and its fp32 copy; under a pipeline the whole stage's, held until the step's
-  end), each at its own peak (other buffers are not separated: see notes);
+* ``comm_buffers``: the parts the implementations sample at their calls (``tracer.buffers``, the same code
+  as ``parallel-lab run``), each at its own peak: ZeRO-1/2's flat gradient and gathered unit, ZeRO-3's
+  gathered units and full gradients on their way to the reduce-scatter, SP's full-sequence tensors, the
+  messages of one pipeline P2P action; beside ``ledger.comm_buffer_parts`` (``comm_parts``);
 * ``peak``: the tracker's peak of everything it saw during the step, against the ledger's total.
 
 Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1; nothing else depends on
@@ -43,12 +44,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from parallel_lab.distributed.data import Batch
 from parallel_lab.distributed.grid import Grid, mesh
-from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.instruments import CommTracer, buffers_sampled
 from parallel_lab.distributed.measurable import measurable_layout
 from parallel_lab.distributed.model import Transformer
 from parallel_lab.distributed.runtime import Runtime, sequential_forward_backward
 from parallel_lab.distributed.train import check_parallelisms, parallelize
-from parallel_lab.ledger import CATEGORIES, memory
+from parallel_lab.ledger import CATEGORIES, comm_buffer_parts, memory
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 #: The ledger's activation models, each shown beside the measurement.
@@ -88,7 +89,8 @@ class Measurement:
     ``ledger.memory(..., activation_model=formula, stage=stage).per_gpu_bytes`` plus ``total``;
     ``tracker_peak``: torch's own categories at the tracker's peak (Parameter, Gradient, Activation, Temp,
     Optstate, ...); ``tracker_activations``: torch's view of ``activations`` (:class:`_Probe`), beside the
-    saved-tensor meter's.
+    saved-tensor meter's; ``comm_parts``: ``{"measured": {part: bytes}, "predicted": {part: bytes}}``, the
+    comm buffers part by part (``tracer.buffers`` and ``ledger.comm_buffer_parts``).
     """
 
     model: ModelSpec
@@ -102,6 +104,7 @@ class Measurement:
     seconds: float
     cpu_seconds: float
     notes: list[str] = field(default_factory=list)
+    comm_parts: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def error(self, category: str, formula: str = "per-op") -> float | None:
         """``predicted / measured - 1`` for ``category`` (``peak`` compares with the ledger's total)."""
@@ -135,6 +138,13 @@ class Measurement:
         out = [(k, "-" if m is None else fmt(m), fmt(p1), pct(e1), fmt(p2), pct(e2))
                for k, m, p1, e1, p2, e2 in self.rows()]
         out.insert(len(CATEGORIES) - 2, ("  (torch tracker)", fmt(self.tracker_activations), "", "", "", ""))
+        at = [r[0] for r in out].index("comm_buffers") + 1
+        got, want = self.comm_parts.get("measured", {}), self.comm_parts.get("predicted", {})
+        for part in sorted(set(got) | set(want)):
+            m, p = got.get(part), want.get(part, 0.0)
+            e = None if m is None else (0.0 if m == p else (math.inf if m == 0 else p / m - 1))
+            out.insert(at, (f"  {part}", "-" if m is None else fmt(m), fmt(p), pct(e), fmt(p), pct(e)))
+            at += 1
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -143,7 +153,8 @@ class Measurement:
                 "error": {f: {k: self.error(k, f) for k in (*CATEGORIES, "peak")} for f in FORMULAS},
                 "tracker_peak": dict(self.tracker_peak),
                 "tracker_activations": self.tracker_activations, "seconds": self.seconds,
-                "cpu_seconds": self.cpu_seconds, "notes": list(self.notes)}
+                "cpu_seconds": self.cpu_seconds, "notes": list(self.notes),
+                "comm_parts": {k: dict(v) for k, v in self.comm_parts.items()}}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -282,7 +293,8 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
             finally:
                 torch.set_default_dtype(old_dtype)
             say(f"stage {stage}: applying the plan to rank {rank} of {plan.world}")
-            rt = parallelize(net, grid, plan, CommTracer(grid.rank, grid.groups_by_dim()))
+            tracer = CommTracer(grid.rank, grid.groups_by_dim())
+            rt = parallelize(net, grid, plan, tracer)
             tokens = torch.zeros(plan.global_batch, plan.seq, dtype=torch.long)       # (B, s) token ids
             micro = rt.micro_batches(Batch(tokens, tokens.clone(), torch.arange(plan.seq)))
             tracker = _Tracker()
@@ -320,13 +332,12 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
                                                                          "optimizer_states")}
     measured["activations"] = float(rt.meter.peak["activations"])
     measured["logits_and_loss"] = float(rt.meter.peak["logits_and_loss"])
-    info = getattr(rt.dp, "info", {}) if plan.zero == 3 else {}
-    gathered = info.get("peak_parameter_bytes")
-    held = info.get("peak_held_gradient_bytes", 0) + info.get("peak_reduce_input_bytes", 0)
-    measured["comm_buffers"] = float(gathered - state["parameters"] + held) if gathered else None
+    parts = {k: float(v) for k, v in tracer.buffers.peaks.items() if v}
+    measured["comm_buffers"] = float(sum(parts.values())) if buffers_sampled(model, plan) else None
     if measured["comm_buffers"] is None:
-        notes.append("comm_buffers: not separated by the tracker outside ZeRO-3 (they are in its Temp)")
+        notes.append("comm_buffers: expert parallelism's dispatch buffers are predicted, not sampled")
     measured["peak"] = float(peak.get("Total", 0))
+    predicted_parts = {k: float(v) for k, v in (comm_buffer_parts(model, plan, stage) or {}).items()}
     predicted = {}
     for f in FORMULAS:
         led = memory(model, plan, activation_model=f, stage=stage)
@@ -334,7 +345,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
     seconds = time.perf_counter() - t0
     say(f"stage {stage}: done [{seconds:.0f} s]")
     return Measurement(model, plan, stage, rank, measured, predicted, peak, float(probe.activations), seconds,
-                       time.process_time() - c0, notes)
+                       time.process_time() - c0, notes, {"measured": parts, "predicted": predicted_parts})
 
 
 def measure(model: ModelSpec, plan: Plan, stage: int | None = None, *, progress: Progress | None = None

@@ -58,7 +58,8 @@ The executor keeps per step a :class:`StepRecord`: the rows ``Interval.as_row()`
 step started and ended, and the peak number of in-flight ``(mb, chunk)`` pairs, *counted from the objects
 alive* (a ``WeakSet`` of the per-micro-batch graphs, so a leaked reference would show), beside the
 saved-tensor meter's live bytes; they reach the caller as ``RankResult.info["pp"]``, and
-``distributed/pipeline_report.py`` reads them with the simulator's definitions.
+``distributed/pipeline_report.py`` reads them with the simulator's definitions. The messages each ``P2P``
+action posts together are the comm-buffer part ``pp`` of ``tracer.buffers`` (``ledger.comm_buffer_parts``).
 """
 
 from __future__ import annotations
@@ -502,6 +503,7 @@ class PipelineExecutor:
             else:
                 shape = self.activation_shape(rt, st.micro_batches[op.microbatch])
                 ops.append(("recv", torch.empty(shape, dtype=st.dtype, device=st.device), peer))
+        rt.tracer.buffers.sample("pp", [t for _, t, _ in ops])    # the messages one P2P action posts together
         waits = op_waits(rt.tracer.batch_isend_irecv(ops, "pp"), len(ops))
         for op, (_, tensor, _peer), done in zip(a.ops, ops, waits, strict=True):
             if done.own is not None and done.own.event is not None:

@@ -13,6 +13,9 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
 * ``memory[category]`` per rank (the largest rank): ``parameters``, ``gradients`` and
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
+  ``comm_buffers`` (where the ranks sample every part, ``instruments.buffers_sampled``): each rank's parts
+  (``RankResult.info["comm_buffers"]``, ``tracer.buffers``) summed, against ``ledger.comm_buffer_parts``
+  of its stage (equal exactly);
 * ``moe`` (a mixture-of-experts model, ``expert_parallel.moe_report``): tokens per expert routed and kept,
   per expert rank, the imbalance, the fraction dropped over capacity and the mean aux loss;
 * ``run(..., schedule="zb-v" | "dualpipev")``: the V schedules as action lists (a pipeline alone), with the
@@ -40,7 +43,7 @@ from parallel_lab.distributed.diagnosis import format_step_times, step_time_repo
 from parallel_lab.distributed.expert_parallel import format_moe_report, moe_report
 from parallel_lab.distributed.faults import Fault, check_faults
 from parallel_lab.distributed.grid import coords
-from parallel_lab.distributed.instruments import payload_by_dim
+from parallel_lab.distributed.instruments import buffers_sampled, payload_by_dim
 from parallel_lab.distributed.launch import launch, under_torchrun
 from parallel_lab.distributed.mixed_precision import is_mixed
 from parallel_lab.distributed.pipeline_report import format_pipeline_report, pipeline_report
@@ -76,6 +79,11 @@ def predicted_logits_and_loss(spec: ModelSpec, plan: Plan, stage: int = 0) -> in
     return int(round(ledger.logits_bytes(spec, plan, formula="per-op"))) if stage == plan.pp - 1 else 0
 
 
+def predicted_comm_buffer_parts(spec: ModelSpec, plan: Plan, stage: int = 0) -> dict[str, int]:
+    """``ledger.comm_buffer_parts`` of ``stage`` in whole bytes (the parts a rank samples, zero parts left out)."""
+    return {k: int(round(v)) for k, v in (ledger.comm_buffer_parts(spec, plan, stage) or {}).items()}
+
+
 def activation_model_name(plan: Plan) -> str:
     """Which activation model the predicted column uses: the per-op model with this plan's kernels."""
     return (f"per-op model (attention={plan.attention}, mlp={plan.mlp}, recompute={plan.recompute}, "
@@ -105,6 +113,7 @@ class RunReport:
                 **({"step_times": self.extra["step_times"]} if "step_times" in self.extra else {}),
                 **({"pipeline": self.extra["pipeline"]} if "pipeline" in self.extra else {}),
                 **({"moe": self.extra["moe"]} if "moe" in self.extra else {}),
+                **({"comm_buffers": self.extra["comm_buffers"]} if "comm_buffers" in self.extra else {}),
                 **({"nodes": self.extra["nodes"]} if "nodes" in self.extra else {})}
 
     def summary(self) -> str:
@@ -126,8 +135,9 @@ class RunReport:
         lines += ["", "memory per rank (bytes); predicted activations: " + activation_model_name(self.plan),
                   "category           measured      predicted"]
         rows = dict(self.memory)
-        if "logits_and_loss" in self.extra:
-            rows["logits_and_loss"] = self.extra["logits_and_loss"]
+        for cat in ("logits_and_loss", "comm_buffers"):
+            if cat in self.extra:
+                rows[cat] = self.extra[cat]
         for cat, c in rows.items():
             m, p = c["measured_bytes"], c["predicted_bytes"]
             gap = f"{(m - p) / p:+.2%}" if p else ""
@@ -274,6 +284,10 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
     extra = {"logits_and_loss": {"measured_bytes": max(r.memory["logits_and_loss"] for r in results),
                                  "predicted_bytes": max(predicted_logits_and_loss(spec, plan, s)
                                                         for s in stages)}}
+    if buffers_sampled(spec, plan):
+        extra["comm_buffers"] = {
+            "measured_bytes": max(sum(r.info["comm_buffers"].values()) for r in results),
+            "predicted_bytes": max(sum(predicted_comm_buffer_parts(spec, plan, s).values()) for s in stages)}
     if plan.pp > 1:
         extra["pipeline"] = pipeline_report(spec, plan, results)
     if spec.is_moe:

@@ -9,6 +9,8 @@ other's transpose (Shoeybi et al. 2019; the sequence-parallel pair from Korthika
     reduce_scatter_to_sequence_parallel:     forward reduce-scatter,    backward all-gather
 
 An all-reduce is a reduce-scatter followed by an all-gather, so SP moves the same bytes as ``f``/``g``.
+SP's full-sequence tensors (the all-gather's output, the reduce-scatter's input) are communication buffers,
+sampled as part ``sp`` of ``tracer.buffers`` (``ledger.activation_buffer_parts``).
 Activations are batch-first ``(b, s, ...)``; sequence parallelism shards dimension 1 (rank ``r`` holds
 tokens ``[r s/t, (r+1) s/t)``). Every call goes through the ``CommTracer`` under the label the caller
 gives (``tp`` in the blocks, ``tp_vocab`` for the embedding and the loss; docs/conventions.md).
@@ -49,7 +51,9 @@ class TPGroup:
         b, n, rest = shard.shape[0], shard.shape[1], shard.shape[2:]
         out = torch.empty((self.size * b, n, *rest), dtype=shard.dtype, device=shard.device)
         self.tracer.all_gather(out, shard.contiguous(), label)      # rank k's shard: rows [k b, (k+1) b)
-        return out.view(self.size, b, n, *rest).transpose(0, 1).reshape(b, self.size * n, *rest)
+        full = out.view(self.size, b, n, *rest).transpose(0, 1).reshape(b, self.size * n, *rest)
+        self.tracer.buffers.sample("sp", [out, full])     # rank-major -> batch-first: a copy when b > 1
+        return full
 
     def reduce_scatter_sequence(self, full: Tensor, label: str) -> Tensor:
         """``(b, s, ...) -> (b, s/t, ...)``: sum over the group, keep this rank's tokens; message = full."""
@@ -57,6 +61,7 @@ class TPGroup:
         n = s // self.size
         stacked = full.reshape(b, self.size, n, *rest).transpose(0, 1).reshape(self.size * b, n, *rest)
         out = torch.empty((b, n, *rest), dtype=full.dtype, device=full.device)
+        self.tracer.buffers.sample("sp", [full, stacked])  # the partial sums, reordered (a copy when b > 1)
         self.tracer.reduce_scatter(out, stacked, label)
         return out
 

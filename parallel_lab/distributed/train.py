@@ -167,6 +167,7 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
             memory = dict(rt.dp.measure_state())
         if grid.notify is not None:
             grid.notify(step + 1)
+    comm_buffers = dict(tracer.buffers.peaks)   # each part's peak over the steps (ledger.comm_buffer_parts)
     memory["activations"] = int(rt.meter.peak["activations"])
     memory["logits_and_loss"] = int(rt.meter.peak["logits_and_loss"])
     rt.meter.remove()
@@ -180,6 +181,7 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
     return RankResult(grid.rank, grid.coords, losses, rt.owns_loss, list(tracer.events), memory, params,
                       rt.timeline.spans, step_times,
                       info={"buckets": [b.nbytes for b in getattr(rt.dp, "buckets", [])],
+                            "comm_buffers": comm_buffers,
                             "wait_s": list(actions.wait_s),
                             "node": {"node": grid.node, "ranks_per_node": grid.ranks_per_node,
                                      "crossing": grid.crossing()},

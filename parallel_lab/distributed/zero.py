@@ -27,6 +27,9 @@ padded flat buffers, ``g * S_u`` elements):
   ``zero1_reduce="all_reduce"`` (torch's ZeroRedundancyOptimizer under DDP: the whole gradient
   all-reduced, 1.5x the bytes); ``zero2_accumulate``: "unsharded" (earlier micro-batches accumulate in
   the full ``p.grad``, one reduce-scatter per step) or "sharded" (a reduce-scatter every micro-batch).
+* Comm buffers (``tracer.buffers``, ``ledger.comm_buffer_parts``): ``zero_reduce``, the unit's flat gradient
+  (with the reduce-scatter's output when it is a temporary), and ``zero_gather``, the step's gathered unit
+  with its input shard, sampled at each call.
 * **ZeRO-3** lives in ``fsdp.py`` (:class:`~parallel_lab.distributed.fsdp.Zero3`).
 
 Mixed precision (ZeRO-1/2 with ``optimizer="adam-mixed"``, the ZeRO paper's layout,
@@ -195,10 +198,15 @@ class Zero12(torch.optim.Optimizer):
         flat = u.flatten([p.grad for p in u.params], self.dtype, self.device)
         flat.div_(self.group_size)                     # average: divide first, then sum over the group
         if self.reduce == "all_reduce":
+            self.tracer.buffers.sample("zero_reduce", [flat])
             work = self.tracer.all_reduce(flat, "dp", group=self.group, async_op=True)
             self._pending = (i, flat, None, work)
             return
         out = torch.empty(u.shard, dtype=flat.dtype, device=self.device)
+        # ZeRO-1's output is a temporary (written into p.grad); ZeRO-2's becomes the gradient shard, unless
+        # one exists from an earlier micro-batch (then it is added to it)
+        temp = self.stage == 1 or self.grad_shards[i] is not None
+        self.tracer.buffers.sample("zero_reduce", [flat, out] if temp else [flat])
         work = self.tracer.reduce_scatter(out, flat, "dp", group=self.group, async_op=True)
         if self.stage == 2:                            # ZeRO-2: the full gradient lives on in `flat` only
             for p in u.params:
@@ -265,7 +273,9 @@ class Zero12(torch.optim.Optimizer):
                 shard.grad = g.float() if g is not None else torch.zeros_like(shard.data)
             self.optimizers[i].step()
             full = torch.empty(u.padded, dtype=self.dtype, device=self.device)
-            self.tracer.all_gather(full, shard.detach().to(self.dtype), "dp", group=self.group)
+            src = shard.detach().to(self.dtype)        # fp32: the shard cut from the parameters; bf16: a copy
+            self.tracer.buffers.sample("zero_gather", [full, src])
+            self.tracer.all_gather(full, src, "dp", group=self.group)
             for p, v in zip(u.params, u.split(full), strict=True):
                 p.copy_(v)
             shard.grad = None

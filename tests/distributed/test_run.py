@@ -19,7 +19,9 @@ def test_run_report_for_dp2():
     plan = Plan(dp=2, **{**RUN_DEFAULTS, "seq": 64, "micro_batch": 2})
     rep = run(spec, plan, steps=2)
     j = rep.to_json()
-    assert list(j) == ["losses", "reference_losses", "max_abs_param_diff", "comm", "memory", "wall_s", "step_times"]
+    assert list(j) == ["losses", "reference_losses", "max_abs_param_diff", "comm", "memory", "wall_s", "step_times",
+                       "comm_buffers"]
+    assert j["comm_buffers"] == {"measured_bytes": 0, "predicted_bytes": 0}     # DDP's gradients are bucket views
     assert len(j["losses"]) == 2 and j["max_abs_param_diff"] <= 2e-5
     dp = j["comm"]["dp"]
     assert dp["measured_bytes"] == dp["predicted_bytes"] == 2 * 2 * 4 * spec.n_params   # 2 ranks, 2 steps

@@ -8,7 +8,8 @@ Four tools, one module each:
 * ``saved``: :class:`SavedTensorMeter`, activations as the storage bytes saved for backward (peak and
   per scope), the ledger's ``activations`` and ``logits_and_loss``.
 * ``memory``: :func:`measure_state`, parameters, gradients and optimizer states from the tensors (the
-  ledger's state categories, compared exactly); :func:`memtracker_snapshot`, torch's opinion.
+  ledger's state categories, compared exactly); :class:`BufferMeter`, the communication buffers' peaks
+  by part (every ``CommTracer`` carries one, ``tracer.buffers``); :func:`memtracker_snapshot`, torch's opinion.
 * ``timeline``: :class:`Timeline`, per-rank intervals (``simulate.Interval``, the simulator's type) on
   a clock shared by the processes of one machine.
 
@@ -16,6 +17,8 @@ Every name is importable from ``parallel_lab.distributed.instruments``.
 """
 
 from parallel_lab.distributed.instruments.memory import (
+    BufferMeter,
+    buffers_sampled,
     measure_state,
     memtracker_snapshot,
     optimizer_state_tensors,
@@ -36,7 +39,7 @@ from parallel_lab.distributed.instruments.tracer import (
 )
 from parallel_lab.simulate import Interval
 
-__all__ = ["DEFAULT_SCOPES", "CommTracer", "Interval", "SavedTensorMeter", "Timeline", "TracedCall",
-           "TracedWork", "align", "collective_counts", "compare_calls", "event_counts", "measure_state",
-           "memtracker_snapshot", "nbytes", "optimizer_state_tensors", "payload_by_dim", "storage_bytes",
-           "storage_key"]
+__all__ = ["DEFAULT_SCOPES", "BufferMeter", "CommTracer", "Interval", "SavedTensorMeter", "Timeline",
+           "TracedCall", "TracedWork", "align", "buffers_sampled", "collective_counts", "compare_calls",
+           "event_counts", "measure_state", "memtracker_snapshot", "nbytes", "optimizer_state_tensors",
+           "payload_by_dim", "storage_bytes", "storage_key"]

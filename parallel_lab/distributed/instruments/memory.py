@@ -39,6 +39,32 @@ def storage_bytes(tensors: Iterable[Tensor | None]) -> int:
     return sum(seen.values())
 
 
+class BufferMeter:
+    """Peak bytes of the communication buffers of one rank, by part (the ledger's ``comm_buffer_parts``).
+
+    The implementations call :meth:`sample` where a buffer is alive: at a collective, with the tensors
+    handed to it or made for it that are not model state (a flat gradient, a gathered unit, a received
+    activation), or with a byte count they computed. A sample counts the
+    distinct storages (``storage_bytes``); ``peaks[part]`` keeps the largest. No hooks: one byte count
+    per call.
+    """
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, int] = {}
+
+    def sample(self, part: str, tensors: Iterable[Tensor | None] = (), nbytes: int | None = None) -> None:
+        n = storage_bytes(tensors) if nbytes is None else int(nbytes)
+        if n > self.peaks.get(part, -1):
+            self.peaks[part] = n
+
+
+def buffers_sampled(spec: Any, plan: Any) -> bool:
+    """Whether the runnable code samples every comm-buffer part the ledger predicts for ``plan``: all but
+    ring and Ulysses context parallelism's buffers and expert parallelism's dispatch buffers (predicted,
+    not sampled)."""
+    return (plan.cp == 1 or plan.cp_kind == "allgather") and not spec.is_moe
+
+
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     """Per-parameter state tensors of an optimizer (``exp_avg``, ``momentum_buffer``...), not 0-dim
     step counters."""

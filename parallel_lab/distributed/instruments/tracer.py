@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from parallel_lab.comm import Collective
+from parallel_lab.distributed.instruments.memory import BufferMeter
 
 # ``all_gather_single`` / ``reduce_scatter_single`` are the 2.13 names; older torch has the *_tensor ones.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -107,7 +108,8 @@ class CommTracer:
     ("forward", "backward", "step"; outside any, the ``phase`` given here: a ``Collective`` always has
     one); ``enabled=False`` makes the tracer a pass-through (no events). ``on_action(text, waiting)``, if
     set, hears of every call as it starts, blocks and ends (``diagnosis.ActionLog``: what a dead or hung
-    rank was doing, and how long it waited for its peers).
+    rank was doing, and how long it waited for its peers). ``buffers``: the rank's ``BufferMeter``, which the
+    implementations sample at their calls (the communication buffers' peaks by part).
     """
 
     def __init__(self, rank: int, groups: dict[str, Any] | None = None, enabled: bool = True,
@@ -117,6 +119,7 @@ class CommTracer:
         self.enabled = enabled
         self.phase = phase
         self.events: list[TracedCall] = []
+        self.buffers = BufferMeter()
         self.on_action: Callable[[str, bool], None] | None = None
 
     # ---- bookkeeping -----------------------------------------------------------------------------
