@@ -14,7 +14,7 @@ from parallel_lab import ledger
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 from parallel_lab.viz.explorers import MemoryExplorer
 from parallel_lab.viz.explorers.base import model_from
-from parallel_lab.viz.explorers.jobs import check_spelled, cli_argv
+from parallel_lab.viz.explorers.jobs import check_spelled, cli_argv, group_gone
 from parallel_lab.viz.explorers.memory_measure import ROWS, measure_argv
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,14 +27,6 @@ def table_rows(html: str) -> dict[str, dict[str, int | None]]:
         vals = dict(re.findall(r"<td class='(measured|per-op|korthikanti)'[^>]*>([^<]*)</td>", cells))
         out[row] = {k: None if v == "-" else int(v.replace(",", "")) for k, v in vals.items()}
     return out
-
-
-def gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_measure_this_plan_shows_what_measure_json_measures():
@@ -126,7 +118,7 @@ def test_cancel_stops_the_measurement():
     panel.wait(30)
     assert panel.job.cancelled and panel.report is None and panel.failed == "cancelled"
     assert "cancelled" in panel.progress_text.value and not panel.button.disabled
-    assert gone(pgid)
+    assert group_gone(pgid)
 
 
 @pytest.mark.parametrize("plan", [
@@ -181,7 +173,6 @@ def test_the_kernel_refuses_without_loading_torch():
 
 
 def test_a_finished_job_keeps_no_descriptors_or_exit_hooks():
-    import os
 
     from parallel_lab.viz.explorers.jobs import CliJob
 

@@ -3,7 +3,6 @@ figures against the ledger and comm's own predictions, the memory guard's refusa
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -11,16 +10,9 @@ import pytest
 from parallel_lab import comm, ledger
 from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.viz.explorers import RunExplorer, run_plan
+from parallel_lab.viz.explorers.jobs import group_gone
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_a_real_run_shows_measured_beside_the_ledger():
@@ -76,9 +68,9 @@ def test_cancel_stops_every_rank():
     assert ex.job.cancelled and ex.report is None
     assert "cancelled" in ex.progress_text.value and not ex.run_button.disabled
     deadline = time.monotonic() + 15
-    while not gone(pgid) and time.monotonic() < deadline:
+    while not group_gone(pgid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert gone(pgid), "ranks of a cancelled run are still running"
+    assert group_gone(pgid), "ranks of a cancelled run are still running"
 
 
 def test_the_command_is_parallel_lab_run():

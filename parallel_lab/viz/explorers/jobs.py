@@ -116,6 +116,15 @@ class CliJob:
         self.thread.join(timeout_s)
 
 
+def group_gone(pgid: int) -> bool:
+    """Whether no process of the process group ``pgid`` is left (a cancelled job's child and its ranks)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def loop_caller() -> Callable[..., None]:
     """Hand a call to the running event loop (the kernel's) from another thread; directly when none runs."""
     try:
