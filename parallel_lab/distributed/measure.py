@@ -153,8 +153,8 @@ class Measurement:
     def to_json(self) -> dict[str, Any]:
         return {"stage": self.stage, "rank": self.rank, "measured": dict(self.measured),
                 "predicted": {f: dict(v) for f, v in self.predicted.items()},
-                "error": {f: {k: self.error(k, f) for k in (*CATEGORIES, "peak", PEAK_ONE_MOMENT)} for f in FORMULAS},
-                "moments": dict(self.moments),
+                "error": {f: {k: self.error(k, f) for k in (*CATEGORIES, "peak")} for f in FORMULAS},
+                "moments": {**self.moments, "error": self.error(PEAK_ONE_MOMENT)} if self.moments else {},
                 "tracker_peak": dict(self.tracker_peak),
                 "tracker_activations": self.tracker_activations, "seconds": self.seconds,
                 "cpu_seconds": self.cpu_seconds, "notes": list(self.notes)}
