@@ -681,10 +681,10 @@ def _core_backward_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     eager = plan.attention == "eager" or plan.recompute == "selective"   # selective re-runs the eager core
     if eager:
         out["score and probability gradients"] = 2.0 * t.b * t.heads * t.s * t.s * plan.dtype_bytes
-    if plan.recompute == "selective":
-        out["recomputed core"] = float(sum(x.nbytes for x in activations._core(model, plan, t, plan.dtype_bytes)))
+    plain = activations.block_saves(model, plan.with_(recompute="none", attention="eager" if eager else "flash"))
+    if plan.recompute == "selective":           # the eager core's own saves: q, k^T, probabilities, v
+        out["recomputed core"] = float(sum(x.nbytes for x in plain if x.op.startswith("core.")))
     elif plan.recompute == "full":
-        plain = activations.block_saves(model, plan.with_(recompute="none"))
         ops = [x.op for x in plain]
         out["recomputed block"] = float(sum(x.nbytes for x in plain[:ops.index("attn.wo")]))
     return out
@@ -791,6 +791,9 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
              "causal mask": _mask_bytes(model, plan, backward=True)}
     moments["first backward"] = first
     step_grads = state["gradients"]
+    if plan.zero == 2:                      # reduce-scattered into the shards by the step, however accumulated
+        step_grads = float(sum(math.ceil(n / g) for n in unit_sizes(model, plan, stage).values())
+                           * plan.optim.grad_bytes)
     moments["step"] = {"parameters": state["parameters"], "gradients": step_grads,
                        "optimizer_states": state["optimizer_states"],
                        "optimizer temporaries": _step_temporaries(model, plan, stage)}
