@@ -20,6 +20,9 @@ stages, ZeRO units) is ``parallel_lab.layout``'s; this module only prices it in 
 
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models" (Sec. 4, Table 2), generalised as documented in :func:`activation_bytes_per_layer`.
+
+The total sums each category at its own peak (conservative); :func:`peak_moments` prices what is alive
+at four named moments of a step instead, checked against torch's tracker in fake tensors.
 """
 
 from __future__ import annotations

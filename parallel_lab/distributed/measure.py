@@ -17,7 +17,9 @@ micro-batch, gradient sync, optimizer step) and reads:
 * ``comm_buffers``: ZeRO-3's gathered units at their peak, plus the full gradients on their way to the
   reduce-scatter (one unit and its fp32 copy; under a pipeline the whole stage's, held until the step's
   end), each at its own peak (other buffers are not separated: see notes);
-* ``peak``: the tracker's peak of everything it saw during the step, against the ledger's total.
+* ``peak``: the tracker's peak of everything it saw during the step, against the ledger's total (the sum
+  of per-category peaks) and against ``ledger.peak_moments`` (the bytes alive at one moment, row
+  ``peak (one moment)``).
 
 Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1; nothing else depends on
 values. The model is built with the compute dtype as torch's default dtype (``module.to(bf16)`` fails on
