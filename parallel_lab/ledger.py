@@ -681,12 +681,12 @@ def _core_backward_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
         return {}
     t = activations.local_dims(model, plan)
     out: dict[str, float] = {}
-    eager = plan.attention == "eager" or plan.recompute == "selective"   # selective re-runs the eager core
+    eager = plan.attention == "eager"
     if eager:
         out["score and probability gradients"] = 2.0 * t.b * t.heads * t.s * t.s * plan.dtype_bytes
     plain = activations.block_saves(model, plan.with_(recompute="none", attention="eager" if eager else "flash"))
-    if plan.recompute == "selective":           # the eager core's own saves: q, k^T, probabilities, v
-        out["recomputed core"] = float(sum(x.nbytes for x in plain if x.op.startswith("core.")))
+    if plan.recompute == "selective":           # the core's own saves (eager: q, k^T, probabilities, v)
+        out["recomputed core"] = float(sum(x.nbytes for x in plain if x.op.startswith("core")))
     elif plan.recompute == "full":
         ops = [x.op for x in plain]
         out["recomputed block"] = float(sum(x.nbytes for x in plain[:ops.index("attn.wo")]))
@@ -697,8 +697,7 @@ def _mask_bytes(model: ModelSpec, plan: Plan, backward: bool) -> float:
     """The eager core's causal mask bias ``(1, 1, s, s)`` in the compute dtype: one per forward, kept to
     backward by selective/full recompute (an input of the checkpointed core), by a pipeline stage for each
     of its ``m`` micro-batches; freed after the forward otherwise (measured: README, "Measured at real scale")."""
-    eager = plan.attention == "eager" or plan.recompute == "selective"
-    if not eager or plan.cp > 1:
+    if plan.attention != "eager" or plan.cp > 1:
         return 0.0
     one = float(plan.seq * plan.seq * plan.dtype_bytes)
     if plan.pp > 1:

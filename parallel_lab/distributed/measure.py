@@ -170,9 +170,9 @@ def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
     """The dtype of the fake model's parameters, or a ParallelLabError naming the fix.
 
     Layouts: ``adam-mixed`` (bf16 parameters, fp32 master in the optimizer), ``fsdp2-mixed`` with ZeRO-3
-    (fp32 shards, bf16 gathers), or fp32 everything (``adam-fp32``, ``sgd-momentum``); ``cp = 1`` and
-    ``tp <= kv_heads`` (both read tensor values on the way). Mixed precision is allowed with TP, PP and CP,
-    as in ``parallel-lab run``.
+    (fp32 shards, bf16 gathers), or fp32 everything (``adam-fp32``, ``sgd-momentum``); ``cp = 1``,
+    ``tp <= kv_heads`` and eager attention (all three read tensor values on the way). Mixed precision is
+    allowed with TP, PP and CP, as in ``parallel-lab run``.
     """
     plan.validate(model)
     model.require_shape("a fake-tensor measurement")
@@ -190,6 +190,10 @@ def check_measurable(model: ModelSpec, plan: Plan) -> torch.dtype:
     if plan.cp > 1:
         raise ParallelLabError(f"cp={plan.cp}: context parallelism tiles attention from the token positions' "
                                f"values, which fake tensors do not have; measure with cp=1")
+    if plan.attention == "flash":
+        raise ParallelLabError("attention='flash': the flash kernel cuts its tiles from the token positions' "
+                               "values, which fake tensors do not have (every position reads 1: one tile per "
+                               "token); measure with attention='eager'")
     if plan.tp > model.kv_heads:
         raise ParallelLabError(f"tp={plan.tp} > kv_heads={model.kv_heads} replicates key/value heads over process "
                                f"groups built from tensors, which fake tensors cannot read; measure with tp <= "
