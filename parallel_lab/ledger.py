@@ -740,7 +740,8 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
     * ``loss`` (last stage: the cross-entropy's forward): every in-flight activation, the kept logits, and
       the logits in the compute dtype and their fp32 cast (``loss_chunk``: one chunk's); ZeRO-3 the root unit;
     * ``loss backward``: the kept logits plus the gradients of the log-probabilities and of the fp32
-      logits, ``2 s b V 4``; ZeRO-3's root unit gathered;
+      logits, ``2 s b V 4`` (``loss_chunk``: one chunk's, plus the fp32 head-weight gradient accumulator and
+      an fp32 copy of the weight, ``2 V h 4``); ZeRO-3's root unit gathered;
     * ``first backward`` (the last block's attention core): activations less the block's saves after the
       core (:func:`_after_core_bytes`), the core's working set (:func:`_core_backward_bytes`), the fresh
       weight gradients (:func:`_fresh_grads`), the gradients of the residual stream and the core's output
@@ -783,6 +784,9 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
                                     "log-probability and logit gradients": float(2 * loss_rows * vocab * LOSS_BYTES),
                                     "gathered units": root, "activation buffers": bufs,
                                     "causal mask": _mask_bytes(model, plan, backward=True)}
+        if plan.loss_chunk:          # kernels.ChunkedLinearCrossEntropy: an fp32 dW accumulator and weight copy
+            moments["loss backward"]["fp32 head-weight gradient and weight copy"] = float(
+                2 * vocab * model.hidden * LOSS_BYTES)
     kept = head_inflight(plan.schedule, plan.pp, plan.microbatches, plan.interleave) if last else 1
     first = {**base, "activations": act - _after_core_bytes(model, plan),
              "logits_and_loss": logits * (kept - 1) / kept,

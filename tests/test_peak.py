@@ -34,6 +34,7 @@ CASES = {
                           recompute="selective"), 0, "first backward"),
     "zero2-accumulate": (Plan(dp=8, zero=2, grad_accum=2, optimizer="adam-mixed", dtype="bf16", seq=8192,
                               recompute="selective"), 0, "loss backward"),
+    "fused-mlp-chunked-loss": (Plan(**{**FSDP, "seq": 2048}, mlp="fused", loss_chunk=1024), 0, "loss backward"),
     "fp32-step": (Plan(optimizer="adam-fp32", dtype="fp32", seq=1024), 0, "step"),
 }
 
