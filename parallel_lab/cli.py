@@ -415,7 +415,7 @@ def _add_memory(sub: Any) -> None:
 
 
 def _memory(args: argparse.Namespace) -> Output:
-    from .ledger import memory
+    from .ledger import memory, peak_moments
 
     model = model_from_args(args)
     plan = plan_from_args(args, model)
@@ -435,6 +435,13 @@ def _memory(args: argparse.Namespace) -> Output:
         *[f"note: {n}" for n in led.notes],
     ])
     data = {**led.to_json(), **echo(model, plan)}
+    if model.shape_known:        # the sum above adds each category at its own peak; this is one moment
+        pm = peak_moments(model, plan, led.stage)
+        lines = text.split("\n")
+        at = next(i for i, line in enumerate(lines) if line.startswith(("fits:", "does NOT fit:")))
+        lines.insert(at, f"peak at one moment: {fmt_bytes(pm.peak_bytes)} ({pm.peak})")
+        text = "\n".join(lines)
+        data["peak_at_one_moment"] = pm.to_json()
     if args.measure:
         from .distributed.measure import measure
 

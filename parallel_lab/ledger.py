@@ -20,6 +20,9 @@ stages, ZeRO units) is ``parallel_lab.layout``'s; this module only prices it in 
 
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models" (Sec. 4, Table 2), generalised as documented in :func:`activation_bytes_per_layer`.
+
+The total sums each category at its own peak (conservative); :func:`peak_moments` prices what is alive
+at four named moments of a step instead, checked against torch's tracker in fake tensors.
 """
 
 from __future__ import annotations
@@ -623,3 +626,224 @@ def memory(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None, *,
     ledgers = [_ledger_of_stage(model, plan, cluster, activation_model, s, margin)
                for s in _stage_or_all(plan, stage)]
     return max(ledgers, key=lambda led: led.total_bytes)
+
+
+# --------------------------------------------------------------------------------------------------
+# The peak at one moment (beside the ledger's sum of per-category peaks)
+# --------------------------------------------------------------------------------------------------
+
+#: The moments of a step :func:`peak_moments` prices, in the order they happen.
+MOMENTS = ("loss", "loss backward", "first backward", "step")
+
+
+@dataclass
+class PeakMoments:
+    """Bytes alive at named moments of one training step on one GPU of ``stage``, part by part.
+
+    ``moments[name]`` maps a part (a ledger category as alive at that moment, or a named transient that no
+    category holds) to bytes. The peak is the moment with the largest sum (:attr:`peak`).
+    """
+
+    stage: int
+    moments: dict[str, dict[str, float]]
+
+    def total(self, moment: str) -> float:
+        return float(sum(self.moments[moment].values()))
+
+    @property
+    def peak(self) -> str:
+        """The moment where the step's memory peaks."""
+        return max(self.moments, key=self.total)
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.total(self.peak)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "peak": self.peak, "peak_bytes": self.peak_bytes,
+                "moments": {k: {"total": self.total(k), "parts": dict(v)} for k, v in self.moments.items()}}
+
+
+def _grads_before(model: ModelSpec, plan: Plan, stage: int, state: dict[str, float]) -> float:
+    """Gradient bytes alive during the forward/backward of the stage's peak micro-batch that earlier
+    micro-batches (or a persistent buffer) made: bucketed DDP's flat buckets always exist (they are
+    ``.grad``); any variant holds what accumulation keeps once a backward precedes the activation peak
+    (``m`` > the stage's in-flight micro-batches): full gradients (ZeRO-0/1, ZeRO-2 unsharded), the shards
+    (ZeRO-2 sharded, ZeRO-3), ZeRO-3 under a pipeline its held full gradients."""
+    full = state["gradients"] if not gradients_sharded(plan) else float(
+        sum(unit_sizes(model, plan, stage).values()) * plan.optim.grad_bytes)
+    bucketed = plan.zero == 0 and plan.dp_kind == "bucketed" and shard_group(plan) > 1
+    inflight = inflight_microbatches(plan.schedule, plan.pp, plan.microbatches, plan.interleave, stage)
+    accumulated = plan.microbatches > inflight
+    if not accumulated:
+        return full if bucketed else 0.0
+    if plan.zero == 3 and plan.pp > 1:
+        return float(zero3_held_gradient_bytes(model, plan, stage))
+    if plan.zero >= 2 and gradients_sharded(plan):
+        return state["gradients"]
+    return full * (2 if bucketed else 1)          # bucketed: the no_sync micro-batches' .grad beside the buckets
+
+
+def _fresh_grads(model: ModelSpec, plan: Plan, stage: int, last_stage: bool) -> float:
+    """Weight gradients the peak micro-batch has made when backward reaches the last block's attention core
+    (the head's on the last stage, the block's output projection, MLP norm and MLP) as new tensors: in the
+    gathered dtype under ZeRO-3 (they wait for their unit's other gradients), else in the gradient dtype;
+    none where they land in an existing buffer (bucketed DDP copies each into its bucket at once; gradient
+    accumulation adds into ``.grad``)."""
+    bucketed = plan.zero == 0 and plan.dp_kind == "bucketed" and shard_group(plan) > 1
+    inplace = plan.microbatches > 1 and (plan.zero < 2 or not gradients_sharded(plan))
+    if (bucketed or inplace) and not (plan.zero == 3 and plan.pp == 1):
+        return 0.0
+    params = local_parameters(model, plan, stage)
+    blocks = [p.name.split(".")[1] for p in params if p.name.startswith("blocks.")]
+    last = f"blocks.{blocks[-1]}." if blocks else None
+    after_core = (".attn.wo.", ".mlp_norm.", ".mlp.")
+    n = sum(p.numel for p in params
+            if (last and p.name.startswith(last) and any(k in p.name[len(last) - 1:] for k in after_core))
+            or (last_stage and (p.name.startswith(("final_norm.", "lm_head.")))))
+    return float(n * (param_comm_bytes(plan) if plan.zero == 3 else plan.optim.grad_bytes))
+
+
+def _after_core_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Bytes of one block's saves that backward frees before it reaches the attention core: everything the
+    per-op model lists after the core (the output projection's input unless a flash core shares it)."""
+    saves = activations.block_saves(model, plan)
+    ops = [x.op for x in saves]
+    if "attn.wo" not in ops or plan.recompute in ("full", "op-sac"):
+        return 0.0
+    start = ops.index("attn.wo") + (1 if plan.attention == "flash" and plan.recompute != "selective" else 0)
+    return float(sum(x.nbytes for x in saves[start:]))
+
+
+def _core_backward_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
+    """The attention core's backward working set of one block (``cp = 1``): eager attention holds the
+    gradients of the probabilities and of the scores together, ``2 a s_q s_k b d``; selective recompute adds
+    the re-run core's saves (the probabilities, q, k, v), full recompute the re-run block's saves up to
+    the core. Flash: no ``s^2`` tensor (its gradients of q, k, v are ``s b h``-sized, not counted)."""
+    if plan.cp > 1:
+        return {}
+    t = activations.local_dims(model, plan)
+    out: dict[str, float] = {}
+    eager = plan.attention == "eager"
+    if eager:
+        out["score and probability gradients"] = 2.0 * t.b * t.heads * t.s * t.s * plan.dtype_bytes
+    plain = activations.block_saves(model, plan.with_(recompute="none", attention="eager" if eager else "flash"))
+    if plan.recompute == "selective":           # the core's own saves (eager: q, k^T, probabilities, v)
+        out["recomputed core"] = float(sum(x.nbytes for x in plain if x.op.startswith("core")))
+    elif plan.recompute == "full":
+        ops = [x.op for x in plain]
+        out["recomputed block"] = float(sum(x.nbytes for x in plain[:ops.index("attn.wo")]))
+    return out
+
+
+def _mask_bytes(model: ModelSpec, plan: Plan, backward: bool) -> float:
+    """The eager core's causal mask bias ``(1, 1, s, s)`` in the compute dtype: one per forward, kept to
+    backward by selective/full recompute (an input of the checkpointed core), by a pipeline stage for each
+    of its ``m`` micro-batches; freed after the forward otherwise (measured: README, "Measured at real scale")."""
+    if plan.attention != "eager" or plan.cp > 1:
+        return 0.0
+    one = float(plan.seq * plan.seq * plan.dtype_bytes)
+    if plan.pp > 1:
+        return one * plan.microbatches
+    return one if plan.recompute in ("selective", "full") or not backward else 0.0
+
+
+def _step_temporaries(model: ModelSpec, plan: Plan, stage: int) -> float:
+    """The optimizer step's transients: AdamW (``foreach=False``) makes two fp32 temporaries of the
+    largest parameter it steps (per-parameter without ZeRO, a unit's shard with ZeRO); ``adam-mixed``
+    without ZeRO also casts every gradient to an fp32 copy first (``MasterAdamW``); ZeRO-1/2 then gathers
+    the largest unit's updated parameters (its flat buffer and the shard cast for the all-gather)."""
+    g = shard_group(plan)
+    units = unit_sizes(model, plan, stage)
+    if plan.zero >= 1:
+        largest = max(math.ceil(n / g) for n in units.values())
+    else:
+        largest = max(p.numel for p in local_parameters(model, plan, stage))
+    if plan.optimizer == "sgd-momentum":
+        temps = 0.0
+    else:
+        temps = 2.0 * largest * 4
+    if plan.optimizer == "adam-mixed" and plan.zero == 0:
+        temps += sum(units.values()) * 4
+    if plan.zero in (1, 2) and g > 1:
+        big = max(g * math.ceil(n / g) for n in units.values())
+        temps = max(temps, (big + math.ceil(big / g)) * param_comm_bytes(plan))
+    return temps
+
+
+def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> PeakMoments:
+    """Bytes alive at four moments of one steady-state step on ``stage``, by part; the peak is their max.
+
+    The ledger's ``total_bytes`` sums each category at its own peak; here each moment counts what exists
+    then (per-op activations; measured in fake tensors, tests/test_peak.py). Rules, torch's autograd as
+    measured here (distributed/measure.py, README "Measured at real scale"):
+
+    * parameters and optimizer states: always (the moments exist from the first step on);
+    * gradients: :func:`_grads_before` during forward/backward; after the reduction at the step;
+    * ``loss`` (last stage: the cross-entropy's forward): every in-flight activation, the kept logits, and
+      the logits in the compute dtype and their fp32 cast (``loss_chunk``: one chunk's); ZeRO-3 the root unit;
+    * ``loss backward``: the kept logits plus the gradients of the log-probabilities and of the fp32
+      logits, ``2 s b V 4`` (``loss_chunk``: one chunk's, plus the fp32 head-weight gradient accumulator and
+      an fp32 copy of the weight, ``2 V h 4``); ZeRO-3's root unit gathered;
+    * ``first backward`` (the last block's attention core): activations less the block's saves after the
+      core (:func:`_after_core_bytes`), the core's working set (:func:`_core_backward_bytes`), the fresh
+      weight gradients (:func:`_fresh_grads`), the gradients of the residual stream and the core's output
+      ``2 s b h d``, the logits freed (but other kept micro-batches'), ZeRO-3's gathered units
+      (:func:`zero3_gathered_bytes`); its reduce-scatter input comes later;
+    * ``step``: state with the reduced gradients and :func:`_step_temporaries`; no activations.
+
+    Pipeline and SP/CP activation buffers (:func:`activation_buffer_bytes`) count in forward and backward;
+    the eager causal mask per :func:`_mask_bytes`. Not a moment of every stage: ``loss`` and ``loss
+    backward`` only on the last. ``stage=None``: the stage with the highest peak.
+    """
+    plan.validate(model)
+    model.require_shape("the peak at one moment")
+    if stage is None:
+        return max((peak_moments(model, plan, s) for s in range(plan.pp)), key=lambda pm: pm.peak_bytes)
+    _stage_or_all(plan, stage)
+    state = stage_state_bytes(model, plan, stage)
+    last = stage == plan.pp - 1
+    base = {"parameters": state["parameters"], "optimizer_states": state["optimizer_states"],
+            "gradients": _grads_before(model, plan, stage, state)}
+    act = activation_bytes(model, plan, stage, formula="per-op")
+    logits = logits_bytes(model, plan, formula="per-op") if last else 0.0
+    bufs = activation_buffer_bytes(model, plan)
+    g = shard_group(plan)
+    gathered = float(zero3_gathered_bytes(model, plan, stage))
+    root = gathered
+    if plan.zero == 3 and g > 1 and plan.pp == 1:      # between blocks only the root unit stays gathered
+        root = float(g * math.ceil(unit_sizes(model, plan, stage).get("root", 0) / g) * param_comm_bytes(plan))
+    t = activations.local_dims(model, plan)
+    rows, vocab = t.b * t.s, math.ceil(model.vocab / plan.tp)
+    moments: dict[str, dict[str, float]] = {}
+    if last:
+        cast = 0 if plan.dtype_bytes == LOSS_BYTES else LOSS_BYTES
+        loss_rows = min(plan.loss_chunk, rows) if plan.loss_chunk else rows
+        moments["loss"] = {**base, "activations": act, "logits_and_loss": logits,
+                           "logits and their fp32 cast": float(loss_rows * vocab * (plan.dtype_bytes + cast)),
+                           "gathered units": root, "activation buffers": bufs,
+                           "causal mask": _mask_bytes(model, plan, backward=False)}
+        moments["loss backward"] = {**base, "activations": act, "logits_and_loss": logits,
+                                    "log-probability and logit gradients": float(2 * loss_rows * vocab * LOSS_BYTES),
+                                    "gathered units": root, "activation buffers": bufs,
+                                    "causal mask": _mask_bytes(model, plan, backward=True)}
+        if plan.loss_chunk:          # kernels.ChunkedLinearCrossEntropy: an fp32 dW accumulator and weight copy
+            moments["loss backward"]["fp32 head-weight gradient and weight copy"] = float(
+                2 * vocab * model.hidden * LOSS_BYTES)
+    kept = head_inflight(plan.schedule, plan.pp, plan.microbatches, plan.interleave) if last else 1
+    first = {**base, "activations": act - _after_core_bytes(model, plan),
+             "logits_and_loss": logits * (kept - 1) / kept,
+             **_core_backward_bytes(model, plan),
+             "fresh weight gradients": _fresh_grads(model, plan, stage, last),
+             "residual and core-output gradients": 2.0 * t.b * t.s_n * t.h * plan.dtype_bytes,
+             "gathered units": gathered, "activation buffers": bufs,
+             "causal mask": _mask_bytes(model, plan, backward=True)}
+    moments["first backward"] = first
+    step_grads = state["gradients"]
+    if plan.zero == 2:                      # reduce-scattered into the shards by the step, however accumulated
+        step_grads = float(sum(math.ceil(n / g) for n in unit_sizes(model, plan, stage).values())
+                           * plan.optim.grad_bytes)
+    moments["step"] = {"parameters": state["parameters"], "gradients": step_grads,
+                       "optimizer_states": state["optimizer_states"],
+                       "optimizer temporaries": _step_temporaries(model, plan, stage)}
+    return PeakMoments(stage, {k: {p: float(v) for p, v in moments[k].items()} for k in MOMENTS if k in moments})

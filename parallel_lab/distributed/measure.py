@@ -18,7 +18,9 @@ micro-batch, gradient sync, optimizer step) and reads:
   as ``parallel-lab run``), each at its own peak: ZeRO-1/2's flat gradient and gathered unit, ZeRO-3's
   gathered units and full gradients on their way to the reduce-scatter, SP's full-sequence tensors, the
   messages of one pipeline P2P action; beside ``ledger.comm_buffer_parts`` (``comm_parts``);
-* ``peak``: the tracker's peak of everything it saw during the step, against the ledger's total.
+* ``peak``: the tracker's peak of everything it saw during the step, against the ledger's total (the sum
+  of per-category peaks) and against ``ledger.peak_moments`` (the bytes alive at one moment, row
+  ``peak (one moment)``).
 
 Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1; nothing else depends on
 values. The model is built with the compute dtype as torch's default dtype (``module.to(bf16)`` fails on
@@ -49,11 +51,13 @@ from parallel_lab.distributed.measurable import measurable_layout
 from parallel_lab.distributed.model import Transformer
 from parallel_lab.distributed.runtime import Runtime, sequential_forward_backward
 from parallel_lab.distributed.train import check_parallelisms, parallelize
-from parallel_lab.ledger import CATEGORIES, comm_buffer_parts, memory
+from parallel_lab.ledger import CATEGORIES, comm_buffer_parts, memory, peak_moments
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 #: The ledger's activation models, each shown beside the measurement.
 FORMULAS = ("per-op", "korthikanti")
+#: The row comparing the measured peak with ``ledger.peak_moments`` (the bytes alive at one moment).
+PEAK_ONE_MOMENT = "peak (one moment)"
 #: The compute dtypes a fake-tensor run can use, with the optimizers whose layout the runnable code has.
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}     # measurable.MEASURABLE_DTYPES
 
@@ -105,9 +109,15 @@ class Measurement:
     cpu_seconds: float
     notes: list[str] = field(default_factory=list)
     comm_parts: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: ``ledger.peak_moments(...).to_json()``: the bytes alive at one moment, its peak beside the measured one
+    moments: dict[str, Any] = field(default_factory=dict)
 
     def error(self, category: str, formula: str = "per-op") -> float | None:
-        """``predicted / measured - 1`` for ``category`` (``peak`` compares with the ledger's total)."""
+        """``predicted / measured - 1`` for ``category`` (``peak`` compares with the ledger's total,
+        ``peak (one moment)`` with :func:`ledger.peak_moments`'s peak, the same for both formulas)."""
+        if category == PEAK_ONE_MOMENT:
+            m, p = self.measured.get("peak"), self.moments.get("peak_bytes")
+            return None if m is None or p is None or m == 0 else p / m - 1
         m = self.measured.get(category)
         p = self.predicted[formula].get("total" if category == "peak" else category)
         if m is None or p is None or (m == 0 and p == 0):
@@ -121,6 +131,10 @@ class Measurement:
             key = "total" if k == "peak" else k
             out.append((k, self.measured.get(k), self.predicted["per-op"].get(key, 0.0), self.error(k, "per-op"),
                         self.predicted["korthikanti"].get(key, 0.0), self.error(k, "korthikanti")))
+        if self.moments:
+            p = self.moments["peak_bytes"]
+            out.append((PEAK_ONE_MOMENT, self.measured.get("peak"), p, self.error(PEAK_ONE_MOMENT), p,
+                        self.error(PEAK_ONE_MOMENT)))
         return out
 
     TABLE_HEADER = ("category", "measured", "ledger per-op", "error", "ledger korthikanti", "error")
@@ -137,6 +151,8 @@ class Measurement:
 
         out = [(k, "-" if m is None else fmt(m), fmt(p1), pct(e1), fmt(p2), pct(e2))
                for k, m, p1, e1, p2, e2 in self.rows()]
+        if self.moments:           # one figure (per-op activations) at the moment it names
+            out[-1] = (PEAK_ONE_MOMENT, out[-1][1], f"{out[-1][2]} ({self.moments['peak']})", out[-1][3], "", "")
         out.insert(len(CATEGORIES) - 2, ("  (torch tracker)", fmt(self.tracker_activations), "", "", "", ""))
         at = [r[0] for r in out].index("comm_buffers") + 1
         got, want = self.comm_parts.get("measured", {}), self.comm_parts.get("predicted", {})
@@ -151,6 +167,7 @@ class Measurement:
         return {"stage": self.stage, "rank": self.rank, "measured": dict(self.measured),
                 "predicted": {f: dict(v) for f, v in self.predicted.items()},
                 "error": {f: {k: self.error(k, f) for k in (*CATEGORIES, "peak")} for f in FORMULAS},
+                "moments": {**self.moments, "error": self.error(PEAK_ONE_MOMENT)} if self.moments else {},
                 "tracker_peak": dict(self.tracker_peak),
                 "tracker_activations": self.tracker_activations, "seconds": self.seconds,
                 "cpu_seconds": self.cpu_seconds, "notes": list(self.notes),
@@ -289,7 +306,8 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
             say(f"stage {stage}: building {model.name or 'the model'} at full size (fake tensors)")
             torch.set_default_dtype(dtype)
             try:
-                net = Transformer(model, recompute=plan.recompute).train()
+                net = Transformer(model, recompute=plan.recompute, attention=plan.attention, mlp=plan.mlp,
+                                  loss_chunk=plan.loss_chunk).train()
             finally:
                 torch.set_default_dtype(old_dtype)
             say(f"stage {stage}: applying the plan to rank {rank} of {plan.world}")
@@ -342,10 +360,12 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
     for f in FORMULAS:
         led = memory(model, plan, activation_model=f, stage=stage)
         predicted[f] = {**led.per_gpu_bytes, "total": led.total_bytes}
+    moments = peak_moments(model, plan, stage).to_json()
     seconds = time.perf_counter() - t0
     say(f"stage {stage}: done [{seconds:.0f} s]")
     return Measurement(model, plan, stage, rank, measured, predicted, peak, float(probe.activations), seconds,
-                       time.process_time() - c0, notes, {"measured": parts, "predicted": predicted_parts})
+                       time.process_time() - c0, notes, {"measured": parts, "predicted": predicted_parts},
+                       moments)
 
 
 def measure(model: ModelSpec, plan: Plan, stage: int | None = None, *, progress: Progress | None = None

@@ -1,0 +1,96 @@
+"""The peak at one moment (``ledger.peak_moments``) against the peak torch's tracker measures in fake tensors.
+
+Ground truth is ``distributed.measure.measure_stage``: one steady-state training step of the plan's rank at
+full size under ``FakeTensorMode`` and torch's MemTracker. Tolerance 5%: the moment model names every
+tensor of 30 MB and more that the tracker holds at the peak (listed in README, "Measured at real scale");
+what it leaves out are a few ``s b h``-sized gradients and buffers (tens of MB each), about 1% of these
+peaks (measured: -1.6% to +0.7% on the cases below). The ledger's sum (``total_bytes``) is not changed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parallel_lab.ledger import MOMENTS, memory, peak_moments
+from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+
+#: Llama 3 8B cut to 4 blocks: the saved activations are small, so the transients decide the peak.
+LLAMA_8B_4 = ModelSpec.preset("llama3-8b").with_(layers=4)
+FSDP = dict(dp=8, zero=3, optimizer="fsdp2-mixed", dtype="bf16", seq=8192)
+#: (plan, stage, the moment of the peak): measured peaks below, in GB, from the same runs.
+CASES = {
+    "fsdp-selective": (Plan(**FSDP, recompute="selective"), 0, "first backward"),
+    "fsdp-no-recompute": (Plan(**FSDP), 0, "loss backward"),
+    "fsdp-flash": (Plan(**FSDP, attention="flash"), 0, "loss backward"),
+    "zero1-mixed": (Plan(dp=8, zero=1, optimizer="adam-mixed", dtype="bf16", seq=8192, recompute="selective"),
+                    0, "first backward"),
+    "ddp-accumulate": (Plan(dp=8, optimizer="adam-mixed", dtype="bf16", seq=8192, recompute="selective",
+                            grad_accum=2), 0, "loss backward"),
+    "pp2-stage0": (Plan(pp=2, grad_accum=4, optimizer="adam-mixed", dtype="bf16", seq=8192, recompute="selective"),
+                   0, "first backward"),
+    "tp2-sp-zero1": (Plan(tp=2, sp=True, dp=4, zero=1, optimizer="adam-mixed", dtype="bf16", seq=8192,
+                          recompute="selective"), 0, "first backward"),
+    "zero2-accumulate": (Plan(dp=8, zero=2, grad_accum=2, optimizer="adam-mixed", dtype="bf16", seq=8192,
+                              recompute="selective"), 0, "loss backward"),
+    "fused-mlp-chunked-loss": (Plan(**{**FSDP, "seq": 2048}, mlp="fused", loss_chunk=1024), 0, "loss backward"),
+    "pp2-zero3-stage0": (Plan(dp=4, pp=2, zero=3, grad_accum=4, optimizer="fsdp2-mixed", dtype="bf16", seq=8192,
+                              recompute="selective"), 0, "first backward"),
+    "fp32-step": (Plan(optimizer="adam-fp32", dtype="fp32", seq=1024), 0, "step"),
+}
+
+
+def test_moments_are_parts_and_the_peak_is_their_max():
+    plan, stage, _ = CASES["fsdp-selective"]
+    pm = peak_moments(LLAMA_8B_4, plan, stage)
+    assert tuple(pm.moments) == MOMENTS                    # the last stage has all four
+    assert pm.peak_bytes == max(pm.total(k) for k in pm.moments)
+    assert pm.total("first backward") == sum(pm.moments["first backward"].values())
+    # the 8K eager core's backward holds the probability and score gradients, 2 a s^2 d = 2 x 4.29 GB
+    assert pm.moments["first backward"]["score and probability gradients"] == 2 * 32 * 8192**2 * 2
+    # the ledger's sum is unchanged beside it
+    assert memory(LLAMA_8B_4, plan, activation_model="per-op").total_bytes == pytest.approx(23.572e9, rel=1e-3)
+
+
+def test_a_first_stage_has_no_loss_moment_and_flash_no_score_gradients():
+    pm = peak_moments(LLAMA_8B_4, CASES["pp2-stage0"][0], 0)
+    assert "loss" not in pm.moments and pm.peak == "first backward"
+    flash = peak_moments(LLAMA_8B_4, CASES["fsdp-flash"][0], 0)
+    assert "score and probability gradients" not in flash.moments["first backward"]
+
+
+def test_cli_prints_the_peak_under_the_total(capsys):
+    from parallel_lab.cli import fmt_bytes, main
+
+    args = ["memory", "--model", "llama3-8b", "--dp", "8", "--zero", "3", "--optimizer", "fsdp2-mixed", "--seq",
+            "8192", "--recompute", "selective"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    pm = peak_moments(ModelSpec.preset("llama3-8b"), Plan(**FSDP, recompute="selective"))
+    at = next(i for i, line in enumerate(lines) if line.startswith("peak at one moment:"))
+    assert lines[at] == f"peak at one moment: {fmt_bytes(pm.peak_bytes)} ({pm.peak})"
+    assert lines[at - 1].startswith("total ")                   # right under the table's total
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["peak_at_one_moment"]["peak_bytes"] == pm.peak_bytes
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", list(CASES))
+def test_peak_at_one_moment_within_5pct_of_the_measured_peak(case):
+    pytest.importorskip("torch")
+    from parallel_lab.distributed.measure import PEAK_ONE_MOMENT, measure_stage
+
+    plan, stage, moment = CASES[case]
+    if plan.attention == "flash":      # measure refuses it: the kernel's tiles come from the positions' values
+        with pytest.raises(ParallelLabError, match="attention='flash'"):
+            measure_stage(LLAMA_8B_4, plan, stage)
+        pytest.skip("flash's peak cannot be measured in fake tensors (its tiles are cut from position values); "
+                    "its saved tensors are measured on the tiny model, tests/distributed/test_kernels.py")
+    m = measure_stage(LLAMA_8B_4, plan, stage)
+    pm = peak_moments(LLAMA_8B_4, plan, stage)
+    assert pm.peak == moment
+    assert m.moments["peak"] == moment and m.moments["peak_bytes"] == pm.peak_bytes
+    err = m.error(PEAK_ONE_MOMENT)
+    assert abs(err) < 0.05, (case, m.measured["peak"], pm.peak_bytes)
