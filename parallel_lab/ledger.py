@@ -681,7 +681,7 @@ def _grads_before(model: ModelSpec, plan: Plan, stage: int, state: dict[str, flo
         return float(zero3_held_gradient_bytes(model, plan, stage))
     if plan.zero >= 2 and gradients_sharded(plan):
         return state["gradients"]
-    return full * (2 if bucketed else 1)          # bucketed: the no_sync micro-batches' .grad beside the buckets
+    return full          # bucketed DDP accumulates into its buckets (gradients are bucket views, no copy)
 
 
 def _fresh_grads(model: ModelSpec, plan: Plan, stage: int, last_stage: bool) -> float:
