@@ -3,7 +3,9 @@ a stopped rank named within the progress timeout, a long healthy run never cut o
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import time
 
@@ -173,11 +175,20 @@ def _run_cli_and(action, timeout_s: float = 8):
             ranks = sorted(psutil.Process(p.pid).children(), key=lambda c: c.pid)   # forked in rank order
             time.sleep(0.2)
         assert len(ranks) == 2, "the ranks did not start"
-        time.sleep(3)                                                     # a few steps
+        # until the progress bar shows a completed step (a loaded machine may take many seconds to get there)
+        fd = p.stderr.fileno()
+        os.set_blocking(fd, False)
+        seen = ""
+        while not re.search(r" [1-9]\d*/100000 steps", seen) and time.monotonic() < deadline and p.poll() is None:
+            with contextlib.suppress(BlockingIOError):
+                seen += os.read(fd, 1 << 16).decode(errors="replace")
+            time.sleep(0.2)
+        os.set_blocking(fd, True)
+        assert re.search(r" [1-9]\d*/100000 steps", seen), seen[-500:]
         t0 = time.monotonic()
         action(ranks[1].pid)
         out, err = p.communicate(timeout=120)
-        return p.returncode, err, time.monotonic() - t0
+        return p.returncode, seen + err, time.monotonic() - t0
     finally:
         if p.poll() is None:
             p.kill()
