@@ -47,6 +47,7 @@ from .layout import (  # noqa: F401  (pack_buckets, ddp_buckets, rank_of, group_
     unit_sizes,
     vocab_local,
 )
+from .layout import padded as layout_padded
 from .specs import ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
@@ -182,7 +183,7 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
         return []
     gb, pb = grad_comm_bytes(plan), param_comm_bytes(plan)
     units = unit_sizes(model, plan, stage, frozen)
-    padded = {u: g * math.ceil(n / g) for u, n in units.items()}
+    padded = {u: layout_padded(n, g) for u, n in units.items()}
     m = plan.microbatches
     out: list[Collective] = []
     backward_order = list(reversed(padded))

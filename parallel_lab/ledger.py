@@ -41,6 +41,7 @@ from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: r
     is_frozen,
     kv_width_local,
     local_parameters,
+    padded,
     param_comm_bytes,
     q_width_local,
     shard_group,
@@ -367,11 +368,11 @@ def zero3_gathered_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
     g = shard_group(plan)
     if plan.zero != 3 or g == 1:
         return 0
-    padded = {u: g * math.ceil(n / g) for u, n in unit_sizes(model, plan, stage).items()}
+    units = {u: padded(n, g) for u, n in unit_sizes(model, plan, stage).items()}
     if plan.pp > 1:                          # under a pipeline the whole stage stays gathered through the step
-        return sum(padded.values()) * param_comm_bytes(plan)
-    blocks = sorted((n for u, n in padded.items() if u != "root"), reverse=True)
-    return (padded.get("root", 0) + sum(blocks[:2])) * param_comm_bytes(plan)
+        return sum(units.values()) * param_comm_bytes(plan)
+    blocks = sorted((n for u, n in units.items() if u != "root"), reverse=True)
+    return (units.get("root", 0) + sum(blocks[:2])) * param_comm_bytes(plan)
 
 
 def zero3_held_gradient_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
@@ -390,9 +391,9 @@ def zero3_held_gradient_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> i
     g = shard_group(plan)
     if plan.zero != 3 or g == 1 or plan.pp == 1:
         return 0
-    padded = [g * math.ceil(n / g) for n in unit_sizes(model, plan, stage).values()]
+    units = [padded(n, g) for n in unit_sizes(model, plan, stage).values()]
     pb, gb = param_comm_bytes(plan), grad_comm_bytes(plan)
-    return sum(padded) * gb + (max(padded) * pb if pb != gb else 0)
+    return sum(units) * gb + (max(units) * pb if pb != gb else 0)
 
 
 def zero3_reduce_input_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
@@ -408,7 +409,7 @@ def zero3_reduce_input_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> in
     g = shard_group(plan)
     if plan.zero != 3 or g == 1 or plan.pp > 1:
         return 0
-    big = max(g * math.ceil(n / g) for n in unit_sizes(model, plan, stage).values())
+    big = max(padded(n, g) for n in unit_sizes(model, plan, stage).values())
     pb, gb = param_comm_bytes(plan), grad_comm_bytes(plan)
     return big * (pb + gb if pb != gb else gb)
 
@@ -477,7 +478,7 @@ def state_buffer_parts(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[di
                              "negligible), each gathered before its forward and again before its backward "
                              "(comm: 1.5x DDP) and none held gathered (parameters: fully sharded)")
             return None, notes
-        big = max(g * math.ceil(n / g) for n in unit_sizes(model, plan, stage).values())
+        big = max(padded(n, g) for n in unit_sizes(model, plan, stage).values())
         if plan.zero in (1, 2):
             temp_out = ((plan.zero == 1 and plan.zero1_reduce == "reduce_scatter")
                         or (plan.zero == 2 and plan.zero2_accumulate == "sharded"))
@@ -766,7 +767,7 @@ def _step_temporaries(model: ModelSpec, plan: Plan, stage: int) -> float:
     if plan.optimizer == "adam-mixed" and plan.zero == 0:
         temps += sum(units.values()) * 4
     if plan.zero in (1, 2) and g > 1:
-        big = max(g * math.ceil(n / g) for n in units.values())
+        big = max(padded(n, g) for n in units.values())
         temps = max(temps, (big + math.ceil(big / g)) * param_comm_bytes(plan))
     return temps
 

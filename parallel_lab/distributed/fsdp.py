@@ -295,8 +295,8 @@ class Zero3(_Zero):
         if grad is not self.accumulated[i]:
             held += grad.untyped_storage().nbytes()
             leaf.grad = None
-        self.info["peak_held_gradient_bytes"] = max(self.info["peak_held_gradient_bytes"], held)
         self.tracer.buffers.sample("zero3_held_gradients", nbytes=held)
+        self.info["peak_held_gradient_bytes"] = self.tracer.buffers.peaks["zero3_held_gradients"]
 
     def _reduce_scatter(self, i: int, grad: Tensor) -> None:
         self._complete()
@@ -304,8 +304,8 @@ class Zero3(_Zero):
         grad = grad.float() if grad.dtype != torch.float32 else grad     # reduce in fp32
         if not self.keep:                              # the unit's gradient and its fp32 copy, both alive
             inflight = full.untyped_storage().nbytes() + (grad.untyped_storage().nbytes() if grad is not full else 0)
-            self.info["peak_reduce_input_bytes"] = max(self.info["peak_reduce_input_bytes"], inflight)
             self.tracer.buffers.sample("zero3_reduce_input", nbytes=inflight)
+            self.info["peak_reduce_input_bytes"] = self.tracer.buffers.peaks["zero3_reduce_input"]
         del full
         grad.div_(self.group_size)
         out = torch.empty(self.units[i].shard, dtype=torch.float32, device=self.device)
