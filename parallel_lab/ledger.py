@@ -634,7 +634,7 @@ def memory(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None, *,
 # --------------------------------------------------------------------------------------------------
 
 #: The moments of a step :func:`peak_moments` prices, in the order they happen.
-MOMENTS = ("loss", "loss backward", "first backward", "step")
+MOMENTS = ("loss", "loss backward", "first backward", "root gradient", "root reduce-scatter", "step")
 
 
 @dataclass
@@ -663,6 +663,36 @@ class PeakMoments:
     def to_json(self) -> dict[str, Any]:
         return {"stage": self.stage, "peak": self.peak, "peak_bytes": self.peak_bytes,
                 "moments": {k: {"total": self.total(k), "parts": dict(v)} for k, v in self.moments.items()}}
+
+
+def _root_gradient_moments(model: ModelSpec, plan: Plan, stage: int, state: dict[str, float]
+                           ) -> tuple[dict[str, float], dict[str, float]]:
+    """ZeRO-3 without a pipeline, the end of backward (``distributed/fsdp.py``), two moments:
+
+    * ``root gradient`` (the token embedding's backward): the root unit (embedding, head, final norm) still
+      gathered; its parameters' gradients in the gathered dtype beside the unit's flat gradient they are
+      summed into; the previous unit's reduce-scatter in flight (its fp32 flat gradient: it completes at
+      the next reduce-scatter);
+    * ``root reduce-scatter``: the root unit freed, its flat gradient and fp32 copy
+      (:func:`zero3_reduce_input_bytes`'s rule) and the fp32 output shard.
+
+    Both hold the other units' reduced fp32 shards (all units' after an earlier micro-batch). Measured in
+    fake tensors: tests/test_peak.py (FlashAttention at 2K tokens, where no saved activation hides them)."""
+    g, pb, gb = shard_group(plan), param_comm_bytes(plan), grad_comm_bytes(plan)
+    units = unit_sizes(model, plan, stage)
+    n_root = units.get("root", 0)
+    others = [n for k, n in units.items() if k != "root"]
+    shards = sum(math.ceil(n / g) for n in others) + (math.ceil(n_root / g) if plan.microbatches > 1 else 0)
+    state_parts = {"parameters": state["parameters"], "optimizer_states": state["optimizer_states"],
+                   "gradients": float(shards * gb)}
+    flat = padded(n_root, g)
+    summing = {**state_parts, "gathered units": float(flat * pb),
+               "root unit's flat gradient and its parameters' gradients": float((flat + n_root) * pb),
+               "previous unit's reduce-scatter input": float(padded(others[0], g) * gb) if others else 0.0}
+    cast = 0 if pb == gb else flat * gb
+    reducing = {**state_parts, "root unit's flat gradient and its fp32 copy": float(flat * pb + cast),
+                "reduce-scatter output shard": float(flat // g * gb)}
+    return summing, reducing
 
 
 def _grads_before(model: ModelSpec, plan: Plan, stage: int, state: dict[str, float]) -> float:
@@ -773,7 +803,7 @@ def _step_temporaries(model: ModelSpec, plan: Plan, stage: int) -> float:
 
 
 def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> PeakMoments:
-    """Bytes alive at four moments of one steady-state step on ``stage``, by part; the peak is their max.
+    """Bytes alive at up to six moments of one steady-state step on ``stage``, by part; the peak is their max.
 
     The ledger's ``total_bytes`` sums each category at its own peak; here each moment counts what exists
     then (per-op activations; measured in fake tensors, tests/test_peak.py). Rules, torch's autograd as
@@ -791,6 +821,8 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
       weight gradients (:func:`_fresh_grads`), the gradients of the residual stream and the core's output
       ``2 s b h d``, the logits freed (but other kept micro-batches'), ZeRO-3's gathered units
       (:func:`zero3_gathered_bytes`); its reduce-scatter input comes later;
+    * ``root gradient`` and ``root reduce-scatter`` (ZeRO-3 without a pipeline): the end of backward,
+      :func:`_root_gradient_moments`;
     * ``step``: state with the reduced gradients and :func:`_step_temporaries`; no activations.
 
     Pipeline and SP/CP activation buffers (:func:`activation_buffer_bytes`) count in forward and backward;
@@ -813,7 +845,7 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
     gathered = float(zero3_gathered_bytes(model, plan, stage))
     root = gathered
     if plan.zero == 3 and g > 1 and plan.pp == 1:      # between blocks only the root unit stays gathered
-        root = float(g * math.ceil(unit_sizes(model, plan, stage).get("root", 0) / g) * param_comm_bytes(plan))
+        root = float(padded(unit_sizes(model, plan, stage).get("root", 0), g) * param_comm_bytes(plan))
     t = activations.local_dims(model, plan)
     rows, vocab = t.b * t.s, math.ceil(model.vocab / plan.tp)
     moments: dict[str, dict[str, float]] = {}
@@ -840,6 +872,8 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
              "gathered units": gathered, "activation buffers": bufs,
              "causal mask": _mask_bytes(model, plan, backward=True)}
     moments["first backward"] = first
+    if plan.zero == 3 and g > 1 and plan.pp == 1:
+        moments["root gradient"], moments["root reduce-scatter"] = _root_gradient_moments(model, plan, stage, state)
     step_grads = state["gradients"]
     if plan.zero == 2:                      # reduce-scattered into the shards by the step, however accumulated
         step_grads = float(sum(math.ceil(n / g) for n in unit_sizes(model, plan, stage).values())

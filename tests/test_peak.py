@@ -4,7 +4,8 @@ Ground truth is ``distributed.measure.measure_stage``: one steady-state training
 full size under ``FakeTensorMode`` and torch's MemTracker. Tolerance 5%: the moment model names every
 tensor of 30 MB and more that the tracker holds at the peak (listed in README, "Measured at real scale");
 what it leaves out are a few ``s b h``-sized gradients and buffers (tens of MB each), about 1% of these
-peaks (measured: -1.6% to +0.7% on the cases below). The ledger's sum (``total_bytes``) is not changed.
+peaks (measured: -1.6% to +0.7% on the cases below, and -3.8% with full recomputation, where 0.83 GB
+at the peak are not traced to a tensor yet). The ledger's sum (``total_bytes``) is not changed.
 """
 
 from __future__ import annotations
@@ -14,16 +15,24 @@ import json
 import pytest
 
 from parallel_lab.ledger import MOMENTS, memory, peak_moments
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.specs import ModelSpec, Plan
 
 #: Llama 3 8B cut to 4 blocks: the saved activations are small, so the transients decide the peak.
 LLAMA_8B_4 = ModelSpec.preset("llama3-8b").with_(layers=4)
+#: One block for the flash kernel: in fake tensors each of its tile pairs costs about 30 dispatched ops
+#: (136 pairs per pass at 4K tokens and 256-token tiles), about 7 s per block here.
+LLAMA_8B_1 = ModelSpec.preset("llama3-8b").with_(layers=1)
 FSDP = dict(dp=8, zero=3, optimizer="fsdp2-mixed", dtype="bf16", seq=8192)
 #: (plan, stage, the moment of the peak): measured peaks below, in GB, from the same runs.
 CASES = {
     "fsdp-selective": (Plan(**FSDP, recompute="selective"), 0, "first backward"),
     "fsdp-no-recompute": (Plan(**FSDP), 0, "loss backward"),
     "fsdp-flash": (Plan(**FSDP, attention="flash"), 0, "loss backward"),
+    "fsdp-flash-1-block-4k": (Plan(**{**FSDP, "seq": 4096}, attention="flash"), 0, "loss backward"),
+    # FlashAttention at 2K: the saved activations are small enough that the end of backward sets the peak
+    "fsdp-flash-2k": (Plan(**{**FSDP, "seq": 2048}, attention="flash"), 0, "root gradient"),
+    "fsdp-one-unit": (Plan(**{**FSDP, "seq": 512}, zero_unit="root"), 0, "root reduce-scatter"),
+    "fsdp-full-recompute": (Plan(**FSDP, recompute="full"), 0, "first backward"),
     "zero1-mixed": (Plan(dp=8, zero=1, optimizer="adam-mixed", dtype="bf16", seq=8192, recompute="selective"),
                     0, "first backward"),
     "ddp-accumulate": (Plan(dp=8, optimizer="adam-mixed", dtype="bf16", seq=8192, recompute="selective",
@@ -77,20 +86,18 @@ def test_cli_prints_the_peak_under_the_total(capsys):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [c for c in CASES if c != "fsdp-flash"])
 def test_peak_at_one_moment_within_5pct_of_the_measured_peak(case):
     pytest.importorskip("torch")
     from parallel_lab.distributed.measure import PEAK_ONE_MOMENT, measure_stage
 
     plan, stage, moment = CASES[case]
-    if plan.attention == "flash":      # measure refuses it: the kernel's tiles come from the positions' values
-        with pytest.raises(ParallelLabError, match="attention='flash'"):
-            measure_stage(LLAMA_8B_4, plan, stage)
-        pytest.skip("flash's peak cannot be measured in fake tensors (its tiles are cut from position values); "
-                    "its saved tensors are measured on the tiny model, tests/distributed/test_kernels.py")
-    m = measure_stage(LLAMA_8B_4, plan, stage)
-    pm = peak_moments(LLAMA_8B_4, plan, stage)
+    model = LLAMA_8B_1 if case == "fsdp-flash-1-block-4k" else LLAMA_8B_4
+    m = measure_stage(model, plan, stage)
+    pm = peak_moments(model, plan, stage)
     assert pm.peak == moment
     assert m.moments["peak"] == moment and m.moments["peak_bytes"] == pm.peak_bytes
+    # the activation model of the plan's kernels (eager or flash core, plain or fused MLP) saves what torch saves
+    assert m.measured["activations"] == m.predicted["per-op"]["activations"], case
     err = m.error(PEAK_ONE_MOMENT)
     assert abs(err) < 0.05, (case, m.measured["peak"], pm.peak_bytes)

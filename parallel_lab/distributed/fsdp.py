@@ -312,6 +312,8 @@ class Zero3(_Zero):
         work = self.tracer.reduce_scatter(out, grad, "dp", async_op=True)
         self._pending = (i, grad, out, work)
         self._reduced[i] = True
+        if i == self.root:         # the last gradient of a backward: wait now (as FSDP2 does at the end of
+            self._complete()       # backward), so that its fp32 copy does not live through the next micro-batch
 
     def _complete(self) -> None:
         if self._pending is None:

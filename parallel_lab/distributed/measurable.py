@@ -3,9 +3,10 @@
 ``distributed/measure.py`` builds one rank of a plan at full size under fake tensors. Three things decide
 whether that can run, all plain rules about the plan: the optimizer's layout must be one the runnable code
 has (``adam-mixed`` in bf16 with ZeRO 0-2, ``fsdp2-mixed`` with ZeRO-3, or fp32 everything), context
-parallelism and the flash kernel must be off (their attention tiles are chosen from token positions'
-values, which fake tensors do not have), and ``tp <= kv_heads`` (key/value replication builds process
-groups from tensor values).
+parallelism must be off (its ranks' attention tiles are chosen from the positions of the chunks they hold,
+which fake tensors do not have; the flash kernel's one-rank tiles come from a real positions tensor, the
+one real tensor of a measurement), and ``tp <= kv_heads`` (key/value replication builds process groups
+from tensor values).
 They live here, apart from ``measure.py``, so that the app's Memory tab can refuse a plan at once in its
 kernel without loading torch (``measure.check_measurable`` adds the runnable code's own checks, in the
 child process that measures).
@@ -38,10 +39,6 @@ def measurable_layout(model: ModelSpec, plan: Plan) -> str:
     if plan.cp > 1:
         raise ParallelLabError(f"cp={plan.cp}: context parallelism tiles attention from the token positions' "
                                f"values, which fake tensors do not have; measure with cp=1")
-    if plan.attention == "flash":
-        raise ParallelLabError("attention='flash': the flash kernel cuts its tiles from the token positions' "
-                               "values, which fake tensors do not have (every position reads 1: one tile per "
-                               "token); measure with attention='eager'")
     if plan.tp > model.kv_heads:
         raise ParallelLabError(f"tp={plan.tp} > kv_heads={model.kv_heads} replicates key/value heads over process "
                                f"groups built from tensors, which fake tensors cannot read; measure with tp <= "

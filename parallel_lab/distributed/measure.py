@@ -22,8 +22,9 @@ micro-batch, gradient sync, optimizer step) and reads:
   of per-category peaks) and against ``ledger.peak_moments`` (the bytes alive at one moment, row
   ``peak (one moment)``).
 
-Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1; nothing else depends on
-values. The model is built with the compute dtype as torch's default dtype (``module.to(bf16)`` fails on
+Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1. The token positions
+are the one real tensor (``s`` int64): the flash kernel cuts its tiles from their values; nothing else
+depends on values. The model is built with the compute dtype as torch's default dtype (``module.to(bf16)`` fails on
 fake parameters). The comparison with the ledger and where it differs: README, "Measured at real scale".
 """
 
@@ -302,7 +303,10 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
     old_dtype = torch.get_default_dtype()
     try:
         grid = Grid.create(plan, rank)
-        with FakeTensorMode():
+        # The one real tensor: the token positions (s int64), whose values the flash kernel cuts its tiles
+        # from (attention.Tokens.of); every op that reads them makes fake outputs.
+        positions = torch.arange(plan.seq)                                            # (s,)
+        with FakeTensorMode(allow_non_fake_inputs=True):
             say(f"stage {stage}: building {model.name or 'the model'} at full size (fake tensors)")
             torch.set_default_dtype(dtype)
             try:
@@ -314,7 +318,9 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
             tracer = CommTracer(grid.rank, grid.groups_by_dim())
             rt = parallelize(net, grid, plan, tracer)
             tokens = torch.zeros(plan.global_batch, plan.seq, dtype=torch.long)       # (B, s) token ids
-            micro = rt.micro_batches(Batch(tokens, tokens.clone(), torch.arange(plan.seq)))
+            micro = rt.micro_batches(Batch(tokens, tokens.clone(), positions))
+            for mb in micro:                # micro_batches clones them (a fake clone); cp = 1: all positions
+                mb.positions = positions
             tracker = _Tracker()
             _register_state(tracker, rt)
             opt_before = tracker.current(_MemRefType.OPT)

@@ -1,7 +1,7 @@
 """Diagnosis and fault injection (issue 15): each injected fault named by rank on real ranks, within a limit.
 
 Limits, from the launch to the error (a loaded 2-core machine; idle it is a few seconds): a dead rank and a
-NaN within 60 s, a hung rank within its progress timeout (30 s) + 40 s; a straggler is named in the report.
+NaN within 60 s, a hung rank within its progress timeout (15 s here) + 40 s; a straggler is named in the report.
 The unit tests feed the same functions synthetic inputs whose answer is known.
 """
 
@@ -148,8 +148,8 @@ def test_a_rank_killed_in_a_pipeline_is_named_with_its_last_action_within_60_s()
 def test_a_hung_rank_is_named_not_the_peer_that_waits_for_it():
     t0 = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
-        run(SPEC, DP2, steps=3, faults=[Fault("hang", 1, 2)], timeout_s=30)
-    assert time.monotonic() - t0 < 30 + 40
+        run(SPEC, DP2, steps=3, faults=[Fault("hang", 1, 2)], timeout_s=15)
+    assert time.monotonic() - t0 < 15 + 40
     e = info.value
     assert e.ranks == [1] and e.stopped == [] and e.steps == [1, 1], str(e)
     assert "outside any collective" in str(e) and "rank 1: step 2:" in str(e)
@@ -160,7 +160,7 @@ def test_a_hung_rank_is_named_not_the_peer_that_waits_for_it():
 @pytest.mark.timeout(240)
 def test_a_hung_tensor_parallel_rank_is_named_while_its_peer_waits_in_a_tp_all_reduce():
     with pytest.raises(LaunchTimeout) as info:
-        run(SPEC, Plan(tp=2, **RUN_DEFAULTS), steps=2, faults=[Fault("hang", 0, 2)], timeout_s=30)
+        run(SPEC, Plan(tp=2, **RUN_DEFAULTS), steps=2, faults=[Fault("hang", 0, 2)], timeout_s=15)
     e = info.value
     assert e.ranks == [0] and e.steps == [1, 1], str(e)
     assert e.actions[1].startswith("step 2: in forward tp all_reduce"), e.actions   # blocked in the MLP's
