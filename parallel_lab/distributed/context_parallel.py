@@ -321,9 +321,9 @@ class ContextParallel:
     """One rank's context parallelism: the kind, the group, which tokens it holds, and the attention core.
 
     :meth:`shard_micro` cuts a micro-batch into this rank's chunks (tokens, targets, positions, document
-    ids) and remembers, for the local positions tensor it creates, the full sequence's positions and
-    document ids: the core finds them from ``ctx.positions`` (every rank knows the whole micro-batch, so
-    the other ranks' positions and documents cost no communication).
+    ids) and remembers, for the local positions tensor it creates, the tiles of every rank's block, cut
+    from the full sequence's positions and document ids: the core finds them from ``ctx.positions`` (every
+    rank knows the whole micro-batch, so the other ranks' positions and documents cost no communication).
     """
 
     def __init__(self, kind: str, grp: CPGroup, balance: str = "zigzag", tile: int = DEFAULT_TILE):
@@ -333,7 +333,7 @@ class ContextParallel:
             raise ParallelLabError(f"balance={balance!r}; pick one of {', '.join(BALANCES)}")
         self.kind, self.grp, self.balance, self.tile = kind, grp, balance, tile
         self.n_chunks = 2 * grp.size * (WORK_PIECES if balance == "work" else 1)
-        self._full: dict[int, tuple[Tensor, Tensor | None, list[Tensor]]] = {}
+        self._full: dict[int, tuple[SeqView, list[Tensor]]] = {}
 
     def indices(self, seq: int, doc_ids: Tensor | None = None, causal: bool = True) -> list[Tensor]:
         """Every rank's token indices (:func:`rank_indices`; ``work`` balance uses the documents)."""
@@ -345,13 +345,17 @@ class ContextParallel:
         return self.indices(seq, doc_ids, causal)[self.grp.index]
 
     def _cut(self, positions: Tensor, doc_ids: Tensor | None, causal: bool) -> tuple[Tensor, Tensor | None]:
-        """This rank's positions and documents; remembers the full ones and every rank's indices for the
-        core, under the local positions tensor (forgotten when it is freed)."""
+        """This rank's positions and documents. Remembers, under the local positions tensor (forgotten when
+        it is freed), every rank's indices and the tiles of every rank's block: cut here, once per
+        micro-batch, from the positions' values (a fake-tensor measurement shards a real batch)."""
         every = [i.to(positions.device) for i in self.indices(len(positions), doc_ids, causal)]
         idx = every[self.grp.index]
         local_pos = positions[idx]
+        chunk = len(positions) // self.n_chunks
+        blocks = [Tokens.of(positions[i], None if doc_ids is None else doc_ids[:, i], self.tile, chunk)
+                  for i in every]
         key = id(local_pos)
-        self._full[key] = (positions, doc_ids, every)
+        self._full[key] = (SeqView(blocks[self.grp.index], blocks, Tokens.cat(blocks, self.tile, chunk)), every)
         weakref.finalize(local_pos, self._full.pop, key, None)
         return local_pos, None if doc_ids is None else doc_ids[:, idx]
 
@@ -359,7 +363,7 @@ class ContextParallel:
         """This rank's chunks of every sequence of the micro-batch, with their positions and documents
         (the model's attention is causal)."""
         pos, docs = self._cut(batch.positions, batch.doc_ids, causal=True)
-        idx = self._full[id(pos)][2][self.grp.index]
+        idx = self._full[id(pos)][1][self.grp.index]
         return Batch(batch.tokens[:, idx], batch.targets[:, idx], pos, docs)
 
     def local_context(self, positions: Tensor, doc_ids: Tensor | None = None,
@@ -369,7 +373,7 @@ class ContextParallel:
         return make_context(pos, docs, causal)
 
     def view(self, ctx: AttnContext) -> SeqView:
-        """The tokens of the queries and of every rank's block, built once per forward (``ctx.cache``)."""
+        """The tokens of the queries and of every rank's block (cut by :meth:`_cut`; ``ctx.cache``)."""
         key = ("context_parallel", id(self))
         if key not in ctx.cache:
             full = self._full.get(id(ctx.positions))
@@ -377,11 +381,7 @@ class ContextParallel:
                 raise ParallelLabError(
                     "the context-parallel attention core got positions that ContextParallel.shard_micro did "
                     "not cut; pass micro-batches through rt.shard_micro (or ContextParallel.local_context)")
-            pos, docs, every = full
-            chunk = len(pos) // self.n_chunks
-            blocks = [Tokens.of(pos[idx], None if docs is None else docs[:, idx], self.tile, chunk)
-                      for idx in every]
-            ctx.cache[key] = SeqView(blocks[self.grp.index], blocks, Tokens.cat(blocks, self.tile, chunk))
+            ctx.cache[key] = full[0]
         return ctx.cache[key]
 
 

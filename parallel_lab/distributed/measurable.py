@@ -1,12 +1,11 @@
 """Which plans a fake-tensor measurement can run, decided without importing torch.
 
-``distributed/measure.py`` builds one rank of a plan at full size under fake tensors. Three things decide
-whether that can run, all plain rules about the plan: the optimizer's layout must be one the runnable code
-has (``adam-mixed`` in bf16 with ZeRO 0-2, ``fsdp2-mixed`` with ZeRO-3, or fp32 everything), context
-parallelism must be off (its ranks' attention tiles are chosen from the positions of the chunks they hold,
-which fake tensors do not have; the flash kernel's one-rank tiles come from a real positions tensor, the
-one real tensor of a measurement), and ``tp <= kv_heads`` (key/value replication builds process groups
-from tensor values).
+``distributed/measure.py`` builds one rank of a plan at full size under fake tensors. Two things decide
+whether that can run, both plain rules about the plan: the optimizer's layout must be one the runnable code
+has (``adam-mixed`` in bf16 with ZeRO 0-2, ``fsdp2-mixed`` with ZeRO-3, or fp32 everything), and ``tp <=
+kv_heads`` (key/value replication builds process groups from tensor values). Context parallelism and the
+flash kernel can run: they cut their attention tiles from the token positions' values, and the batch a
+measurement shards stays real.
 They live here, apart from ``measure.py``, so that the app's Memory tab can refuse a plan at once in its
 kernel without loading torch (``measure.check_measurable`` adds the runnable code's own checks, in the
 child process that measures).
@@ -36,9 +35,6 @@ def measurable_layout(model: ModelSpec, plan: Plan) -> str:
             f"optimizer={plan.optimizer!r} with dtype={plan.dtype!r} and zero={plan.zero} has no runnable layout "
             f"to measure; use --optimizer adam-mixed --dtype bf16 (zero 0-2), --optimizer fsdp2-mixed --zero 3, "
             f"or --optimizer adam-fp32 --dtype fp32")
-    if plan.cp > 1:
-        raise ParallelLabError(f"cp={plan.cp}: context parallelism tiles attention from the token positions' "
-                               f"values, which fake tensors do not have; measure with cp=1")
     if plan.tp > model.kv_heads:
         raise ParallelLabError(f"tp={plan.tp} > kv_heads={model.kv_heads} replicates key/value heads over process "
                                f"groups built from tensors, which fake tensors cannot read; measure with tp <= "

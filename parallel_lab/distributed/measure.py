@@ -22,10 +22,11 @@ micro-batch, gradient sync, optimizer step) and reads:
   of per-category peaks) and against ``ledger.peak_moments`` (the bytes alive at one moment, row
   ``peak (one moment)``).
 
-Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1. The token positions
-are the one real tensor (``s`` int64): the flash kernel cuts its tiles from their values; nothing else
-depends on values. The model is built with the compute dtype as torch's default dtype (``module.to(bf16)`` fails on
-fake parameters). The comparison with the ledger and where it differs: README, "Measured at real scale".
+Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1. The batch is real (token
+ids and positions, int64, and the micro-batches and CP chunks cut from it): the flash and context-parallel
+kernels cut their tiles from the positions' values; nothing else depends on values. The model is built
+with the compute dtype as torch's default dtype (``module.to(bf16)`` fails on fake parameters). The
+comparison with the ledger and where it differs: README, "Measured at real scale".
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -303,9 +304,11 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
     old_dtype = torch.get_default_dtype()
     try:
         grid = Grid.create(plan, rank)
-        # The one real tensor: the token positions (s int64), whose values the flash kernel cuts its tiles
-        # from (attention.Tokens.of); every op that reads them makes fake outputs.
-        positions = torch.arange(plan.seq)                                            # (s,)
+        # Real tensors: the batch (token ids, positions: (B, s) and (s,) int64) and what the plan cuts from it,
+        # the micro-batches and a CP rank's chunks; the flash and context-parallel kernels cut their tiles
+        # from the positions' values (attention.Tokens.of). Every op that reads them makes fake outputs.
+        tokens = torch.zeros(plan.global_batch, plan.seq, dtype=torch.long)           # (B, s) token ids
+        batch = Batch(tokens, tokens.clone(), torch.arange(plan.seq))
         with FakeTensorMode(allow_non_fake_inputs=True):
             say(f"stage {stage}: building {model.name or 'the model'} at full size (fake tensors)")
             torch.set_default_dtype(dtype)
@@ -317,10 +320,8 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
             say(f"stage {stage}: applying the plan to rank {rank} of {plan.world}")
             tracer = CommTracer(grid.rank, grid.groups_by_dim())
             rt = parallelize(net, grid, plan, tracer)
-            tokens = torch.zeros(plan.global_batch, plan.seq, dtype=torch.long)       # (B, s) token ids
-            micro = rt.micro_batches(Batch(tokens, tokens.clone(), positions))
-            for mb in micro:                # micro_batches clones them (a fake clone); cp = 1: all positions
-                mb.positions = positions
+            with unset_fake_temporarily():
+                micro = rt.micro_batches(batch)
             tracker = _Tracker()
             _register_state(tracker, rt)
             opt_before = tracker.current(_MemRefType.OPT)

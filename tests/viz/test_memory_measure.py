@@ -77,7 +77,6 @@ def test_measure_this_plan_shows_what_measure_json_measures():
 
 
 @pytest.mark.parametrize(("change", "said"), [
-    ({"cp": 2}, "cp=2"),                                                    # positions' values
     ({"model": "tiny-llama", "tp": 4}, "tp=4 > kv_heads=2"),                # replicated kv heads
     ({"zero": 3}, "fsdp2-mixed"),                                           # no runnable layout: its fix
 ])
@@ -155,7 +154,7 @@ _NO_TORCH = """
 import sys
 from parallel_lab.viz.explorers.memory import MemoryExplorer
 ex = MemoryExplorer(model="llama3.2-1b", seq=1024, dp=8)
-ex.set(cp=2)
+ex.set(tp=16)
 ex.measure.start()
 assert ex.measure.refused and ex.measure.job is None
 print("torch" in sys.modules)
@@ -164,7 +163,7 @@ print("torch" in sys.modules)
 
 def test_the_kernel_refuses_without_loading_torch():
     """The Memory tab's refusals are the torch-free rules (distributed.measurable): a learner's kernel
-    does not grow by torch's few hundred MB to be told that cp > 1 cannot be measured."""
+    does not grow by torch's few hundred MB to be told that tp > kv_heads cannot be measured."""
     import subprocess
     import sys
 

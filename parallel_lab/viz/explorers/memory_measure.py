@@ -10,7 +10,7 @@ the Run tab): the panel shows each progress line the command prints, Cancel stop
 drawn with the library's own plots (``plots.draw_memory`` stacked bars of both ledgers and the measurement,
 ``plots.draw_predicted_measured`` per category) above a table of the exact bytes. Before anything starts,
 ``distributed.measurable.measurable_layout`` (torch-free: the kernel never loads torch) refuses what fake
-tensors cannot run (``cp > 1``, ``tp > kv_heads``, an optimizer without a runnable layout) with its message
+tensors cannot run (``tp > kv_heads``, an optimizer without a runnable layout) with its message
 and its fix, and the command line is parsed back (``jobs.check_spelled``) so that it computes the very plan
 shown; the runnable code's own checks run in the child, whose error line the panel shows.
 """
