@@ -5,11 +5,14 @@ Prints, in one run: the wall and CPU time of the whole search for 7B at 4K (4M t
 the searches aim at 0.6 s of CPU on an idle machine, to keep that under load), candidates per second, and
 side by side the cost of estimating one plan through the fast path against ``planner.evaluate``
 (``ledger.memory`` + ``comm.report`` on two stages), plus the schedule simulator against the closed-form
-bubble it is tested against.
+bubble it is tested against. And what a search leaves to the garbage collector: the objects its result
+keeps tracked, and one full collection with the 7B result alive (the app's kernel runs such collections
+now and then, between or during later changes) and without it.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
@@ -54,6 +57,24 @@ def main() -> None:
               f"{res.candidates:,} candidates ({res.candidates / wall:,.0f}/s), {len(res.estimates):,} fit | "
               f"best dp={best['dp']} tp={best['tp']} pp={best['pp']} cp={best['cp']} {best['schedule']} "
               f"MFU {res.estimates[0].mfu:.1%}")
+
+    # what the 7B result leaves to the garbage collector (its plans are tuples of numbers: untracked)
+    gc.collect()
+    without = len(gc.get_objects())
+    t = time.perf_counter()
+    gc.collect()
+    t_without = time.perf_counter() - t
+    res = plan_search(ModelSpec.preset("llama2-7b"), cluster, 16384, 4096, global_batch_tokens="4M")
+    gc.collect()
+    held = len(gc.get_objects()) - without
+    t = time.perf_counter()
+    gc.collect()
+    t_with = time.perf_counter() - t
+    t = time.perf_counter()
+    del res
+    t_free = time.perf_counter() - t
+    print(f"llama2-7b result ({16384:,} GPUs): {held:,} gc-tracked objects held; one full collection "
+          f"{t_with * 1e3:.1f} ms with it alive, {t_without * 1e3:.1f} ms without; freeing it {t_free * 1e3:.1f} ms")
 
     # one plan: the reference path against the fast path (alone, and amortised inside a search)
     res = plan_search(model, cluster, 16384, 8192, global_batch_tokens="16M")

@@ -62,7 +62,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from operator import add, attrgetter
+from operator import add, itemgetter
 from typing import Any
 
 from . import comm as comm_mod
@@ -709,37 +709,16 @@ class _Family:
         return self._dp[key]
 
 
-@dataclass(slots=True)
-class _Variant:
-    """One (family, micro-batch, schedule, recomputation, SP) choice: everything but the ZeRO stage."""
-
-    tp: int
-    cp: int
-    pp: int
-    dp: int
-    micro_batch: int
-    m: int
-    schedule: str
-    interleave: int
-    recompute: str
-    sp: bool
-    bubble: float
-    stages: list[StageTimes]                         # per checked stage, no DP fields
-    cores: list[tuple[float, float, float, float]]   # steptime.critical_path with this bubble
-
-
-@dataclass(slots=True)
-class _Record:
-    """One fitting plan: its step time and memory (the sort keys), and where to rebuild its Estimate."""
-
-    step: float
-    memory: float
-    variant: _Variant
-    zero: int
-    accumulate: str             # Plan.zero2_accumulate
-    stage_index: int            # the checked stage that sets the step time
-    dp_exposed: float
-    dp: DpTimes
+#: One (family, micro-batch, schedule, recomputation, SP) choice, everything but the ZeRO stage, as a plain
+#: tuple: ``(tp, cp, pp, dp, micro_batch, m, schedule, interleave, recompute, sp, bubble ratio)``.
+_Variant = tuple[int, int, int, int, int, int, str, int, str, bool, float]
+#: One fitting plan, a plain tuple: ``(step time, memory, variant, ZeRO stage, Plan.zero2_accumulate, index
+#: of the checked stage that sets the step time, that stage's exposed DP seconds)``. Step time and memory
+#: are the sort keys; :meth:`_Search.build` rebuilds the :class:`Estimate` from the rest. A search keeps
+#: some 10^5 of them, made of numbers and strings only: the garbage collector stops tracking such tuples
+#: the first time it sees them, so the full collections that follow in the session (each walks every
+#: tracked object) do not walk the search's result again (``bench/bench_planner.py`` times one).
+_Record = tuple[float, float, _Variant, int, str, int, float]
 
 
 class _Search:
@@ -785,17 +764,20 @@ class _Search:
                       for sched, v in _schedules(self.model, c, pp, m)]
             zeros = fam.zeros_for(m)
             states = {v: [(zv, fam.state(fast, v, zv, m)) for zv in zeros] for _, v, _, _ in scheds}
+            candidates = len(scheds) * len(zeros)      # per (recompute, SP) choice
             for recompute in c.options("recompute", c.recompute):
-                exposed: dict[tuple[int, tuple[int, str]], list[tuple[float, DpTimes]]] = {}   # SP's too
+                # per interleave and ZeRO variant, the exposed DP time of each checked stage (SP's too)
+                exposed: dict[int, dict[tuple[int, str], list[float]]] = {}
                 for sp in c.options("sp", c.sp):
                     if not sp or tp > 1:
+                        self.candidates += candidates
                         self._variants(fam, mb, m, recompute, sp, scheds, states, exposed)
         return len(self.records) - before
 
     def _variants(self, fam: _Family, mb: int, m: int, recompute: str, sp: bool,
                   scheds: list[tuple[str, int, list[float], float]],
                   states: dict[int, list[tuple[tuple[int, str], list[float]]]],
-                  exposed: dict[tuple[int, tuple[int, str]], list[tuple[float, DpTimes]]]) -> None:
+                  exposed: dict[int, dict[tuple[int, str], list[float]]]) -> None:
         """Every schedule and ZeRO stage of one (micro-batch, recompute, SP) choice of a family.
 
         A candidate fits when its largest checked stage does: state + buffers + activations (+ logits on
@@ -810,11 +792,13 @@ class _Search:
         abuf = fast.act_buffers(tp, sp, cp, mb, pp, c.cp_kind)
         timed_v: dict[int, tuple[list[StageTimes], list[tuple[float, float, float, float]]]] = {}
         usable, records, later = self.usable, self.records, range(1, len(fam.stages))
-        self.candidates += len(scheds) * len(fam.zeros_for(m))
         for sched, v, layers_x_inflight, logits in scheds:
             act = [apl * n + abuf for n in layers_x_inflight]
             act[-1] += logits                                                  # the last stage's logits
             variant = None
+            exposed_v = exposed.get(v)
+            if exposed_v is None:
+                exposed_v = exposed[v] = {}
             for zv, sb in states[v]:
                 mem = max(map(add, sb, act))                                   # the largest checked stage
                 if mem > usable:
@@ -826,36 +810,40 @@ class _Search:
                                for s in fam.stages]
                         timed = timed_v[v] = sts, [critical_parts(st, c.cp_kind) for st in sts]
                     bub = bubble(sched, pp, m, v, recompute)
-                    variant = _Variant(tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub, timed[0],
-                                       [critical_path(st, c.cp_kind, bub, parts)
-                                        for st, parts in zip(*timed, strict=True)])
-                dps = exposed.get((v, zv))
-                if dps is None:      # per checked stage: (exposed DP seconds, the DP calls' times)
-                    dps = exposed[v, zv] = [(dp_exposed(zv[0], st.compute, m, recompute, dpt), dpt)
-                                         for st, dpt in zip(variant.stages, fam.dp_times(fast, v, zv, m), strict=True)]
+                    variant = (tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub)
+                    cores = [critical_path(st, c.cp_kind, bub, parts)[0] for st, parts in zip(*timed, strict=True)]
+                dps = exposed_v.get(zv)
+                if dps is None:      # per checked stage: the exposed DP seconds
+                    dps = exposed_v[zv] = [dp_exposed(zv[0], st.compute, m, recompute, dpt)
+                                           for st, dpt in zip(timed[0], fam.dp_times(fast, v, zv, m), strict=True)]
                 # the checked stage with the longest step sets it (the first, on a tie)
-                i, step = 0, variant.cores[0][0] + dps[0][0]
+                i, step = 0, cores[0] + dps[0]
                 for j in later:
-                    step_j = variant.cores[j][0] + dps[j][0]
+                    step_j = cores[j] + dps[j]
                     if step_j > step:
                         i, step = j, step_j
-                records.append(_Record(step, mem, variant, zv[0], zv[1], i, *dps[i]))
+                records.append((step, mem, variant, zv[0], zv[1], i, dps[i]))
 
     def build(self, record: _Record) -> Estimate:
-        """The :class:`Estimate` of one record (see :meth:`family`)."""
-        v = record.variant
-        st, core = v.stages[record.stage_index], v.cores[record.stage_index]
+        """The :class:`Estimate` of one record, its parts asked again of the fast path (memo hits: the same
+        numbers the search ranked by)."""
+        step, memory, variant, zero, accumulate, i, dp_exposed_s = record
+        tp, cp, pp, dp, mb, m, schedule, v, recompute, sp, bub = variant
+        fast, cp_kind = self.fast, self.c.cp_kind
+        stage = stages_to_check(pp, fast.base.pp_split)[i]
+        st = fast.stage_times(dp, tp, pp, cp, v, m, mb, sp, recompute, cp_kind, stage)
+        _, tp_s, cp_s, pp_s = critical_path(st, cp_kind, bub)
         comm_s = dict(st.comm)
-        if v.dp * v.cp > 1:
-            comm_s["dp"] = record.dp.total(v.m)
-        fields = {"dp": v.dp, "tp": v.tp, "pp": v.pp, "cp": v.cp, "zero": record.zero, "sp": v.sp,
-                  "micro_batch": v.micro_batch, "grad_accum": v.m, "recompute": v.recompute,
-                  "schedule": v.schedule, "interleave": v.interleave, "zero2_accumulate": record.accumulate,
-                  **self.common}
-        exposed = {"tp": core[1], "cp": core[2], "pp": core[3], "dp": record.dp_exposed}
-        mfu = self.model_flops / (record.step * self.gpus * self.cluster.peak_flops)
-        return Estimate(fields, record.memory, self.usable, st.compute, v.bubble, comm_s, exposed, record.step,
-                        mfu)
+        if dp * cp > 1:
+            tier = fast.tiers(dp, pp, cp, tp, stage)["dp"]           # the tier _Family.dp_times used
+            comm_s["dp"] = fast.dp_times(tp, pp, v, stage, dp * cp, zero, tier, accumulate=accumulate,
+                                         m=m).total(m)
+        fields = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero": zero, "sp": sp, "micro_batch": mb,
+                  "grad_accum": m, "recompute": recompute, "schedule": schedule, "interleave": v,
+                  "zero2_accumulate": accumulate, **self.common}
+        exposed = {"tp": tp_s, "cp": cp_s, "pp": pp_s, "dp": dp_exposed_s}
+        mfu = self.model_flops / (step * self.gpus * self.cluster.peak_flops)
+        return Estimate(fields, memory, self.usable, st.compute, bub, comm_s, exposed, step, mfu)
 
 
 def plan_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, *,
@@ -901,8 +889,8 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, *,
     # ranked by step time, then memory, then the order found: records are appended in that order and a sort
     # is stable, so sorting by memory and then by step time gives that ranking (two sorts on float keys
     # are faster than one on tuples)
-    records = sorted(search.records, key=attrgetter("memory"))
-    records.sort(key=attrgetter("step"))
+    records = sorted(search.records, key=itemgetter(1))     # memory
+    records.sort(key=itemgetter(0))                         # step time
     estimates = RankedPlans(records, search.build)
     reasons = {r: rejected[r] for r in REASONS if rejected[r]}
     return PlannerResult(estimates, reasons, families, search.candidates, time.perf_counter() - t0, model,
