@@ -522,8 +522,11 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
       of this part has no schedule in its key;
     * ``cp``: all-gather: backward's reduce-scatter of dK and dV, its input (every rank's blocks, ``seq``
       tokens: the gathered K and V forward are saved for backward, activations) and its output (this rank's
-      block), ``2 b kv (seq + s) d``; ring (not sampled by the runnable code): double-buffered K and V
-      blocks; Ulysses (not sampled): the all-to-all outputs of Q, K and V.
+      block), ``2 b kv (seq + s) d``; ring: backward's step, where the K, V block being computed on, the
+      next one arriving, the dK, dV block sent on (cast to the compute dtype) and the one arriving are
+      alive together, four ``2 s b kv d`` blocks (three with cp = 2: no next block at the last step; the
+      fp32 accumulators of dK, dV are working memory, as all-gather's; the forward holds at most two);
+      Ulysses (not sampled): the all-to-all outputs of Q, K and V.
     """
     d, s, b, h = plan.dtype_bytes, plan.seq / plan.cp, plan.micro_batch, model.hidden
     parts: dict[str, float] = {}
@@ -534,7 +537,7 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
     if plan.cp > 1:
         kv = kv_width_local(model, plan.tp)
         if plan.cp_kind == "ring":
-            parts["cp"] = 2 * 2 * s * b * kv * d
+            parts["cp"] = (3 if plan.cp == 2 else 4) * 2 * s * b * kv * d
         elif plan.cp_kind == "allgather":
             parts["cp"] = 2 * (plan.seq + s) * b * kv * d
         else:

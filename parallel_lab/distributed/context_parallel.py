@@ -129,6 +129,7 @@ class RingAttention(torch.autograd.Function):
             works, nxt = [], None
             if t < n - 1:                                          # pass the block on while computing
                 nxt = torch.empty_like(kv)
+                grp.tracer.buffers.sample("cp", [nxt if kv is kv_local else kv, nxt])   # kv_local: saved
                 works = grp.exchange(kv, nxt)
                 if not grp.overlap:
                     grp.wait(works, "forward")
@@ -159,6 +160,7 @@ class RingAttention(torch.autograd.Function):
             works, nxt = [], None
             if t < n - 1:                                          # K, V travel the ring again
                 nxt = torch.empty_like(kv)
+                grp.tracer.buffers.sample("cp", [nxt if kv is kv_local else kv, nxt, acc_in])
                 works = grp.exchange(kv, nxt)
                 if not grp.overlap:
                     grp.wait(works, "backward")
@@ -174,6 +176,7 @@ class RingAttention(torch.autograd.Function):
                     dkv += acc_in
                 dkv = dkv.to(kv.dtype)
                 acc_in = torch.empty_like(dkv)                     # the last step receives my own block's
+                grp.tracer.buffers.sample("cp", [None if kv is kv_local else kv, nxt, dkv, acc_in])
                 acc_works = grp.exchange(dkv, acc_in)
                 if not grp.overlap:
                     grp.wait(acc_works, "backward")

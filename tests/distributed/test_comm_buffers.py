@@ -3,7 +3,7 @@
 The runnable code samples its buffers where they are alive (``tracer.buffers``, one byte count per call):
 DDP's buckets beyond the gradients, ZeRO-1/2's flat gradient and gathered unit, ZeRO-3's gathered units
 and full gradients, SP's full-sequence tensors, the messages of one pipeline P2P action, all-gather
-context parallelism's dK/dV reduce-scatter (ring and Ulysses: predicted only). Each rank's
+context parallelism's dK/dV reduce-scatter, ring attention's K/V and dK/dV blocks (Ulysses: predicted only). Each rank's
 parts (``RankResult.info["comm_buffers"]``) must equal ``ledger.comm_buffer_parts`` of its stage, and
 ``parallel-lab run``'s memory table shows the sum beside the prediction. A part the code holds and the
 ledger does not know (or the reverse) fails as a key mismatch; a wrong size as a value mismatch.
@@ -41,6 +41,8 @@ PLANS = {
     "pp-1f1b": plan(pp=2, grad_accum=4, schedule="1f1b"),
     "cp-allgather": plan(cp=2, cp_kind="allgather"),
     "cp-allgather-dp": plan(dp=2, cp=2, cp_kind="allgather", micro_batch=1),   # gradients over dp x cp
+    "cp-ring": plan(cp=2, cp_kind="ring"),                                    # three blocks: no next one
+    "cp-ring-4": plan(cp=4, cp_kind="ring", micro_batch=1),                   # four blocks in backward
     "mixed-zero1": plan(dp=2, zero=1, optimizer="adam-mixed", dtype="bf16"),
     "zero3-pp": plan(dp=2, pp=2, zero=3, grad_accum=2, schedule="1f1b", micro_batch=1),
     "ddp-pp": plan(dp=2, pp=2, grad_accum=2, schedule="1f1b", micro_batch=1),   # DDP accumulating under PP
@@ -89,8 +91,8 @@ def test_run_reports_comm_buffers_of_a_composition():
 
 
 def test_run_leaves_out_the_row_where_a_part_is_not_sampled():
-    """Ring context parallelism's buffers are predicted only: no measured row (rather than a false 0)."""
-    p = plan(cp=2, cp_kind="ring")
+    """Ulysses context parallelism's buffers are predicted only: no measured row (rather than a false 0)."""
+    p = plan(cp=2, cp_kind="ulysses")
     rep = run(LLAMA, p, steps=1, timeout_s=280)
     assert "comm_buffers" not in rep.to_json()
     assert ledger.comm_buffer_parts(LLAMA, p)["cp"] > 0
