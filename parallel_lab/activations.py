@@ -146,7 +146,7 @@ def _cp_core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
     """
     c, kv = plan.cp, t.kv_heads
     if plan.cp_kind == "ulysses":
-        kv_rep = kv * (c // math.gcd(kv, c))
+        kv_rep = kv * layout.kv_replication(t.heads, kv, c)
         S = t.s * c
         op, hq = "core (ulysses)", t.heads // c
         return [Saved(op, "q / sqrt(d), own heads, whole sequence", (t.b, hq, S, t.d), a),

@@ -157,6 +157,22 @@ def kv_width_local(model: ModelSpec, tp: int) -> int:
     return kv_heads_local(model, tp) * model.head_dim
 
 
+def kv_replication(heads: int, kv_heads: int, cp: int) -> int:
+    """How many times Ulysses repeats each key/value head so that ``cp`` divides them, consistently with
+    the query heads: ``cp / gcd(kv_heads, cp)`` (1 when ``cp`` divides ``kv_heads``).
+
+    Rank ``j`` gets query heads ``[j H/cp, (j+1) H/cp)`` and repeated key/value heads
+    ``[j H'/cp, (j+1) H'/cp)`` with ``H' = kv_heads * f``; ``cp | H`` makes ``f`` divide ``H / kv_heads``,
+    so each query head still finds its key/value head on its own rank.
+    """
+    if heads % cp:
+        ok = [c for c in range(1, heads + 1) if heads % c == 0]
+        raise ParallelLabError(
+            f"Ulysses puts heads={heads} query heads (on this tensor-parallel rank) on cp={cp} ranks; "
+            f"cp must divide them: pick cp in {{{', '.join(map(str, ok))}}} or cp_kind='ring' / 'allgather'")
+    return cp // math.gcd(kv_heads, cp)
+
+
 def q_width_local(model: ModelSpec, tp: int) -> int:
     """Width of the queries (and of the attention output) one TP rank holds."""
     return model.heads // tp * model.head_dim

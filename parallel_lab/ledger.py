@@ -39,6 +39,8 @@ from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: r
     chunk_layers,
     grad_comm_bytes,
     is_frozen,
+    kv_heads_local,
+    kv_replication,
     kv_width_local,
     local_parameters,
     padded,
@@ -526,7 +528,9 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
       next one arriving, the dK, dV block sent on (cast to the compute dtype) and the one arriving are
       alive together, four ``2 s b kv d`` blocks (three with cp = 2: no next block at the last step; the
       fp32 accumulators of dK, dV are working memory, as all-gather's; the forward holds at most two);
-      Ulysses (not sampled): the all-to-all outputs of Q, K and V.
+      Ulysses: the first all-to-all's input and output, Q, K and V of the local tokens (key/value heads
+      repeated :func:`layout.kv_replication` times), ``2 s b (q + 2 kv f) d`` (backward's last one is as
+      large).
     """
     d, s, b, h = plan.dtype_bytes, plan.seq / plan.cp, plan.micro_batch, model.hidden
     parts: dict[str, float] = {}
@@ -541,7 +545,8 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
         elif plan.cp_kind == "allgather":
             parts["cp"] = 2 * (plan.seq + s) * b * kv * d
         else:
-            parts["cp"] = s * b * (q_width_local(model, plan.tp) + 2 * kv) * d
+            f = kv_replication(model.heads // plan.tp, kv_heads_local(model, plan.tp), plan.cp)
+            parts["cp"] = 2 * s * b * (q_width_local(model, plan.tp) + 2 * kv * f) * d
     return parts
 
 

@@ -260,12 +260,15 @@ class UlyssesAttention(torch.autograd.Function):
         send[:, :, hq:hq + hk] = k.reshape(b, n, hk, s, d).transpose(0, 1)
         send[:, :, hq + hk:] = v.reshape(b, n, hk, s, d).transpose(0, 1)
         recv = torch.empty_like(send)
+        grp.tracer.buffers.sample("cp", [send, recv])
         grp.wait([grp.tracer.all_to_all(recv, send, "cp", group=grp.group, async_op=True)], "forward")
+        del send
         S, r = n * s, hq // hk                       # recv[i]: my heads for rank i's tokens
         qg = torch.empty(b, hk, S, r, d, dtype=q.dtype, device=q.device)
         torch.mul(recv[:, :, :hq].reshape(n, b, hk, r, s, d).permute(1, 2, 0, 4, 3, 5),
                   1.0 / math.sqrt(d), out=qg.view(b, hk, n, s, r, d))
         kvh = recv[:, :, hq:].reshape(n, b, 2, hk, s, d).permute(2, 1, 3, 0, 4, 5).reshape(2, b, hk, S, d)
+        del recv                                                   # qg and kvh are copies
         state = OnlineSoftmax(b, hk, S, r, d, q.device)
         with grp.timed("forward"):
             attend_forward(state, qg, kvh[0], kvh[1], seq.all, seq.all, causal, grp.stats.kernel)
@@ -274,6 +277,7 @@ class UlyssesAttention(torch.autograd.Function):
         back = out_h.view(b, hk, n, s, r, d).permute(2, 0, 1, 4, 3, 5).reshape(n, b, hq, s, d)
         back = back.contiguous()
         got = torch.empty_like(back)                               # got[j]: head group j of my tokens
+        grp.tracer.buffers.sample("cp", [back, got])
         grp.wait([grp.tracer.all_to_all(got, back, "cp", group=grp.group, async_op=True)], "forward")
         ctx.save_for_backward(qg, kvh, out_h, lse)
         ctx.grp, ctx.seq, ctx.causal, ctx.f = grp, seq, causal, f
@@ -290,8 +294,10 @@ class UlyssesAttention(torch.autograd.Function):
         h = hq * n
         send = dout.reshape(b, n, hq, s, d).transpose(0, 1).contiguous()
         recv = torch.empty_like(send)
+        grp.tracer.buffers.sample("cp", [send, recv])
         grp.wait([grp.tracer.all_to_all(recv, send, "cp", group=grp.group, async_op=True)], "backward")
         dog = recv.reshape(n, b, hk, r, s, d).permute(1, 2, 0, 4, 3, 5).reshape(b, hk, S, r, d)
+        del send, recv                                             # dog is a copy
         delta = (dog.float() * out_h.float()).sum(-1)
         dqg = torch.zeros_like(qg)
         dkv = torch.zeros(kvh.shape, dtype=torch.float32, device=kvh.device)
@@ -304,6 +310,7 @@ class UlyssesAttention(torch.autograd.Function):
         back[:, :, hq:] = dkv.to(qg.dtype).view(2, b, hk, n, s, d).permute(3, 1, 0, 2, 4, 5) \
             .reshape(n, b, 2 * hk, s, d)
         got = torch.empty_like(back)                               # got[j]: head group j of my tokens
+        grp.tracer.buffers.sample("cp", [back, got])
         grp.wait([grp.tracer.all_to_all(got, back, "cp", group=grp.group, async_op=True)], "backward")
         dq = got[:, :, :hq].transpose(0, 1).reshape(b, h, s, d)
         dk = got[:, :, hq:hq + hk].transpose(0, 1).reshape(b, n * hk, s, d)

@@ -14,12 +14,12 @@ not divide are repeated ``cp / gcd(kv_heads, cp)`` times (:func:`kv_replication`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from parallel_lab.layout import kv_replication  # noqa: F401  (re-exported: its home is layout)
 from parallel_lab.specs import ParallelLabError
 
 BALANCES = ("zigzag", "contiguous", "work")
@@ -100,20 +100,4 @@ def work_per_rank(seq: int, cp: int, balance: str = "zigzag", doc_ids: Tensor | 
         q_doc = None if doc_ids is None else doc_ids[:, idx]
         out.append(allowed_pairs(pos[idx], pos, q_doc, doc_ids, causal))
     return out
-
-
-def kv_replication(heads: int, kv_heads: int, cp: int) -> int:
-    """How many times Ulysses repeats each key/value head so that ``cp`` divides them, consistently with
-    the query heads: ``cp / gcd(kv_heads, cp)`` (1 when ``cp`` divides ``kv_heads``).
-
-    Rank ``j`` gets query heads ``[j H/cp, (j+1) H/cp)`` and repeated key/value heads
-    ``[j H'/cp, (j+1) H'/cp)`` with ``H' = kv_heads * f``; ``cp | H`` makes ``f`` divide ``H / kv_heads``,
-    so each query head still finds its key/value head on its own rank.
-    """
-    if heads % cp:
-        ok = [c for c in range(1, heads + 1) if heads % c == 0]
-        raise ParallelLabError(
-            f"Ulysses puts heads={heads} query heads (on this tensor-parallel rank) on cp={cp} ranks; "
-            f"cp must divide them: pick cp in {{{', '.join(map(str, ok))}}} or cp_kind='ring' / 'allgather'")
-    return cp // math.gcd(kv_heads, cp)
 

@@ -360,7 +360,8 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
     parts = {k: float(v) for k, v in tracer.buffers.peaks.items() if v}
     measured["comm_buffers"] = float(sum(parts.values())) if buffers_sampled(model, plan) else None
     if measured["comm_buffers"] is None:
-        notes.append("comm_buffers: expert parallelism's dispatch buffers are predicted, not sampled")
+        notes.append("comm_buffers: expert parallelism's all-to-all dispatch buffers are neither sampled "
+                     "nor in the ledger")
     measured["peak"] = float(peak.get("Total", 0))
     predicted_parts = {k: float(v) for k, v in (comm_buffer_parts(model, plan, stage) or {}).items()}
     predicted = {}

@@ -59,10 +59,9 @@ class BufferMeter:
 
 
 def buffers_sampled(spec: Any, plan: Any) -> bool:
-    """Whether the runnable code samples every comm-buffer part the ledger predicts for ``plan``: all but
-    Ulysses context parallelism's buffers and expert parallelism's dispatch buffers (predicted, not
-    sampled)."""
-    return (plan.cp == 1 or plan.cp_kind != "ulysses") and not spec.is_moe
+    """Whether the runnable code samples the comm buffers ``plan`` holds: all but expert parallelism's
+    all-to-all dispatch buffers (not sampled, and not a ledger part either: a known gap)."""
+    return not spec.is_moe
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
