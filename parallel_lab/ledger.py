@@ -642,7 +642,8 @@ def memory(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None, *,
 # --------------------------------------------------------------------------------------------------
 
 #: The moments of a step :func:`peak_moments` prices, in the order they happen.
-MOMENTS = ("loss", "loss backward", "first backward", "root gradient", "root reduce-scatter", "step")
+MOMENTS = ("loss", "loss backward", "first backward", "second backward", "root gradient", "root reduce-scatter",
+           "step")
 
 
 @dataclass
@@ -811,7 +812,7 @@ def _step_temporaries(model: ModelSpec, plan: Plan, stage: int) -> float:
 
 
 def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> PeakMoments:
-    """Bytes alive at up to six moments of one steady-state step on ``stage``, by part; the peak is their max.
+    """Bytes alive at up to seven moments of one steady-state step on ``stage``, by part; the peak is their max.
 
     The ledger's ``total_bytes`` sums each category at its own peak; here each moment counts what exists
     then (per-op activations; measured in fake tensors, tests/test_peak.py). Rules, torch's autograd as
@@ -829,6 +830,8 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
       weight gradients (:func:`_fresh_grads`), the gradients of the residual stream and the core's output
       ``2 s b h d``, the logits freed (but other kept micro-batches'), ZeRO-3's gathered units
       (:func:`zero3_gathered_bytes`); its reduce-scatter input comes later;
+    * ``second backward`` (ZeRO-3 without a pipeline): the next block's core, with the last block's saves
+      freed and its flat gradient, cast to fp32, reducing (measured with full recompute: tests/test_peak.py);
     * ``root gradient`` and ``root reduce-scatter`` (ZeRO-3 without a pipeline): the end of backward,
       :func:`_root_gradient_moments`;
     * ``step``: state with the reduced gradients and :func:`_step_temporaries`; no activations.
@@ -880,6 +883,14 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
              "gathered units": gathered, "activation buffers": bufs,
              "causal mask": _mask_bytes(model, plan, backward=True)}
     moments["first backward"] = first
+    blocks = [n for k, n in unit_sizes(model, plan, stage).items() if k != "root"]
+    if plan.zero == 3 and g > 1 and plan.pp == 1 and len(blocks) > 1:
+        # the next block's core: the last block's saves freed, its flat gradient cast to fp32 and reducing
+        # (it completes at the next reduce-scatter), its reduced fp32 shard kept
+        moments["second backward"] = {
+            **first, "activations": first["activations"] - activation_bytes_per_layer(model, plan, formula="per-op"),
+            "gradients": first["gradients"] + math.ceil(blocks[-1] / g) * grad_comm_bytes(plan),
+            "previous unit's reduce-scatter input": float(padded(blocks[-1], g) * grad_comm_bytes(plan))}
     if plan.zero == 3 and g > 1 and plan.pp == 1:
         moments["root gradient"], moments["root reduce-scatter"] = _root_gradient_moments(model, plan, stage, state)
     step_grads = state["gradients"]
