@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import activations
+from .comm import ep_dispatch_bytes
 from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: re-exported, their home is layout)
     LocalParam,
     bucket_bytes,
@@ -530,7 +531,10 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
       fp32 accumulators of dK, dV are working memory, as all-gather's; the forward holds at most two);
       Ulysses: the first all-to-all's input and output, Q, K and V of the local tokens (key/value heads
       repeated :func:`layout.kv_replication` times), ``2 s b (q + 2 kv f) d`` (backward's last one is as
-      large).
+      large);
+    * ``ep``: one all-to-all's input and output, ``2 E b C h d`` (:func:`comm.ep_dispatch_bytes`: the
+      dispatched slots going out and the ones arriving), plus ``h d`` in backward's combine, whose
+      incoming gradient is a view of the gradient of the buffer padded with the empty slots' zero row.
     """
     d, s, b, h = plan.dtype_bytes, plan.seq / plan.cp, plan.micro_batch, model.hidden
     parts: dict[str, float] = {}
@@ -547,6 +551,8 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
         else:
             f = kv_replication(model.heads // plan.tp, kv_heads_local(model, plan.tp), plan.cp)
             parts["cp"] = 2 * s * b * (q_width_local(model, plan.tp) + 2 * kv * f) * d
+    if plan.ep > 1 and model.is_moe:       # + one row: combine's incoming gradient is a view of the padded
+        parts["ep"] = 2.0 * ep_dispatch_bytes(model, plan) + model.hidden * d    # (E b C + 1, h) one
     return parts
 
 

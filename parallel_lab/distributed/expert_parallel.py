@@ -37,13 +37,17 @@ class AllToAll(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, tracer: CommTracer, group: Any) -> Tensor:
         ctx.tracer, ctx.group = tracer, group
         out = torch.empty_like(x)
-        tracer.all_to_all(out, x.contiguous(), "ep", group=group)
+        x = x.contiguous()
+        tracer.buffers.sample("ep", [x, out])                  # the slots going out and those arriving
+        tracer.all_to_all(out, x, "ep", group=group)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         out = torch.empty_like(grad)
-        ctx.tracer.all_to_all(out, grad.contiguous(), "ep", group=ctx.group)
+        grad = grad.contiguous()
+        ctx.tracer.buffers.sample("ep", [grad, out])
+        ctx.tracer.all_to_all(out, grad, "ep", group=ctx.group)
         return out, None, None
 
 

@@ -48,7 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from parallel_lab.distributed.data import Batch
 from parallel_lab.distributed.grid import Grid, mesh
-from parallel_lab.distributed.instruments import CommTracer, buffers_sampled
+from parallel_lab.distributed.instruments import CommTracer
 from parallel_lab.distributed.measurable import measurable_layout
 from parallel_lab.distributed.model import Transformer
 from parallel_lab.distributed.runtime import Runtime, sequential_forward_backward
@@ -358,10 +358,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
     measured["activations"] = float(rt.meter.peak["activations"])
     measured["logits_and_loss"] = float(rt.meter.peak["logits_and_loss"])
     parts = {k: float(v) for k, v in tracer.buffers.peaks.items() if v}
-    measured["comm_buffers"] = float(sum(parts.values())) if buffers_sampled(model, plan) else None
-    if measured["comm_buffers"] is None:
-        notes.append("comm_buffers: expert parallelism's all-to-all dispatch buffers are neither sampled "
-                     "nor in the ledger")
+    measured["comm_buffers"] = float(sum(parts.values()))
     measured["peak"] = float(peak.get("Total", 0))
     predicted_parts = {k: float(v) for k, v in (comm_buffer_parts(model, plan, stage) or {}).items()}
     predicted = {}

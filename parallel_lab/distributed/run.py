@@ -13,7 +13,7 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
 * ``memory[category]`` per rank (the largest rank): ``parameters``, ``gradients`` and
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
-  ``comm_buffers`` (where the ranks sample every part, ``instruments.buffers_sampled``): each rank's parts
+  ``comm_buffers`` (every part sampled where it is alive): each rank's parts
   (``RankResult.info["comm_buffers"]``, ``tracer.buffers``) summed, against ``ledger.comm_buffer_parts``
   of its stage (equal exactly);
 * ``moe`` (a mixture-of-experts model, ``expert_parallel.moe_report``): tokens per expert routed and kept,
@@ -43,7 +43,7 @@ from parallel_lab.distributed.diagnosis import format_step_times, step_time_repo
 from parallel_lab.distributed.expert_parallel import format_moe_report, moe_report
 from parallel_lab.distributed.faults import Fault, check_faults
 from parallel_lab.distributed.grid import coords
-from parallel_lab.distributed.instruments import buffers_sampled, payload_by_dim
+from parallel_lab.distributed.instruments import payload_by_dim
 from parallel_lab.distributed.launch import launch, under_torchrun
 from parallel_lab.distributed.mixed_precision import is_mixed
 from parallel_lab.distributed.pipeline_report import format_pipeline_report, pipeline_report
@@ -284,10 +284,9 @@ def run(spec: ModelSpec, plan: Plan, steps: int = 3, seed: int = 0, *, frozen: I
     extra = {"logits_and_loss": {"measured_bytes": max(r.memory["logits_and_loss"] for r in results),
                                  "predicted_bytes": max(predicted_logits_and_loss(spec, plan, s)
                                                         for s in stages)}}
-    if buffers_sampled(spec, plan):
-        extra["comm_buffers"] = {
-            "measured_bytes": max(sum(r.info["comm_buffers"].values()) for r in results),
-            "predicted_bytes": max(sum(predicted_comm_buffer_parts(spec, plan, s).values()) for s in stages)}
+    extra["comm_buffers"] = {
+        "measured_bytes": max(sum(r.info["comm_buffers"].values()) for r in results),
+        "predicted_bytes": max(sum(predicted_comm_buffer_parts(spec, plan, s).values()) for s in stages)}
     if plan.pp > 1:
         extra["pipeline"] = pipeline_report(spec, plan, results)
     if spec.is_moe:

@@ -4,7 +4,7 @@ The runnable code samples its buffers where they are alive (``tracer.buffers``, 
 DDP's buckets beyond the gradients, ZeRO-1/2's flat gradient and gathered unit, ZeRO-3's gathered units
 and full gradients, SP's full-sequence tensors, the messages of one pipeline P2P action, all-gather
 context parallelism's dK/dV reduce-scatter, ring attention's K/V and dK/dV blocks, Ulysses' all-to-all
-buffers (expert dispatch's all-to-all buffers are neither a ledger part nor sampled). Each rank's parts
+buffers, expert parallelism's dispatch and combine all-to-alls. Each rank's parts
 (``RankResult.info["comm_buffers"]``) must equal ``ledger.comm_buffer_parts`` of its stage, and
 ``parallel-lab run``'s memory table shows the sum beside the prediction. A part the code holds and the
 ledger does not know (or the reverse) fails as a key mismatch; a wrong size as a value mismatch.
@@ -50,24 +50,31 @@ PLANS = {
     "zero3-pp": plan(dp=2, pp=2, zero=3, grad_accum=2, schedule="1f1b", micro_batch=1),
     "ddp-pp": plan(dp=2, pp=2, grad_accum=2, schedule="1f1b", micro_batch=1),   # DDP accumulating under PP
 }
+MOE = ModelSpec.preset("tiny-moe")
+#: expert parallelism (its own model): the dispatch and combine all-to-alls' input and output
+MOE_PLANS = {
+    "ep2": plan(dp=2, ep=2),
+    "ep2-accumulate": plan(dp=4, ep=2, grad_accum=2, micro_batch=1),
+}
+CASES = {**{k: (LLAMA, p) for k, p in PLANS.items()}, **{k: (MOE, p) for k, p in MOE_PLANS.items()}}
 
 
-def _parts(results, p: Plan) -> list[tuple[int, dict[str, int], dict[str, int]]]:
+def _parts(results, p: Plan, model: ModelSpec = LLAMA) -> list[tuple[int, dict[str, int], dict[str, int]]]:
     out = []
     for r in results:
         measured = {k: v for k, v in r.info["comm_buffers"].items() if v}
-        out.append((r.rank, measured, predicted_comm_buffer_parts(LLAMA, p, r.coords["pp"])))
+        out.append((r.rank, measured, predicted_comm_buffer_parts(model, p, r.coords["pp"])))
     return out
 
 
-@pytest.mark.parametrize("name", list(PLANS))
+@pytest.mark.parametrize("name", list(CASES))
 def test_comm_buffers_equal_the_ledger_part_by_part(name):
-    p = PLANS[name]
-    results = launch(train_rank, p, LLAMA, p, steps=2, seed=0, return_params=False, timeout_s=240)
-    for rank, measured, predicted in _parts(results, p):
+    model, p = CASES[name]
+    results = launch(train_rank, p, model, p, steps=2, seed=0, return_params=False, timeout_s=240)
+    for rank, measured, predicted in _parts(results, p, model):
         assert measured == predicted, (name, rank, measured, predicted)
-    if p.zero or p.sp or p.pp > 1 or p.cp > 1:
-        assert any(m for _, m, _ in _parts(results, p)), name       # something was measured
+    if p.zero or p.sp or p.pp > 1 or p.cp > 1 or p.ep > 1:
+        assert any(m for _, m, _ in _parts(results, p, model)), name       # something was measured
 
 
 def test_ddp_buckets_would_show_a_second_copy():

@@ -18,7 +18,6 @@ Every name is importable from ``parallel_lab.distributed.instruments``.
 
 from parallel_lab.distributed.instruments.memory import (
     BufferMeter,
-    buffers_sampled,
     measure_state,
     memtracker_snapshot,
     optimizer_state_tensors,
@@ -40,6 +39,6 @@ from parallel_lab.distributed.instruments.tracer import (
 from parallel_lab.simulate import Interval
 
 __all__ = ["DEFAULT_SCOPES", "BufferMeter", "CommTracer", "Interval", "SavedTensorMeter", "Timeline",
-           "TracedCall", "TracedWork", "align", "buffers_sampled", "collective_counts", "compare_calls",
+           "TracedCall", "TracedWork", "align", "collective_counts", "compare_calls",
            "event_counts", "measure_state", "memtracker_snapshot", "nbytes", "optimizer_state_tensors",
            "payload_by_dim", "storage_bytes", "storage_key"]

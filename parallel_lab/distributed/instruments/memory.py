@@ -58,12 +58,6 @@ class BufferMeter:
             self.peaks[part] = n
 
 
-def buffers_sampled(spec: Any, plan: Any) -> bool:
-    """Whether the runnable code samples the comm buffers ``plan`` holds: all but expert parallelism's
-    all-to-all dispatch buffers (not sampled, and not a ledger part either: a known gap)."""
-    return not spec.is_moe
-
-
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     """Per-parameter state tensors of an optimizer (``exp_avg``, ``momentum_buffer``...), not 0-dim
     step counters."""
