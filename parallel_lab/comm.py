@@ -20,7 +20,6 @@ ring steps: all-reduce ``2 (n - 1)``, all-gather, reduce-scatter and all-to-all 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -33,6 +32,7 @@ from .layout import (  # noqa: F401  (pack_buckets, ddp_buckets, rank_of, group_
     group_tier,
     is_expert_param,
     is_frozen,
+    kv_replication,
     kv_width_local,
     pack_buckets,
     param_comm_bytes,
@@ -391,8 +391,7 @@ def cp_layer_collectives(model: ModelSpec, plan: Plan) -> list[Collective]:
         fwd = [Collective("cp", "all_gather", c * Mkv, c, 1, "forward", "gather K and V")]
         bwd = [Collective("cp", "reduce_scatter", c * Mkv, c, 1, "backward", "dK and dV")]
     else:
-        kv_heads_local = kv // model.head_dim
-        kv_rep = kv * (c // math.gcd(kv_heads_local, c))
+        kv_rep = kv * kv_replication(model.heads // plan.tp, kv // model.head_dim, c)
         Mqkv, Mq = s * b * (q + 2 * kv_rep) * d, s * b * q * d
         fwd = [Collective("cp", "all_to_all", Mqkv, c, 1, "forward", "Q, K, V to head-sharded"),
                Collective("cp", "all_to_all", Mq, c, 1, "forward", "output back to sequence-sharded")]

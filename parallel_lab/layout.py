@@ -168,7 +168,7 @@ def kv_replication(heads: int, kv_heads: int, cp: int) -> int:
     if heads % cp:
         ok = [c for c in range(1, heads + 1) if heads % c == 0]
         raise ParallelLabError(
-            f"Ulysses puts heads={heads} query heads (on this tensor-parallel rank) on cp={cp} ranks; "
+            f"Ulysses all-to-all puts heads={heads} (query heads per tensor-parallel rank) on cp={cp} ranks; "
             f"cp must divide them: pick cp in {{{', '.join(map(str, ok))}}} or cp_kind='ring' / 'allgather'")
     return cp // math.gcd(kv_heads, cp)
 

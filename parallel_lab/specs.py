@@ -773,14 +773,9 @@ class Plan:
                     f"sequence parallelism splits seq={self.seq} over tp={self.tp}; "
                     f"pick seq a multiple of {self.tp}"
                 )
-            if self.cp > 1 and self.cp_kind == "ulysses" and (model.heads // self.tp) % self.cp:
-                local = model.heads // self.tp
-                raise ParallelLabError(
-                    f"Ulysses all-to-all puts heads={local}"
-                    + (f" (of {model.heads}, per tensor-parallel rank of tp={self.tp})" if self.tp > 1 else "")
-                    + f" on cp={self.cp} ranks; cp must divide them; "
-                    f"pick cp in {_fmt_set(divisors(local))} or cp_kind='ring'"
-                )
+            if self.cp > 1 and self.cp_kind == "ulysses":
+                from .layout import kv_heads_local, kv_replication  # layout imports this module
+                kv_replication(model.heads // self.tp, kv_heads_local(model, self.tp), self.cp)
             if self.attention == "flash" and model.dropout > 0:
                 raise ParallelLabError(
                     f"attention='flash' keeps no dropout mask but the model has dropout={model.dropout}; "

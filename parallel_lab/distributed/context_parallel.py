@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from parallel_lab import layout
 from parallel_lab.distributed.attention import (
     DEFAULT_TILE,
     OnlineSoftmax,
@@ -172,8 +173,10 @@ class RingAttention(torch.autograd.Function):
                 own = dkv                                          # my block's own part stays home
             else:                                                  # block src's accumulator: add, hand on
                 grp.wait(acc_works, "backward")                    # (from step 2 on it came from prev)
+                acc_works = []                                     # done transfers still hold their tensors
                 if acc_in is not None:
                     dkv += acc_in
+                    acc_in = None
                 dkv = dkv.to(kv.dtype)
                 acc_in = torch.empty_like(dkv)                     # the last step receives my own block's
                 grp.tracer.buffers.sample("cp", [None if kv is kv_local else kv, nxt, dkv, acc_in])
@@ -419,7 +422,7 @@ def check_cp(spec: ModelSpec, plan: Plan) -> None:
         raise ParallelLabError(f"seq={plan.seq} is not divisible by 2*cp={2 * plan.cp}; "
                                f"pick seq a multiple of {2 * plan.cp}")
     if plan.cp_kind == "ulysses":
-        kv_replication(spec.heads // plan.tp, max(1, spec.kv_heads // plan.tp), plan.cp)
+        kv_replication(spec.heads // plan.tp, layout.kv_heads_local(spec, plan.tp), plan.cp)
 
 
 def apply_cp(rt: Runtime) -> None:

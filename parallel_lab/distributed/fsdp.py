@@ -241,6 +241,15 @@ class Zero3(_Zero):
     def _after_model(self, module: nn.Module, args: Any, output: Any) -> None:
         if not torch.is_grad_enabled() and self.root is not None:   # no backward will come
             self._free(self.root)
+        if not self.blocks:                # one unit: its forward is the first block's
+            self._complete_last_backward()
+
+    def _complete_last_backward(self) -> None:
+        """The previous micro-batch's last reduce-scatter (the root unit's, its fp32 input 4 B per element),
+        waited for once the next forward's first block has run: it overlaps that block, and does not live
+        on through the rest of the micro-batch (it did, to the first reduce-scatter of the next backward)."""
+        if self._pending is not None and not self.keep:
+            self._complete()
 
     def _before_block_hook(self, k: int):
         def hook(module: nn.Module, args: Any) -> None:
@@ -257,6 +266,8 @@ class Zero3(_Zero):
                 return None
             i = self.blocks[k]
             self._free(i)
+            if k == 0:
+                self._complete_last_backward()
             if torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad:
                 return RegatherBeforeBackward.apply(output, self, k)
             return None
@@ -312,8 +323,6 @@ class Zero3(_Zero):
         work = self.tracer.reduce_scatter(out, grad, "dp", async_op=True)
         self._pending = (i, grad, out, work)
         self._reduced[i] = True
-        if i == self.root:         # the last gradient of a backward: wait now (as FSDP2 does at the end of
-            self._complete()       # backward), so that its fp32 copy does not live through the next micro-batch
 
     def _complete(self) -> None:
         if self._pending is None:

@@ -22,8 +22,8 @@ micro-batch, gradient sync, optimizer step) and reads:
   of per-category peaks) and against ``ledger.peak_moments`` (the bytes alive at one moment, row
   ``peak (one moment)``).
 
-Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1. The batch is real (token
-ids and positions, int64, and the micro-batches and CP chunks cut from it): the flash and context-parallel
+Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1. The rank's batch is real
+(token ids and positions, int64: its micro-batches and CP chunks, a few MB): the flash and context-parallel
 kernels cut their tiles from the positions' values; nothing else depends on values. The model is built
 with the compute dtype as torch's default dtype (``module.to(bf16)`` fails on fake parameters). The
 comparison with the ledger and where it differs: README, "Measured at real scale".
@@ -304,11 +304,12 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
     old_dtype = torch.get_default_dtype()
     try:
         grid = Grid.create(plan, rank)
-        # Real tensors: the batch (token ids, positions: (B, s) and (s,) int64) and what the plan cuts from it,
-        # the micro-batches and a CP rank's chunks; the flash and context-parallel kernels cut their tiles
-        # from the positions' values (attention.Tokens.of). Every op that reads them makes fake outputs.
-        tokens = torch.zeros(plan.global_batch, plan.seq, dtype=torch.long)           # (B, s) token ids
-        batch = Batch(tokens, tokens.clone(), torch.arange(plan.seq))
+        # Real tensors: the positions (s,) and this rank's micro-batches and CP chunks cut from the batch (the
+        # flash and context-parallel kernels cut their tiles from the positions' values: attention.Tokens.of);
+        # the global batch is one row of token ids seen B times (no B x s copy). Every op that reads them
+        # makes fake outputs.
+        tokens = torch.zeros(1, plan.seq, dtype=torch.long).expand(plan.global_batch, plan.seq)    # (B, s)
+        batch = Batch(tokens, tokens, torch.arange(plan.seq))
         with FakeTensorMode(allow_non_fake_inputs=True):
             say(f"stage {stage}: building {model.name or 'the model'} at full size (fake tensors)")
             torch.set_default_dtype(dtype)

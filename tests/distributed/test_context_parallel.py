@@ -152,8 +152,12 @@ def test_clear_errors():
         kv_replication(4, 2, 3)
     with pytest.raises(ParallelLabError, match="seq=60 is not divisible by 8 .* pick seq a multiple of 8"):
         rank_index(60, 4, 0)
-    with pytest.raises(ParallelLabError, match="heads=4 on cp=8"):
+    with pytest.raises(ParallelLabError, match=r"heads=4 \(query heads per tensor-parallel rank\) on cp=8"):
         Plan(cp=8, cp_kind="ulysses", seq=128).validate(LLAMA)
+    # the heads per tensor-parallel rank decide: llama3-8b's 32 heads over tp 8 are 4, which cp 8 cannot split
+    with pytest.raises(ParallelLabError, match=r"heads=4 .* on cp=8 ranks; cp must divide them: pick cp in \{1, 2, 4"):
+        Plan(tp=8, cp=8, cp_kind="ulysses", seq=8192).validate(ModelSpec.preset("llama3-8b"))
+    Plan(tp=8, cp=4, cp_kind="ulysses", seq=8192).validate(ModelSpec.preset("llama3-8b"))
 
 
 # --------------------------------------------------------------------------------------------------

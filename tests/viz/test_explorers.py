@@ -312,7 +312,7 @@ def test_every_input_has_a_tooltip_with_meaning_and_unit():
     from parallel_lab.viz.explorers import App
     from parallel_lab.viz.explorers.help import GLOSSARY, TOOLTIPS
 
-    app = App()
+    app = App(freeze_gc=False)          # a test process is not the app's kernel
     for tab, ex in app.explorers.items():
         for name, w in ex.widgets.items():
             assert w.tooltip == TOOLTIPS[name] and len(w.tooltip) > 20, (tab, name)
@@ -384,7 +384,7 @@ def test_planner_warns_when_even_the_best_plan_is_poor():
 def test_a_plan_picked_in_the_planner_opens_in_every_tab():
     from parallel_lab.viz.explorers import App
 
-    app = App()
+    app = App(freeze_gc=False)          # a test process is not the app's kernel
     planner_ex = app.explorers["Planner"]
     r = planner_ex.result
     msg = planner_ex.open_in_tabs()
@@ -412,7 +412,7 @@ def test_a_plan_file_opens_in_every_tab_and_a_bad_path_is_a_file_error(tmp_path)
     model, plan = ModelSpec.preset("llama2-13b"), Plan(dp=4, tp=2, pp=1, zero=1, seq=4096)
     target = tmp_path / "13b.yaml"
     save_plan(target, model, H100, plan, phase="pretrain-4k", gpus=8)
-    app = App()
+    app = App(freeze_gc=False)          # a test process is not the app's kernel
     planner_ex = app.explorers["Planner"]
     planner_ex.path.value = str(target)
     assert planner_ex.load().startswith("opened in Memory")

@@ -130,7 +130,7 @@ def test_tp_explorer_shows_the_library_s_refusal():
 def test_every_tab_links_to_its_lesson_on_127_0_0_1():
     from parallel_lab.viz.explorers import EXPLAINED_BY, App, lesson_url
 
-    app = App()
+    app = App(freeze_gc=False)          # a test process is not the app's kernel
     for tab, ex in app.explorers.items():
         stem = EXPLAINED_BY[type(ex).__name__]
         assert f'href="{lesson_url(stem)}"' in ex.lesson.value, tab
@@ -149,7 +149,7 @@ def test_every_linked_lesson_exists():
 def test_the_app_builds_a_tab_when_it_is_first_opened():
     from parallel_lab.viz.explorers import App, ZeroExplorer
 
-    app = App()
+    app = App(freeze_gc=False)          # a test process is not the app's kernel
     assert [n for n in app.explorers if app.explorers.built(n)] == ["Memory"]
     index = list(app.explorers).index("ZeRO/FSDP")
     assert "building this tab" in app.tabs.children[index].children[1].value

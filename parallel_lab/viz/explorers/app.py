@@ -85,7 +85,8 @@ class App(W.VBox):
     explorer (``bench/bench_browser.py``). ``freeze_gc``: the app owns its kernel, so each tab's objects,
     once built, are moved out of the garbage collector's view (``gc.freeze``): a full collection then walks
     only what later changes make (``python -m bench browser``, one run each: the largest p95 of a change
-    that starts no search went from 100 to 75 ms); pass False to embed the app in a kernel of your own."""
+    that starts no search went from 100 to 75 ms). Objects frozen while alive and dropped later are never
+    collected (bounded: what a tab holds when built); pass False to embed the app in a kernel of your own."""
 
     def __init__(self, renderer: str = "frames", freeze_gc: bool = True) -> None:
         self.freeze_gc = freeze_gc
@@ -123,6 +124,7 @@ class App(W.VBox):
             ex.on_open = self.open_plan
         no_null_tooltips(page)
         if self.freeze_gc:             # a tab's widgets, figures and caches live as long as the app
+            gc.collect()               # garbage first: a frozen object is never collected
             gc.freeze()
 
     def open_plan(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, gpus: int) -> str:
