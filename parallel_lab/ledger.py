@@ -22,7 +22,7 @@ Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation i
 Models" (Sec. 4, Table 2), generalised as documented in :func:`activation_bytes_per_layer`.
 
 The total sums each category at its own peak (conservative); :func:`peak_moments` prices what is alive
-at four named moments of a step instead, checked against torch's tracker in fake tensors.
+at named moments of a step instead, checked against torch's tracker in fake tensors.
 """
 
 from __future__ import annotations
@@ -680,7 +680,7 @@ class PeakMoments:
                 "moments": {k: {"total": self.total(k), "parts": dict(v)} for k, v in self.moments.items()}}
 
 
-def _root_gradient_moments(model: ModelSpec, plan: Plan, stage: int, state: dict[str, float]
+def _root_gradient_moments(plan: Plan, units: dict[str, int], state: dict[str, float]
                            ) -> tuple[dict[str, float], dict[str, float]]:
     """ZeRO-3 without a pipeline, the end of backward (``distributed/fsdp.py``), two moments:
 
@@ -694,7 +694,6 @@ def _root_gradient_moments(model: ModelSpec, plan: Plan, stage: int, state: dict
     Both hold the other units' reduced fp32 shards (all units' after an earlier micro-batch). Measured in
     fake tensors: tests/test_peak.py (FlashAttention at 2K tokens, where no saved activation hides them)."""
     g, pb, gb = shard_group(plan), param_comm_bytes(plan), grad_comm_bytes(plan)
-    units = unit_sizes(model, plan, stage)
     n_root = units.get("root", 0)
     others = [n for k, n in units.items() if k != "root"]
     shards = sum(math.ceil(n / g) for n in others) + (math.ceil(n_root / g) if plan.microbatches > 1 else 0)
@@ -859,10 +858,12 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
     logits = logits_bytes(model, plan, formula="per-op") if last else 0.0
     bufs = activation_buffer_bytes(model, plan)
     g = shard_group(plan)
+    units = unit_sizes(model, plan, stage)
+    unpiped_zero3 = plan.zero == 3 and g > 1 and plan.pp == 1
     gathered = float(zero3_gathered_bytes(model, plan, stage))
     root = gathered
-    if plan.zero == 3 and g > 1 and plan.pp == 1:      # between blocks only the root unit stays gathered
-        root = float(padded(unit_sizes(model, plan, stage).get("root", 0), g) * param_comm_bytes(plan))
+    if unpiped_zero3:                                  # between blocks only the root unit stays gathered
+        root = float(padded(units.get("root", 0), g) * param_comm_bytes(plan))
     t = activations.local_dims(model, plan)
     rows, vocab = t.b * t.s, math.ceil(model.vocab / plan.tp)
     moments: dict[str, dict[str, float]] = {}
@@ -889,20 +890,20 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
              "gathered units": gathered, "activation buffers": bufs,
              "causal mask": _mask_bytes(model, plan, backward=True)}
     moments["first backward"] = first
-    blocks = [n for k, n in unit_sizes(model, plan, stage).items() if k != "root"]
-    if plan.zero == 3 and g > 1 and plan.pp == 1 and len(blocks) > 1:
-        # the next block's core: the last block's saves freed, its flat gradient cast to fp32 and reducing
-        # (it completes at the next reduce-scatter), its reduced fp32 shard kept
-        moments["second backward"] = {
-            **first, "activations": first["activations"] - activation_bytes_per_layer(model, plan, formula="per-op"),
-            "gradients": first["gradients"] + math.ceil(blocks[-1] / g) * grad_comm_bytes(plan),
-            "previous unit's reduce-scatter input": float(padded(blocks[-1], g) * grad_comm_bytes(plan))}
-    if plan.zero == 3 and g > 1 and plan.pp == 1:
-        moments["root gradient"], moments["root reduce-scatter"] = _root_gradient_moments(model, plan, stage, state)
+    if unpiped_zero3:
+        blocks = [n for k, n in units.items() if k != "root"]
+        if len(blocks) > 1:
+            # the next block's core: the last block's saves freed, its flat gradient cast to fp32 and reducing
+            # (it completes at the next reduce-scatter), its reduced fp32 shard kept
+            per_block = activation_bytes_per_layer(model, plan, formula="per-op")
+            moments["second backward"] = {
+                **first, "activations": first["activations"] - per_block,
+                "gradients": first["gradients"] + math.ceil(blocks[-1] / g) * grad_comm_bytes(plan),
+                "previous unit's reduce-scatter input": float(padded(blocks[-1], g) * grad_comm_bytes(plan))}
+        moments["root gradient"], moments["root reduce-scatter"] = _root_gradient_moments(plan, units, state)
     step_grads = state["gradients"]
     if plan.zero == 2:                      # reduce-scattered into the shards by the step, however accumulated
-        step_grads = float(sum(math.ceil(n / g) for n in unit_sizes(model, plan, stage).values())
-                           * plan.optim.grad_bytes)
+        step_grads = float(sum(math.ceil(n / g) for n in units.values()) * plan.optim.grad_bytes)
     moments["step"] = {"parameters": state["parameters"], "gradients": step_grads,
                        "optimizer_states": state["optimizer_states"],
                        "optimizer temporaries": _step_temporaries(model, plan, stage)}

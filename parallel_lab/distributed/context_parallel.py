@@ -130,7 +130,7 @@ class RingAttention(torch.autograd.Function):
             works, nxt = [], None
             if t < n - 1:                                          # pass the block on while computing
                 nxt = torch.empty_like(kv)
-                grp.tracer.buffers.sample("cp", [nxt if kv is kv_local else kv, nxt])   # kv_local: saved
+                grp.tracer.buffers.sample("cp", [None if kv is kv_local else kv, nxt])  # kv_local: saved
                 works = grp.exchange(kv, nxt)
                 if not grp.overlap:
                     grp.wait(works, "forward")
@@ -161,7 +161,7 @@ class RingAttention(torch.autograd.Function):
             works, nxt = [], None
             if t < n - 1:                                          # K, V travel the ring again
                 nxt = torch.empty_like(kv)
-                grp.tracer.buffers.sample("cp", [nxt if kv is kv_local else kv, nxt, acc_in])
+                grp.tracer.buffers.sample("cp", [None if kv is kv_local else kv, nxt, acc_in])
                 works = grp.exchange(kv, nxt)
                 if not grp.overlap:
                     grp.wait(works, "backward")
