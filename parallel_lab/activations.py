@@ -346,7 +346,7 @@ def head_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) -
     head.append(Saved("lm_head", "normed input", (rows, t.h), a))
     if plan.tp > 1:
         return head + [Saved("cross_entropy", "softmax, this rank's vocabulary columns (fp32)",
-                             (rows, math.ceil(model.vocab / plan.tp)), LOSS_BYTES),
+                             (rows, layout.vocab_local(model, plan.tp)), LOSS_BYTES),
                        Saved("cross_entropy", "target ids in this rank's vocabulary (-1 elsewhere)", (rows,),
                              ID_BYTES)]
     return head + [Saved("cross_entropy", "log-probabilities (fp32)", (rows, model.vocab), LOSS_BYTES),

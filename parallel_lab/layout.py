@@ -424,14 +424,19 @@ def shard_group(plan: Plan) -> int:
     return plan.dp * plan.cp
 
 
+def shard_size(n: int, g: int) -> int:
+    """Elements of a unit of ``n`` that each of ``g`` ranks owns: ``ceil(n / g)`` (the last shard padded)."""
+    return -(-n // g)
+
+
 def padded(n: int, g: int) -> int:
     """A unit of ``n`` elements padded to ``g * ceil(n / g)`` (every shard the same size)."""
-    return g * math.ceil(n / g)
+    return g * shard_size(n, g)
 
 
 def shard_range(n: int, g: int, r: int) -> tuple[int, int]:
     """``[start, end)`` of the padded flat unit that rank ``r`` of ``g`` owns."""
-    s = math.ceil(n / g)
+    s = shard_size(n, g)
     return r * s, (r + 1) * s
 
 

@@ -28,7 +28,6 @@ at named moments of a step instead, checked against torch's tracker in fake tens
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,9 +47,11 @@ from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: r
     param_comm_bytes,
     q_width_local,
     shard_group,
+    shard_size,
     stage_layers,
     stage_params,
     unit_sizes,
+    vocab_local,
 )
 from .schedules import compute_orders, head_inflight, peak_activation_units, split_backward
 from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
@@ -82,7 +83,7 @@ def stage_state_bytes(model: ModelSpec, plan: Plan, stage: int) -> dict[str, flo
     g = shard_group(plan)
     units = list(unit_sizes(model, plan, stage).values())
     full = sum(units)
-    sharded = sum(math.ceil(n / g) for n in units)
+    sharded = sum(shard_size(n, g) for n in units)
     return {
         "parameters": float((sharded if plan.zero >= 3 else full) * o.param_bytes),
         "gradients": float((sharded if gradients_sharded(plan) else full) * o.grad_bytes),
@@ -354,8 +355,7 @@ def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") 
     inputs = 2 * model.hidden * plan.dtype_bytes         # the final norm's and the head's inputs, per token
     if plan.loss_chunk:      # chunked: one fp32 log-sum-exp per token instead of the logits (transient chunk
         return plan.seq / plan.cp * plan.micro_batch * (activations.LSE_BYTES + inputs) * kept   # not counted)
-    vocab_local = math.ceil(model.vocab / plan.tp)
-    kept_per_token = vocab_local * LOSS_BYTES + inputs
+    kept_per_token = vocab_local(model, plan.tp) * LOSS_BYTES + inputs
     per_mb = plan.seq / plan.cp * plan.micro_batch * kept_per_token
     return per_mb * kept
 
@@ -696,7 +696,7 @@ def _root_gradient_moments(plan: Plan, units: dict[str, int], state: dict[str, f
     g, pb, gb = shard_group(plan), param_comm_bytes(plan), grad_comm_bytes(plan)
     n_root = units.get("root", 0)
     others = [n for k, n in units.items() if k != "root"]
-    shards = sum(math.ceil(n / g) for n in others) + (math.ceil(n_root / g) if plan.microbatches > 1 else 0)
+    shards = sum(shard_size(n, g) for n in others) + (shard_size(n_root, g) if plan.microbatches > 1 else 0)
     state_parts = {"parameters": state["parameters"], "optimizer_states": state["optimizer_states"],
                    "gradients": float(shards * gb)}
     flat = padded(n_root, g)
@@ -801,7 +801,7 @@ def _step_temporaries(model: ModelSpec, plan: Plan, stage: int) -> float:
     g = shard_group(plan)
     units = unit_sizes(model, plan, stage)
     if plan.zero >= 1:
-        largest = max(math.ceil(n / g) for n in units.values())
+        largest = max(shard_size(n, g) for n in units.values())
     else:
         largest = max(p.numel for p in local_parameters(model, plan, stage))
     if plan.optimizer == "sgd-momentum":
@@ -812,7 +812,7 @@ def _step_temporaries(model: ModelSpec, plan: Plan, stage: int) -> float:
         temps += sum(units.values()) * 4
     if plan.zero in (1, 2) and g > 1:
         big = max(padded(n, g) for n in units.values())
-        temps = max(temps, (big + math.ceil(big / g)) * param_comm_bytes(plan))
+        temps = max(temps, (big + shard_size(big, g)) * param_comm_bytes(plan))
     return temps
 
 
@@ -865,7 +865,7 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
     if unpiped_zero3:                                  # between blocks only the root unit stays gathered
         root = float(padded(units.get("root", 0), g) * param_comm_bytes(plan))
     t = activations.local_dims(model, plan)
-    rows, vocab = t.b * t.s, math.ceil(model.vocab / plan.tp)
+    rows, vocab = t.b * t.s, vocab_local(model, plan.tp)
     moments: dict[str, dict[str, float]] = {}
     if last:
         cast = 0 if plan.dtype_bytes == LOSS_BYTES else LOSS_BYTES
@@ -898,12 +898,12 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
             per_block = activation_bytes_per_layer(model, plan, formula="per-op")
             moments["second backward"] = {
                 **first, "activations": first["activations"] - per_block,
-                "gradients": first["gradients"] + math.ceil(blocks[-1] / g) * grad_comm_bytes(plan),
+                "gradients": first["gradients"] + shard_size(blocks[-1], g) * grad_comm_bytes(plan),
                 "previous unit's reduce-scatter input": float(padded(blocks[-1], g) * grad_comm_bytes(plan))}
         moments["root gradient"], moments["root reduce-scatter"] = _root_gradient_moments(plan, units, state)
     step_grads = state["gradients"]
     if plan.zero == 2:                      # reduce-scattered into the shards by the step, however accumulated
-        step_grads = float(sum(math.ceil(n / g) for n in units.values()) * plan.optim.grad_bytes)
+        step_grads = float(sum(shard_size(n, g) for n in units.values()) * plan.optim.grad_bytes)
     moments["step"] = {"parameters": state["parameters"], "gradients": step_grads,
                        "optimizer_states": state["optimizer_states"],
                        "optimizer temporaries": _step_temporaries(model, plan, stage)}

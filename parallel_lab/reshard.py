@@ -265,8 +265,8 @@ def max_read_bytes(model: ModelSpec, plan: Plan) -> int:
                 units[t.unit] = units.get(t.unit, 0) + t.numel
             total = 0
             for state in checkpoint_states(plan):
-                total += (sum(math.ceil(n / g) if n > g else n for n in units.values()) if state_sharded(plan, state)
-                          else sum(t.numel for t in tensors))
+                sharded = sum(layout.shard_size(n, g) if n > g else n for n in units.values())
+                total += sharded if state_sharded(plan, state) else sum(t.numel for t in tensors)
             best = max(best, total)
     return best * STATE_BYTES
 

@@ -13,7 +13,6 @@ predicts, and every ZeRO message is a padded flat buffer of ``g * S_u`` elements
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 from parallel_lab.distributed.data_parallel import Named, trainable
 from parallel_lab.distributed.mixed_precision import is_mixed
 from parallel_lab.distributed.model import ADAMW, make_optimizer
+from parallel_lab.layout import shard_size
 from parallel_lab.specs import Plan
 
 _untraced_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -46,7 +46,7 @@ class Unit:
         self.shapes = [p.shape for p in self.params]
         self.numels = [p.numel() for p in self.params]
         self.numel = sum(self.numels)
-        self.shard = math.ceil(self.numel / group_size)
+        self.shard = shard_size(self.numel, group_size)
         self.padded = group_size * self.shard
         self.lo, self.hi = index * self.shard, (index + 1) * self.shard
 
