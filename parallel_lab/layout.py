@@ -575,6 +575,21 @@ def all_groups(plan: Plan, dim: str) -> list[list[int]]:
     return groups
 
 
+def group_of(plan: Plan, dim: str, rank: int) -> list[int]:
+    """The members of ``rank``'s group along ``dim``: its line of :func:`all_groups`, in the same order,
+    found from its coordinates in O(group size) (all_groups lists the whole world's)."""
+    c = coords(plan, rank)
+    sizes = {"dp": plan.dp, "pp": plan.pp, "cp": plan.cp, "tp": plan.tp}
+    if dim in ("ep", "edp"):                       # lines inside the dp group (module docstring)
+        line, d = group_of(plan, "dp", rank), c["dp"]
+        return line[d - d % plan.ep:d - d % plan.ep + plan.ep] if dim == "ep" else line[d % plan.ep::plan.ep]
+    if dim == "dp_cp":
+        return [rank_of(plan, d, c["pp"], j, c["tp"]) for d in range(plan.dp) for j in range(plan.cp)]
+    if dim not in sizes:
+        raise ParallelLabError(f"dim {dim!r} is not a grid dimension; pick dp, pp, cp, tp, dp_cp, ep or edp")
+    return [rank_of(plan, **{**c, dim: i}) for i in range(sizes[dim])]
+
+
 def pp_neighbours(plan: Plan, stage: int) -> list[int]:
     """This stage and the stages it exchanges activations with (interleaving wraps around)."""
     if plan.interleave > 1:

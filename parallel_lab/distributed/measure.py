@@ -67,14 +67,21 @@ Progress = Callable[[str], None]
 
 
 class _ValuesOfTheBatch(TorchDispatchMode):
-    """The two places where a value reaches a shape or Python: a scalar read (``loss.item()``, Adam's
-    ``step``) answers 1 (no code path depends on it beyond a non-zero step count), and ``nonzero`` and boolean
-    indexing (the vocabulary-parallel embedding's backward) answer every element: the batch is all
-    token 0, which TP rank 0 (the rank measured) holds, so every mask is all true."""
+    """The two places where a value reaches a shape or Python: a floating-point scalar read
+    (``loss.item()``, Adam's ``step``) answers 1.0 (no code path depends on it beyond a non-zero step count),
+    and ``nonzero`` and boolean indexing (the vocabulary-parallel embedding's backward) answer every element:
+    the batch is all token 0, which TP rank 0 (the rank measured) holds, so every mask is all true. An
+    integer or boolean scalar read of a fake tensor would decide a shape or a branch from a value nobody
+    computed, so it raises instead (the batch's own values are real: read them before faking)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is torch.ops.aten._local_scalar_dense.default:
-            return 1.0 if args[0].is_floating_point() else 1
+            if args[0].is_floating_point():
+                return 1.0
+            raise ParallelLabError(
+                f"measure: a {args[0].dtype} scalar of a fake tensor was read (shape {tuple(args[0].shape)}); its "
+                "value was never computed, so a shape or a branch would be decided by a guess. Compute it from "
+                "the real batch (under unset_fake_temporarily) before the fake tensors")
         if func is torch.ops.aten.nonzero.default:
             x = args[0]
             return torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)    # (n, ndim)
@@ -303,7 +310,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world)
     old_dtype = torch.get_default_dtype()
     try:
-        grid = Grid.create(plan, rank)
+        grid = Grid.create(plan, rank, own_groups_only=True)        # the fake world: this rank's groups
         # Real tensors: the positions (s,) and this rank's micro-batches and CP chunks cut from the batch (the
         # flash and context-parallel kernels cut their tiles from the positions' values: attention.Tokens.of);
         # the global batch is one row of token ids seen B times (no B x s copy). Every op that reads them

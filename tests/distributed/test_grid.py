@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parallel_lab.distributed.grid import all_groups, coords, group_of, mesh
+from parallel_lab.distributed.grid import Grid, all_groups, coords, group_of, mesh
 from parallel_lab.distributed.launch import launch
 from parallel_lab.specs import Plan
 
@@ -72,3 +72,16 @@ def test_process_groups_reduce_over_their_members(plan):
         assert prev == (pp_ranks[i - 1] if i else None)
         assert nxt == (pp_ranks[i + 1] if i + 1 < len(pp_ranks) else None)
         assert c == coords(plan, rank)
+
+
+@pytest.mark.parametrize("plan", [Plan(dp=2, pp=2, cp=2, tp=2), Plan(dp=6, pp=2, ep=3), Plan(dp=4, cp=2, ep=2),
+                                  Plan(dp=3, cp=2, tp=2)], ids=["2222", "dp6-ep3", "dp4-cp2-ep2", "dp3-cp2-tp2"])
+def test_a_ranks_own_groups_are_its_lines_of_all_groups(plan):
+    """``group_of`` (from the coordinates) is the one line of ``all_groups`` holding the rank, in its order;
+    a grid built with only its own groups (measure's lone fake rank) has the same members as a full one."""
+    dims = ("dp", "pp", "cp", "tp", "dp_cp", *(("ep", "edp") if plan.ep > 1 else ()))
+    for r in range(plan.world):
+        for dim in dims:
+            assert [g for g in all_groups(plan, dim) if r in g] == [group_of(plan, dim, r)], (dim, r)
+        full, own = Grid.create(plan, r), Grid.create(plan, r, own_groups_only=True)
+        assert own.ranks == full.ranks and set(own.ranks) == set(dims)
