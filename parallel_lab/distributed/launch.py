@@ -8,7 +8,9 @@ importable module (a function defined in a notebook cannot be pickled under spaw
 How (measured on this machine, ``shared/reference/torch_cpu_notes.md``):
 
 * ``torch.multiprocessing.start_processes`` with ``fork`` (0.3 s for 4 ranks; spawn takes ~4 s and is
-  supported with ``start_method="spawn"``). The caller itself never joins a process group: a process
+  supported with ``start_method="spawn"``). What torch imports lazily on first use is imported once in the
+  caller before it forks (:func:`prime_lazy_imports`), so that the ranks share it instead of each paying
+  for it. The caller itself never joins a process group: a process
   that did cannot fork ranks any more, so ``launch`` refuses to run from one.
 * Rendezvous ``tcp://127.0.0.1:{free port}`` (asked from the OS, never a fixed port); a process-group
   timeout, so a collective that waits for a dead or stuck peer fails instead of hanging.
@@ -55,6 +57,7 @@ where ``my_script.py`` calls ``launch(train_rank, plan, ...)`` under ``if __name
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import os
 import pickle
@@ -71,6 +74,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
 
 from parallel_lab.distributed.grid import Grid
 from parallel_lab.specs import ParallelLabError, Plan
@@ -261,6 +265,19 @@ def _exc_type(tb: str) -> str | None:
     return name.rsplit(".", 1)[-1] if name and " " not in name else None
 
 
+@functools.cache
+def prime_lazy_imports() -> None:
+    """Import in this process what torch imports on first use, so that ranks forked from it inherit it.
+
+    ``build_model`` constructs the model under ``torch.device("meta")``, and the first meta tensor op pulls
+    in torch's Python decompositions (``torch._refs``, ``torch._decomp``, sympy...): about 1.5 CPU-s, paid by
+    every forked rank that had not got it from its parent. With 16 ranks on 2 cores that was 20 s of a 24 s
+    one-step run of the tiny 4-D plan; primed, about 6 s (measured on the 2-core reference machine)."""
+    with torch.device("meta"):
+        nn.Linear(4, 4)
+        nn.Embedding(4, 4)
+
+
 def launch(fn: Callable[..., Any], plan: Plan | int, *args: Any, start_method: str = "fork",
            timeout_s: float = DEFAULT_TIMEOUT_S, time_limit_s: float | None = None,
            pg_timeout_s: float | None = None, device: str | None = None,
@@ -288,6 +305,8 @@ def launch(fn: Callable[..., Any], plan: Plan | int, *args: Any, start_method: s
         start_method = "spawn"          # CUDA cannot be used in a child forked after CUDA initialised
     if start_method not in ("fork", "spawn", "forkserver"):
         raise ParallelLabError(f"start_method={start_method!r}; pick fork, spawn or forkserver")
+    if start_method == "fork":
+        prime_lazy_imports()                       # once per caller: the forked ranks inherit the imports
     world = plan.world
     context = mp.get_context(start_method)
     queue = context.SimpleQueue()

@@ -67,17 +67,21 @@ Progress = Callable[[str], None]
 
 
 class _ValuesOfTheBatch(TorchDispatchMode):
-    """The two places where a value reaches a shape or Python: a floating-point scalar read
-    (``loss.item()``, Adam's ``step``) answers 1.0 (no code path depends on it beyond a non-zero step count),
-    and ``nonzero`` and boolean indexing (the vocabulary-parallel embedding's backward) answer every element:
-    the batch is all token 0, which TP rank 0 (the rank measured) holds, so every mask is all true. An
-    integer or boolean scalar read of a fake tensor would decide a shape or a branch from a value nobody
-    computed, so it raises instead (the batch's own values are real: read them before faking)."""
+    """The places where a value reaches a shape or Python: a floating-point scalar read (``loss.item()``,
+    Adam's ``step``) answers 1.0 (no code path depends on it beyond a non-zero step count); a boolean one
+    answers True (the one such read, ``attention.tile_mask``'s "is any pair of this partial tile visible?",
+    is true for every tile of an unpacked batch); ``nonzero`` and boolean indexing (the vocabulary-parallel
+    embedding's backward) answer every element: the batch is all token 0, which TP rank 0 (the rank
+    measured) holds, so every mask is all true. An integer scalar read of a fake tensor would size a tensor
+    from a value nobody computed, so it raises instead (the batch's own values are real: read them before
+    faking)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is torch.ops.aten._local_scalar_dense.default:
             if args[0].is_floating_point():
                 return 1.0
+            if args[0].dtype == torch.bool:
+                return True
             raise ParallelLabError(
                 f"measure: a {args[0].dtype} scalar of a fake tensor was read (shape {tuple(args[0].shape)}); its "
                 "value was never computed, so a shape or a branch would be decided by a guess. Compute it from "
