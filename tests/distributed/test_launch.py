@@ -26,6 +26,17 @@ def _gather(grid, scale):
             "backend": dist.get_backend()}
 
 
+def _modules_build_model_imports(grid):
+    import sys
+
+    from parallel_lab.distributed.model import build_model
+    from parallel_lab.specs import ModelSpec
+
+    before = set(sys.modules)
+    build_model(ModelSpec.preset("tiny-llama"))
+    return sorted(set(sys.modules) - before)
+
+
 def _raise_in_rank_1(grid):
     if grid.rank == 1:
         raise KeyError("broken on purpose")
@@ -207,3 +218,11 @@ def test_cli_run_names_a_stopped_rank_with_exit_4_within_the_progress_timeout():
     assert code == 4, err[-1000:]
     assert "rank 1 stopped responding" in err and "Traceback" not in err
     assert took < 8 + 30
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_forked_ranks_inherit_the_lazy_imports_of_building_a_model():
+    """Building the model on a rank imports nothing: the caller imported torch's meta-tensor decompositions
+    before it forked (launch.prime_lazy_imports); each rank paid ~1.5 CPU-s for them before."""
+    assert launch(_modules_build_model_imports, 2) == [[], []]
