@@ -415,7 +415,7 @@ def _add_memory(sub: Any) -> None:
 
 
 def _memory(args: argparse.Namespace) -> Output:
-    from .ledger import memory, peak_moments
+    from .ledger import memory
 
     model = model_from_args(args)
     plan = plan_from_args(args, model)
@@ -426,21 +426,22 @@ def _memory(args: argparse.Namespace) -> Output:
     rows.append(("total", fmt_bytes(led.total_bytes)))
     budget = led.hbm_bytes * (1 - led.margin)
     verdict = "fits" if led.fits else "does NOT fit"
+    pm = led.peak                # the sum above adds each category at its own peak; this is one moment
+    peak_line = [] if pm is None else [
+        f"peak at one moment: {fmt_bytes(pm.peak_bytes)} ({pm.peak}"
+        + (f", stage {pm.stage}" if pm.stage != led.stage else "") + f"; {pm.activation_model} activations)"]
+    weighed = ("its peak at one moment" if pm is not None and pm.peak_bytes > led.total_bytes else "the total")
     text = "\n".join([
         describe(model, plan),
         f"memory per GPU (pipeline stage {led.stage} of {plan.pp}):",
         table(rows, ("category", "bytes")),
-        f"{verdict}: {fmt_bytes(led.total_bytes)} vs {fmt_bytes(budget)} usable "
+        *peak_line,
+        f"{verdict}: {fmt_bytes(led.need_bytes)} ({weighed}) vs {fmt_bytes(budget)} usable "
         f"({cluster.name} HBM {fmt_bytes(led.hbm_bytes)} minus a {led.margin:.0%} margin)",
         *[f"note: {n}" for n in led.notes],
     ])
     data = {**led.to_json(), **echo(model, plan)}
-    if model.shape_known:        # the sum above adds each category at its own peak; this is one moment
-        pm = peak_moments(model, plan, led.stage)
-        lines = text.split("\n")
-        at = next(i for i, line in enumerate(lines) if line.startswith(("fits:", "does NOT fit:")))
-        lines.insert(at, f"peak at one moment: {fmt_bytes(pm.peak_bytes)} ({pm.peak})")
-        text = "\n".join(lines)
+    if pm is not None:
         data["peak_at_one_moment"] = pm.to_json()
     if args.measure:
         from .distributed.measure import measure
@@ -775,14 +776,32 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
                    help="optional wall-clock limit of the whole run (default: none)")
     _add_fault_arg(p)
-    for action in p._actions:         # --help shows the defaults a run really uses, not Plan's
+    for action in p._actions:
         if action.dest == "schedule":     # run also executes the V schedules as action lists
             action.choices = (*SCHEDULES, *V_SCHEDULES)
             action.help = (f"{action.help}; run also takes {' and '.join(V_SCHEDULES)} (a pipeline alone, "
                            "2 chunks per rank in a V)")
+    _help_for_runs(p, "run")
+
+
+def _help_for_runs(p: argparse.ArgumentParser, command: str) -> None:
+    """``--help`` of a command that trains the tiny model shows the defaults it really uses (RUN_DEFAULTS,
+    not Plan's) and that its predictions use the per-op activation model."""
+    for action in p._actions:
         if action.dest in RUN_DEFAULTS and action.help:
             base = re.sub(r"\s*\(default [^)]*\)", "", action.help)
-            action.help = f"{base} (default for run: {RUN_DEFAULTS[action.dest]})"
+            action.help = f"{base} (default for {command}: {RUN_DEFAULTS[action.dest]})"
+        if action.dest == "activation_model":
+            action.help = (f"{command} predicts activations with the per-op model only (the tensors the runnable "
+                           "blocks save); korthikanti is for `memory`")
+
+
+def _check_per_op(args: argparse.Namespace, command: str) -> None:
+    if getattr(args, "activation_model", None) not in (None, "per-op"):
+        raise ParallelLabError(
+            f"--activation-model {args.activation_model}: {command} compares what the ranks save with the per-op "
+            "model (the runnable blocks' own tensors), the only model it can measure; drop the flag, or use "
+            f"`parallel-lab memory --activation-model {args.activation_model}` for the formulas")
 
 
 def _fault(text: str) -> Any:
@@ -825,6 +844,7 @@ def _run(args: argparse.Namespace) -> Output | None:
     from .distributed.run import run
     from .distributed.train import check_runnable
 
+    _check_per_op(args, "run")
     no_model = args.model is None and args.params is None and all(
         getattr(args, f, None) is None for f in SHAPE_FLAGS)
     file_model, plan = (None, None)
@@ -909,6 +929,7 @@ def _add_compare(sub: Any) -> None:
     p.add_argument("--timeout", type=_positive_float, default=RUN_TIMEOUT_S, metavar="SECONDS",
                    help=f"progress timeout of each run (default {RUN_TIMEOUT_S:g})")
     _add_fault_arg(p, " into plan B's run")
+    _help_for_runs(p, "compare")
 
 
 def _compare(args: argparse.Namespace) -> Output:
@@ -916,6 +937,7 @@ def _compare(args: argparse.Namespace) -> Output:
     from .distributed.launch import LaunchTimeout, RankError
     from .distributed.train import check_runnable
 
+    _check_per_op(args, "compare")
     if args.model is None and args.params is None and all(getattr(args, f, None) is None for f in SHAPE_FLAGS):
         args.model = "tiny-llama"
     model = model_from_args(args)

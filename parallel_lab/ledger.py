@@ -564,7 +564,11 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
 class MemoryLedger:
     """Bytes per GPU by category, for one pipeline stage, and the verdict against HBM.
 
-    ``fits`` is ``total_bytes <= hbm_bytes * (1 - margin)``.
+    ``peak``: :func:`peak_moments` of the plan (its fullest stage, or the stage asked for), priced with the
+    same activation model; None for a model given as a bare count. ``fits`` is ``need_bytes <= hbm_bytes *
+    (1 - margin)``, where ``need_bytes`` is the larger of the total (every category at its own peak) and the
+    peak at one moment: the moment's transients (eager attention's ``s^2`` score gradients, the loss's fp32
+    logit gradients) belong to no category and can exceed the categories' sum.
     """
 
     per_gpu_bytes: dict[str, float]
@@ -572,14 +576,20 @@ class MemoryLedger:
     margin: float
     stage: int = 0
     notes: list[str] = field(default_factory=list)
+    peak: PeakMoments | None = None
 
     @property
     def total_bytes(self) -> float:
         return float(sum(self.per_gpu_bytes.values()))
 
     @property
+    def need_bytes(self) -> float:
+        """What the verdict weighs: the total, or the peak at one moment where that is larger."""
+        return max(self.total_bytes, self.peak.peak_bytes if self.peak is not None else 0.0)
+
+    @property
     def fits(self) -> bool:
-        return self.total_bytes <= self.hbm_bytes * (1 - self.margin)
+        return self.need_bytes <= self.hbm_bytes * (1 - self.margin)
 
     @property
     def state_bytes(self) -> float:
@@ -587,8 +597,8 @@ class MemoryLedger:
 
     def to_json(self) -> dict[str, Any]:
         return {"per_gpu_bytes": dict(self.per_gpu_bytes), "total_bytes": self.total_bytes,
-                "hbm_bytes": self.hbm_bytes, "fits": self.fits, "margin": self.margin, "stage": self.stage,
-                "notes": list(self.notes)}
+                "need_bytes": self.need_bytes, "hbm_bytes": self.hbm_bytes, "fits": self.fits,
+                "margin": self.margin, "stage": self.stage, "notes": list(self.notes)}
 
 
 def _ledger_of_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec, activation_model: str,
@@ -623,24 +633,33 @@ def _ledger_of_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec, activat
     return MemoryLedger({k: per[k] for k in CATEGORIES if k in per}, cluster.hbm_bytes, margin, stage, notes)
 
 
+def _check_activation_model(activation_model: str) -> None:
+    if activation_model not in ("korthikanti", "per-op"):
+        raise ParallelLabError(f"activation_model={activation_model!r} is not known; "
+                               "pick korthikanti or per-op")
+
+
 def memory(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None, *,
            activation_model: str = "korthikanti", stage: int | None = None,
            margin: float = 0.1) -> MemoryLedger:
     """The memory ledger per GPU of ``plan`` training ``model`` on ``cluster`` (default h100-sxm).
 
-    ``stage=None`` reports the pipeline stage with the largest total (usually stage 0).
-    ``activation_model``: ``"korthikanti"`` (formulas) or ``"per-op"`` (saved tensors of the real blocks).
+    ``stage=None`` reports the pipeline stage with the largest total (usually stage 0), and the peak at one
+    moment of the stage where it is highest. ``activation_model``: ``"korthikanti"`` (formulas) or
+    ``"per-op"`` (saved tensors of the real blocks). The verdict weighs the larger of the two
+    (:class:`MemoryLedger`).
     """
-    if activation_model not in ("korthikanti", "per-op"):
-        raise ParallelLabError(f"activation_model={activation_model!r} is not known; "
-                               "pick korthikanti or per-op")
+    _check_activation_model(activation_model)
     if not 0 <= margin < 1:
         raise ParallelLabError(f"margin={margin} must be a fraction in [0, 1); e.g. margin=0.1")
     cluster = cluster or ClusterSpec.preset(DEFAULT_CLUSTER)
     plan.validate(model)
     ledgers = [_ledger_of_stage(model, plan, cluster, activation_model, s, margin)
                for s in _stage_or_all(plan, stage)]
-    return max(ledgers, key=lambda led: led.total_bytes)
+    led = max(ledgers, key=lambda led: led.total_bytes)
+    if model.shape_known:
+        led.peak = peak_moments(model, plan, stage, activation_model=activation_model)
+    return led
 
 
 # --------------------------------------------------------------------------------------------------
@@ -662,6 +681,7 @@ class PeakMoments:
 
     stage: int
     moments: dict[str, dict[str, float]]
+    activation_model: str = "per-op"          # what priced the in-flight saves (peak_moments' docstring)
 
     def total(self, moment: str) -> float:
         return float(sum(self.moments[moment].values()))
@@ -677,6 +697,7 @@ class PeakMoments:
 
     def to_json(self) -> dict[str, Any]:
         return {"stage": self.stage, "peak": self.peak, "peak_bytes": self.peak_bytes,
+                "activation_model": self.activation_model,
                 "moments": {k: {"total": self.total(k), "parts": dict(v)} for k, v in self.moments.items()}}
 
 
@@ -816,12 +837,17 @@ def _step_temporaries(model: ModelSpec, plan: Plan, stage: int) -> float:
     return temps
 
 
-def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> PeakMoments:
+def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None, *,
+                 activation_model: str = "per-op") -> PeakMoments:
     """Bytes alive at up to seven moments of one steady-state step on ``stage``, by part; the peak is their max.
 
     The ledger's ``total_bytes`` sums each category at its own peak; here each moment counts what exists
-    then (per-op activations; measured in fake tensors, tests/test_peak.py). Rules, torch's autograd as
-    measured here (distributed/measure.py, README "Measured at real scale"):
+    then. ``activation_model`` prices the saved activations and logits of the in-flight micro-batches (the
+    ``activations`` and ``logits_and_loss`` parts, the same as :func:`memory`'s); the transients of each
+    moment (a core's working set, gradients in flight) and which of a block's saves backward has freed are
+    always the runnable kernels' (per-op). With ``"per-op"`` every part is what torch holds, measured in
+    fake tensors (tests/test_peak.py). Rules, torch's autograd as measured here (distributed/measure.py,
+    README "Measured at real scale"):
 
     * parameters and optimizer states: always (the moments exist from the first step on);
     * gradients: :func:`_grads_before` during forward/backward; after the reduction at the step;
@@ -847,15 +873,17 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
     """
     plan.validate(model)
     model.require_shape("the peak at one moment")
+    _check_activation_model(activation_model)
     if stage is None:
-        return max((peak_moments(model, plan, s) for s in range(plan.pp)), key=lambda pm: pm.peak_bytes)
+        return max((peak_moments(model, plan, s, activation_model=activation_model) for s in range(plan.pp)),
+                   key=lambda pm: pm.peak_bytes)
     _stage_or_all(plan, stage)
     state = stage_state_bytes(model, plan, stage)
     last = stage == plan.pp - 1
     base = {"parameters": state["parameters"], "optimizer_states": state["optimizer_states"],
             "gradients": _grads_before(model, plan, stage, state)}
-    act = activation_bytes(model, plan, stage, formula="per-op")
-    logits = logits_bytes(model, plan, formula="per-op") if last else 0.0
+    act = activation_bytes(model, plan, stage, formula=activation_model)
+    logits = logits_bytes(model, plan, formula=activation_model) if last else 0.0
     bufs = activation_buffer_bytes(model, plan)
     g = shard_group(plan)
     units = unit_sizes(model, plan, stage)
@@ -895,7 +923,7 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
         if len(blocks) > 1:
             # the next block's core: the last block's saves freed, its flat gradient cast to fp32 and reducing
             # (it completes at the next reduce-scatter), its reduced fp32 shard kept
-            per_block = activation_bytes_per_layer(model, plan, formula="per-op")
+            per_block = activation_bytes_per_layer(model, plan, formula=activation_model)
             moments["second backward"] = {
                 **first, "activations": first["activations"] - per_block,
                 "gradients": first["gradients"] + shard_size(blocks[-1], g) * grad_comm_bytes(plan),
@@ -907,4 +935,5 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None) -> Peak
     moments["step"] = {"parameters": state["parameters"], "gradients": step_grads,
                        "optimizer_states": state["optimizer_states"],
                        "optimizer temporaries": _step_temporaries(model, plan, stage)}
-    return PeakMoments(stage, {k: {p: float(v) for p, v in moments[k].items()} for k in MOMENTS if k in moments})
+    return PeakMoments(stage, {k: {p: float(v) for p, v in moments[k].items()} for k in MOMENTS if k in moments},
+                       activation_model)

@@ -327,3 +327,17 @@ def test_plan_refuses_unknown_search_options_in_one_line(capsys, flag, value):
     err = one_line_error(capsys, "plan", "--model", "llama2-7b", "--gpus", "64", "--seq", "4096",
                          "--global-batch-tokens", "4M", flag, value)
     assert "pick from" in err
+
+
+@pytest.mark.parametrize("command", [["run", "--dp", "2"], ["compare", "dp=2", "dp=1,grad_accum=2"]])
+def test_runs_refuse_the_formula_activation_model_they_cannot_measure(command, capsys):
+    """run and compare check what the ranks save against the per-op model; Korthikanti's formulas are memory's."""
+    from parallel_lab.cli import main
+
+    assert main([*command, "--steps", "1", "--activation-model", "korthikanti"]) == 2
+    err = capsys.readouterr().err
+    assert "--activation-model korthikanti" in err and "parallel-lab memory --activation-model korthikanti" in err
+    with pytest.raises(SystemExit):
+        main([command[0], "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"(default for {command[0]}: 128)" in out and "per-op model only" in out

@@ -10,11 +10,12 @@ peaks (measured: -1.2% to +2.3% on the cases below). The ledger's sum (``total_b
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from parallel_lab.ledger import MOMENTS, memory, peak_moments
-from parallel_lab.specs import ModelSpec, Plan
+from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
 
 #: Llama 3 8B cut to 4 blocks: the saved activations are small, so the transients decide the peak.
 LLAMA_8B_4 = ModelSpec.preset("llama3-8b").with_(layers=4)
@@ -75,13 +76,39 @@ def test_cli_prints_the_peak_under_the_total(capsys):
             "8192", "--recompute", "selective"]
     assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()
-    pm = peak_moments(ModelSpec.preset("llama3-8b"), Plan(**FSDP, recompute="selective"))
+    pm = peak_moments(ModelSpec.preset("llama3-8b"), Plan(**FSDP, recompute="selective"),
+                      activation_model="korthikanti")          # the same activation model as the table
     at = next(i for i, line in enumerate(lines) if line.startswith("peak at one moment:"))
-    assert lines[at] == f"peak at one moment: {fmt_bytes(pm.peak_bytes)} ({pm.peak})"
+    assert lines[at] == f"peak at one moment: {fmt_bytes(pm.peak_bytes)} ({pm.peak}; korthikanti activations)"
     assert lines[at - 1].startswith("total ")                   # right under the table's total
     assert main([*args, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["peak_at_one_moment"]["peak_bytes"] == pm.peak_bytes
+    assert data["need_bytes"] == max(data["total_bytes"], pm.peak_bytes)
+
+
+def test_the_verdict_weighs_the_peak_when_a_moment_exceeds_the_total(capsys):
+    """Eager attention's s^2 score and probability gradients belong to no category: with full recompute on a
+    deep pipeline they are most of the memory at the first backward, and the total (every category at its
+    own peak) is no bound. The verdict weighs the larger of the two; the ledger says which."""
+    from parallel_lab.cli import main
+
+    model = ModelSpec.preset("llama2-7b")
+    plan = Plan(tp=8, pp=16, dp=8, grad_accum=16, zero=1, sp=True, optimizer="adam-mixed", dtype="bf16",
+                seq=8192, recompute="full")
+    led = memory(model, plan)
+    pm = led.peak
+    assert pm.peak == "first backward" and pm.activation_model == "korthikanti"
+    # per tp rank: 4 heads x 8192^2 x 2 B, twice (the score and the probability gradients)
+    assert pm.moments["first backward"]["score and probability gradients"] == 2 * 4 * 8192**2 * 2
+    assert pm.peak_bytes > 4 * led.total_bytes and led.need_bytes == pm.peak_bytes
+    small = replace(ClusterSpec.preset("h100-sxm"), hbm_bytes=1.2 * led.total_bytes / 0.9)   # room for the total
+    assert not memory(model, plan, small).fits and memory(model, plan.with_(attention="flash"), small).fits
+    assert main(["memory", "--model", "llama2-7b", "--tp", "8", "--pp", "16", "--dp", "8", "--grad-accum", "16",
+                 "--zero", "1", "--sp", "--optimizer", "adam-mixed", "--dtype", "bf16", "--seq", "8192",
+                 "--recompute", "full"]) == 0
+    out = capsys.readouterr().out
+    assert "fits: " in out and "(its peak at one moment) vs" in out
 
 
 @pytest.mark.timeout(200)
