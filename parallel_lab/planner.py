@@ -10,7 +10,8 @@ by reason: ``divisibility``, ``batch``, ``tp_across_nodes``, ``oom``.
 
 Memory is the ledger's (:func:`parallel_lab.ledger.memory`): the largest stage total against
 ``hbm * (1 - margin)``. The peak at one moment, which ``memory``'s verdict also weighs, is not checked here
-(about 0.5 ms a stage, too slow for 10^5 candidates): check a chosen plan with ``parallel-lab memory``. Communication is the comm module's (:func:`parallel_lab.comm.report`): each group's
+(about 0.5 ms a stage, too slow for 10^5 candidates): check a chosen plan with ``parallel-lab memory``.
+Communication is the comm module's (:func:`parallel_lab.comm.report`): each group's
 collectives on the link tier its ranks land on in the placement ``arange(world).view(dp, pp, cp, tp)`` (TP
 innermost, then CP, PP, DP). To estimate some 10^5 candidates in well under a second (Llama 3 405B on
 16,384 GPUs: 73,602 candidates; Llama 2 7B: 64,632; ``bench/bench_planner.py`` prints the times), the
