@@ -226,7 +226,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--expert-ffn", type=int_in("expert_ffn"), help="an expert's MLP width (default --ffn)")
     g.add_argument("--shared-experts", type=int, help="experts every token goes through (default 0)")
     g.add_argument("--capacity-factor", type=_positive_float,
-                   help="expert capacity = ceil(factor * top_k * seq / experts) tokens per sequence (default 1.25)")
+                   help="expert capacity = min(seq, ceil(factor * top_k * seq / experts)) tokens per sequence "
+                        "(default 1.25)")
     g.add_argument("--params", type=_count, metavar="N",
                    help="a model known only by its parameter count (e.g. 7e9): "
                         "state memory and DP bytes only")

@@ -202,14 +202,17 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
                            f"params of unit {u}, kept through the step's micro-batches (pipeline)", u) for u in padded]
         return out + [Collective("dp", "reduce_scatter", padded[u] * gb, g, 1, "backward", f"grad of unit {u}", u)
                       for u in backward_order]
+    blocks_of_a_count = not model.shape_known and plan.zero_unit == "block"
+    name = {u: "the model's block units (a bare count: taken as many small units)" if blocks_of_a_count
+            else f"unit {u}" for u in padded}
     for u in padded:
         # the root unit is gathered once and held from forward to backward (a count-only model: block units)
-        kept = u == "root" and (model.shape_known or plan.zero_unit == "root")
-        out.append(Collective("dp", "all_gather", padded[u] * pb, g, m, "forward", f"params of unit {u}", u))
+        kept = u == "root" and not blocks_of_a_count
+        out.append(Collective("dp", "all_gather", padded[u] * pb, g, m, "forward", f"params of {name[u]}", u))
         if not kept:
             out.append(Collective("dp", "all_gather", padded[u] * pb, g, m, "backward",
-                                  f"params of unit {u} again", u))
-    out += [Collective("dp", "reduce_scatter", padded[u] * gb, g, m, "backward", f"grad of unit {u}", u)
+                                  f"params of {name[u]} again", u))
+    out += [Collective("dp", "reduce_scatter", padded[u] * gb, g, m, "backward", f"grad of {name[u]}", u)
             for u in backward_order]
     return out
 

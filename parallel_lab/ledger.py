@@ -474,7 +474,7 @@ def state_buffer_parts(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[di
                      "(torch's default, gradient_as_bucket_view=False, would keep a second copy)")
     if g > 1 and plan.zero:
         if not model.shape_known:
-            notes.append(f"comm_buffers: not computed; a bare parameter count has no ZeRO-{plan.zero} units "
+            notes.append(f"comm_buffers: not computed; a bare parameter count gives no ZeRO-{plan.zero} unit sizes "
                          "(give the shape)")
             if plan.zero == 3 and plan.zero_unit == "block":
                 notes.append("ZeRO-3 on a bare count: taken as many small units (one per block, the rest "
