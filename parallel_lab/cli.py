@@ -995,6 +995,7 @@ def check_fits_this_machine(model: ModelSpec, plan: Plan) -> None:
     the fullest rank (cluster ``cpu-gloo``) for each of ``world`` ranks plus the one-process reference,
     plus :data:`RANK_OVERHEAD_BYTES` per rank, against :func:`available_memory_bytes`.
     """
+    model.require_shape("training it on CPU ranks")
     from .ledger import memory
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -1041,7 +1042,7 @@ def _add_calibrate(sub: Any) -> None:
                         "latency and bandwidth) here; see parallel_lab/distributed/microbench.py")
     g.add_argument("--device", choices=("cpu", "cuda"), help="where to time them (default: cuda when present)")
     g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), help="compute dtype of the GEMMs and messages (default bf16)")
-    g.add_argument("--nproc", type=int_in("nproc"),
+    g.add_argument("--nproc-per-node", "--nproc", dest="nproc", type=int_in("nproc"),
                    help="ranks of the all-reduce (default: 2 on cpu, every visible GPU on cuda; 1: GEMMs only)")
     g.add_argument("--peak-tflops", type=float_in(0.0, 1e6, open_lo=True),
                    help="dense peak TFLOP/s of one device in --dtype, which e_max is a fraction of (required on "

@@ -620,6 +620,12 @@ def _ledger_of_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec, activat
                          f"x {inflight:g} in-flight micro-batches ({plan.schedule})"
                          + ("" if blocks == n_layers * inflight else
                             f"; unequal chunks: peak {blocks:g} block-micro-batches from the schedule"))
+            counts = [len(stage_layers(model.layers, plan.pp, plan.interleave, k, plan.pp_split))
+                      for k in range(plan.pp)]
+            if len(set(counts)) > 1:
+                notes.append(f"layers per stage: {', '.join(map(str, counts))} ({model.layers} layers over "
+                             f"{plan.pp} stages, uneven" + (", the embedding and the head taking a slot each)"
+                                                            if plan.pp_split == "embed-head" else ")"))
         if plan.recompute == "full":
             notes.append("activations: full recomputation keeps the layer inputs only; the transient "
                          "activations of the one layer being recomputed are not counted")
