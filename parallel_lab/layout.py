@@ -638,6 +638,14 @@ def node_of(rank: int, ranks_per_node: int) -> int:
     return rank // ranks_per_node
 
 
+def node_count(world: int, ranks_per_node: int) -> int:
+    """Nodes a world of ``world`` ranks occupies: the last rank's node plus one (the last node may be partly
+    filled), ``ceil(world / ranks_per_node)``."""
+    if world < 1:
+        raise ParallelLabError(f"node_count(world={world}): a world has at least one rank; pass world >= 1")
+    return node_of(world - 1, ranks_per_node) + 1
+
+
 def crosses_nodes(ranks: list[int], ranks_per_node: int) -> bool:
     """Whether a group's ranks lie on more than one node (its collectives use the inter-node links)."""
     return node_of(min(ranks), ranks_per_node) != node_of(max(ranks), ranks_per_node)

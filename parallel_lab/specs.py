@@ -73,7 +73,7 @@ class ModelSpec:
     Mixture of experts (``experts > 0``; Shazeer et al. 2017, GShard, Switch; docs/moe.md): every block
     from ``first_dense`` on replaces its MLP by a router (``experts x hidden``, no bias) and ``experts``
     MLPs of width ``expert_ffn`` (default ``ffn``); each token goes to its ``top_k`` experts, each expert
-    takes at most ``capacity = ceil(capacity_factor * top_k * seq / experts)`` tokens of a sequence (the
+    takes at most ``capacity = min(seq, ceil(capacity_factor * top_k * seq / experts))`` tokens of a sequence (the
     rest are dropped: they skip the MLP through the residual). ``shared_experts`` MLPs of the same width
     (DeepSeekMoE) see every token; they are stored as one MLP ``shared_experts * expert_ffn`` wide. The
     router's load-balancing loss (Switch form, ``aux_loss_coef * E * sum_e f_e P_e`` per sequence) is
@@ -218,8 +218,9 @@ class ModelSpec:
         return sum(self.is_moe_layer(i) for i in range(self.layers))
 
     def expert_capacity(self, seq: int) -> int:
-        """Tokens of one sequence one expert takes at most: ``ceil(capacity_factor * top_k * seq / experts)``
-        (GShard's per-group capacity, a group being one sequence here), at most ``seq``."""
+        """Tokens of one sequence one expert takes at most: ``min(seq, ceil(capacity_factor * top_k * seq /
+        experts))`` (GShard's per-group capacity, a group being one sequence here; never more than the
+        sequence's tokens)."""
         return min(seq, math.ceil(self.capacity_factor * self.top_k * seq / self.experts))
 
     def require_shape(self, what: str) -> None:

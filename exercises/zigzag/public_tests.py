@@ -1,4 +1,5 @@
-"""Public tests of zigzag: the layout for seq=16, cp=2, and its work."""
+"""Public tests of zigzag: the layout for seq=16, cp=2, the work of fixed lists of positions, and the work of
+the layout."""
 
 from __future__ import annotations
 
@@ -13,6 +14,20 @@ def test_layout_seq16_cp2(sub):
         got = list(fn(16, 2, r))
         if got != w:
             raise Fail(f"zigzag_indices(16, 2, {r}) = {got}, expected {w}")
+
+
+@points(1)
+def test_work_of_fixed_positions(sub):
+    (work,) = require(sub, "causal_work")
+    cases = (
+        (list(range(8)), 36, "queries 0..7 attend 1, 2, ..., 8 keys: 1 + 2 + ... + 8 = 8 * 9 / 2"),
+        ([3, 12], 17, "a list of positions, not of ranks: query 3 attends 4 keys and query 12 attends 13"),
+    )
+    for indices, want, why in cases:
+        got = work(indices)
+        if got != want:
+            raise Fail(f"causal_work({indices}) = {got}, expected {want}: query i attends keys 0..i, i + 1 of "
+                       f"them; {why}")
 
 
 @points(1)

@@ -7,9 +7,9 @@ Per sequence of ``s`` tokens (GShard's group is one sequence here, so every plan
 
 * router ``p = softmax(x W_r^T)`` in fp32 (Switch's selective precision); each token picks its ``top_k``
   experts and their probabilities are renormalised to sum to one (Mixtral's gate);
-* capacity ``C = ceil(capacity_factor * top_k * s / E)`` slots per expert; slots are filled by all first
-  choices in token order, then all second choices, ... (GShard's priority); a choice that finds its expert
-  full is dropped (the token keeps its residual, and its other choices);
+* capacity ``C = min(s, ceil(capacity_factor * top_k * s / E))`` slots per expert (``ModelSpec.expert_capacity``);
+  slots are filled by all first choices in token order, then all second choices, ... (GShard's priority); a
+  choice that finds its expert full is dropped (the token keeps its residual, and its other choices);
 * ``y = sum_k gate_k * expert_{e_k}(x)`` over the kept choices, plus ``shared(x)`` when ``shared_experts > 0``;
 * load-balancing loss (Switch, Fedus et al. 2021, eq. 4, with top-k): ``aux = coef * E * sum_e f_e P_e``,
   ``f_e`` the fraction of the sequence's ``s k`` choices routed to ``e`` (before capacity), ``P_e`` the mean

@@ -78,3 +78,16 @@ def test_node_rule_of_layer_1():
     for dim in ("dp", "pp", "tp"):
         for g in layout.all_groups(plan, dim):
             assert (layout.tier_of(cluster, g) is cluster.inter) == layout.crosses_nodes(g, cluster.gpus_per_node)
+
+
+def test_node_count_is_the_number_of_nodes_node_of_names():
+    """``layout.node_count``: the rows of the grid explorer; a partly filled last node still counts."""
+    from parallel_lab import layout
+    from parallel_lab.errors import ParallelLabError
+
+    for world in range(1, 40):
+        for rpn in (1, 2, 3, 8):
+            assert layout.node_count(world, rpn) == len({layout.node_of(r, rpn) for r in range(world)}), (world, rpn)
+    assert layout.node_count(16, 8) == 2 and layout.node_count(17, 8) == 3 and layout.node_count(4, 8) == 1
+    with pytest.raises(ParallelLabError, match="world=0"):
+        layout.node_count(0, 8)

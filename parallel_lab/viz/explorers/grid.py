@@ -16,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import comm as comm_mod
+from ...layout import node_count
 from ...specs import CLUSTER_PRESETS, ClusterSpec, ParallelLabError, Plan
 from .. import plots as P
 from ..plots.grid import draw_grid, draw_tier_bytes, grid_legend_handles
@@ -82,7 +83,7 @@ class GridExplorer(Explorer):
                 "crossing": crossing, "dim": v["color_by"], "per_tier": per_tier, "tiers": tiers, "report": rep}
 
     def layout_key(self, r: dict[str, Any]) -> Any:
-        return -(-r["plan"].world // r["cluster"].gpus_per_node)          # rows of nodes
+        return node_count(r["plan"].world, r["cluster"].gpus_per_node)          # rows of nodes
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
         rows = self.layout_key(r)

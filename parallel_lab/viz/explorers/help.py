@@ -23,7 +23,7 @@ TOOLTIPS: dict[str, str] = {
     "flavour": "gpt: LayerNorm + GELU MLP with biases; llama: RMSNorm + SwiGLU, no biases",
     # mixture of experts (routing explorer)
     "skew": "Router skew: expert e's popularity ~ (e + 1)^-skew; 0 is balanced, larger sends most tokens to a few",
-    "capacity_factor": "Expert capacity factor: slots per expert = ceil(factor x top_k x s / experts) per sequence",
+    "capacity_factor": "Capacity factor: slots per expert = min(s, ceil(factor x top_k x s / experts)) per sequence",
     "ep": "Expert-parallel degree (count): experts split over ep ranks borrowed from dp",
     # batch and sequence
     "seq": "Sequence length s (tokens per sample)",

@@ -58,7 +58,7 @@ class TPExplorer(Explorer):
         c["sp"] = toggles("sequence parallel", (False, True), sp, "64px")
         c["sp"].options = [("off", False), ("on", True)]
         c["sp"].value = sp
-        c["ring_step"] = int_slider("all-reduce step", 0, 2 * (tp - 1), ring_step)
+        c["ring_step"] = int_slider("all-reduce step", 0, comm_mod.ring_steps("all_reduce", tp), ring_step)
         super().__init__(c, [[c["model"], custom], [c["tp"], c["seq"]], [c["micro_batch"], c["ring_step"]]],
                          renderer=renderer)
         self.children = (self.children[0], labelled("sequence parallel", c["sp"]), *self.children[1:])
@@ -67,7 +67,7 @@ class TPExplorer(Explorer):
         if change["owner"] is self.widgets["tp"]:              # a ring of n ranks has 2 (n - 1) steps
             held, self._hold = self._hold, True
             try:
-                self.widgets["ring_step"].max = 2 * (self.widgets["tp"].value - 1)
+                self.widgets["ring_step"].max = comm_mod.ring_steps("all_reduce", self.widgets["tp"].value)
             finally:
                 self._hold = held
         super()._on_change(change)
@@ -77,7 +77,7 @@ class TPExplorer(Explorer):
         plan = Plan(tp=v["tp"], sp=v["sp"], seq=v["seq"], micro_batch=v["micro_batch"]).validate(model)
         attention, mlp = block_splits(model, plan.tp)
         calls = comm_mod.tp_layer_collectives(model, plan)
-        step = min(v["ring_step"], 2 * (plan.tp - 1))
+        step = min(v["ring_step"], comm_mod.ring_steps("all_reduce", plan.tp))
         ar = next((c for c in calls if c.kind == "all_reduce"), None)
         message = ar.message_bytes if ar else (calls[0].message_bytes if calls else 0)
         self.verdict = f"tp={plan.tp}, ring step {step}"
@@ -113,9 +113,10 @@ class TPExplorer(Explorer):
         rows = "; ".join(f"{c.count} x {c.kind.replace('_', '-')} of {P.fmt_bytes(c.message_bytes)} in {c.phase} "
                          f"({c.note}; each rank sends {P.fmt_bytes(c.wire_bytes_per_call)})" for c in calls)
         n, m = plan.tp, r["message"]
+        sent = comm_mod.Collective("tp", "all_reduce", m, n).wire_bytes_per_call       # 2 (n - 1) / n x M
         ring = (f"A ring all-reduce of {P.fmt_bytes(m)} over {n} ranks: {n - 1} reduce-scatter steps then {n - 1} "
                 f"all-gather steps, one chunk of {P.fmt_bytes(m / n)} per step, so each rank sends "
-                f"2 (n - 1) / n x M = {P.fmt_bytes(2 * (n - 1) / n * m)}.")
+                f"2 (n - 1) / n x M = {P.fmt_bytes(sent)}.")
         return (status_line(f"<b>Per block and micro-batch</b> (s b h = {plan.seq} x {plan.micro_batch} x "
                             f"{r['model'].hidden} values): {rows}.")
                 + status_line(ring, "#57606a"))

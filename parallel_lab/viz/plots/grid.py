@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch, Rectangle
 
+from ...layout import node_count, node_of
 from .base import DIM_COLORS, TIER_COLORS, chart_on, empty_bars, fmt_bytes, set_ticks, set_title, unit_axis
 
 #: Colours of the groups of one dimension (cycled); a crossing group's border is :data:`CROSSING`.
@@ -34,12 +35,12 @@ def draw_grid(ax: Axes, coords: Mapping[int, tuple[int, int, int, int]], groups:
     ``crossing[i]`` whether group i spans nodes. Returns ``{rank: group index}``.
     """
     world = len(coords)
-    rows = -(-world // gpus_per_node)
+    rows = node_count(world, gpus_per_node)
     chart, same = chart_on(ax, "grid", (world, gpus_per_node))
     if not same:
         squares, labels = [], []
         for r in range(world):
-            x, y = r % gpus_per_node, r // gpus_per_node
+            x, y = r % gpus_per_node, node_of(r, gpus_per_node)             # GPU in its node (LOCAL_RANK), node
             sq = Rectangle((x + 0.05, y + 0.05), 0.9, 0.9, gid=f"rank:{r}", linewidth=1.0)
             ax.add_patch(sq)
             squares.append(sq)
