@@ -378,8 +378,10 @@ def grade(exercise: str, submission: str | Path, *, bundle: str | Path | None = 
     import torch  # imported once here so that each forked child starts warm
 
     import parallel_lab.distributed.run  # noqa: F401 - with the model, train and launch modules
+    from parallel_lab.distributed.launch import prime_lazy_imports
 
     torch.set_num_threads(1)    # one thread per process (and no thread pool to break in forked children)
+    prime_lazy_imports()        # once here, not once per submission's child (each forks its ranks)
 
     limits = limits or Limits()
     exercises_dir = (Path(exercises_dir) if exercises_dir else default_exercises_dir()).resolve()
