@@ -91,7 +91,7 @@ def test_memory_slider_moves_the_numbers_and_the_chart(page):
     sync_api.expect(status).to_contain_text("per GPU")
     before_text, before_png = status.inner_text(), chart.screenshot(path=str(ARTIFACTS / "memory_before.png"))
     model, h100 = ModelSpec.preset("llama2-7b"), ClusterSpec.preset("h100-sxm")
-    expected = memory(model, Plan(dp=8, seq=4096), h100).total_bytes
+    expected = memory(model, Plan(dp=8, seq=4096), h100).need_bytes       # the total, or the peak if larger
     assert per_gpu_bytes(before_text) == pytest.approx(expected, rel=5e-4)       # 4 significant digits
 
     handle = page.locator(".widget-slider .noUi-handle:visible").first    # the sequence-length slider
@@ -103,7 +103,7 @@ def test_memory_slider_moves_the_numbers_and_the_chart(page):
     (ARTIFACTS / "memory_after.png").write_bytes(after_png)
     page.screenshot(path=str(ARTIFACTS / "app_memory.png"), full_page=True)
     # the numbers are the ledger's for the new sequence length, and the chart was redrawn
-    expected = memory(model, Plan(dp=8, seq=8192), h100).total_bytes
+    expected = memory(model, Plan(dp=8, seq=8192), h100).need_bytes
     assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-4)
     assert after_png != before_png
 
@@ -170,7 +170,7 @@ def test_a_degree_change_updates_gpus_and_the_chart(page):
     handle.focus()
     page.keyboard.press("ArrowRight")
     expected = memory(ModelSpec.preset("llama2-7b"), Plan(dp=8, tp=2, seq=4096),
-                      ClusterSpec.preset("h100-sxm")).total_bytes
+                      ClusterSpec.preset("h100-sxm")).need_bytes
     sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected, 4)} per GPU", timeout=15_000)
     gpus = page.locator(".widget-inline-hbox:visible", has_text="GPUs").locator("input").first
     sync_api.expect(gpus).to_have_value("16")                                # dp x tp = 8 x 2
@@ -210,7 +210,7 @@ def test_a_plan_from_the_planner_opens_in_the_memory_tab(page):
     best = plan_search(model, h100, 16, 4096, global_batch_tokens="1M").estimates[0].plan  # the tab's defaults
     page.locator(".lm-TabBar-tab", has_text="Memory").click()
     status = page.locator(".pl-status:visible").first
-    expected = memory(model, best, h100).total_bytes
+    expected = memory(model, best, h100).need_bytes
     sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected, 4)} per GPU", timeout=15_000)
     page.screenshot(path=str(ARTIFACTS / "app_plan_opened_in_memory.png"), full_page=True)
 
@@ -352,7 +352,7 @@ def test_memory_tab_measures_the_plan_shown_in_fake_tensors(page):
     model, h100 = ModelSpec.preset("tiny-llama"), ClusterSpec.preset("h100-sxm")
     plan = Plan(dp=8, seq=4096).validate(model)                      # the tab's other defaults
     expected = memory(model, plan, h100)
-    sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected.total_bytes, 4)} per GPU", timeout=15_000)
+    sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected.need_bytes, 4)} per GPU", timeout=15_000)
     measure_status = page.locator(".pl-measure-status:visible")
     sync_api.expect(measure_status).to_contain_text("measure this plan")
     page.get_by_role("button", name="measure this plan").click()

@@ -215,14 +215,13 @@ class MemoryExplorer(Explorer):
         where = f" (stage {led.stage}, the fullest)" if r["plan"].pp > 1 else ""
         fb = P.fmt_bytes
         room = (f"{fb(usable)} usable ({fb(led.hbm_bytes)} HBM, {led.margin:.0%} margin)")
-        need = fb(total, 4)
+        need = f"{fb(led.need_bytes, 4)} per GPU{where}"
         if led.need_bytes > total:          # a moment's transients exceed the categories' sum (ledger.MemoryLedger)
-            pm = led.peak
-            need = f"{fb(led.need_bytes, 4)} at its peak moment ({pm.peak}; the categories sum to {fb(total)})"
+            need += f" at its peak moment ({led.peak.peak}; the categories sum to {fb(total)})"
         if led.fits:
-            head = f'<b style="color:#1a7f37">Fits</b>: {need} per GPU{where} of {room}'
+            head = f'<b style="color:#1a7f37">Fits</b>: {need}, of {room}'
         else:
-            head = f'<b style="color:#b00020">Does not fit</b>: {need} per GPU{where} &gt; {room}'
+            head = f'<b style="color:#b00020">Does not fit</b>: {need} &gt; {room}'
         big = max(led.per_gpu_bytes.items(), key=lambda kv: kv[1])
         parts = ", ".join(f"{P.CATEGORY_LABELS.get(k, k)} {fb(b)}" for k, b in led.per_gpu_bytes.items())
         largest = P.CATEGORY_LABELS.get(big[0], big[0])
