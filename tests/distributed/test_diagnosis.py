@@ -1,7 +1,7 @@
 """Diagnosis and fault injection (issue 15): each injected fault named by rank on real ranks, within a limit.
 
 Limits, from the launch to the error (a loaded 2-core machine; idle it is a few seconds): a dead rank and a
-NaN within 60 s, a hung rank within its progress timeout (15 s here) + 40 s; a straggler is named in the report.
+NaN within 60 s, a hung rank within its progress timeout (8 s here) + 40 s; a straggler is named in the report.
 The unit tests feed the same functions synthetic inputs whose answer is known.
 """
 
@@ -148,8 +148,8 @@ def test_a_rank_killed_in_a_pipeline_is_named_with_its_last_action_within_60_s()
 def test_a_hung_rank_is_named_not_the_peer_that_waits_for_it():
     t0 = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
-        run(SPEC, DP2, steps=3, faults=[Fault("hang", 1, 2)], timeout_s=15)
-    assert time.monotonic() - t0 < 15 + 40
+        run(SPEC, DP2, steps=3, faults=[Fault("hang", 1, 2)], timeout_s=8)
+    assert time.monotonic() - t0 < 8 + 40
     e = info.value
     assert e.ranks == [1] and e.stopped == [] and e.steps == [1, 1], str(e)
     assert "outside any collective" in str(e) and "rank 1: step 2:" in str(e)
@@ -160,7 +160,7 @@ def test_a_hung_rank_is_named_not_the_peer_that_waits_for_it():
 @pytest.mark.timeout(240)
 def test_a_hung_tensor_parallel_rank_is_named_while_its_peer_waits_in_a_tp_all_reduce():
     with pytest.raises(LaunchTimeout) as info:
-        run(SPEC, Plan(tp=2, **RUN_DEFAULTS), steps=2, faults=[Fault("hang", 0, 2)], timeout_s=15)
+        run(SPEC, Plan(tp=2, **RUN_DEFAULTS), steps=2, faults=[Fault("hang", 0, 2)], timeout_s=8)
     e = info.value
     assert e.ranks == [0] and e.steps == [1, 1], str(e)
     assert e.actions[1].startswith("step 2: in forward tp all_reduce"), e.actions   # blocked in the MLP's
@@ -218,15 +218,21 @@ def _cli(*args: str, timeout: float = 200):
                           text=True, timeout=timeout)
 
 
-def test_cli_refuses_bad_faults_and_plans_in_one_line_with_exit_2():
+def test_cli_refuses_bad_faults_and_plans_in_one_line_with_exit_2(capsys):
+    from parallel_lab.cli import main            # in this process: each is refused before any rank starts
+
     for args, words in ((("run", "--inject-fault", "boom:1"), "fault kind 'boom' is unknown"),
                         (("run", "--dp", "2", "--inject-fault", "die:2"), "rank 2 is not in a run of 2 ranks"),
                         (("compare", "dp=2", "dp=2,grad_accum=2"), "compare needs the same data"),
                         (("compare", "dp=2", "speed=1"), "'speed' is not a Plan field")):
-        p = _cli(*args)
-        assert p.returncode == 2, (args, p.stderr)
-        lines = p.stderr.strip().splitlines()
-        assert len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr, p.stderr
+        try:
+            code = main(list(args))
+        except SystemExit as e:                  # argparse's own refusals exit
+            code = e.code
+        err = capsys.readouterr().err
+        assert code == 2, (args, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0] and "Traceback" not in err, err
 
 
 @pytest.mark.distributed
