@@ -219,7 +219,7 @@ def _cli(*args: str, timeout: float = 200):
 
 
 def test_cli_refuses_bad_faults_and_plans_in_one_line_with_exit_2(capsys):
-    from parallel_lab.cli import main            # in this process: each is refused before any rank starts
+    from parallel_lab.cli import main  # in this process: each is refused before any rank starts
 
     for args, words in ((("run", "--inject-fault", "boom:1"), "fault kind 'boom' is unknown"),
                         (("run", "--dp", "2", "--inject-fault", "die:2"), "rank 2 is not in a run of 2 ranks"),
