@@ -8,10 +8,10 @@ importable module (a function defined in a notebook cannot be pickled under spaw
 How (measured on this machine, ``shared/reference/torch_cpu_notes.md``):
 
 * ``torch.multiprocessing.start_processes`` with ``fork`` (0.3 s for 4 ranks; spawn takes ~4 s and is
-  supported with ``start_method="spawn"``). What torch imports lazily on first use is imported once in the
-  caller before it forks (:func:`prime_lazy_imports`), so that the ranks share it instead of each paying
-  for it. The caller itself never joins a process group: a process
-  that did cannot fork ranks any more, so ``launch`` refuses to run from one.
+  supported with ``start_method="spawn"``). What torch imports on first use is imported once in the caller
+  before it forks (:func:`prime_lazy_imports`), so that the ranks inherit it instead of each paying. The
+  caller itself never joins a process group: a process that did cannot fork ranks any more, so ``launch``
+  refuses to run from one.
 * Rendezvous ``tcp://127.0.0.1:{free port}`` (asked from the OS, never a fixed port); a process-group
   timeout, so a collective that waits for a dead or stuck peer fails instead of hanging.
 * CPU: backend gloo and ``torch.set_num_threads(1)`` per rank (torchrun sets OMP_NUM_THREADS=1,
@@ -74,7 +74,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
 
 from parallel_lab.distributed.grid import Grid
 from parallel_lab.specs import ParallelLabError, Plan
@@ -267,15 +266,12 @@ def _exc_type(tb: str) -> str | None:
 
 @functools.cache
 def prime_lazy_imports() -> None:
-    """Import in this process what torch imports on first use, so that ranks forked from it inherit it.
+    """Import in this process what torch imports on first use, so that the ranks forked from it inherit it.
 
-    ``build_model`` constructs the model under ``torch.device("meta")``, and the first meta tensor op pulls
-    in torch's Python decompositions (``torch._refs``, ``torch._decomp``, sympy...): about 1.5 CPU-s, paid by
-    every forked rank that had not got it from its parent. With 16 ranks on 2 cores that was 20 s of a 24 s
-    one-step run of the tiny 4-D plan; primed, about 6 s (measured on the 2-core reference machine)."""
-    with torch.device("meta"):
-        nn.Linear(4, 4)
-        nn.Embedding(4, 4)
+    The first optimizer a process builds imports ``torch._dynamo`` (torch.optim's compile guards), about
+    1.8 CPU-s and some 800 modules. Every forked rank paid that again while its parent had not: with 16
+    ranks on 2 cores, 20 s of a 24 s one-step run of the tiny 4-D plan; primed, about 7 s."""
+    import torch._dynamo  # noqa: F401
 
 
 def launch(fn: Callable[..., Any], plan: Plan | int, *args: Any, start_method: str = "fork",

@@ -401,10 +401,12 @@ def init_weights(spec: ModelSpec, seed: int = 0) -> dict[str, Tensor]:
 def build_model(spec: ModelSpec, seed: int = 0, recompute: str = "none",
                 device: torch.device | str = "cpu", attention: str = "eager", mlp: str = "eager",
                 loss_chunk: int = 0) -> Transformer:
-    """A Transformer holding ``init_weights(spec, seed)``, on ``device``, in training mode."""
-    with torch.device("meta"):
+    """A Transformer holding ``init_weights(spec, seed)``, on ``device``, in training mode.
+
+    Built on ``device`` directly, its default initialisation then overwritten (under ``torch.device("meta")``
+    the first meta op imports torch's Python decompositions, about 1.5 CPU-s in every rank)."""
+    with torch.device(device):
         model = Transformer(spec, recompute=recompute, attention=attention, mlp=mlp, loss_chunk=loss_chunk)
-    model.to_empty(device=device)
     load_full_weights(model, init_weights(spec, seed))
     return model.train()
 
