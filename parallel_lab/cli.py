@@ -431,7 +431,7 @@ def _memory(args: argparse.Namespace) -> Output:
     peak_line = [] if pm is None else [
         f"peak at one moment: {fmt_bytes(pm.peak_bytes)} ({pm.peak}"
         + (f", stage {pm.stage}" if pm.stage != led.stage else "") + f"; {pm.activation_model} activations)"]
-    weighed = ("its peak at one moment" if pm is not None and pm.peak_bytes > led.total_bytes else "the total")
+    weighed = "its peak at one moment" if led.peak_decides else "the total"
     text = "\n".join([
         describe(model, plan),
         f"memory per GPU (pipeline stage {led.stage} of {plan.pp}):",

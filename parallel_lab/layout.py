@@ -245,6 +245,15 @@ def stage_layers(layers: int, pp: int, interleave: int = 1, stage: int = 0, spli
     return [i for c, ids in enumerate(chunk_layers(layers, pp, interleave, split)) if c % pp == stage for i in ids]
 
 
+@functools.cache
+def layers_per_stage(layers: int, pp: int, interleave: int = 1, split: str = "layers") -> tuple[int, ...]:
+    """How many blocks each pipeline stage holds (:func:`chunk_layers` once, its chunks summed by stage)."""
+    counts = [0] * pp
+    for c, ids in enumerate(chunk_layers(layers, pp, interleave, split)):
+        counts[c % pp] += len(ids)
+    return tuple(counts)
+
+
 def stage_blocks(layers: int, pp: int, interleave: int = 1, stage: int = 0, split: str = "layers") -> int:
     """How many transformer blocks stage ``stage`` holds."""
     return len(stage_layers(layers, pp, interleave, stage, split))

@@ -42,6 +42,7 @@ from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: r
     kv_heads_local,
     kv_replication,
     kv_width_local,
+    layers_per_stage,
     local_parameters,
     padded,
     param_comm_bytes,
@@ -588,6 +589,11 @@ class MemoryLedger:
         return max(self.total_bytes, self.peak.peak_bytes if self.peak is not None else 0.0)
 
     @property
+    def peak_decides(self) -> bool:
+        """Whether the peak at one moment, not the total, is what the verdict weighs."""
+        return self.peak is not None and self.peak.peak_bytes > self.total_bytes
+
+    @property
     def fits(self) -> bool:
         return self.need_bytes <= self.hbm_bytes * (1 - self.margin)
 
@@ -620,8 +626,7 @@ def _ledger_of_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec, activat
                          f"x {inflight:g} in-flight micro-batches ({plan.schedule})"
                          + ("" if blocks == n_layers * inflight else
                             f"; unequal chunks: peak {blocks:g} block-micro-batches from the schedule"))
-            counts = [len(stage_layers(model.layers, plan.pp, plan.interleave, k, plan.pp_split))
-                      for k in range(plan.pp)]
+            counts = layers_per_stage(model.layers, plan.pp, plan.interleave, plan.pp_split)
             if len(set(counts)) > 1:
                 notes.append(f"layers per stage: {', '.join(map(str, counts))} ({model.layers} layers over "
                              f"{plan.pp} stages, uneven" + (", the embedding and the head taking a slot each)"

@@ -216,7 +216,7 @@ class MemoryExplorer(Explorer):
         fb = P.fmt_bytes
         room = (f"{fb(usable)} usable ({fb(led.hbm_bytes)} HBM, {led.margin:.0%} margin)")
         need = f"{fb(led.need_bytes, 4)} per GPU{where}"
-        if led.need_bytes > total:          # a moment's transients exceed the categories' sum (ledger.MemoryLedger)
+        if led.peak_decides:                # a moment's transients exceed the categories' sum (ledger.MemoryLedger)
             need += f" at its peak moment ({led.peak.peak}; the categories sum to {fb(total)})"
         if led.fits:
             head = f'<b style="color:#1a7f37">Fits</b>: {need}, of {room}'
