@@ -50,13 +50,13 @@ def main() -> None:
         cold = time.perf_counter() - t
         del first
         wall, cpu, res = _timed(search)
-        best = res.estimates[0].fields
+        best = res.top(1)[0].fields
         print(f"plan_search {name}, 16,384 x h100-sxm, seq {seq:>6,}, {tokens} tokens: "
               f"first run {cold:.3f} s, then wall {wall:.3f} s, cpu {cpu:.3f} s (median of 3; goal < 0.6 s cpu) | "
               f"{res.families} families, "
               f"{res.candidates:,} candidates ({res.candidates / wall:,.0f}/s), {len(res.estimates):,} fit | "
               f"best dp={best['dp']} tp={best['tp']} pp={best['pp']} cp={best['cp']} {best['schedule']} "
-              f"MFU {res.estimates[0].mfu:.1%}")
+              f"MFU {res.top(1)[0].mfu:.1%}")
 
     # what the 7B result leaves to the garbage collector (its plans are tuples of numbers: untracked)
     gc.collect()

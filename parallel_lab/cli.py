@@ -719,8 +719,9 @@ def _plan(args: argparse.Namespace) -> Output:
     res = plan_search(model, cluster, args.gpus, args.seq, global_batch=args.global_batch,
                       global_batch_tokens=args.global_batch_tokens, constraints=Constraints(**kw))
     data = res.to_json(args.top)
+    shown, dropped = res.top(args.top), res.dropped_at_peak(args.top)
     rows = []
-    for i, e in enumerate(res.estimates[:args.top]):
+    for i, e in enumerate(shown):
         f = e.fields
         sched = "-" if f["pp"] == 1 else \
             f["schedule"] + (f" v={f['interleave']}" if f["interleave"] > 1 else "")
@@ -729,30 +730,43 @@ def _plan(args: argparse.Namespace) -> Output:
         dp_cell = f["dp"] if f.get("ep", 1) == 1 else f"{f['dp']} (ep {f['ep']})"
         rows.append((i + 1, dp_cell, f["tp"], f["pp"], f["cp"], zero, "sp" if f["sp"] else "",
                      f["micro_batch"], f["grad_accum"], f["recompute"], sched,
-                     f"{e.memory_bytes / GB:,.3g}", f"{e.headroom_bytes / GB:,.3g}", f"{e.step_time_s:,.4g}",
+                     f"{e.need_bytes / GB:,.3g}", f"{e.headroom_bytes / GB:,.3g}", f"{e.step_time_s:,.4g}",
                      f"{e.mfu:.1%}", f"{e.bubble_ratio:.3f}",
                      " ".join(f"{d}={ex[d] * 1e3:,.0f}" for d in ("tp", "cp", "pp", "dp", "ep") if ex.get(d))))
     lines = [
         model.summary(),
         f"{args.gpus:,} x {cluster.name}, seq {args.seq:,}, global batch {res.global_batch:,} sequences "
         f"= {res.global_batch * args.seq:,} tokens; {res.families} families, {res.candidates:,} candidates, "
-        f"{len(res.estimates):,} fit; searched in {res.elapsed_s:.2f} s",
+        f"{len(res.estimates):,} fit by their totals; searched in {res.elapsed_s:.2f} s",
         table(rows, ("#", "dp", "tp", "pp", "cp", "zero", "sp", "mb", "m", "recompute", "schedule", "mem GB",
                      "free GB", "step s", "MFU", "bubble", "exposed comm (ms)"), left=(6, 9, 10, 16)),
         "rejected families: " + (", ".join(f"{k} {v}" for k, v in res.rejected.items()) or "none"),
     ]
-    if any(e.fields.get("zero2_accumulate") == "sharded" for e in res.estimates[:args.top]):
+    if any(e.fields.get("zero2_accumulate") == "sharded" for e in shown):
         lines.insert(-1, "zero 2s: ZeRO-2 reduce-scattering every micro-batch (zero2_accumulate=sharded)")
-    if not res.estimates:
+    if dropped:
+        lines.insert(-1, f"left out: {len(dropped)} plan{'s' * (len(dropped) > 1)} ranked among these that "
+                         f"{'fit by their totals' if len(dropped) > 1 else 'fits by its total'} but not at "
+                         f"{'their peaks' if len(dropped) > 1 else 'its peak'} at one moment ("
+                         + ", ".join(f"{_plan_degrees(e)} {e.need_bytes / GB:,.3g} GB" for e in dropped[:3])
+                         + (", ..." if len(dropped) > 3 else "") + ")")
+    if not shown:
         lines.append("no plan fits: allow more GPUs, recomputation, ZeRO, or a smaller micro-batch")
     if args.save:
-        if not res.estimates:
+        if not shown:
             raise ParallelLabError("no plan fits, so there is nothing to --save")
-        pf = save_plan(args.save, model, cluster, res.estimates[0].plan, phase=args.phase or f"seq{args.seq}",
+        pf = save_plan(args.save, model, cluster, shown[0].plan, phase=args.phase or f"seq{args.seq}",
                        gpus=args.gpus)
         data["saved"] = {"path": args.save, "phase": pf.phase}
         lines.append(f"saved the best plan as {args.save} (phase {pf.phase})")
     return Output(data, "\n".join(lines))
+
+
+def _plan_degrees(e: Any) -> str:
+    """``dp 32 tp 1 pp 2 zero 3 mb 1``: enough of a planner row to find it."""
+    f = e.fields
+    return " ".join(f"{k} {f[k]}" for k in ("dp", "tp", "pp", "cp", "zero", "micro_batch")
+                    if f[k] != 1 or k in ("dp", "zero")).replace("micro_batch", "mb")
 
 
 # --------------------------------------------------------------------------------------------------

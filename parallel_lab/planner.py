@@ -9,8 +9,11 @@ ranked by estimated step time; and the families (``tp, cp, pp, dp`` degrees) tha
 by reason: ``divisibility``, ``batch``, ``tp_across_nodes``, ``oom``.
 
 Memory is the ledger's (:func:`parallel_lab.ledger.memory`): the largest stage total against
-``hbm * (1 - margin)``. The peak at one moment, which ``memory``'s verdict also weighs, is not checked here
-(about 0.5 ms a stage, too slow for 10^5 candidates): check a chosen plan with ``parallel-lab memory``.
+``hbm * (1 - margin)``. The peak at one moment, which ``memory``'s verdict also weighs, costs about 0.5 ms
+a stage, too slow for 10^5 candidates: the search ranks by totals, and :meth:`PlannerResult.top` then checks
+the plans it shows, in rank order, against ``memory``'s whole verdict (``ledger.MemoryLedger.fits``) and
+leaves out those whose peak exceeds the budget (:meth:`PlannerResult.dropped_at_peak`), so a plan the
+planner proposes is one ``parallel-lab memory`` says fits.
 Communication is the comm module's (:func:`parallel_lab.comm.report`): each group's
 collectives on the link tier its ranks land on in the placement ``arange(world).view(dp, pp, cp, tp)`` (TP
 innermost, then CP, PP, DP). To estimate some 10^5 candidates in well under a second (Llama 3 405B on
@@ -244,6 +247,9 @@ class Estimate:
     step_time_s: float
     mfu: float
     _plan: Plan | None = field(default=None, repr=False, compare=False)
+    #: ``memory``'s verdict on the plan, the larger of the total and the peak at one moment
+    #: (``ledger.MemoryLedger.need_bytes``); set by :meth:`PlannerResult.top`, None until checked
+    need_bytes: float | None = field(default=None, compare=False)
 
     @property
     def plan(self) -> Plan:
@@ -253,7 +259,8 @@ class Estimate:
 
     @property
     def headroom_bytes(self) -> float:
-        return self.usable_bytes - self.memory_bytes
+        """What is left of ``usable_bytes``: after the verdict's need once it is checked, else the total."""
+        return self.usable_bytes - (self.memory_bytes if self.need_bytes is None else self.need_bytes)
 
     @property
     def bubble_s(self) -> float:
@@ -266,6 +273,8 @@ class Estimate:
         out = {k: f[k] for k in ROW_FIELDS}
         if "ep" in f:
             out["ep"] = f["ep"]
+        if self.need_bytes is not None:
+            out["need_bytes"] = self.need_bytes
         out.update({"memory_bytes": self.memory_bytes, "headroom_bytes": self.headroom_bytes,
                     "step_time_s": self.step_time_s, "mfu": self.mfu, "bubble_ratio": self.bubble_ratio,
                     "compute_s": self.compute_s, "exposed_comm_s": dict(self.exposed_s),
@@ -300,7 +309,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
                                              stages)
     mfu = mf / (step * plan.world * cluster.peak_flops)
     return Estimate(plan.to_dict(), led.total_bytes, cluster.hbm_bytes * (1 - margin), compute, bub,
-                    dict(comm_s), exposed, step, mfu, _plan=plan)
+                    dict(comm_s), exposed, step, mfu, _plan=plan, need_bytes=led.need_bytes)
 
 
 def _compute(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, seq: int, tp: int, cp: int, mb: int, m: int,
@@ -582,17 +591,55 @@ class PlannerResult:
     seq: int
     global_batch: int
     margin: float = 0.1
+    _at_peak: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
+
+    def fits_at_peak(self, i: int) -> bool:
+        """Whether ``estimates[i]`` also passes ``memory``'s whole verdict: the larger of its total and its
+        peak at one moment within ``hbm * (1 - margin)`` (``ledger.MemoryLedger.fits``, the rule the
+        ``memory`` command and the plan files use). The search ranks by totals (module docstring); this is
+        asked of the plans shown, once each, and sets their ``need_bytes``."""
+        ok = self._at_peak.get(i)
+        if ok is None:
+            e = self.estimates[i]
+            led = ledger.memory(self.model, e.plan, self.cluster, margin=self.margin)
+            e.need_bytes = led.need_bytes
+            ok = self._at_peak[i] = led.fits
+        return ok
+
+    def _shown(self, n: int | None) -> list[int]:
+        """Indices of the first ``n`` estimates (all if None) that fit at their peak too."""
+        out: list[int] = []
+        for i in range(len(self.estimates)):
+            if n is not None and len(out) >= n:
+                break
+            if self.fits_at_peak(i):
+                out.append(i)
+        return out
+
+    def top(self, n: int | None = None) -> list[Estimate]:
+        """The ``n`` best plans (all if None) that fit by ``memory``'s verdict, best first: the ranking with
+        the plans whose peak at one moment exceeds the budget left out (:meth:`dropped_at_peak`)."""
+        return [self.estimates[i] for i in self._shown(n)]
+
+    def dropped_at_peak(self, n: int | None = None) -> list[Estimate]:
+        """The plans ranked above the last of :meth:`top`'s ``n`` that fit by their totals but not at their
+        peak at one moment (:meth:`top` leaves them out)."""
+        shown = self._shown(n)
+        last = shown[-1] if shown else len(self.estimates) - 1
+        return [self.estimates[i] for i in range(last + 1) if not self.fits_at_peak(i)]
 
     def rank_of(self, **fields: Any) -> int | None:
-        """1-based rank of the best plan whose fields match ``fields`` (None if none fits)."""
-        for i, e in enumerate(self.estimates):
-            if all(e.fields[k] == v for k, v in fields.items()):
-                return i + 1
+        """1-based rank, in :meth:`top`, of the best plan whose fields match ``fields`` (None if none fits);
+        only the matches and the plans above the first that fits have their peak checked."""
+        for j, e in enumerate(self.estimates):
+            if all(e.fields[k] == v for k, v in fields.items()) and self.fits_at_peak(j):
+                return sum(self.fits_at_peak(k) for k in range(j)) + 1
         return None
 
     def to_json(self, top: int | None = None) -> dict[str, Any]:
-        rows = self.estimates if top is None else self.estimates[:top]
+        rows = self.top(top)
         return {"plans": [e.row() for e in rows], "rejected": dict(self.rejected),
+                "dropped_at_peak": [e.row() for e in self.dropped_at_peak(top)],
                 "families": self.families, "candidates": self.candidates, "fitting": len(self.estimates),
                 "elapsed_s": self.elapsed_s, "model": self.model.name, "cluster": self.cluster.name,
                 "gpus": self.gpus, "seq": self.seq, "global_batch": self.global_batch,

@@ -325,6 +325,48 @@ def test_plan_cli_text_fix_and_errors(capsys):
     assert code == 2 and "divide" in err
 
 
+def test_the_plans_shown_pass_memorys_whole_verdict_and_the_rest_are_named():
+    """The search ranks by totals; ``top`` leaves out every plan whose peak at one moment does not fit, so no
+    plan the planner proposes is one ``parallel-lab memory`` rejects. Llama 2 70B on 32 H100s at 4K: several
+    full-recompute plans hold 70-72 GB in total but reach 86 GB at one moment (the recomputed layer's eager
+    attention gradients on top of the saved inputs)."""
+    model = ModelSpec.preset("llama2-70b")
+    res = plan_search(model, H100, 32, 4096, global_batch_tokens="1M")
+    shown, dropped = res.top(10), res.dropped_at_peak(10)
+    assert len(shown) == 10 and dropped
+    assert len(res.estimates) >= len(shown) + len(dropped)
+    for e in shown:
+        led = ledger.memory(model, e.plan, H100, margin=res.margin)
+        assert led.fits and e.need_bytes == led.need_bytes and e.need_bytes >= e.memory_bytes
+        assert e.row()["need_bytes"] == led.need_bytes
+    for e in dropped:
+        led = ledger.memory(model, e.plan, H100, margin=res.margin)
+        assert e.memory_bytes <= res.cluster.hbm_bytes * (1 - res.margin) < led.need_bytes and not led.fits
+    # the order is the search's, with the dropped plans taken out, and it ends at the last plan shown
+    merged = sorted(shown + dropped, key=res.estimates.index)
+    assert merged == list(res.estimates[:len(merged)]) and merged[-1] is shown[-1]
+    # rank_of counts only plans that fit at their peak
+    for rank, e in enumerate(shown, 1):
+        fields = {k: e.fields[k] for k in ("dp", "tp", "pp", "cp", "zero", "micro_batch", "recompute",
+                                           "schedule", "interleave", "sp")}
+        assert res.rank_of(**fields) == rank
+    for e in dropped:                       # all of a plan's fields name it alone: a dropped plan has no rank
+        assert res.rank_of(**e.fields) is None
+
+
+def test_plan_cli_names_the_plans_left_out_at_their_peak(capsys):
+    code, out, _ = _cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "32", "--seq", "4096",
+                        "--global-batch-tokens", "1M", "--top", "10")
+    assert code == 0 and "fit by their totals" in out
+    assert "left out:" in out and "not at their peaks at one moment" in out
+    code, j, _ = _cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "32", "--seq", "4096",
+                      "--global-batch-tokens", "1M", "--top", "10", "--json")
+    assert code == 0 and len(j["plans"]) == 10 and j["dropped_at_peak"]
+    budget = H100.hbm_bytes * (1 - j["margin"])
+    assert all(row["need_bytes"] <= budget for row in j["plans"])
+    assert all(row["memory_bytes"] <= budget < row["need_bytes"] for row in j["dropped_at_peak"])
+
+
 def test_a_reduce_scatter_every_micro_batch_hides_behind_the_step_not_one_backward():
     from parallel_lab.steptime import DpTimes, dp_exposed
     # 16 micro-batches of 0.3 s compute (F : B+W = 1 : 2 without recompute), 16 reduce-scatters of 0.2 s

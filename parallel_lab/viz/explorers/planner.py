@@ -133,7 +133,7 @@ class PlannerExplorer(Explorer):
         """The ledger, the communication report and the simulated schedule of plan ``idx`` of ``res``
         (kept for the plans of the current search that were shown)."""
         if idx not in self._shown:
-            model, cluster, plan = res.model, res.cluster, res.estimates[idx].plan
+            model, cluster, plan = res.model, res.cluster, res.top(idx + 1)[idx].plan
             sim = None
             if plan.pp > 1 and plan.pp * plan.microbatches * plan.interleave <= MAX_DRAWN_ACTIONS:
                 # plans that differ only in tp, cp, dp or ZeRO share their schedule: simulate it once
@@ -155,17 +155,18 @@ class PlannerExplorer(Explorer):
         self._empty_search = None
         res = self.search(v)
         model, cluster = res.model, res.cluster
-        if not res.estimates:
+        listed = res.top(v["top"])                      # memory's verdict: the plans whose peak fits too
+        if not listed:
             self._empty_search = res                    # its rejected families explain the error
             reasons = ", ".join(f"{REASON_TEXT.get(r, r)} ({n} families)" for r, n in res.rejected.items())
             raise ParallelLabError(f"no plan for {model.name} on {res.gpus} x {cluster.name} at "
                                    f"seq={res.seq} with {v['batch_tokens']} tokens per batch: "
                                    f"{reasons or 'nothing to try'}; "
                                    f"try more GPUs, a larger global batch or a shorter sequence")
-        shown = min(v["top"], len(res.estimates))
+        shown = len(listed)
         self._bound_chosen(shown)
         idx = min(self.widgets["chosen"].value, shown) - 1
-        est = res.estimates[idx]
+        est = listed[idx]
         plan = est.plan
         self.verdict = P.plan_label(plan)
         return {"result": res, "shown": shown, "index": idx, "estimate": est, "plan": plan, "model": model,
@@ -221,19 +222,22 @@ class PlannerExplorer(Explorer):
 
     def describe(self, r: dict[str, Any]) -> str:
         res, est, plan = r["result"], r["estimate"], r["plan"]
-        self.table.value = plans_table(res.estimates[: r["shown"]], r["index"])
+        self.table.value = plans_table(res.top(r["shown"]), r["index"])
         self.rejected.value = rejected_table(res)
         if not self.phase.value:
             self.phase.placeholder = f"pretrain-{plan.seq // 1024}k" if plan.seq >= 1024 else "pretrain"
-        head = (f"<b>Plan #{r['index'] + 1} of {len(res.estimates):,}</b> that fit "
-                f"({res.candidates:,} candidates in {res.families:,} families, searched in "
-                f"{res.elapsed_s * 1e3:.0f} ms): <b>{P.plan_label(plan)}</b>, "
+        dropped = len(res.dropped_at_peak(r["shown"]))
+        left_out = f"; {dropped} ranked among these left out: their peak at one moment does not fit" if dropped \
+            else ""
+        head = (f"<b>Plan #{r['index'] + 1}</b> of the {r['shown']} best that fit "
+                f"({len(res.estimates):,} of {res.candidates:,} candidates in {res.families:,} families fit by "
+                f"their totals, searched in {res.elapsed_s * 1e3:.0f} ms{left_out}): <b>{P.plan_label(plan)}</b>, "
                 f"micro-batch {plan.micro_batch} x "
-                f"{plan.microbatches} micro-batches; {P.fmt_bytes(est.memory_bytes)} per GPU "
+                f"{plan.microbatches} micro-batches; {P.fmt_bytes(est.need_bytes)} per GPU "
                 f"({P.fmt_bytes(est.headroom_bytes)} headroom), step {P.fmt_seconds(est.step_time_s)}, "
                 f"MFU {est.mfu:.1%}, bubble {est.bubble_ratio:.1%}.")
         lines = [status_line(head), step_breakdown_html(est)]
-        best = res.estimates[0]
+        best = res.top(1)[0]
         poor = poor_plan_reasons(best)
         if poor:
             lines.append(status_line(f"<b>Warning</b>: even the best plan is poor ({'; '.join(poor)}): try fewer "
@@ -362,7 +366,8 @@ def plans_table(estimates: Sequence[Any], chosen: int) -> str:
         p = e.plan
         sched = (p.schedule + (f" v={p.interleave}" if p.interleave > 1 else "")) if p.pp > 1 else "-"
         cells = (i + 1, p.tp, p.cp, p.pp, p.dp, p.zero, "yes" if p.sp else "", p.micro_batch, p.microbatches,
-                 p.recompute, sched, P.fmt_bytes(e.memory_bytes), P.fmt_seconds(e.step_time_s),
+                 p.recompute, sched, P.fmt_bytes(e.memory_bytes if e.need_bytes is None else e.need_bytes),
+                 P.fmt_seconds(e.step_time_s),
                  f"{e.mfu:.1%}", f"{e.bubble_ratio:.1%}")
         style = " style='background:#fff3c4;font-weight:bold'" if i == chosen else ""
         td = "<td style='padding:2px 8px;text-align:right'>{}</td>"
