@@ -575,7 +575,7 @@ BUBBLE_SIM_LIMIT = 2048
 
 def _bubble(args: argparse.Namespace) -> Output:
     from .schedules import build_schedule, validate
-    from .simulate import Costs, bubble_formula, simulate, text_timeline
+    from .simulate import Costs, bubble_formula, bubble_formula_text, simulate, text_timeline
 
     costs = Costs(args.f, args.b, args.w, args.p2p)
     if (args.schedule is None) == (args.schedule_file is None):
@@ -593,11 +593,13 @@ def _bubble(args: argparse.Namespace) -> Output:
         sched = validate(build_schedule(args.schedule, args.stages, args.microbatches, args.interleave))
         name = args.schedule
         formula = bubble_formula(args.schedule, args.stages, args.microbatches, args.interleave, costs)
+        if bubble_formula_text(args.schedule, Costs(costs.f, costs.b, costs.w)) is None:
+            formula = None                  # these costs have no expression: bubble_formula simulated them
     res = simulate(sched, costs)
     data = {"schedule": name, **res.to_dict()}
     p2p_note = "" if costs.p2p == 0 else " (formula for p2p = 0)"
     data["bubble_ratio_formula"] = formula
-    ratio, idle = res.bubble_lines()
+    ratio, idle = res.bubble_lines(None if args.schedule_file else args.schedule)
     text = "\n".join([
         f"{name}: p={res.p} stages, m={res.m} micro-batches" + (f", v={res.v} chunks" if res.v > 1 else ""),
         ratio + ("" if formula is None else f"; closed form {formula:.4f}{p2p_note}"),
@@ -610,7 +612,7 @@ def _bubble(args: argparse.Namespace) -> Output:
 
 def _bubble_closed_form(args: argparse.Namespace, costs: Any) -> Output:
     """``bubble`` above :data:`BUBBLE_SIM_LIMIT`: the schedule's closed form, where one applies."""
-    from .simulate import bubble_formula
+    from .simulate import bubble_formula, bubble_formula_text
 
     p, m, v = args.stages, args.microbatches, args.interleave
     size = f"p*m*v = {p:,}*{m:,}*{v:,} = {p * m * v:,}"
@@ -629,7 +631,8 @@ def _bubble_closed_form(args: argparse.Namespace, costs: Any) -> Output:
             "bubble_ratio": formula, "bubble_ratio_formula": formula, "simulated": False}
     text = "\n".join([
         f"{args.schedule}: p={p} stages, m={m} micro-batches" + (f", v={v} chunks" if v > 1 else ""),
-        f"bubble_ratio  {formula:.4f} ({formula:.1%}) from the closed form; {size} is over the "
+        f"bubble_ratio  {formula:.4f} ({formula:.1%}) from the closed form "
+        f"{bubble_formula_text(args.schedule, costs)}; {size} is over the "
         f"simulator's limit of {BUBBLE_SIM_LIMIT:,}, so no timeline is drawn",
     ])
     return Output(data, text)

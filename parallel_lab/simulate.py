@@ -57,8 +57,8 @@ from .schedules import (
 from .specs import ParallelLabError
 
 BUBBLE_DEFINITIONS: dict[str, str] = {
-    "bubble_ratio": "bubble time / ideal compute time of the busiest rank ((p-1)/m for GPipe and 1F1B)",
-    "idle_fraction": "idle time of all ranks / (p x step time) ((p-1)/(m+p-1) for GPipe and 1F1B)",
+    "bubble_ratio": "bubble time / ideal compute time of the busiest rank",
+    "idle_fraction": "idle time of all ranks / (p x step time)",
 }
 
 
@@ -189,12 +189,16 @@ class SimResult:
             "timeline": [i.as_row() for i in self.timeline],
         }
 
-    def bubble_lines(self) -> list[str]:
-        """The two bubble figures, each with its definition (what ``parallel-lab bubble`` prints)."""
+    def bubble_lines(self, schedule: str | None = None) -> list[str]:
+        """The two bubble figures, each with its definition and, for a generated ``schedule`` whose bubble has
+        one, its closed form (:func:`bubble_formula_text`; what ``parallel-lab bubble`` prints)."""
+        text = None if schedule is None else bubble_formula_text(schedule, self.costs)
+        idle = "(p-1)/(m+p-1)" if schedule in ("gpipe", "1f1b") and self.costs.p2p == 0 else None
         return [f"bubble_ratio  {self.bubble_ratio:.4f} ({self.bubble_ratio:.1%}): "
-                f"{BUBBLE_DEFINITIONS['bubble_ratio']}",
+                f"{BUBBLE_DEFINITIONS['bubble_ratio']}" + (f"; {schedule}: {text}" if text else ""),
                 f"idle fraction {self.idle_fraction:.4f} ({self.idle_fraction:.1%}) of {self.p} x "
-                f"{self.step_time:g} time units: {BUBBLE_DEFINITIONS['idle_fraction']}"]
+                f"{self.step_time:g} time units: {BUBBLE_DEFINITIONS['idle_fraction']}"
+                + (f"; {schedule}: {idle}" if idle else "")]
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
@@ -265,6 +269,28 @@ def bubble_formula(name: str, p: int, m: int, v: int = 1, costs: Costs | None = 
         build_schedule(name, p, m)                      # the same error as the lists for m < 2p
         return (p - 1) / (3 * m)
     raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULE_NAMES)}")
+
+
+def bubble_formula_text(name: str, costs: Costs | None = None) -> str | None:
+    """The expression :func:`bubble_formula` evaluates for schedule ``name`` under ``costs``, as text (None
+    where it simulates instead, or with ``p2p > 0``, for which no expression holds)."""
+    costs = costs or Costs()
+    f, b, w = costs.f, costs.b, costs.w
+    if costs.p2p != 0:
+        return None
+    if name in ("gpipe", "1f1b"):
+        return "(p-1)/m"
+    if name == "interleaved":
+        return "(p-1)/(v m)"
+    if name == "zb-h1" and f == b == w:
+        return "(2(p-1) - (min(m,p)-1))/(3 m), (p-1)/(3 m) once m >= p"
+    if name == "zb-h1" and w <= min(f, b):
+        return "((p-1)(f+b) - (min(m,p)-1) w)/(m (f+b+w))"
+    if name == "zb-v" and f == b == w:
+        return "max(p-1, 4p-2m-2)/(6 m)"
+    if name == "dualpipev" and f == b == w:
+        return "(p-1)/(3 m)"
+    return None
 
 
 def text_timeline(result: SimResult, width: int = 120) -> str:

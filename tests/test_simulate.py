@@ -164,6 +164,23 @@ def test_bubble_cli_text_and_costs(capsys):
     assert j["bubble_ratio"] == pytest.approx(3 / 16) and j["peak_inflight"][0] == 11
 
 
+def test_bubble_cli_prints_the_schedules_own_formula(capsys):
+    """Each schedule's line names its own closed form (not GPipe's for all); costs without one print none."""
+    own = {"gpipe": "(p-1)/m", "1f1b": "(p-1)/m", "interleaved": "(p-1)/(v m)", "zb-v": "max(p-1, 4p-2m-2)/(6 m)",
+           "dualpipev": "(p-1)/(3 m)", "zb-h1": "(2(p-1) - (min(m,p)-1))/(3 m), (p-1)/(3 m) once m >= p"}
+    for name, text in own.items():
+        extra = ["--interleave", "2"] if name == "interleaved" else []
+        code, out, _ = _cli(capsys, "bubble", "--schedule", name, "--stages", "4", "--microbatches", "8", *extra)
+        ratio = out.splitlines()[1]
+        assert code == 0 and f"; {name}: {text}; closed form" in ratio, ratio
+        assert ("(p-1)/(m+p-1)" in out.splitlines()[2]) == (name in ("gpipe", "1f1b"))
+    code, j, _ = _cli(capsys, "bubble", "--schedule", "zb-h1", "--stages", "4", "--microbatches", "8", "--w", "2",
+                      "--json")
+    assert code == 0 and j["bubble_ratio_formula"] is None           # W longer than F or B: simulated only
+    code, out, _ = _cli(capsys, "bubble", "--schedule", "zb-h1", "--stages", "4", "--microbatches", "8", "--w", "2")
+    assert "closed form" not in out
+
+
 def test_bubble_cli_errors(capsys):
     code, _, err = _cli(capsys, "bubble", "--schedule", "interleaved", "--stages", "4", "--microbatches", "6",
                         "--interleave", "2")
