@@ -1181,8 +1181,11 @@ def _add_launch(sub: Any) -> None:
     p.add_argument("--out", metavar="FILE", help="with --slurm: write the script to FILE")
     p.add_argument("--entry", choices=("parallel-lab", "torchtitan"), default="parallel-lab",
                    help="what each rank runs: the lab's `parallel_lab run --plan` or torchtitan's trainer")
-    p.add_argument("--rdzv-port", dest="port", type=int, default=29500,
-                   help="port of the c10d rendezvous on the head node (default 29500)")
+    p.add_argument("--rdzv-endpoint", metavar="HOST[:PORT]",
+                   help="the c10d rendezvous, spelled as torchrun spells it (default: $HEAD_NODE, the first node "
+                        "of the allocation, port 29500)")
+    p.add_argument("--rdzv-port", dest="port", type=int, default=None,
+                   help="only the rendezvous port (default 29500; or give it in --rdzv-endpoint)")
     p.add_argument("--torchtitan-config", metavar="MODULE:CONFIG",
                    help="torchtitan's --module and --config (default: from the model preset, e.g. llama3:llama3_8b)")
     p.add_argument("--time", default="04:00:00", help="sbatch --time (default 04:00:00)")
@@ -1194,8 +1197,9 @@ def _launch(args: argparse.Namespace) -> Output:
     from .planfile import load_plan
 
     pf = load_plan(args.plan_file)
-    job = cluster_job.job_of(pf, args.port)
-    cmd = cluster_job.torchrun_command(pf, args.plan_file, entry=args.entry, port=args.port,
+    head, port = cluster_job.rendezvous(args.rdzv_endpoint, args.port)
+    job = cluster_job.job_of(pf, port)
+    cmd = cluster_job.torchrun_command(pf, args.plan_file, entry=args.entry, port=port, head=head or "$HEAD_NODE",
                                        config=args.torchtitan_config)
     data: dict[str, Any] = {"nodes": job.nodes, "gpus_per_node": job.gpus_per_node, "world": job.world,
                             "entry": args.entry, "torchrun": cmd}
@@ -1207,8 +1211,8 @@ def _launch(args: argparse.Namespace) -> Output:
     lines = [f"{pf.phase}: {job.nodes} node(s) x {job.gpus_per_node} GPUs ({pf.cluster.name}), "
              f"c10d rendezvous on the head node, port {job.port}"]
     if args.slurm:
-        script = cluster_job.sbatch_script(pf, args.plan_file, entry=args.entry, port=args.port, time=args.time,
-                                           partition=args.partition, config=args.torchtitan_config)
+        script = cluster_job.sbatch_script(pf, args.plan_file, entry=args.entry, port=port, time=args.time,
+                                           partition=args.partition, config=args.torchtitan_config, head=head)
         data["sbatch"] = script
         if args.out:
             with open(args.out, "w") as f:
@@ -1217,7 +1221,8 @@ def _launch(args: argparse.Namespace) -> Output:
         else:
             lines.append(script.rstrip())
     if args.torchrun or not args.slurm:
-        lines += ["on every node (NODE_RANK = 0 .. nodes-1, HEAD_NODE = the first node's address):", "  " + cmd]
+        where = "" if head else ", HEAD_NODE = the first node's address"
+        lines += [f"on every node (NODE_RANK = 0 .. nodes-1{where}):", "  " + cmd]
     return Output(data, "\n".join(lines))
 
 

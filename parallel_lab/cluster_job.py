@@ -21,6 +21,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from . import layout
 from .errors import ParallelLabError
 from .planfile import PlanFile
 
@@ -45,6 +46,22 @@ class Job:
         return self.nodes * self.gpus_per_node
 
 
+def rendezvous(endpoint: str | None, port: int | None = None) -> tuple[str | None, int]:
+    """``(host, port)`` of torchrun's ``--rdzv-endpoint HOST[:PORT]`` (host None: the allocation's first node);
+    ``port`` is ``--rdzv-port``, which must agree with the endpoint's when both are given."""
+    host, _, text = (endpoint or "").rpartition(":") if endpoint and ":" in endpoint else (endpoint, "", "")
+    if text:
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise ParallelLabError(f"--rdzv-endpoint {endpoint!r}: the port {text!r} is not a port number; "
+                                   f"write HOST:PORT, e.g. node001:29500")
+        if port is not None and port != int(text):
+            raise ParallelLabError(f"--rdzv-endpoint {endpoint!r} and --rdzv-port {port} name two ports; give one")
+        port = int(text)
+    if endpoint is not None and not host:
+        raise ParallelLabError(f"--rdzv-endpoint {endpoint!r} has no host; write HOST[:PORT], e.g. node001:29500")
+    return host or None, DEFAULT_PORT if port is None else port
+
+
 def job_of(pf: PlanFile, port: int = DEFAULT_PORT) -> Job:
     """The nodes a plan file needs: ``world / gpus_per_node`` (a partial node is refused, with the fix)."""
     pf.plan.validate(pf.model, pf.gpus, pf.cluster)
@@ -55,7 +72,7 @@ def job_of(pf: PlanFile, port: int = DEFAULT_PORT) -> Job:
     if world % g:
         raise ParallelLabError(f"world={world} GPUs is not a whole number of nodes of {g} GPUs ({pf.cluster.name}); "
                                f"pick degrees whose product is a multiple of {g}")
-    return Job(world // g, g, port)
+    return Job(layout.node_count(world, g), g, port)
 
 
 def torchtitan_config(pf: PlanFile, config: str | None = None) -> list[str]:
@@ -88,9 +105,10 @@ def torchrun_command(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab
 
 
 def sbatch_script(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab", port: int = DEFAULT_PORT,
-                  time: str = "04:00:00", partition: str | None = None, config: str | None = None) -> str:
+                  time: str = "04:00:00", partition: str | None = None, config: str | None = None,
+                  head: str | None = None) -> str:
     """An sbatch script: one torchrun agent per node (``srun --ntasks-per-node=1``), rendezvous on the first
-    node of the allocation, the node count from the plan."""
+    node of the allocation (or on ``head``), the node count from the plan."""
     job = job_of(pf, port)
     prog = " ".join(shlex.quote(a) for a in program(pf, plan_path, entry, config))
     lines = [
@@ -108,7 +126,8 @@ def sbatch_script(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab", 
         lines.append(f"#SBATCH --partition={shlex.quote(partition)}")
     lines += [
         "set -euo pipefail",
-        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' if head is None
+        else f"HEAD_NODE={shlex.quote(head)}",
         "export HEAD_NODE",
         "export OMP_NUM_THREADS=1",
         "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1   # a broken collective fails the job instead of hanging it",

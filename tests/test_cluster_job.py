@@ -49,6 +49,26 @@ def test_torchrun_command_has_the_rendezvous_and_the_program():
         cluster_job.torchrun_command(tiny, "plan.yaml", entry="torchtitan")
 
 
+def test_the_rendezvous_endpoint_is_spelled_as_torchrun_spells_it(capsys):
+    assert cluster_job.rendezvous(None) == (None, 29500)
+    assert cluster_job.rendezvous("node001:29400") == ("node001", 29400)
+    assert cluster_job.rendezvous("node001", 29411) == ("node001", 29411)
+    assert cluster_job.rendezvous("[fe80::1]:29400") == ("[fe80::1]", 29400)
+    for bad, why in (("node001:x", "not a port number"), (":29400", "no host"), ("node001:70000", "not a port")):
+        with pytest.raises(ParallelLabError, match=why):
+            cluster_job.rendezvous(bad)
+    with pytest.raises(ParallelLabError, match="two ports"):
+        cluster_job.rendezvous("node001:29400", 29500)
+    from parallel_lab.cli import main
+    plan = str(ROOT / "examples/plans/llama3-405b-pretrain-8k.yaml")
+    assert main(["launch", plan, "--rdzv-endpoint", "node001:29400"]) == 0
+    out = capsys.readouterr().out
+    assert "--rdzv-endpoint=node001:29400" in out and "HEAD_NODE" not in out
+    assert main(["launch", plan, "--slurm", "--rdzv-endpoint", "node001"]) == 0
+    out = capsys.readouterr().out
+    assert "HEAD_NODE=node001" in out and "scontrol" not in out and "--rdzv-endpoint=$HEAD_NODE:29500" in out
+
+
 def test_sbatch_script_is_valid_bash_and_shellcheck_clean(tmp_path):
     script = cluster_job.sbatch_script(meta_8k(), "plan.yaml", partition="gpu")
     assert "#SBATCH --nodes=2048" in script and "#SBATCH --gpus-per-node=8" in script

@@ -210,7 +210,7 @@ def node_report(plan: Plan, results: list[RankResult]) -> dict[str, Any]:
         for d, ranks in r.info["node"]["crossing"].items():
             if d in seen:
                 seen[d].add(tuple(ranks))
-    return {"ranks_per_node": rpn, "nodes": plan.world // rpn,
+    return {"ranks_per_node": rpn, "nodes": layout.node_count(plan.world, rpn),
             "node_of_rank": [r.info["node"]["node"] for r in results],
             "crossing": {d: sorted(list(g) for g in seen[d]) for d in dims},
             "predicted_crossing": {d: layout.crossing_groups(plan, d, rpn) for d in dims}}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from matplotlib.axes import Axes
 from matplotlib.patches import Circle, Rectangle
 
+from ...comm import ring_steps
 from .base import reset_axes
 from .zero import RANK_COLORS
 
@@ -46,7 +47,7 @@ def ring_allreduce_states(n: int) -> list[list[list[frozenset[int]]]]:
 
 def ring_sent_chunks(n: int, step: int) -> list[tuple[int, int]]:
     """``(rank, chunk)`` each rank sends at ring step ``step`` (1-based), as in :func:`ring_allreduce_states`."""
-    if step < 1 or step > 2 * (n - 1):
+    if step < 1 or step > ring_steps("all_reduce", n):
         return []
     s = step - 1
     return [(r, (r - s) % n) for r in range(n)] if s < n - 1 else [(r, (r + 1 - (s - n + 1)) % n) for r in range(n)]
