@@ -570,17 +570,15 @@ def all_groups(plan: Plan, dim: str) -> list[list[int]]:
             return [g[i:i + plan.ep] for g in blocks for i in range(0, plan.dp, plan.ep)]
         return [g[j::plan.ep] for g in blocks for j in range(plan.ep)]
     if dim == "dp_cp":
-        return [[rank_of(plan, d, p, c, t) for d in range(plan.dp) for c in range(plan.cp)]
-                for p in range(plan.pp) for t in range(plan.tp)]
+        return [group_of(plan, dim, rank_of(plan, 0, p, 0, t)) for p in range(plan.pp) for t in range(plan.tp)]
     if dim not in sizes:
         raise ParallelLabError(f"dim {dim!r} is not a grid dimension; pick dp, pp, cp, tp, dp_cp, ep or edp")
     others = [d for d in GRID_DIMS if d != dim]
     groups = []
     for a in range(sizes[others[0]]):
         for b in range(sizes[others[1]]):
-            for c in range(sizes[others[2]]):
-                fixed = dict(zip(others, (a, b, c), strict=True))
-                groups.append([rank_of(plan, **{**fixed, dim: i}) for i in range(sizes[dim])])
+            for c in range(sizes[others[2]]):        # each line's first rank; group_of spells the line
+                groups.append(group_of(plan, dim, rank_of(plan, **dict(zip(others, (a, b, c), strict=True)))))
     return groups
 
 
@@ -612,14 +610,13 @@ def group_ranks(plan: Plan, dim: str, stage: int = 0) -> list[int]:
     ``dp``: the ``dp x cp`` gradient group; ``tp``/``tp_vocab``: the TP group; ``cp``: the CP group;
     ``pp``: this stage and its pipeline neighbours; ``ep``: the expert-parallel group (dp coordinates 0..ep-1).
     """
-    if dim == "ep":
-        return [rank_of(plan, i, stage, 0, 0) for i in range(plan.ep)]
+    first = rank_of(plan, 0, stage, 0, 0)
+    if dim in ("ep", "cp"):
+        return group_of(plan, dim, first)
     if dim == "dp":
-        return [rank_of(plan, i, stage, j, 0) for i in range(plan.dp) for j in range(plan.cp)]
+        return group_of(plan, "dp_cp", first)
     if dim in ("tp", "tp_vocab"):
-        return [rank_of(plan, 0, stage, 0, k) for k in range(plan.tp)]
-    if dim == "cp":
-        return [rank_of(plan, 0, stage, j, 0) for j in range(plan.cp)]
+        return group_of(plan, "tp", first)
     if dim == "pp":
         return [rank_of(plan, 0, s, 0, 0) for s in pp_neighbours(plan, stage)]
     raise ParallelLabError(f"dim {dim!r} is not known; pick one of dp, tp, tp_vocab, pp, cp, ep")
