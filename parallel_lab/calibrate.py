@@ -168,6 +168,34 @@ def fit_profile(runs: list[Run], cluster: ClusterSpec,
     return with_(best_e(o), o), fitted
 
 
+def attention_efficiency_needed(run: Run, fit_runs: list[Run], cluster: ClusterSpec,
+                                lo: float = 0.05, hi: float = 1.0) -> float | None:
+    """The ``attention_efficiency`` at which ``run`` is predicted exactly once ``matmul_efficiency`` is fitted
+    to ``fit_runs`` with it (None if no value in ``[lo, hi]`` does): a question, not a fit. It says how fast
+    the attention kernel of a run must have been for the model to hold, to be compared with what published
+    kernels reach (``StepProfile``'s prior), never used as a profile."""
+    def miss(e_attn: float) -> float:
+        base = replace(cluster, profile=replace(cluster.profile or StepProfile(), attention_efficiency=e_attn))
+        return predicted_tflops(run, fit_profile(fit_runs, base)[0]) - run.tflops_per_gpu
+
+    f_lo, f_hi = miss(lo), miss(hi)
+    if f_lo > 0 or f_hi < 0:          # faster attention predicts more TFLOP/s: the miss rises with e_attn
+        return None
+    side = 0
+    for _ in range(40):               # regula falsi, Illinois variant: a few fits instead of dozens
+        mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+        f_mid = miss(mid)
+        if abs(f_mid) < 1e-3 * run.tflops_per_gpu or hi - lo < 1e-6:
+            return mid
+        if f_mid < 0:
+            lo, f_lo = mid, f_mid
+            f_hi, side = (f_hi / 2 if side == -1 else f_hi), -1
+        else:
+            hi, f_hi = mid, f_mid
+            f_lo, side = (f_lo / 2 if side == 1 else f_lo), 1
+    return mid
+
+
 def _cluster_json(cluster: ClusterSpec) -> dict[str, Any]:
     """What a profile file says of its cluster: the preset, the step-time profile, the peak, and the
     intra-node tier where it differs from the preset's (a measured one)."""

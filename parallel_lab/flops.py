@@ -84,6 +84,13 @@ def attention_keys(seq: int, convention: str = "palm") -> float:
     return float(seq) if convention == "palm" else (seq + 1) / 2
 
 
+#: Forward + backward work of the attention core, in units of its forward (``4 s k q`` FLOPs per sequence
+#: of ``s`` queries against ``k`` keys each): an eager core's backward runs two matmuls per forward matmul
+#: (dP and dV, then dQ and dK), 2x; FlashAttention's backward first recomputes the scores from Q and K, 2.5x
+#: (Dao et al. 2022, 2023: the benchmarks' FLOP count, which their TFLOP/s figures use).
+ATTENTION_FWD_BWD: dict[str, float] = {"eager": 3.0, "flash": 3.5}
+
+
 def flops_per_token(model: ModelSpec, seq: int, convention: str = "palm") -> float:
     """Model FLOPs per trained token at sequence length ``seq``: ``6 N_matmul + 12 L q_dim k``, with ``k``
     the keys per query of the convention (:func:`attention_keys`: ``s`` for PaLM, ``(s + 1) / 2`` causal)."""

@@ -168,7 +168,8 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     splits the sequence: the ``sbh`` terms use ``s / cp``; the score term uses the local queries against
     all keys, ``a (s/cp) s b``, whichever CP kind (ring, all-gather and Ulysses all compute exactly that
     many scores per rank; implementations with a fused/flash kernel save none of them, like selective
-    recomputation).
+    recomputation). All-gather CP also keeps the gathered keys and values of the other ranks' blocks for
+    backward, ``2 (seq - s/cp) b kv d`` (``cp_gathered_kv``; recomputation re-gathers them instead).
 
     Kernels (named Plan fields, so a reader sees which model produced a number): ``attention="flash"``
     (FlashAttention, Dao et al. 2022) replaces the score terms by an fp32 log-sum-exp per local query and head,
@@ -208,6 +209,9 @@ def activation_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     }
     if model.is_moe:
         terms.update(_moe_terms(model, plan, terms["mlp_intermediate"]))
+    if plan.recompute == "none" and plan.cp > 1 and plan.cp_kind == "allgather":
+        # all-gather CP keeps the gathered K and V for backward (the other ranks' blocks; its own are in qkv)
+        terms["cp_gathered_kv"] = 2 * (plan.seq - s) * b * kv_local * d
     if plan.recompute == "none" and plan.attention == "flash":
         terms["log_sum_exp"] = model.heads / t * sb * activations.LSE_BYTES
     elif plan.recompute == "none":

@@ -293,7 +293,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
     led = ledger.memory(model, plan, cluster, margin=margin)
     rate = cluster.mfu_achievable * cluster.peak_flops
     tok = plan.micro_batch * plan.microbatches * plan.seq / (plan.tp * plan.cp)
-    fl = StageFlops(model, plan.seq, plan.pp_split, plan.mlp)
+    fl = StageFlops(model, plan.seq, plan.pp_split, plan.mlp, plan.attention)
     stages = []
     for s in stages_to_check(plan.pp, plan.pp_split):
         rep = comm_mod.report(model, plan, cluster, stage=s)
@@ -319,7 +319,7 @@ def _compute(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, seq: int, t
     if cluster.profile is None:
         return fl.stage(pp, v, stage, recompute) * tok / rate, fl.attention(pp, v, stage) * tok / rate
     return roofline_stage(model, cluster.profile, cluster.peak_flops, seq, tp, cp, mb, m, fl.n_layers(pp, v, stage),
-                          v, stage == pp - 1, recompute)
+                          v, stage == pp - 1, recompute, fl.attention_kernel, fl.mlp)
 
 
 def _tp_overlap(cluster: ClusterSpec, sp: bool) -> float:
@@ -357,7 +357,7 @@ class _Fast:
         self.model, self.cluster, self.seq, self.c = model, cluster, seq, c
         self.base = Plan(seq=seq, optimizer=c.optimizer, dtype=c.dtype, cp_kind=c.cp_kind, attention=c.attention,
                          mlp=c.mlp, pp_split=c.pp_split)
-        self.fl = StageFlops(model, seq, c.pp_split, c.mlp)
+        self.fl = StageFlops(model, seq, c.pp_split, c.mlp, c.attention)
         self.rate = cluster.mfu_achievable * cluster.peak_flops
         self.tp_overlap = {sp: _tp_overlap(cluster, sp) for sp in (False, True)}
         self._memo: dict[tuple, Any] = {}

@@ -413,15 +413,16 @@ class StepProfile:
     ``matmul_efficiency``: the fraction of peak a large GEMM reaches; a GEMM whose smallest dimension is
     ``d`` reaches ``matmul_efficiency * d / (d + half_width)`` (narrow TP shards and short micro-batches run
     slower). ``attention_efficiency``: the fused attention kernel's fraction of peak over forward and
-    backward, counting causal FLOPs (default 0.35: FlashAttention-2 on H100 reaches about 335 TFLOP/s
-    forward + backward at head dim 128, causal, Dao 2023; a prior, not fitted).
+    backward, counting causal FLOPs as FlashAttention's benchmarks do (backward 2.5x forward,
+    ``flops.ATTENTION_FWD_BWD``; default 0.34: FlashAttention-2 on H100 reaches about 335 TFLOP/s forward +
+    backward at head dim 128, causal, Dao 2023, and 335 / 989 = 0.34; a prior, not fitted).
     ``overhead_s``: seconds per micro-batch per model chunk (launches, synchronisation).
     ``tp_overlap``: the fraction of sequence-parallel TP traffic hidden behind the neighbouring GEMMs.
     """
 
     matmul_efficiency: float = 0.8
     half_width: float = 64.0
-    attention_efficiency: float = 0.35
+    attention_efficiency: float = 0.34
     overhead_s: float = 0.0
     tp_overlap: float = 0.0
     source: str = "defaults"

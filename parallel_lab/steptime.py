@@ -25,8 +25,10 @@ Roofline compute (a cluster with a fitted ``ClusterSpec.profile``, :func:`roofli
 fixed fraction of peak, each GEMM of a block on one rank, ``(T tokens) x (k) -> (n)`` with the TP-local
 ``n`` or ``k``, takes ``2 T n k / (peak * e(d))`` forward and twice that backward, ``e(d) = e_max d / (d +
 d_half)`` for its smallest dimension ``d`` (small shards and short micro-batches are less efficient);
-attention takes ``3 * 4 T keys q_local / (peak * e_attn)`` with ``keys`` the *causal* count,
-``(S + 1) / 2`` per query (``flops.attention_keys``; FLOPs reported for MFU stay PaLM's); recomputation adds
+attention takes ``c * 4 T keys q_local / (peak * e_attn)`` with ``keys`` the *causal* count,
+``(S + 1) / 2`` per query (``flops.attention_keys``; FLOPs reported for MFU stay PaLM's) and ``c`` its
+forward + backward work in forward units (``flops.ATTENTION_FWD_BWD``: 3 eager, 3.5 for FlashAttention, whose
+backward recomputes the scores); recomputation adds
 the forward it repeats; each micro-batch costs ``overhead_s`` per model chunk. TP/SP overlap rule: plain
 TP's all-reduces are exposed; with SP a fraction ``tp_overlap`` of the all-gathers and reduce-scatters hides
 behind the neighbouring GEMMs (Megatron's TP communication overlap). ``parallel-lab calibrate`` fits
@@ -41,7 +43,7 @@ from functools import lru_cache
 
 from . import layout
 from .comm import Collective, collective_time
-from .flops import attention_keys, matmul_params, op_sac_recomputed_params
+from .flops import ATTENTION_FWD_BWD, attention_keys, matmul_params, op_sac_recomputed_params
 from .layout import stage_blocks
 from .simulate import Costs, bubble_formula
 from .specs import RECOMPUTE, LinkTier, ModelSpec, Plan, StepProfile
@@ -196,10 +198,11 @@ def stages_to_check(pp: int, split: str = "layers") -> list[int]:
 class StageFlops:
     """Hardware FLOPs per token of a pipeline stage (``flops.py``'s formula, split by stage)."""
 
-    def __init__(self, model: ModelSpec, seq: int, split: str = "layers", mlp: str = "eager") -> None:
+    def __init__(self, model: ModelSpec, seq: int, split: str = "layers", mlp: str = "eager",
+                 attention: str = "eager") -> None:
         n_blocks, n_head = matmul_params(model)
         q = model.heads * model.head_dim
-        self.model, self.split = model, split
+        self.model, self.split, self.mlp, self.attention_kernel = model, split, mlp, attention
         self.per_layer = 6.0 * n_blocks / model.layers + 12.0 * q * seq
         attn_fwd = 4.0 * q * seq
         sac = 2.0 * op_sac_recomputed_params(model, Plan(mlp=mlp)) / model.layers + attn_fwd
@@ -250,31 +253,35 @@ def gemm_time(tokens: float, n: int, k: int, peak: float, prof: StepProfile) -> 
 
 @lru_cache(maxsize=8192)
 def roofline_layer(model: ModelSpec, prof: StepProfile, peak: float, seq: int, tp: int, cp: int, mb: int,
-                   recompute: str) -> tuple[float, float, float]:
+                   recompute: str, attention: str = "eager", mlp: str = "eager") -> tuple[float, float, float]:
     """``(block forward+backward, its attention part, the recomputed forward)`` seconds of one block for one
-    micro-batch on one rank (tokens ``mb * seq / cp``; the GEMMs see them all, SP gathers them first)."""
+    micro-batch on one rank (tokens ``mb * seq / cp``; the GEMMs see them all, SP gathers them first). The
+    GEMMs' backward is twice their forward; the attention core's is ``flops.ATTENTION_FWD_BWD[attention]``
+    less one (FlashAttention recomputes the scores)."""
     tokens = mb * seq / cp
     gemms = {name: gemm_time(tokens, n, k, peak, prof) for name, n, k in block_gemms(model, tp)}
     fwd = sum(gemms.values())
-    q_local = model.heads // tp * model.head_dim
-    attn_fwd = 4.0 * tokens * attention_keys(seq, "causal") * q_local / (peak * prof.attention_efficiency)
+    attn_fwd = (4.0 * tokens * attention_keys(seq, "causal") * layout.q_width_local(model, tp)
+                / (peak * prof.attention_efficiency))
     if recompute == "full":
         again = fwd + attn_fwd
     elif recompute == "op-sac":
-        again = fwd * op_sac_recomputed_params(model, Plan()) / max(1, matmul_params(model)[0]) + attn_fwd
+        again = fwd * op_sac_recomputed_params(model, Plan(mlp=mlp)) / max(1, matmul_params(model)[0]) + attn_fwd
     elif recompute == "selective":
         again = attn_fwd
     else:
         again = 0.0
-    return 3.0 * (fwd + attn_fwd), 3.0 * attn_fwd, again
+    attn = ATTENTION_FWD_BWD[attention] * attn_fwd
+    return 3.0 * fwd + attn, attn, again
 
 
 def roofline_stage(model: ModelSpec, prof: StepProfile, peak: float, plan_seq: int, tp: int, cp: int, mb: int,
-                   m: int, n_layers: int, v: int, last: bool, recompute: str) -> tuple[float, float]:
+                   m: int, n_layers: int, v: int, last: bool, recompute: str, attention: str = "eager",
+                   mlp: str = "eager") -> tuple[float, float]:
     """``(compute, attention)`` seconds of one stage for the whole step under the roofline (``m``
     micro-batches, ``n_layers`` blocks, the head on the last stage, ``overhead_s`` per micro-batch per
     chunk)."""
-    layer, attn, again = roofline_layer(model, prof, peak, plan_seq, tp, cp, mb, recompute)
+    layer, attn, again = roofline_layer(model, prof, peak, plan_seq, tp, cp, mb, recompute, attention, mlp)
     head = 0.0
     if last:
         tokens = mb * plan_seq / cp

@@ -123,3 +123,21 @@ def test_bf16_on_cpu_is_exact_with_cpu_layernorm_statistics(name):
     gpu = activations.per_op_bytes(spec, plan)                     # fp32 statistics, as on CUDA
     assert meter.live["activations"] == exact["activations"]
     assert abs(meter.live["activations"] - gpu["activations"]) <= 0.01 * gpu["activations"]
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (2, True), (8, True)])
+def test_allgather_cp_keeps_the_gathered_kv_in_both_activation_models(tp, sp):
+    """All-gather CP saves every rank's K and V for backward (the runnable core: ``(cp, 2, b, kv, s/cp, d)``),
+    ring only its own block: the two models differ from ring by the same ``2 (seq - s/cp) b kv d`` bytes, and
+    recomputation (which re-gathers) keeps none of them."""
+    m = ModelSpec.preset("llama3-8b")
+    pa = Plan(tp=tp, sp=sp, cp=4, seq=8192, cp_kind="allgather", attention="flash")
+    pr = pa.with_(cp_kind="ring")
+    kv_local = m.kv_heads * m.head_dim // tp
+    want = 2 * (8192 - 8192 // 4) * 1 * kv_local * 2
+    assert ledger.activation_terms(m, pa)["cp_gathered_kv"] == want
+    for formula in ("korthikanti", "per-op"):
+        diff = (ledger.activation_bytes_per_layer(m, pa, formula=formula)
+                - ledger.activation_bytes_per_layer(m, pr, formula=formula))
+        assert diff == want, formula
+    assert "cp_gathered_kv" not in ledger.activation_terms(m, pa.with_(recompute="selective"))

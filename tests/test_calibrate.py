@@ -43,8 +43,8 @@ def test_the_other_8k_row_is_predicted_within_10_percent(calibrated):
 
 
 @pytest.mark.xfail(strict=True, reason="known gap, counted as the full square (PaLM): the 128K row (CP 16) is "
-                   "predicted about 25% fast (counted causally it holds: the test below); the paper does "
-                   "not say which count its TFLOP/s use")
+                   "predicted about 15% fast with FlashAttention-2's published rate as the attention prior; it "
+                   "would hold if the attention kernel ran at about 0.25 of peak (the test below)")
 def test_the_128k_row_is_predicted_within_10_percent(calibrated):
     runs, cluster, _ = calibrated
     assert predicted_tflops(runs[2], cluster) == pytest.approx(380.0, rel=0.10)
@@ -57,21 +57,56 @@ def calibrated_causal():
     return runs, cluster
 
 
-def test_counted_causally_every_llama3_row_is_within_10_percent(calibrated_causal):
-    """The paper does not say how its TFLOP/s count attention. Counting only the visible (causal) half, as
-    the kernels compute it, and calibrated on the same one row, both other rows are predicted within 10%:
-    430 -> 425.0 and 380 -> 347.4 (-8.6%). Counted as the full square (the xfail above), the 128K row is
-    +25%: the two conventions differ by 3% at 8K and by 29% at 128K, where attention is most of the FLOPs."""
+def test_counted_causally_the_8k_rows_hold_and_the_convention_changes_only_the_count(calibrated_causal):
+    """The paper does not say how its TFLOP/s count attention. Counted causally (the visible half, as the
+    kernels compute it) and calibrated on the same one row, the other 8K row holds: 430 -> 425.0. The two
+    conventions differ by 4% at 8K and by 29% at 128K, where attention is most of the FLOPs."""
     runs, cluster = calibrated_causal
     assert [r.convention for r in runs] == ["causal"] * 3
     assert predicted_tflops(runs[1], cluster) == pytest.approx(400.0, rel=1e-3)
     assert predicted_tflops(runs[0], cluster) == pytest.approx(430.0, rel=0.10)
-    assert predicted_tflops(runs[2], cluster) == pytest.approx(380.0, rel=0.10)
     # the convention changes only how throughput is counted, not the step time of a given profile
     palm = load_runs(RUNS)
     assert evaluate(palm[2].model, cluster, palm[2].plan).step_time_s == \
         evaluate(runs[2].model, cluster, runs[2].plan).step_time_s
     assert runs[2].model_flops() / palm[2].model_flops() == pytest.approx(0.714, abs=0.01)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap, counted causally: the 128K row is predicted about 16% slow "
+                   "with FlashAttention-2's rate as the prior; it would hold at about 0.51 of peak (below)")
+def test_counted_causally_the_128k_row_is_within_10_percent(calibrated_causal):
+    runs, cluster = calibrated_causal
+    assert predicted_tflops(runs[2], cluster) == pytest.approx(380.0, rel=0.10)
+
+
+def test_the_attention_speed_each_count_needs_brackets_the_prior():
+    """What decides the 128K row is how fast the attention kernel ran, which the paper does not report. The
+    prior is FlashAttention-2's published H100 rate (0.34 of peak). For the row to be predicted exactly, the
+    kernel must have run at about 0.25 of peak if Meta counted the full square, slower than FlashAttention-2,
+    or at about 0.51 if it counted causally, faster (FlashAttention-3's class). The prior lies between them,
+    which is why neither count holds within 10% with it."""
+    from parallel_lab.calibrate import attention_efficiency_needed
+    prior = StepProfile().attention_efficiency
+    needed = {c: attention_efficiency_needed(load_runs(RUNS, c)[2], [load_runs(RUNS, c)[1]], H100)
+              for c in ("palm", "causal")}
+    assert needed["palm"] == pytest.approx(0.255, abs=0.01) and needed["causal"] == pytest.approx(0.51, abs=0.01)
+    assert needed["palm"] < prior < needed["causal"]
+    # at the needed speed the row is matched
+    runs = load_runs(RUNS, "causal")
+    at = replace(H100, profile=StepProfile(attention_efficiency=needed["causal"]))
+    cluster, _ = fit_profile([runs[1]], at)
+    assert predicted_tflops(runs[2], cluster) == pytest.approx(380.0, rel=2e-3)
+
+
+def test_flash_attentions_backward_recomputes_the_scores():
+    """The roofline charges an eager core forward + 2x backward and FlashAttention forward + 2.5x (its
+    backward computes the scores again): at the same efficiency the flash core takes 3.5 / 3 as long."""
+    from parallel_lab.steptime import roofline_layer
+    model = ModelSpec.preset("llama3-8b")
+    prof = StepProfile()
+    _, eager, _ = roofline_layer(model, prof, H100.peak_flops, 8192, 1, 1, 1, "none", "eager")
+    _, flash, _ = roofline_layer(model, prof, H100.peak_flops, 8192, 1, 1, 1, "none", "flash")
+    assert flash / eager == pytest.approx(3.5 / 3)
 
 
 def test_flops_convention_column_and_flag(tmp_path):
