@@ -1013,20 +1013,23 @@ def check_fits_this_machine(model: ModelSpec, plan: Plan) -> None:
     plus :data:`RANK_OVERHEAD_BYTES` per rank, against :func:`available_memory_bytes`.
     """
     model.require_shape("training it on CPU ranks")
+    from .cluster_job import ranks_on_this_machine
     from .ledger import memory
 
+    here, reference = ranks_on_this_machine(plan.world)     # under torchrun: this node's ranks only
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     most = MAX_RANKS_PER_CORE * cores
-    if plan.world > most:
-        raise ParallelLabError(f"the plan has {plan.world:,} ranks (dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*"
-                               f"{plan.cp}) but this machine runs at most {most} ({MAX_RANKS_PER_CORE} per core x "
+    if here > most:
+        raise ParallelLabError(f"the plan has {here:,} ranks on this machine (dp*tp*pp*cp = {plan.dp}*{plan.tp}*"
+                               f"{plan.pp}*{plan.cp}) but it runs at most {most} ({MAX_RANKS_PER_CORE} per core x "
                                f"{cores} cores); pick smaller degrees, e.g. --dp 2 --tp 2")
     per_rank = memory(model, plan, ClusterSpec.preset("cpu-gloo")).total_bytes
-    need = (plan.world + 1) * per_rank + plan.world * RANK_OVERHEAD_BYTES
+    need = (here + reference) * per_rank + here * RANK_OVERHEAD_BYTES
     have = available_memory_bytes()
     if need > have:
-        raise ParallelLabError(f"{plan.world} ranks + the one-process reference need about {fmt_bytes(need)} "
-                               f"({plan.world + 1} x {fmt_bytes(per_rank)} by the ledger + {plan.world} x "
+        ref = " + the one-process reference" if reference else ""
+        raise ParallelLabError(f"{here} ranks{ref} need about {fmt_bytes(need)} "
+                               f"({here + reference} x {fmt_bytes(per_rank)} by the ledger + {here} x "
                                f"{RANK_OVERHEAD_BYTES / 1e6:.0f} MB per process) but this machine has "
                                f"{fmt_bytes(have)} available; pick a smaller model (e.g. --model tiny-llama) or "
                                f"shard more (--zero 3, --tp, --pp)")
@@ -1208,6 +1211,7 @@ def _launch(args: argparse.Namespace) -> Output:
     except ParallelLabError as e:
         data["torchtitan_flags"] = None
         data["torchtitan_note"] = str(e)
+    data["torchtitan_notes"] = cluster_job.torchtitan_notes(pf, args.torchtitan_config)
     lines = [f"{pf.phase}: {job.nodes} node(s) x {job.gpus_per_node} GPUs ({pf.cluster.name}), "
              f"c10d rendezvous on the head node, port {job.port}"]
     if args.slurm:
@@ -1220,6 +1224,8 @@ def _launch(args: argparse.Namespace) -> Output:
             lines.append(f"wrote {args.out}: sbatch {args.out}")
         else:
             lines.append(script.rstrip())
+    if args.entry == "torchtitan":
+        lines += [f"note: {n}" for n in data["torchtitan_notes"]]
     if args.torchrun or not args.slurm:
         where = "" if head else ", HEAD_NODE = the first node's address"
         lines += [f"on every node (NODE_RANK = 0 .. nodes-1{where}):", "  " + cmd]

@@ -18,12 +18,14 @@ Environment variables that matter on a cluster: ``OMP_NUM_THREADS`` (torchrun se
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 
 from . import layout
 from .errors import ParallelLabError
 from .planfile import PlanFile
+from .specs import OPTIMIZERS, Plan
 
 DEFAULT_PORT = 29500
 #: our schedule name -> torchtitan's ``parallelism.pipeline_parallel_schedule`` (torch.distributed.pipelining)
@@ -44,6 +46,21 @@ class Job:
     @property
     def world(self) -> int:
         return self.nodes * self.gpus_per_node
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or another launcher) set this process's rank in the environment."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def ranks_on_this_machine(world: int) -> tuple[int, bool]:
+    """``(ranks this machine runs, whether it also runs the one-process reference)``: all ``world`` and the
+    reference when this process forks them; under torchrun its ``LOCAL_WORLD_SIZE`` ranks, and the reference
+    only on the node of global rank 0 (``run`` computes it there)."""
+    if not under_torchrun():
+        return world, True
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return local, int(os.environ["RANK"]) < local
 
 
 def rendezvous(endpoint: str | None, port: int | None = None) -> tuple[str | None, int]:
@@ -85,9 +102,26 @@ def torchtitan_config(pf: PlanFile, config: str | None = None) -> list[str]:
     return ["--module", module, "--config", name]
 
 
+def check_lab_entry(pf: PlanFile) -> None:
+    """Refuse ``--entry parallel-lab`` for a plan ``parallel-lab run`` cannot execute: it checks every step
+    against a one-process reference of the whole model, on global rank 0, which must fit on one device."""
+    from .ledger import memory
+
+    p = pf.plan
+    one = Plan(seq=p.seq, micro_batch=p.micro_batch, optimizer=p.optimizer, dtype=p.dtype, attention=p.attention,
+               mlp=p.mlp, recompute=p.recompute)
+    need = memory(pf.model, one, pf.cluster).total_bytes
+    if need > pf.cluster.hbm_bytes:
+        raise ParallelLabError(f"--entry parallel-lab runs `parallel-lab run --plan`, which checks every step against "
+                               f"a one-process reference of the whole {pf.model.name}: {need / 1e9:,.1f} GB on one "
+                               f"device, over the {pf.cluster.hbm_bytes / 1e9:,.0f} GB of one {pf.cluster.name} GPU; "
+                               f"launch this plan with --entry torchtitan, or plan a smaller model")
+
+
 def program(pf: PlanFile, plan_path: str, entry: str = "parallel-lab", config: str | None = None) -> list[str]:
     """The command each rank runs: the lab's ``parallel_lab run`` or torchtitan's trainer."""
     if entry == "parallel-lab":
+        check_lab_entry(pf)
         return ["-m", "parallel_lab", "run", "--plan", plan_path]
     if entry == "torchtitan":
         return ["-m", "torchtitan.train", *torchtitan_config(pf, config), *torchtitan_flags(pf)]
@@ -119,12 +153,14 @@ def sbatch_script(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab", 
         f"#SBATCH --job-name={shlex.quote(pf.phase)}",
         f"#SBATCH --nodes={job.nodes}",
         "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --exclusive",
         f"#SBATCH --gpus-per-node={job.gpus_per_node}",
         f"#SBATCH --time={time}",
     ]
     if partition:
         lines.append(f"#SBATCH --partition={shlex.quote(partition)}")
     lines += [
+        "# --exclusive: the one task per node gets every core, for its ranks and their data loaders",
         "set -euo pipefail",
         'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' if head is None
         else f"HEAD_NODE={shlex.quote(head)}",
@@ -150,9 +186,10 @@ def torchtitan_flags(pf: PlanFile) -> list[str]:
     if p.zero == 1:
         raise ParallelLabError("zero=1 has no torchtitan equivalent (its FSDP shards gradients too); use zero=2 "
                                "(FSDP, reshard_after_forward=never) or zero=3")
+    # torchtitan accumulates global / (local * dp) steps; a pipeline splits each local batch into micro-batches
     flags = {
         "--training.seq_len": p.seq,
-        "--training.local_batch_size": p.micro_batch * p.grad_accum,
+        "--training.local_batch_size": p.micro_batch * p.grad_accum if p.pp > 1 else p.micro_batch,
         "--training.global_batch_size": p.global_batch,
         "--parallelism.tensor_parallel_degree": p.tp,
         "--parallelism.enable_sequence_parallel": p.sp,
@@ -168,9 +205,9 @@ def torchtitan_flags(pf: PlanFile) -> list[str]:
     if p.pp > 1:
         flags["--parallelism.pipeline_parallel_schedule"] = TORCHTITAN_SCHEDULES[p.schedule]
         flags["--parallelism.pipeline_parallel_microbatch_size"] = p.micro_batch
+        flags.update(_torchtitan_stages(pf))
         flags["--training.disable_cuda_graphs"] = True     # torchtitan: CUDA graphs do not support PP yet
-    if p.dtype == "bf16":
-        flags["--training.mixed_precision_param"] = "bfloat16"
+    flags["--training.mixed_precision_param"] = "bfloat16" if p.dtype == "bf16" else "float32"
     out: list[str] = []
     for k, v in flags.items():
         if isinstance(v, bool):                     # tyro's boolean flags: --section.key / --section.no_key
@@ -178,7 +215,53 @@ def torchtitan_flags(pf: PlanFile) -> list[str]:
             out.append(k if v else f"{section}.no_{key}")
         else:
             out += [k, str(v)]
-    # activation checkpointing is a tyro subcommand of torchtitan's config (its `selective` is op-level SAC)
+    # activation checkpointing is a tyro subcommand of torchtitan's config (its `selective` is op-level SAC,
+    # the plan's op-sac; the plan's Korthikanti `selective` has none: torchtitan_notes says so)
     out.append({"none": "activation-checkpoint:none", "selective": "activation-checkpoint:selective",
-                "full": "activation-checkpoint:full"}[p.recompute])
+                "op-sac": "activation-checkpoint:selective", "full": "activation-checkpoint:full"}[p.recompute])
     return out
+
+
+def _torchtitan_stages(pf: PlanFile) -> dict[str, int]:
+    """torchtitan's pipeline split for the plan's chunks (``layout.chunk_layers``): it spreads ``layers +
+    first_less + last_less`` slots over ``ceil(slots / layers_per_stage)`` virtual stages, the first ones one
+    slot more, the embedding taking the first stage's first ``first_less`` slots and the head the last's: the
+    plan's rule, with one slot each for ``pp_split="embed-head"`` and none for ``"layers"``."""
+    p = pf.plan
+    less = 1 if p.pp_split == "embed-head" else 0
+    out = {"--parallelism.pipeline_parallel_first_stage_less_layers": less,
+           "--parallelism.pipeline_parallel_last_stage_less_layers": less}
+    if p.interleave > 1:
+        slots, chunks = pf.model.layers + 2 * less, p.pp * p.interleave
+        def fits(v: int) -> bool:
+            return -(-slots // -(-slots // (p.pp * v))) == p.pp * v
+
+        if not fits(p.interleave):
+            ok = [v for v in range(2, slots // p.pp + 1) if fits(v)]
+            raise ParallelLabError(f"pp*interleave = {chunks} chunks of {slots} slots cannot be written as "
+                                   f"torchtitan's pipeline_parallel_layers_per_stage (ceil({slots} / k) is never "
+                                   f"{chunks}); pick interleave in {ok}")
+        out["--parallelism.pipeline_parallel_layers_per_stage"] = -(-slots // chunks)
+    return out
+
+
+def torchtitan_notes(pf: PlanFile, config: str | None = None) -> list[str]:
+    """Where the torchtitan job will not be the plan the ledger and the step-time model describe (read from
+    torchtitan 0.3.0's ``config_registry`` and ``configs``): each a sentence for the launch output."""
+    p, notes = pf.plan, []
+    if p.recompute == "selective":
+        notes.append("recompute=selective (Korthikanti's attention-core recompute) has no torchtitan setting: "
+                     "activation-checkpoint:selective is torchtitan's op-level policy, this lab's op-sac, which "
+                     "keeps and recomputes other tensors; plan with --recompute op-sac to predict that job")
+    if p.zero >= 2 and OPTIMIZERS[p.optimizer].grad_bytes < 4:
+        notes.append(f"torchtitan's FSDP reduces gradients in float32 (mixed_precision_reduce has no other "
+                     f"value): twice the data-parallel bytes comm predicts for optimizer={p.optimizer}; "
+                     "optimizer=adam-mixed-fp32-grad is the plan that matches")
+    name = (config or TORCHTITAN_CONFIGS.get(pf.model.name) or ":").split(":", 1)[1]
+    if name in ("llama3_8b", "llama3_70b", "llama3_405b") and p.loss_chunk == 0:
+        notes.append(f"torchtitan's {name} computes the loss in chunks (ChunkedLossWrapper): the whole logits "
+                     "the plan counts (loss_chunk=0) are never held")
+    if name == "llama3_405b":
+        notes.append("torchtitan's llama3_405b turns on Float8 linears and torch.compile with async TP: the plan "
+                     "predicts bf16 GEMMs and TP collectives between them, so the job will be faster and hold less")
+    return notes

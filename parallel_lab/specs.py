@@ -477,7 +477,9 @@ class ClusterSpec:
         return self.intra if group_span <= self.gpus_per_node else self.inter
 
 
-#: Hardware presets. Bandwidths are per GPU per direction.
+#: Hardware presets. Bandwidths are per GPU per direction, the datasheets' peaks with no derating: NCCL's
+#: measured bus bandwidth is lower, so collective times are optimistic until a profile is calibrated
+#: (``parallel-lab calibrate --microbench`` fits the intra-node tier).
 CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     # H100 SXM5: 80 GB HBM3, 989 TFLOP/s dense bf16, NVLink 4 900 GB/s bidirectional (450 per direction),
     # one 400 Gb/s (50 GB/s) NIC per GPU.

@@ -75,6 +75,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from parallel_lab.cluster_job import under_torchrun
 from parallel_lab.distributed.grid import Grid
 from parallel_lab.specs import ParallelLabError, Plan
 
@@ -127,11 +128,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def under_torchrun() -> bool:
-    """True when torchrun (or another launcher) set this process's rank in the environment."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
 def pick_device(local_rank: int, device: str | None = None) -> tuple[torch.device, str]:

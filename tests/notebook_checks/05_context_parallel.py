@@ -16,7 +16,7 @@ def check(text: str, nb) -> None:
                    "'8,389,632'], busiest / least busy 1.00",
                    "zigzag     busiest rank / mean: 1.27", "work       busiest rank / mean: 1.03",
                    "allgather: forward all_gather x1 of 262,144 B",
-                   "TP 8 + SP + CP 16  activations   0.64 GB per layer"):
+                   "TP 8 + SP + CP 16  activations   0.71 GB per layer"):
         assert figure in text, figure
     merged, full = map(float, re.search(r"merged output ([\d.]+), softmax over all three keys at once ([\d.]+)",
                                         text).groups())
