@@ -32,6 +32,7 @@ from .layout import (  # noqa: F401  (pack_buckets, ddp_buckets, rank_of, group_
     group_tier,
     is_expert_param,
     is_frozen,
+    kv_heads_local,
     kv_replication,
     kv_width_local,
     pack_buckets,
@@ -394,7 +395,7 @@ def cp_layer_collectives(model: ModelSpec, plan: Plan) -> list[Collective]:
         fwd = [Collective("cp", "all_gather", c * Mkv, c, 1, "forward", "gather K and V")]
         bwd = [Collective("cp", "reduce_scatter", c * Mkv, c, 1, "backward", "dK and dV")]
     else:
-        kv_rep = kv * kv_replication(model.heads // plan.tp, kv // model.head_dim, c)
+        kv_rep = kv * kv_replication(model.heads // plan.tp, kv_heads_local(model, plan.tp), c)
         Mqkv, Mq = s * b * (q + 2 * kv_rep) * d, s * b * q * d
         fwd = [Collective("cp", "all_to_all", Mqkv, c, 1, "forward", "Q, K, V to head-sharded"),
                Collective("cp", "all_to_all", Mq, c, 1, "forward", "output back to sequence-sharded")]

@@ -108,15 +108,32 @@ def op_sac_recomputed_params(model: ModelSpec, plan: Plan) -> int:
                and n.split(".", 2)[2].rsplit(".", 1)[0] not in kept)
 
 
+def recomputed(model: ModelSpec, recompute: str, mlp: str = "eager") -> tuple[int, bool]:
+    """What backward runs again of the forward under ``recompute``, all layers: ``(matmul weights
+    recomputed, whether the attention core is)``. ``none``: nothing; ``selective`` (Korthikanti et al. 2022):
+    the core; ``full``: every block matmul and the core; ``op-sac``: the matmuls torchtitan's policy does not
+    keep (:func:`op_sac_recomputed_params`) and the core, as the lab's kernels run it (torchtitan's list
+    keeps the outputs of aten's SDPA kernels, which the lab's attention is not). The one home of this rule:
+    hardware FLOPs, the stage FLOPs and the roofline's recomputed forward all read it."""
+    if recompute == "none":
+        return 0, False
+    if recompute == "selective":
+        return 0, True
+    if recompute == "full":
+        return matmul_params(model)[0], True
+    if recompute == "op-sac":
+        return op_sac_recomputed_params(model, Plan(mlp=mlp)), True
+    raise ParallelLabError(f"recompute={recompute!r} is not known; pick none, selective, full or op-sac")
+
+
 def step_flops(model: ModelSpec, plan: Plan) -> FlopsReport:
     """Model and hardware FLOPs of one step: ``global_batch * seq`` tokens (see the module docstring)."""
     plan.validate(model)
     tokens = plan.global_batch_tokens
-    n_blocks, _ = matmul_params(model)
     attn_fwd = 4.0 * model.layers * model.heads * model.head_dim * plan.seq       # per token, forward
     model_flops = flops_per_token(model, plan.seq) * tokens
-    extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks + attn_fwd,
-             "op-sac": 2.0 * op_sac_recomputed_params(model, plan) + attn_fwd}[plan.recompute]
+    params, core = recomputed(model, plan.recompute, plan.mlp)
+    extra = 2.0 * params + (attn_fwd if core else 0.0)
     return FlopsReport(model_flops, model_flops + extra * tokens, tokens,
                        model_flops_causal_per_step=flops_per_token(model, plan.seq, "causal") * tokens)
 

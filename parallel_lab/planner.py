@@ -637,9 +637,12 @@ class PlannerResult:
         return None
 
     def to_json(self, top: int | None = None) -> dict[str, Any]:
-        rows = self.top(top)
+        """The JSON of ``parallel-lab plan``: with ``top``, the best ``top`` of :meth:`top` and the plans
+        dropped at their peak among them; without, every plan that fits by its total, unchecked at its peak
+        (checking 10^5 peaks would take minutes), ``dropped_at_peak`` then None."""
+        rows = self.top(top) if top is not None else self.estimates
         return {"plans": [e.row() for e in rows], "rejected": dict(self.rejected),
-                "dropped_at_peak": [e.row() for e in self.dropped_at_peak(top)],
+                "dropped_at_peak": None if top is None else [e.row() for e in self.dropped_at_peak(top)],
                 "families": self.families, "candidates": self.candidates, "fitting": len(self.estimates),
                 "elapsed_s": self.elapsed_s, "model": self.model.name, "cluster": self.cluster.name,
                 "gpus": self.gpus, "seq": self.seq, "global_batch": self.global_batch,

@@ -43,7 +43,7 @@ from functools import lru_cache
 
 from . import layout
 from .comm import Collective, collective_time
-from .flops import ATTENTION_FWD_BWD, attention_keys, matmul_params, op_sac_recomputed_params
+from .flops import ATTENTION_FWD_BWD, attention_keys, matmul_params, recomputed
 from .layout import stage_blocks
 from .simulate import Costs, bubble_formula
 from .specs import RECOMPUTE, LinkTier, ModelSpec, Plan, StepProfile
@@ -205,9 +205,8 @@ class StageFlops:
         self.model, self.split, self.mlp, self.attention_kernel = model, split, mlp, attention
         self.per_layer = 6.0 * n_blocks / model.layers + 12.0 * q * seq
         attn_fwd = 4.0 * q * seq
-        sac = 2.0 * op_sac_recomputed_params(model, Plan(mlp=mlp)) / model.layers + attn_fwd
-        self.extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_blocks / model.layers + attn_fwd,
-                      "op-sac": sac}
+        self.extra = {r: 2.0 * params / model.layers + (attn_fwd if core else 0.0)
+                      for r, (params, core) in ((r, recomputed(model, r, mlp)) for r in RECOMPUTE)}
         self.head = 6.0 * n_head
         self.attn = 12.0 * q * seq
         self._nl: dict[tuple[int, int, int], int] = {}
@@ -263,14 +262,8 @@ def roofline_layer(model: ModelSpec, prof: StepProfile, peak: float, seq: int, t
     fwd = sum(gemms.values())
     attn_fwd = (4.0 * tokens * attention_keys(seq, "causal") * layout.q_width_local(model, tp)
                 / (peak * prof.attention_efficiency))
-    if recompute == "full":
-        again = fwd + attn_fwd
-    elif recompute == "op-sac":
-        again = fwd * op_sac_recomputed_params(model, Plan(mlp=mlp)) / max(1, matmul_params(model)[0]) + attn_fwd
-    elif recompute == "selective":
-        again = attn_fwd
-    else:
-        again = 0.0
+    params, core = recomputed(model, recompute, mlp)
+    again = fwd * params / max(1, matmul_params(model)[0]) + (attn_fwd if core else 0.0)
     attn = ATTENTION_FWD_BWD[attention] * attn_fwd
     return 3.0 * fwd + attn, attn, again
 

@@ -20,6 +20,7 @@ from ... import comm as comm_mod
 from ... import ledger as ledger_mod
 from ... import schedules as schedules_mod
 from ... import simulate as simulate_mod
+from ... import steptime as steptime_mod
 from ...specs import CLUSTER_PRESETS, ClusterSpec, ParallelLabError
 from .. import plots as P
 from .base import (
@@ -137,12 +138,11 @@ class PlannerExplorer(Explorer):
             sim = None
             if plan.pp > 1 and plan.pp * plan.microbatches * plan.interleave <= MAX_DRAWN_ACTIONS:
                 # plans that differ only in tp, cp, dp or ZeRO share their schedule: simulate it once
-                b = 2.0 if plan.recompute == "full" else 1.0
-                key = (plan.schedule, plan.pp, plan.microbatches, plan.interleave, b)
+                costs = steptime_mod.costs(plan.recompute)          # the planner's own F : B : W
+                key = (plan.schedule, plan.pp, plan.microbatches, plan.interleave, costs)
                 if key not in self._schedules:
                     actions = schedules_mod.build_schedule(plan.schedule, plan.pp, plan.microbatches,
                                                            plan.interleave)
-                    costs = simulate_mod.Costs(f=1.0, b=b, w=1.0)
                     self._schedules[key] = simulate_mod.simulate(actions, costs)
                 sim = self._schedules[key]
             rep = comm_mod.report(model, plan, cluster)
