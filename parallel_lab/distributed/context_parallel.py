@@ -177,6 +177,9 @@ class RingAttention(torch.autograd.Function):
                 if acc_in is not None:
                     dkv += acc_in
                     acc_in = None
+                # a precision choice: the accumulator travels in the compute dtype (half of fp32's bytes,
+                # what comm counts), so in bf16 each hop rounds the partial sum; an fp32 accumulator on the
+                # wire would be exact to fp32 and send twice the bytes
                 dkv = dkv.to(kv.dtype)
                 acc_in = torch.empty_like(dkv)                     # the last step receives my own block's
                 grp.tracer.buffers.sample("cp", [None if kv is kv_local else kv, nxt, dkv, acc_in])
