@@ -575,7 +575,7 @@ BUBBLE_SIM_LIMIT = 2048
 
 def _bubble(args: argparse.Namespace) -> Output:
     from .schedules import build_schedule, validate
-    from .simulate import Costs, bubble_formula, bubble_formula_text, simulate, text_timeline
+    from .simulate import Costs, bubble_closed_form, simulate, text_timeline
 
     costs = Costs(args.f, args.b, args.w, args.p2p)
     if (args.schedule is None) == (args.schedule_file is None):
@@ -592,9 +592,9 @@ def _bubble(args: argparse.Namespace) -> Output:
             return _bubble_closed_form(args, costs)
         sched = validate(build_schedule(args.schedule, args.stages, args.microbatches, args.interleave))
         name = args.schedule
-        formula = bubble_formula(args.schedule, args.stages, args.microbatches, args.interleave, costs)
-        if bubble_formula_text(args.schedule, Costs(costs.f, costs.b, costs.w)) is None:
-            formula = None                  # these costs have no expression: bubble_formula simulated them
+        closed = bubble_closed_form(args.schedule, args.stages, args.microbatches, args.interleave,
+                                    Costs(costs.f, costs.b, costs.w))
+        formula = None if closed is None else closed[0]      # these costs may have no expression
     res = simulate(sched, costs)
     data = {"schedule": name, **res.to_dict()}
     p2p_note = "" if costs.p2p == 0 else " (formula for p2p = 0)"
@@ -612,27 +612,26 @@ def _bubble(args: argparse.Namespace) -> Output:
 
 def _bubble_closed_form(args: argparse.Namespace, costs: Any) -> Output:
     """``bubble`` above :data:`BUBBLE_SIM_LIMIT`: the schedule's closed form, where one applies."""
-    from .simulate import bubble_formula, bubble_formula_text
+    from .simulate import bubble_closed_form
 
     p, m, v = args.stages, args.microbatches, args.interleave
     size = f"p*m*v = {p:,}*{m:,}*{v:,} = {p * m * v:,}"
-    exact = args.schedule in ("gpipe", "1f1b", "interleaved") or (
-        args.schedule == "zb-h1" and costs.w <= min(costs.f, costs.b))
-    if costs.p2p != 0 or not exact:
-        why = "--p2p > 0" if costs.p2p != 0 else f"{args.schedule} with these costs"
-        raise ParallelLabError(f"{size} is over the simulator's limit of {BUBBLE_SIM_LIMIT:,} and {why} has no "
-                               f"closed form; pick --stages x --microbatches x --interleave <= {BUBBLE_SIM_LIMIT:,}")
     if args.schedule == "interleaved" and m % p:
         raise ParallelLabError(f"interleaved 1F1B runs micro-batches in groups of p={p}; m={m} is not a "
                                f"multiple of it; pick m in {{{p}, {2 * p}, {3 * p}, ...}}")
-    formula = bubble_formula(args.schedule, p, m, v, costs)
+    closed = bubble_closed_form(args.schedule, p, m, v, costs)
+    if closed is None:
+        why = "--p2p > 0" if costs.p2p != 0 else f"{args.schedule} with these costs"
+        raise ParallelLabError(f"{size} is over the simulator's limit of {BUBBLE_SIM_LIMIT:,} and {why} has no "
+                               f"closed form; pick --stages x --microbatches x --interleave <= {BUBBLE_SIM_LIMIT:,}")
+    formula, expression = closed
     data = {"schedule": args.schedule, "p": p, "m": m, "v": v,
             "costs": {"f": costs.f, "b": costs.b, "w": costs.w, "p2p": costs.p2p},
             "bubble_ratio": formula, "bubble_ratio_formula": formula, "simulated": False}
     text = "\n".join([
         f"{args.schedule}: p={p} stages, m={m} micro-batches" + (f", v={v} chunks" if v > 1 else ""),
         f"bubble_ratio  {formula:.4f} ({formula:.1%}) from the closed form "
-        f"{bubble_formula_text(args.schedule, costs)}; {size} is over the "
+        f"{expression}; {size} is over the "
         f"simulator's limit of {BUBBLE_SIM_LIMIT:,}, so no timeline is drawn",
     ])
     return Output(data, text)

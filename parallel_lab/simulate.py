@@ -191,8 +191,9 @@ class SimResult:
 
     def bubble_lines(self, schedule: str | None = None) -> list[str]:
         """The two bubble figures, each with its definition and, for a generated ``schedule`` whose bubble has
-        one, its closed form (:func:`bubble_formula_text`; what ``parallel-lab bubble`` prints)."""
-        text = None if schedule is None else bubble_formula_text(schedule, self.costs)
+        one, its closed form (:func:`bubble_closed_form`; what ``parallel-lab bubble`` prints)."""
+        closed = None if schedule is None else bubble_closed_form(schedule, self.p, self.m, self.v, self.costs)
+        text = None if closed is None else closed[1]
         idle = "(p-1)/(m+p-1)" if schedule in ("gpipe", "1f1b") and self.costs.p2p == 0 else None
         return [f"bubble_ratio  {self.bubble_ratio:.4f} ({self.bubble_ratio:.1%}): "
                 f"{BUBBLE_DEFINITIONS['bubble_ratio']}" + (f"; {schedule}: {text}" if text else ""),
@@ -238,59 +239,50 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
     )
 
 
-def bubble_formula(name: str, p: int, m: int, v: int = 1, costs: Costs | None = None) -> float:
-    """Closed-form ``bubble_ratio`` of a generated schedule with ``p2p = 0`` (what :func:`simulate` gives).
+def bubble_closed_form(name: str, p: int, m: int, v: int = 1, costs: Costs | None = None) -> tuple[float, str] | None:
+    """``(bubble_ratio, the expression as text)`` of a generated schedule where one expression holds
+    (``p2p = 0``), else None (the lists' timing is then simulated). The one home of these expressions:
 
     * GPipe, 1F1B: ``(p - 1) / m`` (GPipe, Huang et al. 2019; Narayanan et al. 2021 eq. 1).
     * interleaved: ``(p - 1) / (v m)`` (Narayanan et al. 2021, section 2.2.2).
     * ZB-H1: ``((p - 1)(f + b) - (min(m, p) - 1) w) / (m (f + b + w))``. For ``m >= p`` the bubble time is
       ``(p - 1)(f + b - w)``, Qi et al. 2023's ZB-H1 bubble ``(p - 1)(T_F + T_B - T_W)``; with
       ``f = b = w`` the ratio is ``(p - 1) / (3 m)``, a third of 1F1B's. The expression holds while
-      ``w <= min(f, b)`` (the W passes fit in the drain's gaps); beyond that this function simulates.
+      ``w <= min(f, b)`` (the W passes fit in the drain's gaps).
     * ZB-V (Qi et al. 2024, section 6), ``f = b = w``: ``max(p - 1, 4 p - 2 m - 2) / (6 m)``.
     * DualPipeV (DeepSeek-V3's DualPipe on a V), ``f = b = w``, ``m >= 2 p``: ``(p - 1) / (3 m)``.
-      For both, other costs are simulated (the lists' timing is then not one expression).
     """
     costs = costs or Costs()
-    if name in ("gpipe", "1f1b"):
-        return (p - 1) / m
-    if name == "interleaved":
-        return (p - 1) / (v * m)
-    if name == "zb-h1":
-        f, b, w = costs.f, costs.b, costs.w
-        if w <= min(f, b):
-            return ((p - 1) * (f + b) - (min(m, p) - 1) * w) / (m * (f + b + w))
-        return simulate(build_schedule("zb-h1", p, m), Costs(f, b, w)).bubble_ratio
-    if name in ("zb-v", "dualpipev"):
-        if not costs.f == costs.b == costs.w:
-            return simulate(build_schedule(name, p, m), Costs(costs.f, costs.b, costs.w)).bubble_ratio
-        if name == "zb-v":
-            return max(p - 1, 4 * p - 2 * m - 2) / (6 * m)
-        build_schedule(name, p, m)                      # the same error as the lists for m < 2p
-        return (p - 1) / (3 * m)
-    raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULE_NAMES)}")
-
-
-def bubble_formula_text(name: str, costs: Costs | None = None) -> str | None:
-    """The expression :func:`bubble_formula` evaluates for schedule ``name`` under ``costs``, as text (None
-    where it simulates instead, or with ``p2p > 0``, for which no expression holds)."""
-    costs = costs or Costs()
     f, b, w = costs.f, costs.b, costs.w
+    if name not in SCHEDULE_NAMES:
+        raise ParallelLabError(f"schedule {name!r} is not known; pick one of {', '.join(SCHEDULE_NAMES)}")
     if costs.p2p != 0:
         return None
     if name in ("gpipe", "1f1b"):
-        return "(p-1)/m"
+        return (p - 1) / m, "(p-1)/m"
     if name == "interleaved":
-        return "(p-1)/(v m)"
-    if name == "zb-h1" and f == b == w:
-        return "(2(p-1) - (min(m,p)-1))/(3 m), (p-1)/(3 m) once m >= p"
+        return (p - 1) / (v * m), "(p-1)/(v m)"
     if name == "zb-h1" and w <= min(f, b):
-        return "((p-1)(f+b) - (min(m,p)-1) w)/(m (f+b+w))"
+        text = ("(2(p-1) - (min(m,p)-1))/(3 m), (p-1)/(3 m) once m >= p" if f == b == w
+                else "((p-1)(f+b) - (min(m,p)-1) w)/(m (f+b+w))")
+        return ((p - 1) * (f + b) - (min(m, p) - 1) * w) / (m * (f + b + w)), text
     if name == "zb-v" and f == b == w:
-        return "max(p-1, 4p-2m-2)/(6 m)"
+        return max(p - 1, 4 * p - 2 * m - 2) / (6 * m), "max(p-1, 4p-2m-2)/(6 m)"
     if name == "dualpipev" and f == b == w:
-        return "(p-1)/(3 m)"
+        build_schedule(name, p, m)                      # the same error as the lists for m < 2p
+        return (p - 1) / (3 * m), "(p-1)/(3 m)"
     return None
+
+
+def bubble_formula(name: str, p: int, m: int, v: int = 1, costs: Costs | None = None) -> float:
+    """``bubble_ratio`` of a generated schedule with ``p2p = 0`` (what :func:`simulate` gives): its
+    :func:`bubble_closed_form` where one holds, else the simulated lists."""
+    costs = costs or Costs()
+    zero = Costs(costs.f, costs.b, costs.w)
+    closed = bubble_closed_form(name, p, m, v, zero)
+    if closed is not None:
+        return closed[0]
+    return simulate(build_schedule(name, p, m, v if name == "interleaved" else 1), zero).bubble_ratio
 
 
 def text_timeline(result: SimResult, width: int = 120) -> str:

@@ -228,6 +228,13 @@ def test_bubble_beyond_the_simulator_uses_the_closed_form(capsys):
     err = one_line_error(capsys, "bubble", "--schedule", "1f1b", "--stages", "4096", "--microbatches", "8192",
                          "--p2p", "0.1")
     assert "no closed form" in err
+    # every schedule with an expression answers from it (simulate.bubble_closed_form, the one home)
+    code, out, _ = run_main(capsys, "bubble", "--schedule", "zb-v", "--stages", "64", "--microbatches", "128",
+                            "--json")
+    assert code == 0 and json.loads(out)["bubble_ratio"] == max(63, 4 * 64 - 2 * 128 - 2) / (6 * 128)
+    err = one_line_error(capsys, "bubble", "--schedule", "zb-v", "--stages", "64", "--microbatches", "128",
+                         "--w", "2")
+    assert "zb-v with these costs has no closed form" in err
 
 
 def test_unwritable_save_targets_are_one_line_errors(capsys, tmp_path):
