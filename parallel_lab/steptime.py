@@ -27,8 +27,9 @@ fixed fraction of peak, each GEMM of a block on one rank, ``(T tokens) x (k) -> 
 d_half)`` for its smallest dimension ``d`` (small shards and short micro-batches are less efficient);
 attention takes ``c * 4 T keys q_local / (peak * e_attn)`` with ``keys`` the *causal* count,
 ``(S + 1) / 2`` per query (``flops.attention_keys``; FLOPs reported for MFU stay PaLM's) and ``c`` its
-forward + backward work in forward units (``flops.ATTENTION_FWD_BWD``: 3 eager, 3.5 for FlashAttention, whose
-backward recomputes the scores); recomputation adds
+forward + backward work in forward units (``flops.ATTENTION_FWD_BWD``: 3.5 for FlashAttention, whose
+backward recomputes the scores); an eager core (``attention="eager"``, ``cp = 1``) computes all ``S`` keys
+with GEMMs of inner width ``head_dim`` at ``e(head_dim)``, ``c = 3``; recomputation adds
 the forward it repeats; each micro-batch costs ``overhead_s`` per model chunk. TP/SP overlap rule: plain
 TP's all-reduces are exposed; with SP a fraction ``tp_overlap`` of the all-gathers and reduce-scatters hides
 behind the neighbouring GEMMs (Megatron's TP communication overlap). ``parallel-lab calibrate`` fits
@@ -255,16 +256,22 @@ def roofline_layer(model: ModelSpec, prof: StepProfile, peak: float, seq: int, t
                    recompute: str, attention: str = "eager", mlp: str = "eager") -> tuple[float, float, float]:
     """``(block forward+backward, its attention part, the recomputed forward)`` seconds of one block for one
     micro-batch on one rank (tokens ``mb * seq / cp``; the GEMMs see them all, SP gathers them first). The
-    GEMMs' backward is twice their forward; the attention core's is ``flops.ATTENTION_FWD_BWD[attention]``
-    less one (FlashAttention recomputes the scores)."""
+    GEMMs' backward is twice their forward; the attention core's is ``flops.ATTENTION_FWD_BWD[kernel]``
+    less one (FlashAttention recomputes the scores). A fused kernel (and CP's blockwise cores) computes the
+    causal half at ``attention_efficiency``; an eager core computes every score with two GEMMs of inner width
+    ``head_dim`` at their roofline efficiency, the softmax's memory traffic left out (a lower bound)."""
     tokens = mb * seq / cp
     gemms = {name: gemm_time(tokens, n, k, peak, prof) for name, n, k in block_gemms(model, tp)}
     fwd = sum(gemms.values())
-    attn_fwd = (4.0 * tokens * attention_keys(seq, "causal") * layout.q_width_local(model, tp)
-                / (peak * prof.attention_efficiency))
+    if attention == "flash" or cp > 1:       # a fused kernel, or CP's blockwise cores: masked blocks skipped
+        kernel, keys, eff = "flash", attention_keys(seq, "causal"), prof.attention_efficiency
+    else:                                    # eager: two GEMMs over every key (the mask zeroes, never skips)
+        d = model.head_dim                   # of inner width head_dim; the softmax's memory traffic not counted
+        kernel, keys, eff = "eager", attention_keys(seq, "palm"), prof.matmul_efficiency * d / (d + prof.half_width)
+    attn_fwd = 4.0 * tokens * keys * layout.q_width_local(model, tp) / (peak * eff)
     params, core = recomputed(model, recompute, mlp)
     again = fwd * params / max(1, matmul_params(model)[0]) + (attn_fwd if core else 0.0)
-    attn = ATTENTION_FWD_BWD[attention] * attn_fwd
+    attn = ATTENTION_FWD_BWD[kernel] * attn_fwd
     return 3.0 * fwd + attn, attn, again
 
 

@@ -98,15 +98,21 @@ def test_the_attention_speed_each_count_needs_brackets_the_prior():
     assert predicted_tflops(runs[2], cluster) == pytest.approx(380.0, rel=2e-3)
 
 
-def test_flash_attentions_backward_recomputes_the_scores():
-    """The roofline charges an eager core forward + 2x backward and FlashAttention forward + 2.5x (its
-    backward computes the scores again): at the same efficiency the flash core takes 3.5 / 3 as long."""
+def test_flash_attentions_backward_recomputes_the_scores_and_eager_computes_every_score():
+    """The roofline charges FlashAttention forward + 2.5x backward (its backward computes the scores again) on
+    the causal half; an eager core forward + 2x backward on every score, as GEMMs of inner width head_dim.
+    So eager is the slower of the two under any profile, and flash's time follows its efficiency alone."""
     from parallel_lab.steptime import roofline_layer
     model = ModelSpec.preset("llama3-8b")
-    prof = StepProfile()
-    _, eager, _ = roofline_layer(model, prof, H100.peak_flops, 8192, 1, 1, 1, "none", "eager")
-    _, flash, _ = roofline_layer(model, prof, H100.peak_flops, 8192, 1, 1, 1, "none", "flash")
-    assert flash / eager == pytest.approx(3.5 / 3)
+    for prof in (StepProfile(), StepProfile(matmul_efficiency=0.55)):
+        _, eager, _ = roofline_layer(model, prof, H100.peak_flops, 8192, 1, 1, 1, "none", "eager")
+        _, flash, _ = roofline_layer(model, prof, H100.peak_flops, 8192, 1, 1, 1, "none", "flash")
+        assert eager > flash
+        tokens, q = 8192, model.heads * model.head_dim
+        assert flash == pytest.approx(3.5 * 4 * tokens * (8192 + 1) / 2 * q / (H100.peak_flops * 0.34))
+        d = model.head_dim
+        assert eager == pytest.approx(3 * 4 * tokens * 8192 * q / (H100.peak_flops * prof.matmul_efficiency
+                                                                    * d / (d + prof.half_width)))
 
 
 def test_flops_convention_column_and_flag(tmp_path):
