@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from .flops import recomputed
 from .layout import (  # noqa: F401  (pack_buckets, ddp_buckets, rank_of, group_ranks, tier_of: re-exported)
     ddp_buckets,
     expert_grad_tensors,
@@ -367,8 +368,8 @@ def _cp_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[str,
       rank's input ``s b (q + 2 kv') d``) and one of the output back (``s b q d``); backward the same two
       with the gradients. ``kv'`` is ``kv`` with each key/value head repeated ``cp / gcd(kv_heads, cp)``
       times so that ``cp`` divides them (tiny-llama, cp 4: 2 kv heads sent as 4).
-    Full recomputation, and selective recomputation (which recomputes the attention core, and with it
-    the core's communication), repeat the forward's traffic during backward.
+    Every recomputation that runs the attention core again (``flops.recomputed``: selective, op-sac and full)
+    repeats the core's forward traffic during backward.
     """
     if plan.cp == 1 or not model.shape_known:
         return []
@@ -402,7 +403,7 @@ def cp_layer_collectives(model: ModelSpec, plan: Plan) -> list[Collective]:
         bwd = [Collective("cp", "all_to_all", Mq, c, 1, "backward", "output grad to head-sharded"),
                Collective("cp", "all_to_all", Mqkv, c, 1, "backward", "dQ, dK, dV back")]
     out = fwd + bwd
-    if plan.recompute in ("full", "selective"):
+    if recomputed(model, plan.recompute, plan.mlp)[1]:         # the core runs again, and so do its collectives
         out += [replace(x, phase="backward", note="recomputed forward: " + x.note) for x in fwd]
     return out
 

@@ -261,3 +261,16 @@ def test_payload_bytes_are_integers():
     colls = collectives(ModelSpec.preset("tiny-llama"), Plan(dp=2, tp=2, zero=1, seq=128, sp=True))
     assert all(isinstance(v, int) for v in payload_bytes(colls).values())
     assert all(isinstance(c.message_bytes, int) for c in colls)
+
+
+def test_every_recompute_that_reruns_the_core_repeats_its_cp_traffic():
+    """``flops.recomputed`` is the one rule: the ledger drops all-gather's kept K/V under it (the backward gathers
+    them again), and comm charges that gather (op-sac included)."""
+    from parallel_lab import comm, ledger
+    from parallel_lab.flops import recomputed
+    model = ModelSpec.preset("llama3-8b")
+    for recompute in ("none", "selective", "op-sac", "full"):
+        plan = Plan(cp=4, seq=8192, cp_kind="allgather", recompute=recompute, attention="flash")
+        again = [c for c in comm.cp_layer_collectives(model, plan) if c.note.startswith("recomputed")]
+        assert bool(again) == recomputed(model, recompute)[1], recompute
+        assert ("cp_gathered_kv" in ledger.activation_terms(model, plan)) == (not again), recompute
