@@ -327,9 +327,9 @@ def test_plan_cli_text_fix_and_errors(capsys):
 
 def test_the_plans_shown_pass_memorys_whole_verdict_and_the_rest_are_named():
     """The search ranks by totals; ``top`` leaves out every plan whose peak at one moment does not fit, so no
-    plan the planner proposes is one ``parallel-lab memory`` rejects. Llama 2 70B on 32 H100s at 4K: several
-    full-recompute plans hold 70-72 GB in total but reach 86 GB at one moment (the recomputed layer's eager
-    attention gradients on top of the saved inputs)."""
+    plan the planner proposes is one ``parallel-lab memory`` rejects. Llama 2 70B on 32 H100s at 4K: ten plans
+    among the first ranked (ZeRO-0 or 1, most with selective recomputation) hold 62.6-71.2 GB in total but
+    72.5-79.5 GB at one moment (the eager attention core's transients on top of the saved activations)."""
     model = ModelSpec.preset("llama2-70b")
     res = plan_search(model, H100, 32, 4096, global_batch_tokens="1M")
     shown, dropped = res.top(10), res.dropped_at_peak(10)
