@@ -744,14 +744,23 @@ def _plan(args: argparse.Namespace) -> Output:
                      "free GB", "step s", "MFU", "bubble", "exposed comm (ms)"), left=(6, 9, 10, 16)),
         "rejected families: " + (", ".join(f"{k} {v}" for k, v in res.rejected.items()) or "none"),
     ]
+    if not shown and res.estimates:            # nothing to tabulate: say why instead of an empty table
+        lines[2] = (f"every one of the {len(dropped):,} plans checked fits by its total but not at its peak at "
+                    f"one moment (memory's verdict)")
+        dropped_note = "checked"
+    else:
+        dropped_note = "ranked among these"
     if any(e.fields.get("zero2_accumulate") == "sharded" for e in shown):
         lines.insert(-1, "zero 2s: ZeRO-2 reduce-scattering every micro-batch (zero2_accumulate=sharded)")
     if dropped:
-        lines.insert(-1, f"left out: {len(dropped)} plan{'s' * (len(dropped) > 1)} ranked among these that "
+        lines.insert(-1, f"left out: {len(dropped)} plan{'s' * (len(dropped) > 1)} {dropped_note} that "
                          f"{'fit by their totals' if len(dropped) > 1 else 'fits by its total'} but not at "
                          f"{'their peaks' if len(dropped) > 1 else 'its peak'} at one moment ("
                          + ", ".join(f"{_plan_degrees(e)} {e.need_bytes / GB:,.3g} GB" for e in dropped[:3])
                          + (", ..." if len(dropped) > 3 else "") + ")")
+    if res.scan_stopped(args.top):
+        lines.insert(-1, f"checked the first {res.scan_limit(args.top):,} of the {len(res.estimates):,} plans that fit "
+                         f"by their totals at their peak at one moment: {len(shown)} fit; the rest are unchecked")
     if not shown:
         lines.append("no plan fits: allow more GPUs, recomputation, ZeRO, or a smaller micro-batch")
     if args.save:
@@ -765,10 +774,14 @@ def _plan(args: argparse.Namespace) -> Output:
 
 
 def _plan_degrees(e: Any) -> str:
-    """``dp 32 tp 1 pp 2 zero 3 mb 1``: enough of a planner row to find it."""
+    """``dp 32 pp 2 zero 3 mb 1 selective 1f1b``: enough of a planner row to tell it from its neighbours."""
     f = e.fields
-    return " ".join(f"{k} {f[k]}" for k in ("dp", "tp", "pp", "cp", "zero", "micro_batch")
-                    if f[k] != 1 or k in ("dp", "zero")).replace("micro_batch", "mb")
+    out = " ".join(f"{k} {f[k]}" for k in ("dp", "tp", "pp", "cp", "zero", "micro_batch")
+                   if f[k] != 1 or k in ("dp", "zero", "micro_batch")).replace("micro_batch", "mb")
+    out += " sp" * bool(f["sp"]) + f" {f['recompute']}"
+    if f["pp"] > 1:
+        out += f" {f['schedule']}" + (f" v={f['interleave']}" if f["interleave"] > 1 else "")
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1212,7 +1225,7 @@ def _launch(args: argparse.Namespace) -> Output:
         data["torchtitan_note"] = str(e)
     data["torchtitan_notes"] = cluster_job.torchtitan_notes(pf, args.torchtitan_config)
     lines = [f"{pf.phase}: {job.nodes} node(s) x {job.gpus_per_node} GPUs ({pf.cluster.name}), "
-             f"c10d rendezvous on the head node, port {job.port}"]
+             f"c10d rendezvous on {head or 'the head node'}, port {job.port}"]
     if args.slurm:
         script = cluster_job.sbatch_script(pf, args.plan_file, entry=args.entry, port=port, time=args.time,
                                            partition=args.partition, config=args.torchtitan_config, head=head)

@@ -64,19 +64,32 @@ def ranks_on_this_machine(world: int) -> tuple[int, bool]:
 
 
 def rendezvous(endpoint: str | None, port: int | None = None) -> tuple[str | None, int]:
-    """``(host, port)`` of torchrun's ``--rdzv-endpoint HOST[:PORT]`` (host None: the allocation's first node);
-    ``port`` is ``--rdzv-port``, which must agree with the endpoint's when both are given."""
-    host, _, text = (endpoint or "").rpartition(":") if endpoint and ":" in endpoint else (endpoint, "", "")
-    if text:
+    """``(host, port)`` of torchrun's ``--rdzv-endpoint HOST[:PORT]`` (host None: the allocation's first node;
+    an IPv6 address in brackets, ``[fe80::1]:29500``); ``port`` is ``--rdzv-port``, which must agree with
+    the endpoint's when both are given."""
+    if endpoint is None:
+        return None, DEFAULT_PORT if port is None else port
+    if endpoint.startswith("["):
+        host, sep, rest = endpoint.partition("]")
+        host, text = host + sep, rest[1:] if rest.startswith(":") else None
+        if not sep or (rest and not rest.startswith(":")):
+            raise ParallelLabError(f"--rdzv-endpoint {endpoint!r}: write an IPv6 host as [ADDRESS] or [ADDRESS]:PORT")
+    elif endpoint.count(":") > 1:
+        raise ParallelLabError(f"--rdzv-endpoint {endpoint!r} has more than one ':'; write HOST:PORT, an IPv6 "
+                               f"address in brackets: [fe80::1]:29500")
+    else:
+        host, sep, text = endpoint.partition(":")
+        text = text if sep else None
+    if not host or host == "[]":
+        raise ParallelLabError(f"--rdzv-endpoint {endpoint!r} has no host; write HOST[:PORT], e.g. node001:29500")
+    if text is not None:
         if not text.isdigit() or not 0 < int(text) < 65536:
             raise ParallelLabError(f"--rdzv-endpoint {endpoint!r}: the port {text!r} is not a port number; "
                                    f"write HOST:PORT, e.g. node001:29500")
         if port is not None and port != int(text):
             raise ParallelLabError(f"--rdzv-endpoint {endpoint!r} and --rdzv-port {port} name two ports; give one")
         port = int(text)
-    if endpoint is not None and not host:
-        raise ParallelLabError(f"--rdzv-endpoint {endpoint!r} has no host; write HOST[:PORT], e.g. node001:29500")
-    return host or None, DEFAULT_PORT if port is None else port
+    return host, DEFAULT_PORT if port is None else port
 
 
 def job_of(pf: PlanFile, port: int = DEFAULT_PORT) -> Job:
@@ -104,13 +117,14 @@ def torchtitan_config(pf: PlanFile, config: str | None = None) -> list[str]:
 
 def check_lab_entry(pf: PlanFile) -> None:
     """Refuse ``--entry parallel-lab`` for a plan ``parallel-lab run`` cannot execute: it checks every step
-    against a one-process reference of the whole model, on global rank 0, which must fit on one device."""
+    against a one-process reference of the whole model, on global rank 0, which must fit on one device
+    (``memory``'s need, the larger of total and peak, against the whole HBM: what cannot run, not what is safe)."""
     from .ledger import memory
 
     p = pf.plan
     one = Plan(seq=p.seq, micro_batch=p.micro_batch, optimizer=p.optimizer, dtype=p.dtype, attention=p.attention,
                mlp=p.mlp, recompute=p.recompute)
-    need = memory(pf.model, one, pf.cluster).total_bytes
+    need = memory(pf.model, one, pf.cluster).need_bytes
     if need > pf.cluster.hbm_bytes:
         raise ParallelLabError(f"--entry parallel-lab runs `parallel-lab run --plan`, which checks every step against "
                                f"a one-process reference of the whole {pf.model.name}: {need / 1e9:,.1f} GB on one "

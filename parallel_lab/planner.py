@@ -576,6 +576,11 @@ class _Fast:
 # Enumeration
 # --------------------------------------------------------------------------------------------------
 
+#: :meth:`PlannerResult.top` checks at most ``PEAK_SCAN_PER_PLAN`` plans per plan asked for (and at least
+#: ``PEAK_SCAN_MIN``) at their peak at one moment.
+PEAK_SCAN_PER_PLAN, PEAK_SCAN_MIN = 16, 64
+
+
 @dataclass
 class PlannerResult:
     """Ranked plans (best first), rejected families by reason, and what was searched."""
@@ -606,15 +611,28 @@ class PlannerResult:
             ok = self._at_peak[i] = led.fits
         return ok
 
+    def scan_limit(self, n: int | None) -> int:
+        """How many estimates :meth:`top` checks at their peak for ``n`` plans: ``PEAK_SCAN_PER_PLAN * n``
+        (at least ``PEAK_SCAN_MIN``), every one for ``n=None``; a peak costs up to ~20 ms (405B), so a search
+        whose plans nearly all fail at their peak stops there instead of checking 10^4 of them."""
+        total = len(self.estimates)
+        return total if n is None else min(total, max(PEAK_SCAN_MIN, PEAK_SCAN_PER_PLAN * n))
+
     def _shown(self, n: int | None) -> list[int]:
-        """Indices of the first ``n`` estimates (all if None) that fit at their peak too."""
+        """Indices of the first ``n`` estimates (all if None) that fit at their peak too, among the first
+        :meth:`scan_limit` by total."""
         out: list[int] = []
-        for i in range(len(self.estimates)):
+        for i in range(self.scan_limit(n)):
             if n is not None and len(out) >= n:
                 break
             if self.fits_at_peak(i):
                 out.append(i)
         return out
+
+    def scan_stopped(self, n: int | None) -> bool:
+        """Whether :meth:`top` found fewer than ``n`` plans because it stopped at :meth:`scan_limit`, with
+        plans left that fit by their totals (they were not checked at their peak)."""
+        return n is not None and len(self._shown(n)) < n and self.scan_limit(n) < len(self.estimates)
 
     def top(self, n: int | None = None) -> list[Estimate]:
         """The ``n`` best plans (all if None) that fit by ``memory``'s verdict, best first: the ranking with
@@ -622,11 +640,12 @@ class PlannerResult:
         return [self.estimates[i] for i in self._shown(n)]
 
     def dropped_at_peak(self, n: int | None = None) -> list[Estimate]:
-        """The plans ranked above the last of :meth:`top`'s ``n`` that fit by their totals but not at their
-        peak at one moment (:meth:`top` leaves them out)."""
+        """The plans ranked above the last of :meth:`top`'s ``n`` (fewer than ``n`` found: among the
+        :meth:`scan_limit` checked) that fit by their totals but not at their peak at one moment (:meth:`top`
+        leaves them out)."""
         shown = self._shown(n)
-        last = shown[-1] if shown else len(self.estimates) - 1
-        return [self.estimates[i] for i in range(last + 1) if not self.fits_at_peak(i)]
+        end = shown[-1] + 1 if n is not None and len(shown) == n else self.scan_limit(n)
+        return [self.estimates[i] for i in range(end) if not self.fits_at_peak(i)]
 
     def rank_of(self, **fields: Any) -> int | None:
         """1-based rank, in :meth:`top`, of the best plan whose fields match ``fields`` (None if none fits);

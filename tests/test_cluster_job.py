@@ -56,7 +56,10 @@ def test_the_rendezvous_endpoint_is_spelled_as_torchrun_spells_it(capsys):
     assert cluster_job.rendezvous("node001:29400") == ("node001", 29400)
     assert cluster_job.rendezvous("node001", 29411) == ("node001", 29411)
     assert cluster_job.rendezvous("[fe80::1]:29400") == ("[fe80::1]", 29400)
-    for bad, why in (("node001:x", "not a port number"), (":29400", "no host"), ("node001:70000", "not a port")):
+    assert cluster_job.rendezvous("[fe80::1]") == ("[fe80::1]", 29500)
+    for bad, why in (("node001:x", "not a port number"), (":29400", "no host"), ("node001:70000", "not a port"),
+                     ("node001:", "not a port number"), ("a:b:1", "more than one"), ("fe80::1", "brackets"),
+                     ("[fe80::1", "IPv6"), ("[]:29400", "no host")):
         with pytest.raises(ParallelLabError, match=why):
             cluster_job.rendezvous(bad)
     with pytest.raises(ParallelLabError, match="two ports"):
@@ -65,7 +68,7 @@ def test_the_rendezvous_endpoint_is_spelled_as_torchrun_spells_it(capsys):
     plan = str(ROOT / "examples/plans/tiny-tp2-sp.yaml")
     assert main(["launch", plan, "--rdzv-endpoint", "node001:29400"]) == 0
     out = capsys.readouterr().out
-    assert "--rdzv-endpoint=node001:29400" in out and "HEAD_NODE" not in out
+    assert "--rdzv-endpoint=node001:29400" in out and "HEAD_NODE" not in out and "rendezvous on node001" in out
     assert main(["launch", plan, "--slurm", "--rdzv-endpoint", "node001"]) == 0
     out = capsys.readouterr().out
     assert "HEAD_NODE=node001" in out and "scontrol" not in out and "--rdzv-endpoint=$HEAD_NODE:29500" in out

@@ -354,6 +354,22 @@ def test_the_plans_shown_pass_memorys_whole_verdict_and_the_rest_are_named():
         assert res.rank_of(**e.fields) is None
 
 
+def test_the_peak_check_stops_after_a_bounded_number_of_plans(monkeypatch):
+    """A peak costs up to ~20 ms: ``top(n)`` checks at most ``PEAK_SCAN_PER_PLAN * n`` plans (at least
+    ``PEAK_SCAN_MIN``) and says when it stopped with plans left unchecked."""
+    import parallel_lab.planner as planner_mod
+    model = ModelSpec.preset("llama2-70b")
+    res = plan_search(model, H100, 32, 4096, global_batch_tokens="1M")
+    first_fit = res.estimates.index(res.top(1)[0])
+    assert first_fit >= 2 and not res.scan_stopped(1)        # the leaders fail at their peak (test above)
+    monkeypatch.setattr(planner_mod, "PEAK_SCAN_MIN", 2)
+    monkeypatch.setattr(planner_mod, "PEAK_SCAN_PER_PLAN", 1)
+    fresh = plan_search(model, H100, 32, 4096, global_batch_tokens="1M")
+    assert fresh.scan_limit(1) == 2 and fresh.top(1) == [] and fresh.scan_stopped(1)
+    assert len(fresh.dropped_at_peak(1)) == 2 and len(fresh._at_peak) == 2       # only two peaks computed
+    assert fresh.scan_limit(None) == len(fresh.estimates)
+
+
 def test_plan_cli_names_the_plans_left_out_at_their_peak(capsys):
     code, out, _ = _cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "32", "--seq", "4096",
                         "--global-batch-tokens", "1M", "--top", "10")

@@ -159,6 +159,9 @@ class PlannerExplorer(Explorer):
         if not listed:
             self._empty_search = res                    # its rejected families explain the error
             reasons = ", ".join(f"{REASON_TEXT.get(r, r)} ({n} families)" for r, n in res.rejected.items())
+            if res.estimates:                            # plans that fit by their totals, none at their peak
+                reasons = (f"{len(res.dropped_at_peak(v['top'])):,} plans fit by their totals but not at their "
+                           f"peak at one moment" + (f"; {reasons}" if reasons else ""))
             raise ParallelLabError(f"no plan for {model.name} on {res.gpus} x {cluster.name} at "
                                    f"seq={res.seq} with {v['batch_tokens']} tokens per batch: "
                                    f"{reasons or 'nothing to try'}; "
