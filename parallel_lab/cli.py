@@ -532,7 +532,9 @@ def _flops(args: argparse.Namespace) -> Output:
                  ("model TFLOP/s per GPU (palm)",
                   f"{rep.model_flops_per_step / args.step_time / plan.world / 1e12:,.1f}")]
     text = "\n".join([describe(model, plan), table(rows), f"palm: {rep.formula}",
-                      f"causal: {CONVENTIONS['causal']}"])
+                      f"causal: {CONVENTIONS['causal']}",
+                      "hardware: palm plus the forward work recomputation repeats (Korthikanti et al. 2022's "
+                      "HFU count; a causal kernel's own count is lower, its masked half skipped)"])
     return Output(data, text)
 
 
