@@ -183,3 +183,21 @@ def test_torchtitan_config_loader_accepts_the_flags():
     assert cfg.training.seq_len == 8192 and cfg.parallelism.enable_sequence_parallel is True
     assert cfg.parallelism.data_parallel_shard_degree == 128 and cfg.parallelism.fsdp_reshard_after_forward == "never"
     assert type(cfg.activation_checkpoint).__name__.lower().startswith("no")
+    assert cfg.parallelism.pipeline_parallel_first_stage_less_layers == 0 == \
+        cfg.parallelism.pipeline_parallel_last_stage_less_layers
+    # the interleaved embed-head split, op-sac and an fp32 plan without a pipeline
+    meta = make_plan_file(L405, H100, Plan(dp=128, tp=8, pp=16, zero=2, sp=True, micro_batch=1, grad_accum=16,
+                                           seq=8192, schedule="interleaved", interleave=8, pp_split="embed-head",
+                                           recompute="op-sac"), phase="b")
+    cfg = manager.ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_70b",
+                                              *cluster_job.torchtitan_flags(meta)])
+    assert cfg.parallelism.pipeline_parallel_schedule == "Interleaved1F1B"
+    assert cfg.parallelism.pipeline_parallel_layers_per_stage == 1
+    assert cfg.parallelism.pipeline_parallel_first_stage_less_layers == 1
+    assert type(cfg.activation_checkpoint).__qualname__.lower().startswith("selective")
+    fp32 = make_plan_file(L405, H100, Plan(dp=64, tp=8, zero=3, micro_batch=1, grad_accum=4, seq=8192,
+                                           optimizer="adam-fp32", dtype="fp32"), phase="c")
+    cfg = manager.ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_70b",
+                                              *cluster_job.torchtitan_flags(fp32)])
+    assert cfg.training.mixed_precision_param == "float32" and cfg.training.local_batch_size == 1
+    assert cfg.training.global_batch_size == 256
