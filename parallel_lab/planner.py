@@ -647,13 +647,25 @@ class PlannerResult:
         end = shown[-1] + 1 if n is not None and len(shown) == n else self.scan_limit(n)
         return [self.estimates[i] for i in range(end) if not self.fits_at_peak(i)]
 
-    def rank_of(self, **fields: Any) -> int | None:
-        """1-based rank, in :meth:`top`, of the best plan whose fields match ``fields`` (None if none fits);
-        only the matches and the plans above the first that fits have their peak checked."""
+    def _first_match(self, fields: dict[str, Any]) -> int | None:
+        """Index of the best plan whose fields match ``fields`` and that fits at its peak (only the matches are
+        checked at their peak)."""
         for j, e in enumerate(self.estimates):
             if all(e.fields[k] == v for k, v in fields.items()) and self.fits_at_peak(j):
-                return sum(self.fits_at_peak(k) for k in range(j)) + 1
+                return j
         return None
+
+    def best_matching(self, **fields: Any) -> Estimate | None:
+        """The best plan whose fields match ``fields`` that passes ``memory``'s whole verdict (None if none):
+        cheap, unlike :meth:`rank_of`, which checks every plan above it."""
+        j = self._first_match(fields)
+        return None if j is None else self.estimates[j]
+
+    def rank_of(self, **fields: Any) -> int | None:
+        """1-based rank, in :meth:`top`, of the best plan whose fields match ``fields`` (None if none fits);
+        the matches and every plan above the first that fits have their peak checked (up to ~20 ms each)."""
+        j = self._first_match(fields)
+        return None if j is None else sum(self.fits_at_peak(k) for k in range(j)) + 1
 
     def to_json(self, top: int | None = None) -> dict[str, Any]:
         """The JSON of ``parallel-lab plan``: with ``top``, the best ``top`` of :meth:`top` and the plans

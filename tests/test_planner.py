@@ -262,9 +262,10 @@ def test_llama3_plans_in_the_ledger(seq, reported_tflops, search_8k, search_131k
     per_layer = ledger.activation_bytes_per_layer(L405, plan)
     assert led.per_gpu_bytes["activations"] == pytest.approx(8 * 16 * per_layer)
     assert led.total_bytes > H100.hbm_bytes
-    assert res.rank_of(**META[seq], zero=2, sp=True, micro_batch=1, recompute="selective") is None
+    assert res.best_matching(**META[seq], zero=2, sp=True, micro_batch=1, recompute="selective") is None
     # with full recomputation the same degrees fit, and rank well below the top
-    assert res.rank_of(**META[seq], recompute="full") is not None
+    full = res.best_matching(**META[seq], recompute="full")
+    assert full is not None and full.step_time_s > res.top(1)[0].step_time_s
     # time: with Meta's interleaved bubble the estimate is within 15% of the reported throughput
     est = evaluate(L405, H100, plan, bubble_ratio=15 / 128)
     tflops = est.mfu * H100.peak_flops / 1e12
@@ -351,7 +352,8 @@ def test_the_plans_shown_pass_memorys_whole_verdict_and_the_rest_are_named():
                                            "schedule", "interleave", "sp")}
         assert res.rank_of(**fields) == rank
     for e in dropped:                       # all of a plan's fields name it alone: a dropped plan has no rank
-        assert res.rank_of(**e.fields) is None
+        assert res.rank_of(**e.fields) is None and res.best_matching(**e.fields) is None
+    assert res.best_matching(**shown[3].fields) is shown[3]
 
 
 def test_the_peak_check_stops_after_a_bounded_number_of_plans(monkeypatch):
