@@ -144,6 +144,31 @@ def _golden(f: Any, lo: float, hi: float, iters: int = 40) -> float:
     return (a + b) / 2
 
 
+def _root(f: Any, lo: float, hi: float, xtol: float = 1e-9, iters: int = 60) -> float | None:
+    """A root of a continuous increasing ``f`` on ``[lo, hi]`` (None if ``f`` keeps one sign there): regula
+    falsi, Illinois variant, a few evaluations where bisection or a golden search take dozens."""
+    f_lo, f_hi = f(lo), f(hi)
+    if f_lo > 0 or f_hi < 0:
+        return None
+    side, mid = 0, lo
+    for _ in range(iters):
+        if f_hi == f_lo:
+            break
+        mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+        f_mid = f(mid)
+        if f_mid == 0 or hi - lo < xtol:
+            return mid
+        if f_mid < 0:
+            lo, f_lo = mid, f_mid
+            f_hi, side = (f_hi / 2 if side == -1 else f_hi), -1
+        else:
+            hi, f_hi = mid, f_mid
+            f_lo, side = (f_lo / 2 if side == 1 else f_lo), 1
+        if abs(f_mid) < 1e-12:
+            return mid
+    return mid
+
+
 def fit_profile(runs: list[Run], cluster: ClusterSpec,
                 prior: StepProfile | None = None) -> tuple[ClusterSpec, list[str]]:
     """``cluster`` with a fitted :class:`StepProfile`, and the names of the fitted parameters."""
@@ -159,6 +184,11 @@ def fit_profile(runs: list[Run], cluster: ClusterSpec,
                                                        + ", ".join(r.name for r in runs)))
 
     def best_e(o: float) -> float:
+        if len(runs) == 1:       # one run is matched exactly: the predicted throughput rises with e
+            r = runs[0]
+            e = _root(lambda e: math.log(predicted_tflops(r, with_(e, o)) / r.tflops_per_gpu), 0.05, 1.0)
+            if e is not None:
+                return e
         return _golden(lambda e: _loss(runs, with_(e, o)), 0.05, 1.0)
 
     if "overhead_s" in fitted:
@@ -176,24 +206,9 @@ def attention_efficiency_needed(run: Run, fit_runs: list[Run], cluster: ClusterS
     kernels reach (``StepProfile``'s prior), never used as a profile."""
     def miss(e_attn: float) -> float:
         base = replace(cluster, profile=replace(cluster.profile or StepProfile(), attention_efficiency=e_attn))
-        return predicted_tflops(run, fit_profile(fit_runs, base)[0]) - run.tflops_per_gpu
+        return math.log(predicted_tflops(run, fit_profile(fit_runs, base)[0]) / run.tflops_per_gpu)
 
-    f_lo, f_hi = miss(lo), miss(hi)
-    if f_lo > 0 or f_hi < 0:          # faster attention predicts more TFLOP/s: the miss rises with e_attn
-        return None
-    side = 0
-    for _ in range(40):               # regula falsi, Illinois variant: a few fits instead of dozens
-        mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
-        f_mid = miss(mid)
-        if abs(f_mid) < 1e-3 * run.tflops_per_gpu or hi - lo < 1e-6:
-            return mid
-        if f_mid < 0:
-            lo, f_lo = mid, f_mid
-            f_hi, side = (f_hi / 2 if side == -1 else f_hi), -1
-        else:
-            hi, f_hi = mid, f_mid
-            f_lo, side = (f_lo / 2 if side == 1 else f_lo), 1
-    return mid
+    return _root(miss, lo, hi, xtol=1e-4)
 
 
 def _cluster_json(cluster: ClusterSpec) -> dict[str, Any]:
