@@ -156,7 +156,7 @@ def _root(f: Any, lo: float, hi: float, xtol: float = 1e-9, iters: int = 60) -> 
             break
         mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
         f_mid = f(mid)
-        if f_mid == 0 or hi - lo < xtol:
+        if abs(f_mid) < 1e-12 or hi - lo < xtol:
             return mid
         if f_mid < 0:
             lo, f_lo = mid, f_mid
@@ -164,8 +164,6 @@ def _root(f: Any, lo: float, hi: float, xtol: float = 1e-9, iters: int = 60) -> 
         else:
             hi, f_hi = mid, f_mid
             f_lo, side = (f_lo / 2 if side == 1 else f_lo), 1
-        if abs(f_mid) < 1e-12:
-            return mid
     return mid
 
 

@@ -206,8 +206,10 @@ class StageFlops:
         self.model, self.split, self.mlp, self.attention_kernel = model, split, mlp, attention
         self.per_layer = 6.0 * n_blocks / model.layers + 12.0 * q * seq
         attn_fwd = 4.0 * q * seq
-        self.extra = {r: 2.0 * params / model.layers + (attn_fwd if core else 0.0)
-                      for r, (params, core) in ((r, recomputed(model, r, mlp)) for r in RECOMPUTE)}
+        self.extra: dict[str, float] = {}
+        for r in RECOMPUTE:                  # per layer: the matmuls and the core that backward runs again
+            params, core = recomputed(model, r, mlp)
+            self.extra[r] = 2.0 * params / model.layers + (attn_fwd if core else 0.0)
         self.head = 6.0 * n_head
         self.attn = 12.0 * q * seq
         self._nl: dict[tuple[int, int, int], int] = {}
@@ -245,10 +247,14 @@ def block_gemms(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
     return out
 
 
+def gemm_rate(d: float, peak: float, prof: StepProfile) -> float:
+    """FLOP/s of a GEMM whose smallest dimension is ``d``: ``peak * e(d)``, ``e(d) = e_max d / (d + d_half)``."""
+    return peak * prof.matmul_efficiency * d / (d + prof.half_width)
+
+
 def gemm_time(tokens: float, n: int, k: int, peak: float, prof: StepProfile) -> float:
     """Forward seconds of ``(tokens x k) @ (k x n)`` at the shape's efficiency (module docstring)."""
-    d = min(tokens, n, k)
-    return 2.0 * tokens * n * k / (peak * prof.matmul_efficiency * d / (d + prof.half_width))
+    return 2.0 * tokens * n * k / gemm_rate(min(tokens, n, k), peak, prof)
 
 
 @lru_cache(maxsize=8192)
@@ -264,11 +270,11 @@ def roofline_layer(model: ModelSpec, prof: StepProfile, peak: float, seq: int, t
     gemms = {name: gemm_time(tokens, n, k, peak, prof) for name, n, k in block_gemms(model, tp)}
     fwd = sum(gemms.values())
     if attention == "flash" or cp > 1:       # a fused kernel, or CP's blockwise cores: masked blocks skipped
-        kernel, keys, eff = "flash", attention_keys(seq, "causal"), prof.attention_efficiency
+        kernel, keys, rate = "flash", attention_keys(seq, "causal"), peak * prof.attention_efficiency
     else:                                    # eager: two GEMMs over every key (the mask zeroes, never skips)
-        d = model.head_dim                   # of inner width head_dim; the softmax's memory traffic not counted
-        kernel, keys, eff = "eager", attention_keys(seq, "palm"), prof.matmul_efficiency * d / (d + prof.half_width)
-    attn_fwd = 4.0 * tokens * keys * layout.q_width_local(model, tp) / (peak * eff)
+        # of inner width head_dim; the softmax's memory traffic is not counted
+        kernel, keys, rate = "eager", attention_keys(seq, "palm"), gemm_rate(model.head_dim, peak, prof)
+    attn_fwd = 4.0 * tokens * keys * layout.q_width_local(model, tp) / rate
     params, core = recomputed(model, recompute, mlp)
     again = fwd * params / max(1, matmul_params(model)[0]) + (attn_fwd if core else 0.0)
     attn = ATTENTION_FWD_BWD[kernel] * attn_fwd

@@ -108,9 +108,7 @@ def test_sbatch_script_is_valid_bash_and_shellcheck_clean(tmp_path):
 def test_torchtitan_flags_follow_the_plan_and_refuse_what_it_cannot_express():
     flags = cluster_job.torchtitan_flags(meta_8k())
     assert "--parallelism.enable_sequence_parallel" in flags and flags[-1] == "activation-checkpoint:none"
-    valued = [f for f in flags[:-1] if f not in ("--parallelism.enable_sequence_parallel",
-                                                 "--training.disable_cuda_graphs")]
-    got = dict(zip(valued[::2], valued[1::2], strict=True))
+    got, _ = _flags(meta_8k())
     assert got["--parallelism.tensor_parallel_degree"] == "8"
     assert got["--parallelism.pipeline_parallel_degree"] == "16"
     assert got["--parallelism.data_parallel_shard_degree"] == "128"
