@@ -31,7 +31,7 @@ from typing import Any
 from .errors import ParallelLabError
 from .flops import CONVENTIONS, step_flops
 from .microfit import CommSample, GemmFit, GemmSample, LinkFit, fit_gemm, fit_link
-from .specs import ClusterSpec, LinkTier, ModelSpec, Plan, StepProfile
+from .specs import H100_PEAK_FLOPS, ClusterSpec, LinkTier, ModelSpec, Plan, StepProfile, attention_kernel_efficiency
 
 _INT = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "grad_accum", "seq", "interleave", "loss_chunk")
 _BOOL = ("sp",)
@@ -176,10 +176,13 @@ def fit_profile(runs: list[Run], cluster: ClusterSpec,
     token_counts = {r.plan.micro_batch * r.plan.seq // r.plan.cp for r in runs}
     fitted = ["matmul_efficiency"] + (["overhead_s"] if len(token_counts) > 1 else [])
 
+    # what the prior says of its attention speed (with_attention_kernel) stays in the fitted profile's source
+    _, kept, attention_note = prior.source.partition("; attention prior: ")
+    source = (f"fitted to {len(runs)} run(s): " + ", ".join(r.name for r in runs)
+              + (f"; attention prior: {attention_note}" if kept else ""))
+
     def with_(e: float, o: float) -> ClusterSpec:
-        return replace(cluster, profile=replace(prior, matmul_efficiency=e, overhead_s=o,
-                                                source=f"fitted to {len(runs)} run(s): "
-                                                       + ", ".join(r.name for r in runs)))
+        return replace(cluster, profile=replace(prior, matmul_efficiency=e, overhead_s=o, source=source))
 
     def best_e(o: float) -> float:
         if len(runs) == 1:       # one run is matched exactly: the predicted throughput rises with e
@@ -194,6 +197,21 @@ def fit_profile(runs: list[Run], cluster: ClusterSpec,
     else:
         o = prior.overhead_s
     return with_(best_e(o), o), fitted
+
+
+def with_attention_kernel(cluster: ClusterSpec, kernel: str) -> ClusterSpec:
+    """``cluster`` whose profile's attention prior is ``kernel``'s published H100 rate
+    (``specs.attention_kernel_efficiency``); refused on a cluster of another peak, where those speeds were
+    not measured."""
+    if cluster.peak_flops != H100_PEAK_FLOPS:
+        raise ParallelLabError(f"--attention-kernel {kernel}: the published kernel speeds are H100 SXM5's "
+                               f"({H100_PEAK_FLOPS / 1e12:g} TFLOP/s); cluster {cluster.name} peaks at "
+                               f"{cluster.peak_flops / 1e12:g}. Time your kernel there and give the profile file "
+                               "an attention_efficiency instead")
+    e = attention_kernel_efficiency(kernel)
+    prof = cluster.profile or StepProfile()
+    return replace(cluster, profile=replace(prof, attention_efficiency=e,
+                                            source=f"{prof.source}; attention prior: {kernel}"))
 
 
 def attention_efficiency_needed(run: Run, fit_runs: list[Run], cluster: ClusterSpec,

@@ -45,6 +45,7 @@ from typing import Any
 
 from .schedules import SCHEDULE_NAMES, V_SCHEDULES
 from .specs import (
+    ATTENTION_KERNELS_H100,
     ATTENTION_KINDS,
     CLUSTER_PRESETS,
     CP_KINDS,
@@ -1070,6 +1071,9 @@ def _add_calibrate(sub: Any) -> None:
     p.add_argument("--flops-convention", choices=("palm", "causal"), default=None,
                    help="how the runs' TFLOP/s count attention: palm = the full s x s square, causal = the visible "
                         "half (default: each run's flops_convention column, else palm)")
+    p.add_argument("--attention-kernel", choices=tuple(ATTENTION_KERNELS_H100), default=None,
+                   help="the attention prior: a fused kernel's published H100 speed (fa2 0.338 of peak, cudnn "
+                        "0.542, fa3 0.590; specs.ATTENTION_KERNELS_H100; default: the --cluster profile's, else fa2)")
     g = p.add_argument_group("micro-benchmarks (instead of --runs)")
     g.add_argument("--microbench", action="store_true",
                    help="time GEMMs (-> matmul_efficiency, half_width) and all-reduces (-> the intra-node tier's "
@@ -1084,7 +1088,7 @@ def _add_calibrate(sub: Any) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> Output:
-    from .calibrate import fit_profile, load_runs, profile_to_json
+    from .calibrate import fit_profile, load_runs, profile_to_json, with_attention_kernel
 
     if args.microbench:
         return _calibrate_microbench(args)
@@ -1095,12 +1099,15 @@ def _calibrate(args: argparse.Namespace) -> Output:
     if given:
         raise ParallelLabError(f"--{given[0].replace('_', '-')} belongs to --microbench; drop it or add --microbench")
     runs = load_runs(args.runs, args.flops_convention)
+    cluster = cluster_from_args(args)
+    if args.no_fit and cluster.profile is None:
+        raise ParallelLabError("--no-fit compares with a profile: give --cluster PROFILE.json")
+    if args.attention_kernel:
+        cluster = with_attention_kernel(cluster, args.attention_kernel)
     if args.no_fit:
-        cluster, fitted = cluster_from_args(args), []
-        if cluster.profile is None:
-            raise ParallelLabError("--no-fit compares with a profile: give --cluster PROFILE.json")
+        fitted: list[str] = []
     else:
-        cluster, fitted = fit_profile(runs, cluster_from_args(args))
+        cluster, fitted = fit_profile(runs, cluster)
     data = profile_to_json(cluster, runs, fitted)
     _write_profile(args.out, data)
     rows = [(k, f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in data["profile"].items()]
@@ -1124,8 +1131,9 @@ def _write_profile(path: str | None, data: dict[str, Any]) -> None:
 
 def _calibrate_microbench(args: argparse.Namespace) -> Output:
     """``calibrate --microbench``: time GEMMs and all-reduces on this machine, fit, print, write the profile."""
-    if args.runs or args.no_fit or args.flops_convention:
-        raise ParallelLabError("--microbench measures here: drop --runs, --no-fit and --flops-convention")
+    if args.runs or args.no_fit or args.flops_convention or args.attention_kernel:
+        raise ParallelLabError("--microbench measures here: drop --runs, --no-fit, --flops-convention and "
+                               "--attention-kernel")
     from .calibrate import fit_microbench, microbench_to_json
     from .distributed.launch import LaunchTimeout, RankError
     from .distributed.microbench import device_of, preset_for_gpu, run_microbench, visible_gpus

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import activations
-from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan, is_expert_param
+from .specs import FLASH_BACKWARD_OVER_FORWARD, ClusterSpec, ModelSpec, ParallelLabError, Plan, is_expert_param
 
 FORMULA = "6*N_matmul*T + 12*L*q_dim*s*T (PaLM App. B / Narayanan et al. 2021; no causal halving)"
 #: Attention FLOP conventions: ``palm`` counts the full ``s x s`` square of scores (the seed's and the
@@ -87,8 +87,8 @@ def attention_keys(seq: int, convention: str = "palm") -> float:
 #: Forward + backward work of the attention core, in units of its forward (``4 s k q`` FLOPs per sequence
 #: of ``s`` queries against ``k`` keys each): an eager core's backward runs two matmuls per forward matmul
 #: (dP and dV, then dQ and dK), 2x; FlashAttention's backward first recomputes the scores from Q and K, 2.5x
-#: (Dao et al. 2022, 2023: the benchmarks' FLOP count, which their TFLOP/s figures use).
-ATTENTION_FWD_BWD: dict[str, float] = {"eager": 3.0, "flash": 3.5}
+#: (``specs.FLASH_BACKWARD_OVER_FORWARD``: the benchmarks' FLOP count, which their TFLOP/s figures use).
+ATTENTION_FWD_BWD: dict[str, float] = {"eager": 3.0, "flash": 1.0 + FLASH_BACKWARD_OVER_FORWARD}
 
 
 def flops_per_token(model: ModelSpec, seq: int, convention: str = "palm") -> float:

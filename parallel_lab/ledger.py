@@ -54,7 +54,7 @@ from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: r
     unit_sizes,
     vocab_local,
 )
-from .schedules import compute_orders, head_inflight, peak_activation_units, split_backward
+from .schedules import compute_orders, head_inflight, messages_at_once, peak_activation_units, split_backward
 from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "logits_and_loss", "comm_buffers")
@@ -432,7 +432,7 @@ def comm_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[flo
     state, notes = state_buffer_bytes(model, plan, stage)
     if state is None:
         return None, notes
-    return state + (activation_buffer_bytes(model, plan) if model.shape_known else 0.0), notes
+    return state + (activation_buffer_bytes(model, plan, stage) if model.shape_known else 0.0), notes
 
 
 def comm_buffer_parts(model: ModelSpec, plan: Plan, stage: int = 0) -> dict[str, float] | None:
@@ -443,7 +443,7 @@ def comm_buffer_parts(model: ModelSpec, plan: Plan, stage: int = 0) -> dict[str,
     state, _ = state_buffer_parts(model, plan, stage)
     if state is None:
         return None
-    parts = {**state, **(activation_buffer_parts(model, plan) if model.shape_known else {})}
+    parts = {**state, **(activation_buffer_parts(model, plan, stage) if model.shape_known else {})}
     return {k: v for k, v in parts.items() if v}
 
 
@@ -512,22 +512,27 @@ def state_buffer_parts(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[di
     return parts, notes
 
 
-def activation_buffer_bytes(model: ModelSpec, plan: Plan) -> float:
+def pp_message_bytes(model: ModelSpec, plan: Plan) -> float:
+    """One pipeline message: a micro-batch's activation at a stage boundary, ``s b h`` (``s = seq / cp``),
+    split by tp with SP."""
+    return plan.seq / plan.cp * plan.micro_batch * model.hidden * plan.dtype_bytes / (plan.tp if plan.sp else 1)
+
+
+def activation_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> float:
     """The activation-sized buffers in flight (the same on every stage), the sum of
     :func:`activation_buffer_parts`."""
-    return float(sum(activation_buffer_parts(model, plan).values()))
+    return float(sum(activation_buffer_parts(model, plan, stage).values()))
 
 
-def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
+def activation_buffer_parts(model: ModelSpec, plan: Plan, stage: int = 0) -> dict[str, float]:
     """The activation-sized buffers by part, each at its own peak (``s = seq / cp`` local tokens):
 
     * ``sp``: one full-sequence ``s b h`` tensor (the all-gather's output, the reduce-scatter's input; the
       activation formula stores only the sharded copy); with ``b > 1`` two, since the batch-first layout
       reorders the rank-major gathered shards into a copy (``tp_communications``);
-    * ``pp``: one received and one sent activation (``s b h``, split by tp with SP), what one P2P action of
-      1F1B's steady state posts. Measured on CPU ranks, other lists differ: GPipe's last stage posts one at
-      a time (one fewer), interleaved 1F1B up to four at once (two more). Not modelled: the planner's memo
-      of this part has no schedule in its key;
+    * ``pp``: the activations (``s b h``, split by tp with SP) that one P2P action of the stage's list
+      posts together at most, :func:`schedules.messages_at_once`: 1F1B's steady state a send and a receive,
+      GPipe's last stage one receive, interleaved 1F1B and DualPipeV up to four;
     * ``cp``: all-gather: backward's reduce-scatter of dK and dV, its input (every rank's blocks, ``seq``
       tokens: the gathered K and V forward are saved for backward, activations) and its output (this rank's
       block), ``2 b kv (seq + s) d``; ring: backward's step, where the K, V block being computed on, the
@@ -546,7 +551,8 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan) -> dict[str, float]:
     if plan.sp:
         parts["sp"] = s * b * h * d * (2 if b > 1 else 1)
     if plan.pp > 1:
-        parts["pp"] = 2 * s * b * h * d / (plan.tp if plan.sp else 1)
+        messages = messages_at_once(plan.schedule, plan.pp, plan.microbatches, plan.interleave)[stage]
+        parts["pp"] = messages * pp_message_bytes(model, plan)
     if plan.cp > 1:
         kv = kv_width_local(model, plan.tp)
         if plan.cp_kind == "ring":
@@ -899,7 +905,7 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None, *,
             "gradients": _grads_before(model, plan, stage, state)}
     act = activation_bytes(model, plan, stage, formula=activation_model)
     logits = logits_bytes(model, plan, formula=activation_model) if last else 0.0
-    bufs = activation_buffer_bytes(model, plan)
+    bufs = activation_buffer_bytes(model, plan, stage)
     g = shard_group(plan)
     units = unit_sizes(model, plan, stage)
     unpiped_zero3 = plan.zero == 3 and g > 1 and plan.pp == 1

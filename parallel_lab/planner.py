@@ -73,7 +73,7 @@ from typing import Any
 from . import comm as comm_mod
 from . import layout, ledger
 from .flops import flops_per_token, step_flops
-from .schedules import head_inflight
+from .schedules import head_inflight, messages_at_once
 from .specs import (
     CP_KINDS,
     RECOMPUTE,
@@ -413,12 +413,23 @@ class _Fast:
         return self._once(("logits", tp, cp, mb), lambda: ledger.logits_bytes(
             self.model, _variant(self.base, tp=tp, cp=cp, micro_batch=mb)))
 
-    def act_buffers(self, tp: int, sp: bool, cp: int, mb: int, pp: int, cp_kind: str) -> float:
-        got = self._memo.get(key := ("abuf", tp, sp, cp, mb, pp > 1, cp_kind))
+    def act_buffers(self, tp: int, sp: bool, cp: int, mb: int, cp_kind: str) -> float:
+        """``ledger.activation_buffer_bytes`` but its ``pp`` part (:meth:`pp_buffers`)."""
+        got = self._memo.get(key := ("abuf", tp, sp, cp, mb, cp_kind))
         if got is None:
             got = self._memo[key] = ledger.activation_buffer_bytes(self.model, _variant(
-                self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, pp=min(pp, 2), cp_kind=cp_kind))
+                self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, pp=1, cp_kind=cp_kind))
         return got
+
+    def pp_buffers(self, tp: int, sp: bool, cp: int, mb: int, schedule: str, pp: int, m: int, v: int,
+                   stage: int) -> float:
+        """``ledger.activation_buffer_parts``' ``pp`` part of ``stage``: the messages its list posts at once
+        (``schedules.messages_at_once``) times ``ledger.pp_message_bytes``."""
+        if pp == 1:
+            return 0.0
+        one = self._once(("ppmsg", tp, sp, cp, mb), lambda: ledger.pp_message_bytes(
+            self.model, _variant(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb)))
+        return messages_at_once(schedule, pp, m, v)[stage] * one
 
     def memory(self, plan: Plan, stage: int) -> float:
         """Bytes of stage ``stage`` per GPU, as ``ledger.memory(model, plan, stage=stage).total_bytes``."""
@@ -432,7 +443,9 @@ class _Fast:
         if stage == p.pp - 1:
             logits = self.logits_per_mb(p.tp, p.cp, p.micro_batch) * head_inflight(
                 p.schedule, p.pp, p.microbatches, p.interleave)
-        return state + act + logits + buf + self.act_buffers(p.tp, p.sp, p.cp, p.micro_batch, p.pp, p.cp_kind)
+        return (state + act + logits + buf + self.act_buffers(p.tp, p.sp, p.cp, p.micro_batch, p.cp_kind)
+                + self.pp_buffers(p.tp, p.sp, p.cp, p.micro_batch, p.schedule, p.pp, p.microbatches, p.interleave,
+                                  stage))
 
     # ---- times (comm) -------------------------------------------------------------------------------
     def tiers(self, dp: int, pp: int, cp: int, tp: int, stage: int, v: int = 1) -> dict[str, LinkTier]:
@@ -872,11 +885,12 @@ class _Search:
         c, fast = self.c, self.fast
         tp, cp, pp, dp = fam.tp, fam.cp, fam.pp, fam.dp
         apl = fast.act_per_layer(tp, sp, cp, mb, recompute)
-        abuf = fast.act_buffers(tp, sp, cp, mb, pp, c.cp_kind)
+        abuf = fast.act_buffers(tp, sp, cp, mb, c.cp_kind)
         timed_v: dict[int, tuple[list[StageTimes], list[tuple[float, float, float, float]]]] = {}
         usable, records, later = self.usable, self.records, range(1, len(fam.stages))
         for sched, v, layers_x_inflight, logits in scheds:
-            act = [apl * n + abuf for n in layers_x_inflight]
+            act = [apl * n + abuf + fast.pp_buffers(tp, sp, cp, mb, sched, pp, m, v, s)
+                   for n, s in zip(layers_x_inflight, fam.stages, strict=True)]
             act[-1] += logits                                                  # the last stage's logits
             variant = None
             exposed_v = exposed.get(v)

@@ -722,6 +722,22 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
     return zb_h1(p, m)
 
 
+def messages_at_once(name: str, p: int, m: int, v: int = 1) -> tuple[int, ...]:
+    """Per rank, the most point-to-point messages one ``P2P`` batch of :func:`build_schedule` posts together
+    (the executor's comm-buffer part ``pp``; ``ledger.activation_buffer_parts``). 1F1B's steady state
+    posts a send and a receive (2); GPipe's last stage only receives (1); interleaved 1F1B and DualPipeV
+    post a forward's and a backward's send and receive at once (4). Counted on the list itself: from
+    ``2 p`` micro-batches on the steady state only repeats, so the list of ``min(m, 2 p)`` is counted
+    (tests/test_schedules.py checks every ``m`` up to ``5 p`` against the full list)."""
+    return _messages_at_once(name, p, min(m, 2 * p), v)
+
+
+@functools.lru_cache(maxsize=512)
+def _messages_at_once(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    return tuple(max((len(a.ops) for a in rank if a.kind == "P2P"), default=0)
+                 for rank in build_schedule(name, p, m, v))
+
+
 # --------------------------------------------------------------------------------------------------
 # Shape of a schedule, in-flight micro-batches
 # --------------------------------------------------------------------------------------------------

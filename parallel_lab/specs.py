@@ -405,6 +405,35 @@ class LinkTier:
             raise ParallelLabError(f"LinkTier {self.name!r}: latency={self.latency} must be >= 0 seconds")
 
 
+#: FlashAttention's benchmark count of its backward: 2.5x the forward's ``4 s k q`` FLOPs (two matmuls to
+#: recompute the scores and the probabilities' gradient, three for dQ, dK, dV; Dao et al. 2022, 2023).
+#: ``flops.ATTENTION_FWD_BWD["flash"]`` is one plus it.
+FLASH_BACKWARD_OVER_FORWARD = 2.5
+
+#: Published speeds of fused attention kernels on one H100 SXM5 (989 TFLOP/s dense BF16), BF16, head dim
+#: 128, sequence 16K: (forward, backward) TFLOP/s in FlashAttention's count. From the FlashAttention-3
+#: paper's forward and backward benchmark figures (Shah et al. 2024, arXiv 2407.08608); its FlashAttention-2
+#: bars combine to 334 TFLOP/s forward + backward, FlashAttention-2's own H100 figure (335, Dao 2023).
+ATTENTION_KERNELS_H100: dict[str, tuple[float, float]] = {
+    "fa2": (370.0, 322.0),      # FlashAttention-2 (torch SDPA's flash backend)
+    "cudnn": (595.0, 516.0),    # cuDNN's fused attention (torch SDPA's cudnn backend)
+    "fa3": (648.0, 561.0),      # FlashAttention-3 (Hopper: warp specialisation, TMA)
+}
+H100_PEAK_FLOPS = 989e12
+
+
+def attention_kernel_efficiency(kernel: str) -> float:
+    """A published kernel's fraction of H100 peak over forward + backward (:data:`ATTENTION_KERNELS_H100`):
+    ``(1 + r) / (1 / fwd + r / bwd) / peak`` with ``r`` = :data:`FLASH_BACKWARD_OVER_FORWARD`, the time of
+    one forward and its backward at the two measured speeds. fa2 0.338, cudnn 0.542, fa3 0.590."""
+    if kernel not in ATTENTION_KERNELS_H100:
+        raise ParallelLabError(f"attention kernel {kernel!r} has no published rate here; pick one of "
+                               f"{', '.join(ATTENTION_KERNELS_H100)}, or give the profile an attention_efficiency")
+    fwd, bwd = ATTENTION_KERNELS_H100[kernel]
+    r = FLASH_BACKWARD_OVER_FORWARD
+    return (1 + r) / (1 / fwd + r / bwd) * 1e12 / H100_PEAK_FLOPS
+
+
 @dataclass(frozen=True)
 class StepProfile:
     """Parameters of the roofline step-time model (``parallel_lab.steptime``, "Roofline compute"), fitted by
@@ -414,15 +443,15 @@ class StepProfile:
     ``d`` reaches ``matmul_efficiency * d / (d + half_width)`` (narrow TP shards and short micro-batches run
     slower). ``attention_efficiency``: the fused attention kernel's fraction of peak over forward and
     backward, counting causal FLOPs as FlashAttention's benchmarks do (backward 2.5x forward,
-    ``flops.ATTENTION_FWD_BWD``; default 0.34: FlashAttention-2 on H100 reaches about 335 TFLOP/s forward +
-    backward at head dim 128, causal, Dao 2023, and 335 / 989 = 0.34; a prior, not fitted).
+    ``flops.ATTENTION_FWD_BWD``; a prior, not fitted; default FlashAttention-2's published H100 rate, 0.338,
+    :func:`attention_kernel_efficiency`; ``parallel-lab calibrate --attention-kernel`` picks another).
     ``overhead_s``: seconds per micro-batch per model chunk (launches, synchronisation).
     ``tp_overlap``: the fraction of sequence-parallel TP traffic hidden behind the neighbouring GEMMs.
     """
 
     matmul_efficiency: float = 0.8
     half_width: float = 64.0
-    attention_efficiency: float = 0.34
+    attention_efficiency: float = attention_kernel_efficiency("fa2")
     overhead_s: float = 0.0
     tp_overlap: float = 0.0
     source: str = "defaults"
@@ -483,13 +512,13 @@ class ClusterSpec:
 CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     # H100 SXM5: 80 GB HBM3, 989 TFLOP/s dense bf16, NVLink 4 900 GB/s bidirectional (450 per direction),
     # one 400 Gb/s (50 GB/s) NIC per GPU.
-    "h100-sxm": ClusterSpec("h100-sxm", 8, 80e9, 989e12, LinkTier("nvlink4", 450e9, 3e-6),
+    "h100-sxm": ClusterSpec("h100-sxm", 8, 80e9, H100_PEAK_FLOPS, LinkTier("nvlink4", 450e9, 3e-6),
                             LinkTier("ib-400g", 50e9, 10e-6)),
     # A100 SXM4 80 GB: 312 TFLOP/s bf16, NVLink 3 600 GB/s bidirectional, 200 Gb/s HDR per GPU.
     "a100-80gb": ClusterSpec("a100-80gb", 8, 80e9, 312e12, LinkTier("nvlink3", 300e9, 3e-6),
                              LinkTier("ib-200g", 25e9, 10e-6)),
     # H200 SXM: the H100 compute die with 141 GB HBM3e.
-    "h200": ClusterSpec("h200", 8, 141e9, 989e12, LinkTier("nvlink4", 450e9, 3e-6),
+    "h200": ClusterSpec("h200", 8, 141e9, H100_PEAK_FLOPS, LinkTier("nvlink4", 450e9, 3e-6),
                         LinkTier("ib-400g", 50e9, 10e-6)),
     # This laptop-class machine: 2 cores, gloo over loopback (see shared/reference/torch_cpu_notes.md:
     # all_reduce ~1.4 GB/s at 64 MB, 0.1-1.9 ms for 1 KB). "HBM" is the RAM one rank may use.
