@@ -2,9 +2,10 @@
 
 A *run* is a plan someone trained on their cluster and the throughput they measured: the plan's fields
 (``dp tp pp cp seq micro_batch grad_accum schedule interleave sp zero recompute ...``), the model (a preset
-name), and either ``tflops_per_gpu`` (model FLOPs, PaLM's convention, per GPU per second) or
-``step_time_s``. Runs come from a small CSV (one run per row, a header naming the columns) or YAML (a list
-of mappings, or ``{runs: [...]}``).
+name), and either ``tflops_per_gpu`` (per GPU per second, counted as its ``flops_convention`` column says,
+:data:`RUN_COUNTS`: model FLOPs ``palm`` by default or ``causal``, or ``hardware``) or ``step_time_s``.
+Runs come from a small CSV (one run per row, a header naming the columns) or YAML (a list of mappings, or
+``{runs: [...]}``).
 
 The fit (:func:`fit_profile`): the roofline of ``steptime`` ("Roofline compute") with the profile's
 ``matmul_efficiency`` ``e_max`` chosen to minimise ``sum (log predicted - log measured)^2`` over the runs
@@ -31,7 +32,24 @@ from typing import Any
 from .errors import ParallelLabError
 from .flops import CONVENTIONS, step_flops
 from .microfit import CommSample, GemmFit, GemmSample, LinkFit, fit_gemm, fit_link
-from .specs import H100_PEAK_FLOPS, ClusterSpec, LinkTier, ModelSpec, Plan, StepProfile, attention_kernel_efficiency
+from .specs import (
+    ATTENTION_KERNELS_H100,
+    H100_PEAK_FLOPS,
+    ClusterSpec,
+    LinkTier,
+    ModelSpec,
+    Plan,
+    StepProfile,
+    attention_kernel_efficiency,
+)
+
+#: How a published TFLOP/s figure counts its FLOPs: the model FLOPs of ``flops.CONVENTIONS`` (``palm``, the full
+#: square; ``causal``, the visible pairs) or ``hardware``, what the GPUs executed, recomputation included
+#: (``flops.StepFlops.hardware_flops_per_step``, the full square: Narayanan et al. 2021, eq. 3, which the
+#: Megatron-LM papers' teraFLOP/s use)
+RUN_COUNTS: tuple[str, ...] = (*CONVENTIONS, "hardware")
+#: how a profile's source names the published kernel its attention speed is (``with_attention_kernel``)
+ATTENTION_NOTE = "; attention prior: "
 
 _INT = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "grad_accum", "seq", "interleave", "loss_chunk")
 _BOOL = ("sp",)
@@ -49,8 +67,10 @@ class Run:
     convention: str = "palm"
 
     def model_flops(self) -> float:
-        """Model FLOPs of one step, counted in the run's convention."""
+        """FLOPs of one step, counted in the run's convention (:data:`RUN_COUNTS`)."""
         f = step_flops(self.model, self.plan)
+        if self.convention == "hardware":
+            return f.hardware_flops_per_step
         return f.model_flops_per_step if self.convention == "palm" else f.model_flops_causal_per_step
 
 
@@ -77,9 +97,9 @@ def run_from_dict(d: dict[str, Any], index: int = 0, convention: str | None = No
     plan = Plan(**{k: _value(k, v) for k, v in d.items() if k in _PLAN}).validate(
         model, int(d["gpus"]) if "gpus" in d else None)
     conv = convention or str(d.get("flops_convention", "palm")).strip()
-    if conv not in CONVENTIONS:
+    if conv not in RUN_COUNTS:
         raise ParallelLabError(f"run {index}: flops_convention={conv!r} is not known; pick one of "
-                               f"{', '.join(CONVENTIONS)}")
+                               f"{', '.join(RUN_COUNTS)}")
     run = Run(str(d.get("name", f"run {index}")), model, plan, 1.0, conv)
     if "tflops_per_gpu" in d:
         tflops = float(d["tflops_per_gpu"])
@@ -176,10 +196,12 @@ def fit_profile(runs: list[Run], cluster: ClusterSpec,
     token_counts = {r.plan.micro_batch * r.plan.seq // r.plan.cp for r in runs}
     fitted = ["matmul_efficiency"] + (["overhead_s"] if len(token_counts) > 1 else [])
 
-    # what the prior says of its attention speed (with_attention_kernel) stays in the fitted profile's source
-    _, kept, attention_note = prior.source.partition("; attention prior: ")
-    source = (f"fitted to {len(runs)} run(s): " + ", ".join(r.name for r in runs)
-              + (f"; attention prior: {attention_note}" if kept else ""))
+    # the kernel the prior's attention speed came from (with_attention_kernel) stays in the source
+    _, kept, kernel = prior.source.partition(ATTENTION_NOTE)
+    named = kept and kernel in ATTENTION_KERNELS_H100 and \
+        prior.attention_efficiency == attention_kernel_efficiency(kernel)
+    source = f"fitted to {len(runs)} run(s): " + ", ".join(r.name for r in runs) + (ATTENTION_NOTE + kernel
+                                                                                     if named else "")
 
     def with_(e: float, o: float) -> ClusterSpec:
         return replace(cluster, profile=replace(prior, matmul_efficiency=e, overhead_s=o, source=source))
@@ -201,17 +223,17 @@ def fit_profile(runs: list[Run], cluster: ClusterSpec,
 
 def with_attention_kernel(cluster: ClusterSpec, kernel: str) -> ClusterSpec:
     """``cluster`` whose profile's attention prior is ``kernel``'s published H100 rate
-    (``specs.attention_kernel_efficiency``); refused on a cluster of another peak, where those speeds were
-    not measured."""
+    (``specs.attention_kernel_efficiency``), named at the end of the profile's source (a kernel named there
+    before is replaced). Refused on a cluster of another peak; H200, the same compute die, shares it."""
     if cluster.peak_flops != H100_PEAK_FLOPS:
         raise ParallelLabError(f"--attention-kernel {kernel}: the published kernel speeds are H100 SXM5's "
                                f"({H100_PEAK_FLOPS / 1e12:g} TFLOP/s); cluster {cluster.name} peaks at "
-                               f"{cluster.peak_flops / 1e12:g}. Time your kernel there and give the profile file "
-                               "an attention_efficiency instead")
-    e = attention_kernel_efficiency(kernel)
+                               f"{cluster.peak_flops / 1e12:g} TFLOP/s. Time your kernel there and give the profile "
+                               "file an attention_efficiency instead")
     prof = cluster.profile or StepProfile()
-    return replace(cluster, profile=replace(prof, attention_efficiency=e,
-                                            source=f"{prof.source}; attention prior: {kernel}"))
+    source = prof.source.partition(ATTENTION_NOTE)[0]
+    return replace(cluster, profile=replace(prof, attention_efficiency=attention_kernel_efficiency(kernel),
+                                            source=f"{source}{ATTENTION_NOTE}{kernel}"))
 
 
 def attention_efficiency_needed(run: Run, fit_runs: list[Run], cluster: ClusterSpec,

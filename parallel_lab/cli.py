@@ -67,6 +67,7 @@ from .specs import (
     ModelSpec,
     ParallelLabError,
     Plan,
+    attention_kernel_efficiency,
 )
 from .subcommands import Output, add_json_arg, subcommand  # noqa: F401  (Output: handlers' type)
 
@@ -1066,14 +1067,19 @@ def _add_calibrate(sub: Any) -> None:
                    help=f"the cluster the runs were measured on, or a profile file (default {DEFAULT_CLUSTER}; "
                         "with --microbench on cpu: cpu-gloo, on cuda: the preset of the GPU's name)")
     p.add_argument("--out", metavar="PROFILE.json", help="where to write the profile (default: print only)")
+    p.add_argument("--fit-on", metavar="ROWS",
+                   help="fit to these runs only, 1-based and comma-separated (e.g. 2); every run is still compared "
+                        "(default: fit to all)")
     p.add_argument("--no-fit", action="store_true",
                    help="only compare the runs with the --cluster profile's predictions (no fitting)")
-    p.add_argument("--flops-convention", choices=("palm", "causal"), default=None,
-                   help="how the runs' TFLOP/s count attention: palm = the full s x s square, causal = the visible "
-                        "half (default: each run's flops_convention column, else palm)")
+    p.add_argument("--flops-convention", choices=("palm", "causal", "hardware"), default=None,
+                   help="how the runs' TFLOP/s count: palm = model FLOPs with the full s x s square, causal = with "
+                        "the visible half, hardware = what ran, recomputation included (Megatron-LM's eq. 3) "
+                        "(default: each run's flops_convention column, else palm)")
     p.add_argument("--attention-kernel", choices=tuple(ATTENTION_KERNELS_H100), default=None,
-                   help="the attention prior: a fused kernel's published H100 speed (fa2 0.338 of peak, cudnn "
-                        "0.542, fa3 0.590; specs.ATTENTION_KERNELS_H100; default: the --cluster profile's, else fa2)")
+                   help="the attention prior: a fused kernel's published H100 speed ("
+                        + ", ".join(f"{k} {attention_kernel_efficiency(k):.3f}" for k in ATTENTION_KERNELS_H100)
+                        + " of peak; specs.ATTENTION_KERNELS_H100; default: the --cluster profile's, else fa2)")
     g = p.add_argument_group("micro-benchmarks (instead of --runs)")
     g.add_argument("--microbench", action="store_true",
                    help="time GEMMs (-> matmul_efficiency, half_width) and all-reduces (-> the intra-node tier's "
@@ -1098,6 +1104,8 @@ def _calibrate(args: argparse.Namespace) -> Output:
     given = [f for f in ("device", "dtype", "nproc", "peak_tflops") if getattr(args, f) is not None]
     if given:
         raise ParallelLabError(f"--{given[0].replace('_', '-')} belongs to --microbench; drop it or add --microbench")
+    if args.no_fit and args.fit_on is not None:
+        raise ParallelLabError("--fit-on chooses the runs to fit; with --no-fit nothing is fitted: drop one")
     runs = load_runs(args.runs, args.flops_convention)
     cluster = cluster_from_args(args)
     if args.no_fit and cluster.profile is None:
@@ -1107,7 +1115,7 @@ def _calibrate(args: argparse.Namespace) -> Output:
     if args.no_fit:
         fitted: list[str] = []
     else:
-        cluster, fitted = fit_profile(runs, cluster)
+        cluster, fitted = fit_profile(_fit_rows(args.fit_on, runs), cluster)
     data = profile_to_json(cluster, runs, fitted)
     _write_profile(args.out, data)
     rows = [(k, f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in data["profile"].items()]
@@ -1117,6 +1125,20 @@ def _calibrate(args: argparse.Namespace) -> Output:
     text = "\n".join([f"cluster {cluster.name}; fitted: {', '.join(fitted) or 'nothing (--no-fit)'}", table(rows)]
                      + ([f"profile written to {args.out}"] if args.out else []))
     return Output(data, text)
+
+
+def _fit_rows(text: str | None, runs: list[Any]) -> list[Any]:
+    """The runs ``--fit-on`` names (1-based, comma-separated), all of them without it."""
+    if text is None:
+        return runs
+    try:
+        rows = [int(x) for x in text.split(",")]
+    except ValueError:
+        rows = []
+    if not rows or any(not 1 <= r <= len(runs) for r in rows):
+        raise ParallelLabError(f"--fit-on {text!r}: give run numbers from 1 to {len(runs)}, comma-separated, "
+                               "e.g. --fit-on 2")
+    return [runs[r - 1] for r in dict.fromkeys(rows)]
 
 
 def _write_profile(path: str | None, data: dict[str, Any]) -> None:
@@ -1131,9 +1153,9 @@ def _write_profile(path: str | None, data: dict[str, Any]) -> None:
 
 def _calibrate_microbench(args: argparse.Namespace) -> Output:
     """``calibrate --microbench``: time GEMMs and all-reduces on this machine, fit, print, write the profile."""
-    if args.runs or args.no_fit or args.flops_convention or args.attention_kernel:
-        raise ParallelLabError("--microbench measures here: drop --runs, --no-fit, --flops-convention and "
-                               "--attention-kernel")
+    if args.runs or args.no_fit or args.flops_convention or args.attention_kernel or args.fit_on is not None:
+        raise ParallelLabError("--microbench measures here: drop --runs, --fit-on, --no-fit, --flops-convention "
+                               "and --attention-kernel")
     from .calibrate import fit_microbench, microbench_to_json
     from .distributed.launch import LaunchTimeout, RankError
     from .distributed.microbench import device_of, preset_for_gpu, run_microbench, visible_gpus

@@ -519,7 +519,7 @@ def pp_message_bytes(model: ModelSpec, plan: Plan) -> float:
 
 
 def activation_buffer_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> float:
-    """The activation-sized buffers in flight (the same on every stage), the sum of
+    """The activation-sized buffers in flight on ``stage`` (all but ``pp`` the same on every stage), the sum of
     :func:`activation_buffer_parts`."""
     return float(sum(activation_buffer_parts(model, plan, stage).values()))
 

@@ -724,16 +724,30 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
 
 def messages_at_once(name: str, p: int, m: int, v: int = 1) -> tuple[int, ...]:
     """Per rank, the most point-to-point messages one ``P2P`` batch of :func:`build_schedule` posts together
-    (the executor's comm-buffer part ``pp``; ``ledger.activation_buffer_parts``). 1F1B's steady state
-    posts a send and a receive (2); GPipe's last stage only receives (1); interleaved 1F1B and DualPipeV
-    post a forward's and a backward's send and receive at once (4). Counted on the list itself: from
-    ``2 p`` micro-batches on the steady state only repeats, so the list of ``min(m, 2 p)`` is counted
-    (tests/test_schedules.py checks every ``m`` up to ``5 p`` against the full list)."""
-    return _messages_at_once(name, p, min(m, 2 * p), v)
+    (the executor's comm-buffer part ``pp``; ``ledger.activation_buffer_parts``). In closed form for the
+    Plan schedules, as counted on their lists (tests/test_schedules.py checks every ``m`` up to ``4 p``
+    against the lists, and interleavings up to ``p = 16``):
+
+    * GPipe: a send and a receive (2); its last rank only receives (1);
+    * 1F1B, ZB-H1: 2 on every rank; with one micro-batch the last rank only receives (1);
+    * interleaved 1F1B (``m`` a multiple of ``p``): from ``2 p`` micro-batches on a forward's and a
+      backward's send and receive go out together (4) on every rank; with ``m = p`` only ranks ``r``
+      with ``2 r >= p`` do, ``2 r = p - 1`` posts 3, the others and the last rank 2.
+
+    The V schedules (ZB-V, DualPipeV) are counted on the list of ``min(m, 2 p)`` micro-batches (their
+    steady state only repeats beyond ``2 p``)."""
+    if name == "interleaved" and v > 1:
+        if m >= 2 * p:
+            return (4,) * p
+        return tuple(2 if r == p - 1 else 4 if 2 * r >= p else 3 if 2 * r == p - 1 else 2 for r in range(p))
+    if name in ("gpipe", "1f1b", "zb-h1", "interleaved"):
+        last = 1 if name == "gpipe" or m == 1 else 2
+        return (2,) * (p - 1) + (last,) if p > 1 else (0,)
+    return _messages_on_the_list(name, p, min(m, 2 * p), v)
 
 
-@functools.lru_cache(maxsize=512)
-def _messages_at_once(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
+@functools.lru_cache(maxsize=256)
+def _messages_on_the_list(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
     return tuple(max((len(a.ops) for a in rank if a.kind == "P2P"), default=0)
                  for rank in build_schedule(name, p, m, v))
 

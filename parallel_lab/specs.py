@@ -411,13 +411,14 @@ class LinkTier:
 FLASH_BACKWARD_OVER_FORWARD = 2.5
 
 #: Published speeds of fused attention kernels on one H100 SXM5 (989 TFLOP/s dense BF16), BF16, head dim
-#: 128, sequence 16K: (forward, backward) TFLOP/s in FlashAttention's count. From the FlashAttention-3
-#: paper's forward and backward benchmark figures (Shah et al. 2024, arXiv 2407.08608); its FlashAttention-2
-#: bars combine to 334 TFLOP/s forward + backward, FlashAttention-2's own H100 figure (335, Dao 2023).
+#: 128, sequence 16K, in FlashAttention's count: (forward with a causal mask, backward) TFLOP/s, from the
+#: FlashAttention-3 paper's benchmark figures (Shah et al. 2024, arXiv 2407.08608): the forward from its
+#: causal panel (the masked work the roofline charges), the backward from its one head-dim-128 backward
+#: figure, which gives no mask variant. Measured with the kernels of mid-2024, after Llama 3's pre-training.
 ATTENTION_KERNELS_H100: dict[str, tuple[float, float]] = {
-    "fa2": (370.0, 322.0),      # FlashAttention-2 (torch SDPA's flash backend)
-    "cudnn": (595.0, 516.0),    # cuDNN's fused attention (torch SDPA's cudnn backend)
-    "fa3": (648.0, 561.0),      # FlashAttention-3 (Hopper: warp specialisation, TMA)
+    "fa2": (335.0, 322.0),      # FlashAttention-2 (torch SDPA's flash backend)
+    "cudnn": (539.0, 516.0),    # cuDNN's fused attention (torch SDPA's cudnn backend)
+    "fa3": (616.0, 561.0),      # FlashAttention-3 (Hopper: warp specialisation, TMA)
 }
 H100_PEAK_FLOPS = 989e12
 
@@ -425,7 +426,7 @@ H100_PEAK_FLOPS = 989e12
 def attention_kernel_efficiency(kernel: str) -> float:
     """A published kernel's fraction of H100 peak over forward + backward (:data:`ATTENTION_KERNELS_H100`):
     ``(1 + r) / (1 / fwd + r / bwd) / peak`` with ``r`` = :data:`FLASH_BACKWARD_OVER_FORWARD`, the time of
-    one forward and its backward at the two measured speeds. fa2 0.338, cudnn 0.542, fa3 0.590."""
+    one forward and its backward at the two measured speeds. fa2 0.329, cudnn 0.528, fa3 0.582."""
     if kernel not in ATTENTION_KERNELS_H100:
         raise ParallelLabError(f"attention kernel {kernel!r} has no published rate here; pick one of "
                                f"{', '.join(ATTENTION_KERNELS_H100)}, or give the profile an attention_efficiency")
@@ -443,7 +444,7 @@ class StepProfile:
     ``d`` reaches ``matmul_efficiency * d / (d + half_width)`` (narrow TP shards and short micro-batches run
     slower). ``attention_efficiency``: the fused attention kernel's fraction of peak over forward and
     backward, counting causal FLOPs as FlashAttention's benchmarks do (backward 2.5x forward,
-    ``flops.ATTENTION_FWD_BWD``; a prior, not fitted; default FlashAttention-2's published H100 rate, 0.338,
+    ``flops.ATTENTION_FWD_BWD``; a prior, not fitted; default FlashAttention-2's published H100 rate, 0.329,
     :func:`attention_kernel_efficiency`; ``parallel-lab calibrate --attention-kernel`` picks another).
     ``overhead_s``: seconds per micro-batch per model chunk (launches, synchronisation).
     ``tp_overlap``: the fraction of sequence-parallel TP traffic hidden behind the neighbouring GEMMs.

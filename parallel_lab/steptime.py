@@ -190,7 +190,10 @@ def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float
 
 def stages_to_check(pp: int, split: str = "layers") -> list[int]:
     """Stage 0 holds the most layers (chunks get the extra layers first), the embedding and the most
-    in-flight micro-batches; the last stage the head and the logits. No middle stage exceeds both. With
+    in-flight micro-batches; the last stage the head and the logits. No middle stage exceeds both (a middle
+    stage of interleaved 1F1B may post two more P2P messages, ``schedules.messages_at_once``, two ``s b h``
+    tensors, but it holds at least one chunk's in-flight micro-batch fewer, whose saved activations are
+    larger). With
     ``split="embed-head"`` stage 0 gives a block slot to the embedding, so stage 1 (as many in-flight
     micro-batches as any later stage, and at least as many blocks) is checked too."""
     return sorted({0, pp - 1} | ({min(1, pp - 1)} if split == "embed-head" else set()))

@@ -289,30 +289,30 @@ def test_compute_orders_are_the_compute_actions_of_build_schedule(name, p, m, v)
 
 
 def test_messages_at_once_is_counted_on_the_full_list():
-    """``messages_at_once`` counts the list of ``min(m, 2p)`` micro-batches: beyond ``2p`` the steady state
-    only repeats. Checked against the full list of every valid ``m`` up to ``5p``, and the counts the pipeline
-    executor measures (tests/distributed/test_comm_buffers.py): 1F1B 2, GPipe's last stage 1, interleaved 4
-    from ``2p`` micro-batches on (with ``m = p`` only the later stages: Meta's 16 x 16 x 8 posts 4 on ranks
-    8-14), DualPipeV 4, ZB-V 3 on its inner ranks."""
+    """``messages_at_once``'s closed forms (and, for the V schedules, its count on the list of ``min(m, 2p)``
+    micro-batches) against the count on the full list of every valid ``m`` up to ``4p``, and on Meta's
+    16 x 16 x 8 and a 16 x 32 x 8 interleaving; the executor measures the same counts
+    (tests/distributed/test_comm_buffers.py)."""
     from parallel_lab.schedules import messages_at_once
 
-    def full(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    def counted(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
         return tuple(max((len(a.ops) for a in r if a.kind == "P2P"), default=0)
                      for r in build_schedule(name, p, m, v))
 
     checked = 0
     for name, v in (("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved", 2), ("interleaved", 3), ("zb-v", 1),
                     ("dualpipev", 1)):
-        for p in (2, 3, 4, 5):
-            for m in range(1, 5 * p + 1):
+        for p in (2, 3, 4, 5, 6):
+            for m in range(1, 4 * p + 1):
                 try:
-                    want = full(name, p, m, v)
+                    want = counted(name, p, m, v)
                 except ParallelLabError:                  # m not valid for this schedule
                     continue
                 assert messages_at_once(name, p, m, v) == want, (name, p, m, v)
                 checked += 1
     assert checked > 300
-    assert messages_at_once("1f1b", 4, 64) == (2, 2, 2, 2) and messages_at_once("gpipe", 4, 64) == (2, 2, 2, 1)
+    for p, m, v in ((16, 16, 8), (16, 32, 8), (8, 8, 4), (12, 12, 2)):
+        assert messages_at_once("interleaved", p, m, v) == counted("interleaved", p, m, v), (p, m, v)
     assert messages_at_once("interleaved", 16, 16, 8) == (2,) * 8 + (4,) * 7 + (2,)
-    assert messages_at_once("interleaved", 4, 64, 2) == (4,) * 4 and messages_at_once("dualpipev", 3, 12) == (4,) * 3
-    assert messages_at_once("zb-v", 4, 20) == (2, 3, 3, 2)
+    assert messages_at_once("1f1b", 4, 64) == (2, 2, 2, 2) and messages_at_once("gpipe", 4, 64) == (2, 2, 2, 1)
+    assert messages_at_once("zb-v", 4, 20) == (2, 3, 3, 2) and messages_at_once("dualpipev", 3, 12) == (4,) * 3
