@@ -200,14 +200,16 @@ def check_microbench(device: str, nproc: int, peak_flops: float | None = None) -
     base = ClusterSpec.preset(preset_for_gpu(bench.device_name) or ("cpu-gloo" if device == "cpu" else "h100-sxm"))
     peak = peak_flops or base.peak_flops
     cluster, gemm, link = fit_microbench(bench.gemms, bench.all_reduce, base, peak,
-                                         source=f"gpu-check micro-benchmarks on {bench.device_name} (bf16)")
-    data = microbench_to_json(cluster, bench.gemms, bench.all_reduce, gemm, link, device=device,
+                                         source=f"gpu-check micro-benchmarks on {bench.device_name} (bf16)",
+                                         attention=bench.attention)
+    data = microbench_to_json(cluster, bench.gemms, bench.all_reduce, gemm, link, bench.attention, device=device,
                               device_name=bench.device_name, dtype="bf16", nproc=nproc)
     rows = [{"check": f"GEMM e(d) fit rms residual ({len(bench.gemms)} shapes)", "measured": gemm.rms,
              "predicted": 0.0, "gap": gemm.rms, "tolerance": 0.15, "ok": gemm.rms <= 0.15}]
     text = (f"{bench.device_name}: e_max {gemm.matmul_efficiency:.4f}, d_half {gemm.half_width:.1f} against "
             f"{peak / 1e12:.0f} TFLOP/s ({base.name}); best GEMM "
-            f"{max(s.flops / s.seconds for s in bench.gemms) / 1e12:.1f} TFLOP/s")
+            f"{max(s.flops / s.seconds for s in bench.gemms) / 1e12:.1f} TFLOP/s; causal attention (torch SDPA) "
+            f"attention_efficiency {cluster.profile.attention_efficiency:.3f}")
     if link:
         rows.append({"check": f"all-reduce alpha-beta fit rms residual ({nproc} GPUs)", "measured": link.rms,
                      "predicted": 0.0, "gap": link.rms, "tolerance": 0.25, "ok": link.rms <= 0.25})

@@ -31,7 +31,7 @@ from typing import Any
 
 from .errors import ParallelLabError
 from .flops import CONVENTIONS, step_flops
-from .microfit import CommSample, GemmFit, GemmSample, LinkFit, fit_gemm, fit_link
+from .microfit import AttentionSample, CommSample, GemmFit, GemmSample, LinkFit, fit_attention, fit_gemm, fit_link
 from .specs import (
     ATTENTION_KERNELS_H100,
     H100_PEAK_FLOPS,
@@ -267,27 +267,36 @@ def profile_to_json(cluster: ClusterSpec, runs: list[Run], fitted: list[str]) ->
 
 
 def fit_microbench(gemms: list[GemmSample], comms: list[CommSample], cluster: ClusterSpec, peak_flops: float,
-                   source: str = "micro-benchmarks") -> tuple[ClusterSpec, GemmFit, LinkFit | None]:
+                   source: str = "micro-benchmarks", attention: list[AttentionSample] | None = None,
+                   ) -> tuple[ClusterSpec, GemmFit, LinkFit | None]:
     """``cluster`` with the fitted GEMM efficiency (a :class:`StepProfile` keeping the other parameters of
-    ``cluster.profile``), ``peak_flops`` and, given all-reduce samples, the fitted intra-node tier."""
+    ``cluster.profile``), ``peak_flops``, given all-reduce samples the fitted intra-node tier, and given
+    attention samples the measured ``attention_efficiency`` (``microfit.fit_attention``)."""
     gemm = fit_gemm(gemms, peak_flops)
     link = fit_link(comms, f"{cluster.intra.name} (measured)") if comms else None
     profile = replace(cluster.profile or StepProfile(), matmul_efficiency=gemm.matmul_efficiency,
                       half_width=gemm.half_width, source=source)
+    if attention:
+        profile = replace(profile, attention_efficiency=fit_attention(attention, peak_flops)[0])
     return replace(cluster, peak_flops=peak_flops, intra=link.tier if link else cluster.intra,
                    profile=profile), gemm, link
 
 
 def microbench_to_json(cluster: ClusterSpec, gemms: list[GemmSample], comms: list[CommSample], gemm: GemmFit,
-                       link: LinkFit | None, **where: Any) -> dict[str, Any]:
+                       link: LinkFit | None, attention: list[AttentionSample] | None = None,
+                       **where: Any) -> dict[str, Any]:
     """The profile file of :func:`profile_to_json` plus the peak, the measured tier and every sample with its
-    residual (``where``: device, dtype, ... as measured)."""
-    fitted = ["matmul_efficiency", "half_width"] + (["intra.latency", "intra.bandwidth"] if link else [])
+    residual, or for an attention core its fraction of peak (``where``: device, dtype, ... as measured)."""
+    fitted = (["matmul_efficiency", "half_width"] + (["intra.latency", "intra.bandwidth"] if link else [])
+              + (["attention_efficiency"] if attention else []))
+    fractions = fit_attention(attention, cluster.peak_flops)[1] if attention else []
     return {**_cluster_json(cluster), "fitted": fitted, "runs": [],
             "microbench": {**where,
                            "gemm": [{**asdict(s), "residual": r} for s, r in zip(gemms, gemm.residuals, strict=True)],
                            "all_reduce": [{**asdict(s), "residual": r}
                                           for s, r in zip(comms, link.residuals if link else [], strict=True)],
+                           "attention": [{**asdict(s), "of_peak": f}
+                                         for s, f in zip(attention or [], fractions, strict=True)],
                            "gemm_rms_residual": gemm.rms, "all_reduce_rms_residual": link.rms if link else None,
                            "notes": [n for n in (gemm.note, link.note if link else "") if n]}}
 

@@ -1191,8 +1191,9 @@ def _calibrate_microbench(args: argparse.Namespace) -> Output:
         peak, peak_from = base.peak_flops, f"the {base.name} preset's datasheet peak"
     where = {"device": dev.type, "device_name": bench.device_name, "dtype": dtype, "nproc": nproc}
     cluster, gemm, link = fit_microbench(bench.gemms, bench.all_reduce, base, peak,
-                                         source=f"micro-benchmarks on {bench.device_name} ({dtype})")
-    data = microbench_to_json(cluster, bench.gemms, bench.all_reduce, gemm, link, **where)
+                                         source=f"micro-benchmarks on {bench.device_name} ({dtype})",
+                                         attention=bench.attention)
+    data = microbench_to_json(cluster, bench.gemms, bench.all_reduce, gemm, link, bench.attention, **where)
     _write_profile(args.out, data)
     lines = [f"micro-benchmarks on {bench.device_name} ({dev.type}, {dtype}); peak "
              f"{peak / 1e12:.4g} TFLOP/s from {peak_from}; cluster {cluster.name}"]
@@ -1202,6 +1203,14 @@ def _calibrate_microbench(args: argparse.Namespace) -> Output:
                        header=("GEMM T x k x n", "d", "us", "TFLOP/s", "of peak", "fit/meas - 1")))
     lines.append(f"fit e(d) = e_max d / (d + d_half): e_max {gemm.matmul_efficiency:.4f}, d_half "
                  f"{gemm.half_width:.2f}; rms residual {gemm.rms:.1%}" + (f" ({gemm.note})" if gemm.note else ""))
+    if bench.attention:
+        lines.append(table([(f"{s.batch} x {s.heads} x {s.seq} x {s.head_dim}", f"{s.seconds * 1e3:,.2f}",
+                             f"{s.flops / s.seconds / 1e12:.4g}", f"{a['of_peak']:.3f}")
+                            for s, a in zip(bench.attention, data["microbench"]["attention"], strict=True)],
+                           header=("causal attention b x h x s x d", "ms", "TFLOP/s", "of peak")))
+        lines.append(f"attention_efficiency {cluster.profile.attention_efficiency:.4f}: the median fraction of peak "
+                     "of torch's fused causal attention, forward + backward, counted as the roofline charges it "
+                     "(3.5 x 4 s (s+1)/2 d per head)")
     if link:
         lines.append(table([(fmt_bytes(s.message_bytes), f"{s.seconds * 1e6:,.1f}",
                              f"{s.message_bytes / s.seconds / 1e9:.4g}", f"{r:+.1%}")

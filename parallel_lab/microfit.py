@@ -13,7 +13,12 @@ NCCL-tests' "bus bandwidth" and alpha the latency of one ring step. :func:`fit_l
 ``collective_time`` itself (never re-deriving them) and fits ``alpha, 1 / bandwidth`` by the same relative
 least squares (``alpha < 0`` clamps to 0), so 1 KB and 64 MB messages weigh alike.
 
-Both fits refuse input they cannot fit (one shape or one size, a time <= 0), naming the fix; residuals
+Attention. ``steptime.roofline_layer`` charges a fused causal attention core ``ATTENTION_FWD_BWD["flash"] *
+4 s keys d`` FLOPs per head and sequence (forward + FlashAttention's backward, causal ``keys = (s + 1) / 2``)
+at ``attention_efficiency`` of peak. :func:`fit_attention` takes each timed core's fraction of peak under that
+same count and keeps their median, so that the profile's roofline reproduces the measured time.
+
+The fits refuse input they cannot fit (one shape or one size, a time <= 0), naming the fix; residuals
 (``predicted / measured - 1``) are computed by ``gemm_time`` and ``collective_time``, the planner's code.
 """
 
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 
 from .comm import collective_time
 from .errors import ParallelLabError
+from .flops import ATTENTION_FWD_BWD, attention_keys
 from .specs import LinkTier, StepProfile
 from .steptime import gemm_time
 
@@ -49,6 +55,39 @@ class GemmSample:
     def d(self) -> int:
         """The smallest dimension, which sets the efficiency."""
         return min(self.tokens, self.k, self.n)
+
+
+@dataclass(frozen=True)
+class AttentionSample:
+    """One timed causal attention core, ``batch x heads`` sequences of ``seq`` tokens at head dim ``head_dim``:
+    median seconds of one forward + backward."""
+
+    batch: int
+    heads: int
+    seq: int
+    head_dim: int
+    seconds: float
+
+    @property
+    def flops(self) -> float:
+        """Forward + backward FLOPs as the roofline charges them (module docstring)."""
+        return (ATTENTION_FWD_BWD["flash"] * 4.0 * self.batch * self.heads * self.seq
+                * attention_keys(self.seq, "causal") * self.head_dim)
+
+
+def fit_attention(samples: Sequence[AttentionSample], peak_flops: float) -> tuple[float, list[float]]:
+    """``attention_efficiency``, the median of the samples' fractions of ``peak_flops``, and the fractions."""
+    if not samples:
+        raise ParallelLabError("no attention samples to fit; time at least one shape")
+    if any(not s.seconds > 0 for s in samples):
+        raise ParallelLabError("an attention sample has a time <= 0; time it again")
+    fractions = [s.flops / s.seconds / peak_flops for s in samples]
+    e = sorted(fractions)[len(fractions) // 2] if len(fractions) % 2 else \
+        0.5 * (sorted(fractions)[len(fractions) // 2 - 1] + sorted(fractions)[len(fractions) // 2])
+    if not e <= 1:
+        raise ParallelLabError(f"the attention core ran at {e:.2f} of the peak {peak_flops / 1e12:.4g} TFLOP/s; "
+                               "the peak is too low: give the device's dense peak in this dtype")
+    return e, fractions
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from parallel_lab.calibrate import (
 )
 from parallel_lab.comm import collective_time
 from parallel_lab.errors import ParallelLabError
-from parallel_lab.microfit import CommSample, GemmSample, fit_gemm, fit_link
+from parallel_lab.microfit import AttentionSample, CommSample, GemmSample, fit_attention, fit_gemm, fit_link
 from parallel_lab.planner import evaluate
 from parallel_lab.specs import ClusterSpec, LinkTier, ModelSpec, Plan, StepProfile
 from parallel_lab.steptime import gemm_time
@@ -146,6 +146,26 @@ def test_fits_at_the_boundaries_say_so():
     assert link.tier.latency == 0.0 and "alpha = 0" in link.note
 
 
+def test_the_attention_fit_makes_the_roofline_reproduce_the_timed_core():
+    """``fit_attention`` counts a timed core as ``steptime.roofline_layer`` charges it (3.5 x 4 s (s + 1)/2 d
+    per head, causal, FlashAttention's backward), so a profile with the fitted speed gives back the time."""
+    from parallel_lab.steptime import roofline_layer
+    peak = 400e12
+    model = ModelSpec(layers=1, hidden=2048, heads=16, kv_heads=16, ffn=8192, vocab=1000, flavour="llama")
+    sample = AttentionSample(batch=1, heads=16, seq=8192, head_dim=128, seconds=0.021)
+    e, (only,) = fit_attention([sample], peak)
+    assert e == only == pytest.approx(3.5 * 4 * 16 * 8192 * (8192 + 1) / 2 * 128 / 0.021 / peak, rel=1e-12)
+    _, attention, _ = roofline_layer(model, StepProfile(attention_efficiency=e), peak, 8192, 1, 1, 1, "none", "flash")
+    assert attention == pytest.approx(sample.seconds, rel=1e-12)
+    # several shapes: the median fraction; a fraction above 1 means the peak given is too low
+    slow, fast = replace(sample, seconds=0.042), replace(sample, seconds=0.0105)
+    assert fit_attention([slow, sample, fast], peak)[0] == pytest.approx(e)
+    with pytest.raises(ParallelLabError, match="the peak is too low"):
+        fit_attention([sample], 1e12)
+    with pytest.raises(ParallelLabError, match="no attention samples"):
+        fit_attention([], peak)
+
+
 # --------------------------------------------------------------------------------------------------
 # The profile file
 # --------------------------------------------------------------------------------------------------
@@ -196,11 +216,23 @@ def test_gemm_timing_on_cpu_scales_with_the_work():
         time_gemms([(4, 4, 4)], "cpu", "int8")
 
 
+def test_attention_timing_on_cpu_scales_with_the_work():
+    from parallel_lab.distributed.microbench import time_attention
+
+    torch.set_num_threads(1)
+    short, long = time_attention([(1, 2, 128, 32), (1, 2, 512, 32)], "cpu", "fp32", repeats=5)
+    assert (short.batch, short.heads, short.seq, short.head_dim) == (1, 2, 128, 32)
+    # 16x the causal FLOPs: a generous bound for a machine shared with other jobs
+    assert 0 < short.seconds and long.seconds > 3 * short.seconds
+    with pytest.raises(ParallelLabError, match="pick one of"):
+        time_attention([(1, 1, 8, 8)], "cpu", "int8")
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(90)
 def test_cli_microbench_on_cpu_end_to_end(tmp_path):
     """The whole command on this CPU, 2 gloo ranks: under 30 s, a profile that plan reads back."""
-    from parallel_lab.distributed.microbench import GEMM_SHAPES, MESSAGE_BYTES
+    from parallel_lab.distributed.microbench import ATTENTION_SHAPES, GEMM_SHAPES, MESSAGE_BYTES
 
     out = tmp_path / "cpu.json"
     t0 = time.perf_counter()
@@ -215,6 +247,8 @@ def test_cli_microbench_on_cpu_end_to_end(tmp_path):
     assert (mb["device"], mb["dtype"], mb["nproc"]) == ("cpu", "fp32", 2) and data["cluster"] == "cpu-gloo"
     assert [(g["tokens"], g["k"], g["n"]) for g in mb["gemm"]] == GEMM_SHAPES["cpu"]
     assert [(a["message_bytes"], a["group_size"]) for a in mb["all_reduce"]] == [(b, 2) for b in MESSAGE_BYTES["cpu"]]
+    assert [(a["batch"], a["heads"], a["seq"], a["head_dim"]) for a in mb["attention"]] == ATTENTION_SHAPES["cpu"]
+    assert "attention_efficiency" in data["fitted"] and "causal attention b x h x s x d" in p.stdout
     cluster = load_profile(out)
     assert cluster.peak_flops == 1e12 and 0 < cluster.profile.matmul_efficiency < 0.5   # one core: < 0.5 TFLOP/s
     # the recorded residuals are the planner's cost functions against the recorded times
@@ -224,6 +258,12 @@ def test_cli_microbench_on_cpu_end_to_end(tmp_path):
     for g in mb["gemm"]:
         t = gemm_time(g["tokens"], g["n"], g["k"], cluster.peak_flops, cluster.profile)
         assert t / g["seconds"] - 1 == pytest.approx(g["residual"], rel=1e-9, abs=1e-12)
+    # the profile's attention speed is the median of the recorded fractions, each the roofline's count
+    fractions = sorted(a["of_peak"] for a in mb["attention"])
+    assert cluster.profile.attention_efficiency == pytest.approx(sum(fractions) / 2) and 0 < fractions[0] < 1
+    for a in mb["attention"]:
+        sample = AttentionSample(a["batch"], a["heads"], a["seq"], a["head_dim"], a["seconds"])
+        assert sample.flops / a["seconds"] / cluster.peak_flops == pytest.approx(a["of_peak"], rel=1e-12)
     # loopback gloo: latency and bandwidth in the range shared/reference/torch_cpu_notes.md measured
     assert 1e-6 < cluster.intra.latency < 5e-3 and 5e7 < cluster.intra.bandwidth < 5e10
     p = run_cli("plan", "--model", "tiny-llama", "--gpus", "2", "--seq", "128", "--global-batch", "8",
@@ -260,8 +300,10 @@ def test_cuda_gemms_follow_the_efficiency_model():
 
     bench = run_microbench("cuda", "bf16", nproc=1, shapes=GEMM_SHAPES["cuda"])
     cluster = ClusterSpec.preset(preset_for_gpu(bench.device_name) or "h100-sxm")
-    fitted, g, _ = fit_microbench(bench.gemms, [], cluster, cluster.peak_flops)
+    fitted, g, _ = fit_microbench(bench.gemms, [], cluster, cluster.peak_flops, attention=bench.attention)
     assert 0.3 < g.matmul_efficiency <= 1.0 and g.rms < 0.25, (g, bench.gemms)
+    # a fused causal kernel on a datacenter GPU: between a tenth of peak and the peak
+    assert 0.1 < fitted.profile.attention_efficiency < 1.0, bench.attention
     assert replace(fitted, profile=None) == replace(cluster, profile=None)
 
 

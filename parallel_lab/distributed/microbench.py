@@ -1,4 +1,4 @@
-"""Micro-benchmarks of the two costs the step-time model is built from: one GEMM, one all-reduce.
+"""Micro-benchmarks of the costs the step-time model is built from: one GEMM, one all-reduce, one attention core.
 
 :func:`time_gemms` times ``(T x k) @ (k x n)`` in the compute dtype on a device (``cpu``, ``cuda``: a
 parameter, never assumed): inputs allocated once, a warm-up, then ``repeats`` rounds over all shapes,
@@ -10,9 +10,14 @@ calls between barriers; a sample is the median over repetitions of the slowest r
 ``steptime.gemm_time``) and a link tier's alpha and bus bandwidth (``comm.collective_time``), which
 ``parallel-lab calibrate --microbench`` writes as a profile file.
 
-On CPU the GEMMs run on one torch thread, as one rank does (``launch`` sets one thread per rank), so a
-profile describes the compute of one rank. The grids (:data:`GEMM_SHAPES`, :data:`MESSAGE_BYTES`) are small
-on CPU (a few seconds) and span a GPU's range on cuda (tens of seconds).
+:func:`time_attention` times torch's fused causal attention (``F.scaled_dot_product_attention(q, k, v,
+is_causal=True)`` with whichever backend torch picks, then its backward) for ``(batch, heads, seq, head_dim)``
+shapes, which ``microfit.fit_attention`` turns into the profile's ``attention_efficiency``.
+
+On CPU the GEMMs and the attention cores run on one torch thread, as one rank does (``launch`` sets one
+thread per rank), so a profile describes the compute of one rank. The grids (:data:`GEMM_SHAPES`,
+:data:`MESSAGE_BYTES`, :data:`ATTENTION_SHAPES`) are small on CPU (a few seconds) and span a GPU's range on
+cuda (tens of seconds).
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-from parallel_lab.microfit import CommSample, GemmSample
+from parallel_lab.microfit import AttentionSample, CommSample, GemmSample
 from parallel_lab.specs import DTYPE_BYTES, ParallelLabError
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -36,6 +42,12 @@ GEMM_SHAPES: dict[str, list[tuple[int, int, int]]] = {
     "cpu": [(t, 256, 256) for t in (4, 16, 64, 256)] + [(256, 512, 512), (512, 512, 64), (512, 512, 16)],
     "cuda": [(t, w, w) for t in (64, 256, 1024, 4096, 16384) for w in (2048, 8192)]
     + [(8192, 8192, n) for n in (128, 512, 2048)],
+}
+#: ``(batch, heads, seq, head_dim)`` of the timed attention cores per device type (long sequences on cuda,
+#: head dim 128 as in the published kernel figures, ``specs.ATTENTION_KERNELS_H100``)
+ATTENTION_SHAPES: dict[str, list[tuple[int, int, int, int]]] = {
+    "cpu": [(1, 4, 256, 64), (1, 4, 512, 64)],
+    "cuda": [(1, 16, 4096, 128), (1, 16, 8192, 128), (1, 16, 16384, 128)],
 }
 #: all-reduce message sizes (bytes) per device type
 MESSAGE_BYTES: dict[str, list[int]] = {
@@ -52,6 +64,7 @@ class Microbench:
     dtype: str
     gemms: list[GemmSample] = field(default_factory=list)
     all_reduce: list[CommSample] = field(default_factory=list)
+    attention: list[AttentionSample] = field(default_factory=list)
     device_name: str = ""
 
 
@@ -119,6 +132,33 @@ def time_gemms(shapes: Sequence[tuple[int, int, int]], device: str | torch.devic
     return [GemmSample(t, k, n, statistics.median(ts)) for (t, k, n), ts in zip(shapes, times, strict=True)]
 
 
+def time_attention(shapes: Sequence[tuple[int, int, int, int]], device: str | torch.device = "cpu",
+                   dtype: str = "bf16", warmup: int = 2, repeats: int = 9,
+                   min_rep_s: float = 2e-3) -> list[AttentionSample]:
+    """Median seconds of one causal attention forward + backward for each ``(batch, heads, seq, head_dim)``
+    (module docstring); the repetitions go round the shapes, as :func:`time_gemms`'s do."""
+    dev = torch.device(device)
+    if dtype not in TORCH_DTYPES:
+        raise ParallelLabError(f"dtype {dtype!r} is not known; pick one of {', '.join(TORCH_DTYPES)}")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    calls = []
+    for b, h, s, d in shapes:
+        q, k, v, g = (torch.randn(b, h, s, d, generator=gen).to(dev, TORCH_DTYPES[dtype]) for _ in range(4))
+        for t in (q, k, v):                                                    # (b, h, s, d)
+            t.requires_grad_(True)
+
+        def call(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, g: torch.Tensor = g) -> None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)    # (b, h, s, d)
+            torch.autograd.grad(out, (q, k, v), g)
+        calls.append(call)
+    inner = [_calls_per_rep(_warm_then_time_one(call, dev, warmup), min_rep_s) for call in calls]
+    times: list[list[float]] = [[] for _ in shapes]
+    for _ in range(repeats):
+        for i, call in enumerate(calls):
+            times[i].append(_timed(call, dev, inner[i]))
+    return [AttentionSample(b, h, s, d, statistics.median(ts)) for (b, h, s, d), ts in zip(shapes, times, strict=True)]
+
+
 def _all_reduce_rank(grid: Any, sizes: list[int], dtype: str, warmup: int, repeats: int,
                      min_rep_s: float) -> list[tuple[int, float]]:
     """On every rank: ``(bytes, seconds)`` per size, the median over repetitions (going round the sizes) of
@@ -168,9 +208,11 @@ def time_all_reduce(sizes: Sequence[int], nproc: int, device: str | None = None,
 
 def run_microbench(device: str | None = None, dtype: str = "bf16", nproc: int = 1,
                    shapes: Sequence[tuple[int, int, int]] | None = None, sizes: Sequence[int] | None = None,
-                   timeout_s: float = 60.0) -> Microbench:
+                   timeout_s: float = 60.0,
+                   attention_shapes: Sequence[tuple[int, int, int, int]] | None = None) -> Microbench:
     """The all-reduces (``nproc >= 2``; first, so that ranks fork from a process without a thread pool), then
-    the GEMMs in this process (one thread on CPU). Default grids: :data:`GEMM_SHAPES`, :data:`MESSAGE_BYTES`."""
+    the GEMMs and the attention cores in this process (one thread on CPU). Default grids:
+    :data:`GEMM_SHAPES`, :data:`MESSAGE_BYTES`, :data:`ATTENTION_SHAPES`."""
     dev = device_of(device)
     res = Microbench(dev.type, dtype)
     if nproc >= 2:
@@ -182,6 +224,7 @@ def run_microbench(device: str | None = None, dtype: str = "bf16", nproc: int = 
         torch.set_num_threads(1)
     try:
         res.gemms = time_gemms(shapes or GEMM_SHAPES[dev.type], dev, dtype)
+        res.attention = time_attention(attention_shapes or ATTENTION_SHAPES[dev.type], dev, dtype)
     finally:
         torch.set_num_threads(threads)
     return res
