@@ -206,6 +206,12 @@ def check_microbench(device: str, nproc: int, peak_flops: float | None = None) -
                               device_name=bench.device_name, dtype="bf16", nproc=nproc)
     rows = [{"check": f"GEMM e(d) fit rms residual ({len(bench.gemms)} shapes)", "measured": gemm.rms,
              "predicted": 0.0, "gap": gemm.rms, "tolerance": 0.15, "ok": gemm.rms <= 0.15}]
+    if bench.attention:       # one attention speed for every shape: the spread of the timed cores around it
+        spread = max(abs(a["residual"]) for a in data["microbench"]["attention"])
+        e = cluster.profile.attention_efficiency
+        rows.append({"check": f"attention: one efficiency ({e:.3f} of peak) for {len(bench.attention)} shapes, "
+                              "largest |fit/meas - 1|", "measured": spread, "predicted": 0.0, "gap": spread,
+                     "tolerance": 0.25, "ok": spread <= 0.25 and 0.1 < e < 1.0})
     text = (f"{bench.device_name}: e_max {gemm.matmul_efficiency:.4f}, d_half {gemm.half_width:.1f} against "
             f"{peak / 1e12:.0f} TFLOP/s ({base.name}); best GEMM "
             f"{max(s.flops / s.seconds for s in bench.gemms) / 1e12:.1f} TFLOP/s; causal attention (torch SDPA) "

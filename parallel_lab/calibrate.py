@@ -295,7 +295,8 @@ def microbench_to_json(cluster: ClusterSpec, gemms: list[GemmSample], comms: lis
                            "gemm": [{**asdict(s), "residual": r} for s, r in zip(gemms, gemm.residuals, strict=True)],
                            "all_reduce": [{**asdict(s), "residual": r}
                                           for s, r in zip(comms, link.residuals if link else [], strict=True)],
-                           "attention": [{**asdict(s), "of_peak": f}
+                           "attention": [{**asdict(s), "of_peak": f,
+                                          "residual": f / cluster.profile.attention_efficiency - 1}
                                          for s, f in zip(attention or [], fractions, strict=True)],
                            "gemm_rms_residual": gemm.rms, "all_reduce_rms_residual": link.rms if link else None,
                            "notes": [n for n in (gemm.note, link.note if link else "") if n]}}

@@ -1159,6 +1159,7 @@ def _calibrate_microbench(args: argparse.Namespace) -> Output:
     from .calibrate import fit_microbench, microbench_to_json
     from .distributed.launch import LaunchTimeout, RankError
     from .distributed.microbench import device_of, preset_for_gpu, run_microbench, visible_gpus
+    from .flops import ATTENTION_FWD_BWD
 
     dev, dtype = device_of(args.device), args.dtype or "bf16"
     nproc = args.nproc or (2 if dev.type == "cpu" else min(LIMITS["nproc"][1], visible_gpus()))
@@ -1204,13 +1205,13 @@ def _calibrate_microbench(args: argparse.Namespace) -> Output:
     lines.append(f"fit e(d) = e_max d / (d + d_half): e_max {gemm.matmul_efficiency:.4f}, d_half "
                  f"{gemm.half_width:.2f}; rms residual {gemm.rms:.1%}" + (f" ({gemm.note})" if gemm.note else ""))
     if bench.attention:
-        lines.append(table([(f"{s.batch} x {s.heads} x {s.seq} x {s.head_dim}", f"{s.seconds * 1e3:,.2f}",
-                             f"{s.flops / s.seconds / 1e12:.4g}", f"{a['of_peak']:.3f}")
+        lines.append(table([(s.shape, f"{s.seconds * 1e3:,.2f}", f"{s.flops / s.seconds / 1e12:.4g}",
+                             f"{a['of_peak']:.3f}", f"{a['residual']:+.1%}")
                             for s, a in zip(bench.attention, data["microbench"]["attention"], strict=True)],
-                           header=("causal attention b x h x s x d", "ms", "TFLOP/s", "of peak")))
+                           header=("causal attention b x h x s x d", "ms", "TFLOP/s", "of peak", "fit/meas - 1")))
         lines.append(f"attention_efficiency {cluster.profile.attention_efficiency:.4f}: the median fraction of peak "
                      "of torch's fused causal attention, forward + backward, counted as the roofline charges it "
-                     "(3.5 x 4 s (s+1)/2 d per head)")
+                     f"({ATTENTION_FWD_BWD['flash']:g} x 4 s (s+1)/2 d per head)")
     if link:
         lines.append(table([(fmt_bytes(s.message_bytes), f"{s.seconds * 1e6:,.1f}",
                              f"{s.message_bytes / s.seconds / 1e9:.4g}", f"{r:+.1%}")

@@ -91,6 +91,15 @@ def attention_keys(seq: int, convention: str = "palm") -> float:
 ATTENTION_FWD_BWD: dict[str, float] = {"eager": 3.0, "flash": 1.0 + FLASH_BACKWARD_OVER_FORWARD}
 
 
+def attention_core_flops(tokens: float, keys: float, q_width: float, kernel: str | None = None) -> float:
+    """FLOPs of an attention core over ``tokens`` queries of ``keys`` keys each and ``q_width = heads x
+    head_dim``: ``4 tokens keys q_width`` forward (``Q K^T`` and ``P V``); with ``kernel`` its forward +
+    backward, :data:`ATTENTION_FWD_BWD` times that (what ``steptime.roofline_layer`` charges and
+    ``microfit.AttentionSample`` counts)."""
+    fwd = 4.0 * tokens * keys * q_width
+    return fwd if kernel is None else ATTENTION_FWD_BWD[kernel] * fwd
+
+
 def flops_per_token(model: ModelSpec, seq: int, convention: str = "palm") -> float:
     """Model FLOPs per trained token at sequence length ``seq``: ``6 N_matmul + 12 L q_dim k``, with ``k``
     the keys per query of the convention (:func:`attention_keys`: ``s`` for PaLM, ``(s + 1) / 2`` causal)."""

@@ -16,7 +16,8 @@ least squares (``alpha < 0`` clamps to 0), so 1 KB and 64 MB messages weigh alik
 Attention. ``steptime.roofline_layer`` charges a fused causal attention core ``ATTENTION_FWD_BWD["flash"] *
 4 s keys d`` FLOPs per head and sequence (forward + FlashAttention's backward, causal ``keys = (s + 1) / 2``)
 at ``attention_efficiency`` of peak. :func:`fit_attention` takes each timed core's fraction of peak under that
-same count and keeps their median, so that the profile's roofline reproduces the measured time.
+same count and keeps their median, at which the profile's roofline gives back the median core's time (each
+sample's residual, predicted over measured time less one, is its fraction over the median less one).
 
 The fits refuse input they cannot fit (one shape or one size, a time <= 0), naming the fix; residuals
 (``predicted / measured - 1``) are computed by ``gemm_time`` and ``collective_time``, the planner's code.
@@ -25,12 +26,13 @@ The fits refuse input they cannot fit (one shape or one size, a time <= 0), nami
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .comm import collective_time
 from .errors import ParallelLabError
-from .flops import ATTENTION_FWD_BWD, attention_keys
+from .flops import attention_core_flops, attention_keys
 from .specs import LinkTier, StepProfile
 from .steptime import gemm_time
 
@@ -71,23 +73,28 @@ class AttentionSample:
     @property
     def flops(self) -> float:
         """Forward + backward FLOPs as the roofline charges them (module docstring)."""
-        return (ATTENTION_FWD_BWD["flash"] * 4.0 * self.batch * self.heads * self.seq
-                * attention_keys(self.seq, "causal") * self.head_dim)
+        return attention_core_flops(self.batch * self.seq, attention_keys(self.seq, "causal"),
+                                    self.heads * self.head_dim, "flash")
+
+    @property
+    def shape(self) -> str:
+        return f"{self.batch} x {self.heads} x {self.seq} x {self.head_dim}"
 
 
 def fit_attention(samples: Sequence[AttentionSample], peak_flops: float) -> tuple[float, list[float]]:
-    """``attention_efficiency``, the median of the samples' fractions of ``peak_flops``, and the fractions."""
+    """``attention_efficiency``, the median of the samples' fractions of ``peak_flops`` (at which the
+    roofline gives back the median core's time), and the fractions."""
     if not samples:
         raise ParallelLabError("no attention samples to fit; time at least one shape")
-    if any(not s.seconds > 0 for s in samples):
-        raise ParallelLabError("an attention sample has a time <= 0; time it again")
+    for s in samples:
+        if not s.seconds > 0:                          # also NaN
+            raise ParallelLabError(f"attention sample {s.shape}: time {s.seconds!r} s is not > 0; time it again")
     fractions = [s.flops / s.seconds / peak_flops for s in samples]
-    e = sorted(fractions)[len(fractions) // 2] if len(fractions) % 2 else \
-        0.5 * (sorted(fractions)[len(fractions) // 2 - 1] + sorted(fractions)[len(fractions) // 2])
-    if not e <= 1:
-        raise ParallelLabError(f"the attention core ran at {e:.2f} of the peak {peak_flops / 1e12:.4g} TFLOP/s; "
-                               "the peak is too low: give the device's dense peak in this dtype")
-    return e, fractions
+    for s, f in zip(samples, fractions, strict=True):
+        if not f <= 1:
+            raise ParallelLabError(f"attention sample {s.shape} ran at {f:.2f} of the peak {peak_flops / 1e12:.4g} "
+                                   "TFLOP/s; the peak is too low: give the device's dense peak in this dtype")
+    return statistics.median(fractions), fractions
 
 
 @dataclass(frozen=True)

@@ -418,6 +418,17 @@ def _interleaved_warmup(p: int, m: int, v: int, r: int) -> int:
     return min(m * v, 2 * (p - r - 1) + (v - 1) * p)
 
 
+def _check_interleaved(p: int, m: int, v: int) -> None:
+    """What interleaved 1F1B (``v > 1``) needs of ``p`` and ``m``."""
+    if m % p:
+        ok = [k * p for k in range(1, 5)]
+        raise ParallelLabError(f"interleaved 1F1B runs micro-batches in groups of p={p}; m={m} is not a "
+                               f"multiple of it; pick m in {{{', '.join(map(str, ok))}}}")
+    if p == 1:
+        raise ParallelLabError(f"interleaving v={v} chunks needs at least 2 pipeline ranks (p=1); "
+                               "set p >= 2 or v = 1")
+
+
 def interleaved_order(p: int, m: int, v: int) -> list[list[Action]]:
     """Interleaved 1F1B (Narayanan et al. 2021, section 2.2), Megatron's ordering.
 
@@ -429,13 +440,7 @@ def interleaved_order(p: int, m: int, v: int) -> list[list[Action]]:
     _check_pm("interleaved", p, m, v)
     if v == 1:
         return one_f_one_b_order(p, m)
-    if m % p:
-        ok = [k * p for k in range(1, 5)]
-        raise ParallelLabError(f"interleaved 1F1B runs micro-batches in groups of p={p}; m={m} is not a "
-                               f"multiple of it; pick m in {{{', '.join(map(str, ok))}}}")
-    if p == 1 and v > 1:
-        raise ParallelLabError(f"interleaving v={v} chunks needs at least 2 pipeline ranks (p=1); "
-                               "set p >= 2 or v = 1")
+    _check_interleaved(p, m, v)
     total = m * v
 
     def fwd(k: int) -> Action:
@@ -736,7 +741,9 @@ def messages_at_once(name: str, p: int, m: int, v: int = 1) -> tuple[int, ...]:
 
     The V schedules (ZB-V, DualPipeV) are counted on the list of ``min(m, 2 p)`` micro-batches (their
     steady state only repeats beyond ``2 p``)."""
+    _check_pm(name, p, m, v)
     if name == "interleaved" and v > 1:
+        _check_interleaved(p, m, v)
         if m >= 2 * p:
             return (4,) * p
         return tuple(2 if r == p - 1 else 4 if 2 * r >= p else 3 if 2 * r == p - 1 else 2 for r in range(p))

@@ -414,7 +414,8 @@ FLASH_BACKWARD_OVER_FORWARD = 2.5
 #: 128, sequence 16K, in FlashAttention's count: (forward with a causal mask, backward) TFLOP/s, from the
 #: FlashAttention-3 paper's benchmark figures (Shah et al. 2024, arXiv 2407.08608): the forward from its
 #: causal panel (the masked work the roofline charges), the backward from its one head-dim-128 backward
-#: figure, which gives no mask variant. Measured with the kernels of mid-2024, after Llama 3's pre-training.
+#: figure, which gives no mask variant (a causal backward usually runs slower per counted FLOP, so these
+#: priors lean fast). Measured with the kernels of mid-2024, after Llama 3's pre-training.
 ATTENTION_KERNELS_H100: dict[str, tuple[float, float]] = {
     "fa2": (335.0, 322.0),      # FlashAttention-2 (torch SDPA's flash backend)
     "cudnn": (539.0, 516.0),    # cuDNN's fused attention (torch SDPA's cudnn backend)

@@ -44,7 +44,7 @@ from functools import lru_cache
 
 from . import layout
 from .comm import Collective, collective_time
-from .flops import ATTENTION_FWD_BWD, attention_keys, matmul_params, recomputed
+from .flops import ATTENTION_FWD_BWD, attention_core_flops, attention_keys, matmul_params, recomputed
 from .layout import stage_blocks
 from .simulate import Costs, bubble_formula
 from .specs import RECOMPUTE, LinkTier, ModelSpec, Plan, StepProfile
@@ -189,14 +189,20 @@ def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float
 
 
 def stages_to_check(pp: int, split: str = "layers") -> list[int]:
-    """Stage 0 holds the most layers (chunks get the extra layers first), the embedding and the most
-    in-flight micro-batches; the last stage the head and the logits. No middle stage exceeds both (a middle
-    stage of interleaved 1F1B may post two more P2P messages, ``schedules.messages_at_once``, two ``s b h``
-    tensors, but it holds at least one chunk's in-flight micro-batch fewer, whose saved activations are
-    larger). With
-    ``split="embed-head"`` stage 0 gives a block slot to the embedding, so stage 1 (as many in-flight
-    micro-batches as any later stage, and at least as many blocks) is checked too."""
-    return sorted({0, pp - 1} | ({min(1, pp - 1)} if split == "embed-head" else set()))
+    """The stages whose memory and time can be the largest, which the planner and ``evaluate`` check.
+
+    * Stage 0 holds the most layers (chunks get the extra layers first), the embedding and the most
+      in-flight micro-batches; the last stage the head and the logits.
+    * Stage 1, the first with two neighbours, as many layers as any middle stage and their most in-flight
+      micro-batches: a middle stage sends and receives on both sides, twice stage 0's P2P time. With
+      ``split="embed-head"`` stage 0 also gives a block slot to the embedding.
+    * Interleaved 1F1B with ``m = p``: the ranks from ``ceil(p / 2)`` on post two more P2P messages
+      (``schedules.messages_at_once``), which under full recomputation with a layer per chunk can outweigh
+      the in-flight micro-batches they hold fewer of: ``ceil(p / 2)``, and ``(p - 1) / 2`` (three messages)
+      for an odd ``p``.
+    """
+    middle = {1, (pp + 1) // 2, (pp - 1) // 2} if pp > 2 else set()
+    return sorted({0, pp - 1} | middle | ({min(1, pp - 1)} if split == "embed-head" else set()))
 
 
 class StageFlops:
@@ -277,7 +283,7 @@ def roofline_layer(model: ModelSpec, prof: StepProfile, peak: float, seq: int, t
     else:                                    # eager: two GEMMs over every key (the mask zeroes, never skips)
         # of inner width head_dim; the softmax's memory traffic is not counted
         kernel, keys, rate = "eager", attention_keys(seq, "palm"), gemm_rate(model.head_dim, peak, prof)
-    attn_fwd = 4.0 * tokens * keys * layout.q_width_local(model, tp) / rate
+    attn_fwd = attention_core_flops(tokens, keys, layout.q_width_local(model, tp)) / rate
     params, core = recomputed(model, recompute, mlp)
     again = fwd * params / max(1, matmul_params(model)[0]) + (attn_fwd if core else 0.0)
     attn = ATTENTION_FWD_BWD[kernel] * attn_fwd

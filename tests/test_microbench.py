@@ -162,6 +162,12 @@ def test_the_attention_fit_makes_the_roofline_reproduce_the_timed_core():
     assert fit_attention([slow, sample, fast], peak)[0] == pytest.approx(e)
     with pytest.raises(ParallelLabError, match="the peak is too low"):
         fit_attention([sample], 1e12)
+    # every sample is checked, not the median only
+    impossible = replace(sample, seconds=1e-4)
+    with pytest.raises(ParallelLabError, match=r"sample 1 x 16 x 8192 x 128 ran at \d+\.\d\d of the peak"):
+        fit_attention([sample, sample, impossible], peak)
+    with pytest.raises(ParallelLabError, match="time nan s is not > 0"):
+        fit_attention([replace(sample, seconds=float("nan"))], peak)
     with pytest.raises(ParallelLabError, match="no attention samples"):
         fit_attention([], peak)
 
@@ -261,9 +267,15 @@ def test_cli_microbench_on_cpu_end_to_end(tmp_path):
     # the profile's attention speed is the median of the recorded fractions, each the roofline's count
     fractions = sorted(a["of_peak"] for a in mb["attention"])
     assert cluster.profile.attention_efficiency == pytest.approx(sum(fractions) / 2) and 0 < fractions[0] < 1
+    from parallel_lab.steptime import roofline_layer
     for a in mb["attention"]:
         sample = AttentionSample(a["batch"], a["heads"], a["seq"], a["head_dim"], a["seconds"])
         assert sample.flops / a["seconds"] / cluster.peak_flops == pytest.approx(a["of_peak"], rel=1e-12)
+        # the recorded residual is the roofline's time for that core against the timed one
+        model = ModelSpec(layers=1, hidden=a["heads"] * a["head_dim"], heads=a["heads"], ffn=64, vocab=64)
+        _, t, _ = roofline_layer(model, cluster.profile, cluster.peak_flops, a["seq"], 1, 1, a["batch"], "none",
+                                 "flash")
+        assert t / a["seconds"] - 1 == pytest.approx(a["residual"], rel=1e-9, abs=1e-12)
     # loopback gloo: latency and bandwidth in the range shared/reference/torch_cpu_notes.md measured
     assert 1e-6 < cluster.intra.latency < 5e-3 and 5e7 < cluster.intra.bandwidth < 5e10
     p = run_cli("plan", "--model", "tiny-llama", "--gpus", "2", "--seq", "128", "--global-batch", "8",
