@@ -105,7 +105,8 @@ def flops_per_token(model: ModelSpec, seq: int, convention: str = "palm") -> flo
     the keys per query of the convention (:func:`attention_keys`: ``s`` for PaLM, ``(s + 1) / 2`` causal)."""
     n_blocks, n_head = matmul_params(model)
     q_dim = model.heads * model.head_dim
-    return 6.0 * (n_blocks + n_head) + 12.0 * model.layers * q_dim * attention_keys(seq, convention)
+    return 6.0 * (n_blocks + n_head) + model.layers * attention_core_flops(
+        1.0, attention_keys(seq, convention), q_dim, "eager")
 
 
 def op_sac_recomputed_params(model: ModelSpec, plan: Plan) -> int:
@@ -139,7 +140,7 @@ def step_flops(model: ModelSpec, plan: Plan) -> FlopsReport:
     """Model and hardware FLOPs of one step: ``global_batch * seq`` tokens (see the module docstring)."""
     plan.validate(model)
     tokens = plan.global_batch_tokens
-    attn_fwd = 4.0 * model.layers * model.heads * model.head_dim * plan.seq       # per token, forward
+    attn_fwd = model.layers * attention_core_flops(1.0, plan.seq, model.heads * model.head_dim)   # per token
     model_flops = flops_per_token(model, plan.seq) * tokens
     params, core = recomputed(model, plan.recompute, plan.mlp)
     extra = 2.0 * params + (attn_fwd if core else 0.0)

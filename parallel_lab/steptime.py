@@ -213,14 +213,14 @@ class StageFlops:
         n_blocks, n_head = matmul_params(model)
         q = model.heads * model.head_dim
         self.model, self.split, self.mlp, self.attention_kernel = model, split, mlp, attention
-        self.per_layer = 6.0 * n_blocks / model.layers + 12.0 * q * seq
-        attn_fwd = 4.0 * q * seq
+        attn_fwd = attention_core_flops(1.0, seq, q)                        # per token: the full square
+        self.attn = ATTENTION_FWD_BWD["eager"] * attn_fwd                   # forward + backward, as flops.py
+        self.per_layer = 6.0 * n_blocks / model.layers + self.attn
         self.extra: dict[str, float] = {}
         for r in RECOMPUTE:                  # per layer: the matmuls and the core that backward runs again
             params, core = recomputed(model, r, mlp)
             self.extra[r] = 2.0 * params / model.layers + (attn_fwd if core else 0.0)
         self.head = 6.0 * n_head
-        self.attn = 12.0 * q * seq
         self._nl: dict[tuple[int, int, int], int] = {}
 
     def n_layers(self, pp: int, v: int, stage: int) -> int:
