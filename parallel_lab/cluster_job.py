@@ -143,11 +143,13 @@ def program(pf: PlanFile, plan_path: str, entry: str = "parallel-lab", config: s
 
 
 def torchrun_command(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab", head: str = "$HEAD_NODE",
-                     node_rank: str = "$NODE_RANK", port: int = DEFAULT_PORT, config: str | None = None) -> str:
-    """The command to start on every node (the same line; ``node_rank`` differs per node)."""
+                     port: int = DEFAULT_PORT, config: str | None = None) -> str:
+    """The command to start on every node: the same line everywhere. No ``--node-rank``: torchrun reads it only
+    under ``--rdzv-backend=static``; under c10d the rendezvous gives each agent its node's group rank (which
+    machine becomes node 0 is its choice), and a node's ranks stay consecutive, all the grid relies on."""
     job = job_of(pf, port)
     args = ["torchrun", f"--nnodes={job.nodes}", f"--nproc-per-node={job.gpus_per_node}",
-            f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:{job.port}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:{job.port}",
             f"--rdzv-id={pf.phase}", *program(pf, plan_path, entry, config)]
     return " ".join(a if a.startswith("$") or "=$" in a else shlex.quote(a) for a in args)
 
@@ -184,7 +186,7 @@ def sbatch_script(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab", 
         "export NCCL_DEBUG=${NCCL_DEBUG:-WARN}",
         "# export NCCL_SOCKET_IFNAME=...   # site-specific: the interface of the fast network",
         f'srun --nodes={job.nodes} --ntasks-per-node=1 bash -c "torchrun --nnodes={job.nodes} '
-        f"--nproc-per-node={job.gpus_per_node} --node-rank=\\$SLURM_NODEID --rdzv-backend=c10d "
+        f"--nproc-per-node={job.gpus_per_node} --rdzv-backend=c10d "
         f'--rdzv-endpoint=$HEAD_NODE:{job.port} --rdzv-id=$SLURM_JOB_ID {prog}"',
     ]
     return "\n".join(lines) + "\n"

@@ -640,7 +640,8 @@ def group_span(plan: Plan, dim: str, stage: int = 0) -> tuple[int, int]:
 
 def node_of(rank: int, ranks_per_node: int) -> int:
     """The node of a global rank: nodes are runs of ``ranks_per_node`` consecutive ranks (torchrun numbers the
-    ranks ``RANK = node_rank * LOCAL_WORLD_SIZE + LOCAL_RANK``)."""
+    ranks ``RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK``, the group rank being the agent's place in the
+    rendezvous)."""
     return rank // ranks_per_node
 
 

@@ -336,9 +336,10 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: 
                      flavour="llama", name=name)
 
 
-def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int, positions: int = 2048) -> ModelSpec:
+def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int, positions: int = 2048,
+         tied: bool = False) -> ModelSpec:
     return ModelSpec(layers=layers, hidden=hidden, heads=heads, ffn=4 * hidden, vocab=vocab, flavour="gpt",
-                     max_positions=positions, name=name)
+                     max_positions=positions, tied_embeddings=tied, name=name)
 
 
 #: Named models. Published parameter counts are checked in tests/test_specs.py.
@@ -357,11 +358,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                              tied_embeddings=True, name="llama3.2-1b"),
     # Brown et al. 2020: 175B with a 50257-token vocabulary and 2048 learned positions.
     "gpt3-175b": _gpt("gpt3-175b", 96, 12288, 96, 50257),
-    # Korthikanti et al. 2022, Table 3 (vocabulary padded to 51200, sequence 2048).
-    "megatron-22b": _gpt("megatron-22b", 48, 6144, 64, 51200),
-    "megatron-175b": _gpt("megatron-175b", 96, 12288, 96, 51200),
-    "megatron-530b": _gpt("megatron-530b", 105, 20480, 128, 51200),
-    "megatron-1t": _gpt("megatron-1t", 128, 25600, 160, 51200),
+    # Korthikanti et al. 2022, Table 3 (vocabulary padded to 51200, sequence 2048). Megatron's GPT shares the
+    # word embedding with the output layer (a copy on the last pipeline stage, its gradient all-reduced with
+    # the first's): Narayanan et al. 2021, Table 1, counts it once, 174.6B, 529.6B and 1008.0B.
+    "megatron-22b": _gpt("megatron-22b", 48, 6144, 64, 51200, tied=True),
+    "megatron-175b": _gpt("megatron-175b", 96, 12288, 96, 51200, tied=True),
+    "megatron-530b": _gpt("megatron-530b", 105, 20480, 128, 51200, tied=True),
+    "megatron-1t": _gpt("megatron-1t", 128, 25600, 160, 51200, tied=True),
     # The tiny models the runnable code trains on CPU ranks (tests, notebooks, `parallel-lab run`).
     "tiny-llama": ModelSpec(layers=4, hidden=128, heads=4, kv_heads=2, ffn=344, vocab=512, flavour="llama",
                             name="tiny-llama"),

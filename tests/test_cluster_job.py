@@ -38,9 +38,9 @@ def test_a_partial_node_is_refused_with_the_fix():
 
 def test_torchrun_command_has_the_rendezvous_and_the_program():
     cmd = cluster_job.torchrun_command(meta_8k(), "plan.yaml", port=29411, entry="torchtitan")
-    for part in ("--nnodes=2048", "--nproc-per-node=8", "--node-rank=$NODE_RANK", "--rdzv-backend=c10d",
-                 "--rdzv-endpoint=$HEAD_NODE:29411"):
+    for part in ("--nnodes=2048", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=$HEAD_NODE:29411"):
         assert part in cmd
+    assert "--node-rank" not in cmd          # inert under c10d (torchrun reads it only with --rdzv-backend=static)
     tiny = cluster_job.torchrun_command(load_plan(ROOT / "examples/plans/tiny-tp2-sp.yaml"), "plan.yaml")
     assert "--nnodes=1 --nproc-per-node=2" in tiny and "-m parallel_lab run --plan plan.yaml" in tiny
     tt = cluster_job.torchrun_command(meta_8k(), "plan.yaml", entry="torchtitan")
@@ -96,7 +96,7 @@ def test_under_torchrun_this_machine_holds_its_own_ranks(monkeypatch):
 def test_sbatch_script_is_valid_bash_and_shellcheck_clean(tmp_path):
     script = cluster_job.sbatch_script(meta_8k(), "plan.yaml", partition="gpu", entry="torchtitan")
     assert "#SBATCH --nodes=2048" in script and "#SBATCH --gpus-per-node=8" in script
-    assert "--rdzv-endpoint=$HEAD_NODE:29500" in script and "--node-rank=\\$SLURM_NODEID" in script
+    assert "--rdzv-endpoint=$HEAD_NODE:29500" in script and "--node-rank" not in script
     f = tmp_path / "job.sbatch"
     f.write_text(script)
     subprocess.run(["bash", "-n", str(f)], check=True, timeout=30)

@@ -1,10 +1,11 @@
 """Two torchrun agents on 127.0.0.1, each a "node" of 2 ranks, running ``parallel-lab run`` unchanged.
 
 The agents meet through torchrun's c10d rendezvous on a free port (the way one ``torchrun`` per machine of a
-cluster does, ``--nnodes=2``). torchrun numbers the ranks node by node (``RANK = node_rank *
-LOCAL_WORLD_SIZE + LOCAL_RANK``), so with dp=2, tp=2 each TP group lives inside a node and each DP group
-spans both: the ranks' grids see exactly that from ``LOCAL_WORLD_SIZE``, and the report says which groups
-crossed a node (and that this is what ``layout.crossing_groups`` predicts). Rank 0 gathers the results and
+cluster does, ``--nnodes=2``). torchrun numbers the ranks node by node (``RANK = GROUP_RANK *
+LOCAL_WORLD_SIZE + LOCAL_RANK``, the group rank chosen by the rendezvous), so with dp=2, tp=2 each TP group
+lives inside a node and each DP group spans both: the ranks' grids see exactly that from
+``LOCAL_WORLD_SIZE``, and the report says which groups crossed a node (and that this is what
+``layout.crossing_groups`` predicts). Rank 0 gathers the results and
 prints the report; the other ranks print nothing.
 """
 
