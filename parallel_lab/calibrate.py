@@ -4,7 +4,8 @@ A *run* is a plan someone trained on their cluster and the throughput they measu
 (``dp tp pp cp seq micro_batch grad_accum schedule interleave sp zero recompute ...``), the model (a preset
 name), and either ``tflops_per_gpu`` (per GPU per second, counted as its ``flops_convention`` column says,
 :data:`RUN_COUNTS`: model FLOPs ``palm`` by default or ``causal``, or ``hardware``) or ``step_time_s``.
-Runs come from a small CSV (one run per row, a header naming the columns) or YAML (a list of mappings, or
+Runs come from a small CSV (one run per row, a header naming the columns; ``max_positions`` lengthens a
+preset's learned position table for a run at a longer context) or YAML (a list of mappings, or
 ``{runs: [...]}``).
 
 The fit (:func:`fit_profile`): the roofline of ``steptime`` ("Roofline compute") with the profile's
@@ -33,14 +34,14 @@ from .errors import ParallelLabError
 from .flops import CONVENTIONS, step_flops
 from .microfit import AttentionSample, CommSample, GemmFit, GemmSample, LinkFit, fit_attention, fit_gemm, fit_link
 from .specs import (
-    ATTENTION_KERNELS_H100,
-    H100_PEAK_FLOPS,
+    ATTENTION_KERNELS,
     ClusterSpec,
     LinkTier,
     ModelSpec,
     Plan,
     StepProfile,
     attention_kernel_efficiency,
+    default_attention_efficiency,
 )
 
 #: How a published TFLOP/s figure counts its FLOPs: the model FLOPs of ``flops.CONVENTIONS`` (``palm``, the full
@@ -86,7 +87,7 @@ def run_from_dict(d: dict[str, Any], index: int = 0, convention: str | None = No
     """A :class:`Run` from one CSV row or YAML mapping (unknown keys are an error naming them);
     ``convention`` overrides the row's ``flops_convention``."""
     d = {k.strip(): v for k, v in d.items() if v not in (None, "")}
-    known = _PLAN | {"model", "name", "tflops_per_gpu", "step_time_s", "gpus", "flops_convention"}
+    known = _PLAN | {"model", "name", "tflops_per_gpu", "step_time_s", "gpus", "flops_convention", "max_positions"}
     unknown = sorted(set(d) - known)
     if unknown:
         raise ParallelLabError(f"run {index}: unknown column(s) {unknown}; use Plan fields, model, name, gpus, "
@@ -94,6 +95,8 @@ def run_from_dict(d: dict[str, Any], index: int = 0, convention: str | None = No
     if "model" not in d:
         raise ParallelLabError(f"run {index}: no 'model' column; give a preset name such as llama3-405b")
     model = ModelSpec.preset(str(d["model"]))
+    if "max_positions" in d:        # a learned position table trained longer than the preset's
+        model = replace(model, max_positions=int(d["max_positions"]))
     plan = Plan(**{k: _value(k, v) for k, v in d.items() if k in _PLAN}).validate(
         model, int(d["gpus"]) if "gpus" in d else None)
     conv = convention or str(d.get("flops_convention", "palm")).strip()
@@ -192,14 +195,16 @@ def fit_profile(runs: list[Run], cluster: ClusterSpec,
     """``cluster`` with a fitted :class:`StepProfile`, and the names of the fitted parameters."""
     if not runs:
         raise ParallelLabError("calibrate needs at least one run")
-    prior = prior or cluster.profile or StepProfile()
+    prior = (prior or cluster.profile
+             or StepProfile(attention_efficiency=default_attention_efficiency(cluster.peak_flops)))
     token_counts = {r.plan.micro_batch * r.plan.seq // r.plan.cp for r in runs}
     fitted = ["matmul_efficiency"] + (["overhead_s"] if len(token_counts) > 1 else [])
 
     # the kernel the prior's attention speed came from (with_attention_kernel) stays in the source
     _, kept, kernel = prior.source.partition(ATTENTION_NOTE)
-    named = kept and kernel in ATTENTION_KERNELS_H100 and \
-        prior.attention_efficiency == attention_kernel_efficiency(kernel)
+    table = ATTENTION_KERNELS.get(cluster.peak_flops, ("", {}))[1]
+    named = kept and kernel in table and \
+        prior.attention_efficiency == attention_kernel_efficiency(kernel, cluster.peak_flops)
     source = f"fitted to {len(runs)} run(s): " + ", ".join(r.name for r in runs) + (ATTENTION_NOTE + kernel
                                                                                      if named else "")
 
@@ -222,18 +227,14 @@ def fit_profile(runs: list[Run], cluster: ClusterSpec,
 
 
 def with_attention_kernel(cluster: ClusterSpec, kernel: str) -> ClusterSpec:
-    """``cluster`` whose profile's attention prior is ``kernel``'s published H100 rate
-    (``specs.attention_kernel_efficiency``), named at the end of the profile's source (a kernel named there
-    before is replaced). Refused on a cluster of another peak; H200, the same compute die, shares it."""
-    if cluster.peak_flops != H100_PEAK_FLOPS:
-        raise ParallelLabError(f"--attention-kernel {kernel}: the published kernel speeds are H100 SXM5's "
-                               f"({H100_PEAK_FLOPS / 1e12:g} TFLOP/s); cluster {cluster.name} peaks at "
-                               f"{cluster.peak_flops / 1e12:g} TFLOP/s. Time your kernel there and give the profile "
-                               "file an attention_efficiency instead")
+    """``cluster`` whose profile's attention prior is ``kernel``'s published rate on the cluster's GPU
+    (``specs.attention_kernel_efficiency``: H100 and A100 figures, found by the cluster's peak; H200, the
+    same compute die, shares H100's), named at the end of the profile's source (a kernel named there before
+    is replaced). Refused, with the fix, on a GPU or kernel with no published figure here."""
     prof = cluster.profile or StepProfile()
+    eff = attention_kernel_efficiency(kernel, cluster.peak_flops)
     source = prof.source.partition(ATTENTION_NOTE)[0]
-    return replace(cluster, profile=replace(prof, attention_efficiency=attention_kernel_efficiency(kernel),
-                                            source=f"{source}{ATTENTION_NOTE}{kernel}"))
+    return replace(cluster, profile=replace(prof, attention_efficiency=eff, source=f"{source}{ATTENTION_NOTE}{kernel}"))
 
 
 def attention_efficiency_needed(run: Run, fit_runs: list[Run], cluster: ClusterSpec,

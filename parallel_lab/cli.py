@@ -45,6 +45,8 @@ from typing import Any
 
 from .schedules import SCHEDULE_NAMES, V_SCHEDULES
 from .specs import (
+    A100_PEAK_FLOPS,
+    ATTENTION_KERNELS_A100,
     ATTENTION_KERNELS_H100,
     ATTENTION_KINDS,
     CLUSTER_PRESETS,
@@ -1076,10 +1078,13 @@ def _add_calibrate(sub: Any) -> None:
                    help="how the runs' TFLOP/s count: palm = model FLOPs with the full s x s square, causal = with "
                         "the visible half, hardware = what ran, recomputation included (Megatron-LM's eq. 3) "
                         "(default: each run's flops_convention column, else palm)")
-    p.add_argument("--attention-kernel", choices=tuple(ATTENTION_KERNELS_H100), default=None,
-                   help="the attention prior: a fused kernel's published H100 speed ("
+    kernels = tuple(dict.fromkeys([*ATTENTION_KERNELS_H100, *ATTENTION_KERNELS_A100]))
+    p.add_argument("--attention-kernel", choices=kernels, default=None,
+                   help="the attention prior: a fused kernel's published speed on the cluster's GPU (H100: "
                         + ", ".join(f"{k} {attention_kernel_efficiency(k):.3f}" for k in ATTENTION_KERNELS_H100)
-                        + " of peak; specs.ATTENTION_KERNELS_H100; default: the --cluster profile's, else fa2)")
+                        + "; A100: " + ", ".join(f"{k} {attention_kernel_efficiency(k, A100_PEAK_FLOPS):.3f}"
+                                                 for k in ATTENTION_KERNELS_A100)
+                        + " of peak; specs.ATTENTION_KERNELS; default: the --cluster profile's, else fa2's)")
     g = p.add_argument_group("micro-benchmarks (instead of --runs)")
     g.add_argument("--microbench", action="store_true",
                    help="time GEMMs (-> matmul_efficiency, half_width) and all-reduces (-> the intra-node tier's "

@@ -358,6 +358,10 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                              tied_embeddings=True, name="llama3.2-1b"),
     # Brown et al. 2020: 175B with a 50257-token vocabulary and 2048 learned positions.
     "gpt3-175b": _gpt("gpt3-175b", 96, 12288, 96, 50257),
+    # GPT-3 XL (1.3B) as the FlashAttention-2 paper trained it (Dao 2023, Table 1; flash-attention's
+    # training/configs gpt3xl): 16 heads of 128, the GPT-2 vocabulary padded to a multiple of 8, tied; no
+    # dropout here (the lab's flash core keeps no dropout mask; dropout changes memory, not the FLOPs).
+    "gpt3-1.3b": replace(_gpt("gpt3-1.3b", 24, 2048, 16, 50264, tied=True), dropout=0.0),
     # Korthikanti et al. 2022, Table 3 (vocabulary padded to 51200, sequence 2048). Megatron's GPT shares the
     # word embedding with the output layer (a copy on the last pipeline stage, its gradient all-reduced with
     # the first's): Narayanan et al. 2021, Table 1, counts it once, 174.6B, 529.6B and 1008.0B.
@@ -425,18 +429,53 @@ ATTENTION_KERNELS_H100: dict[str, tuple[float, float]] = {
     "fa3": (616.0, 561.0),      # FlashAttention-3 (Hopper: warp specialisation, TMA)
 }
 H100_PEAK_FLOPS = 989e12
+A100_PEAK_FLOPS = 312e12
+
+#: The same on one A100 SXM4 (312 TFLOP/s dense BF16), from the FlashAttention-2 paper's text (Dao 2023,
+#: arXiv 2307.08691, section 1): FlashAttention-2 reaches "up to 73%" of peak in the forward and "up to 63%"
+#: in the backward, FlashAttention(-1) 30-50% and 25-35% (its Figs. 6-7; the top of each range here). These
+#: are the best of the paper's settings (masks, head dims 64 and 128, 512 to 16K tokens), not one shape:
+#: upper bounds. tests/test_calibrate.py checks them against the same paper's end-to-end runs (Table 1).
+ATTENTION_KERNELS_A100: dict[str, tuple[float, float]] = {
+    "fa2": (0.73 * 312.0, 0.63 * 312.0),   # FlashAttention-2
+    "fa1": (0.50 * 312.0, 0.35 * 312.0),   # FlashAttention (Dao et al. 2022)
+}
+#: the published kernel speeds by the peak of the GPU they were measured on (H200 shares H100's die and peak)
+ATTENTION_KERNELS: dict[float, tuple[str, dict[str, tuple[float, float]]]] = {
+    H100_PEAK_FLOPS: ("H100 SXM5", ATTENTION_KERNELS_H100),
+    A100_PEAK_FLOPS: ("A100 SXM4", ATTENTION_KERNELS_A100),
+}
 
 
-def attention_kernel_efficiency(kernel: str) -> float:
-    """A published kernel's fraction of H100 peak over forward + backward (:data:`ATTENTION_KERNELS_H100`):
-    ``(1 + r) / (1 / fwd + r / bwd) / peak`` with ``r`` = :data:`FLASH_BACKWARD_OVER_FORWARD`, the time of
-    one forward and its backward at the two measured speeds. fa2 0.329, cudnn 0.528, fa3 0.582."""
-    if kernel not in ATTENTION_KERNELS_H100:
-        raise ParallelLabError(f"attention kernel {kernel!r} has no published rate here; pick one of "
-                               f"{', '.join(ATTENTION_KERNELS_H100)}, or give the profile an attention_efficiency")
-    fwd, bwd = ATTENTION_KERNELS_H100[kernel]
+def flash_efficiency(fwd: float, bwd: float, peak_flops: float) -> float:
+    """The fraction of ``peak_flops`` of a forward and its backward run at ``fwd`` and ``bwd`` FLOP/s in
+    FlashAttention's count: ``(1 + r) / (1 / fwd + r / bwd) / peak``, ``r`` =
+    :data:`FLASH_BACKWARD_OVER_FORWARD` (the time of one forward plus its backward)."""
     r = FLASH_BACKWARD_OVER_FORWARD
-    return (1 + r) / (1 / fwd + r / bwd) * 1e12 / H100_PEAK_FLOPS
+    return (1 + r) / (1 / fwd + r / bwd) / peak_flops
+
+
+def attention_kernel_efficiency(kernel: str, peak_flops: float = H100_PEAK_FLOPS) -> float:
+    """A published kernel's fraction of peak over forward + backward on the GPU of ``peak_flops``
+    (:data:`ATTENTION_KERNELS`, :func:`flash_efficiency`). H100: fa2 0.329, cudnn 0.528, fa3 0.582; A100
+    (upper bounds): fa2 0.656, fa1 0.383."""
+    if peak_flops not in ATTENTION_KERNELS:
+        known = ", ".join(f"{gpu} ({peak / 1e12:g})" for peak, (gpu, _) in ATTENTION_KERNELS.items())
+        raise ParallelLabError(f"no published attention-kernel speeds for a GPU of {peak_flops / 1e12:g} TFLOP/s "
+                               f"peak (known: {known}); time your kernel (parallel-lab calibrate --microbench) "
+                               "and give the profile an attention_efficiency")
+    gpu, table = ATTENTION_KERNELS[peak_flops]
+    if kernel not in table:
+        raise ParallelLabError(f"attention kernel {kernel!r} has no published {gpu} rate here; pick one of "
+                               f"{', '.join(table)}, or give the profile an attention_efficiency")
+    fwd, bwd = table[kernel]
+    return flash_efficiency(fwd * 1e12, bwd * 1e12, peak_flops)
+
+
+def default_attention_efficiency(peak_flops: float) -> float:
+    """The attention prior of a GPU with no fitted profile: FlashAttention-2's published rate on it where
+    :data:`ATTENTION_KERNELS` has one (A100 0.656, H100 0.329), else H100's fraction (0.329)."""
+    return attention_kernel_efficiency("fa2", peak_flops if peak_flops in ATTENTION_KERNELS else H100_PEAK_FLOPS)
 
 
 @dataclass(frozen=True)
@@ -449,7 +488,8 @@ class StepProfile:
     slower). ``attention_efficiency``: the fused attention kernel's fraction of peak over forward and
     backward, counting causal FLOPs as FlashAttention's benchmarks do (backward 2.5x forward,
     ``flops.ATTENTION_FWD_BWD``; a prior, not fitted; default FlashAttention-2's published H100 rate, 0.329,
-    :func:`attention_kernel_efficiency`; ``parallel-lab calibrate --attention-kernel`` picks another).
+    :func:`attention_kernel_efficiency`; ``parallel-lab calibrate`` starts an A100 from FlashAttention-2's A100
+    rate, :func:`default_attention_efficiency`, and ``--attention-kernel`` picks another).
     ``overhead_s``: seconds per micro-batch per model chunk (launches, synchronisation).
     ``tp_overlap``: the fraction of sequence-parallel TP traffic hidden behind the neighbouring GEMMs.
     """

@@ -23,6 +23,7 @@ PUBLISHED = [
     ("llama3-70b", 70.6e9, 0.001, "Llama 3 model card"),
     ("llama3-405b", 405.8e9, 0.001, "Llama 3.1 model card"),
     ("gpt3-175b", 175.0e9, 0.005, "Brown et al. 2020, Table 2.1"),
+    ("gpt3-1.3b", 1.3e9, 0.015, "Brown et al. 2020, Table 2.1 (GPT-3 XL; a rounded name)"),
     # Korthikanti et al. 2022, Table 3 names the configurations by size; the round names are not exact.
     ("megatron-22b", 22e9, 0.02, "Korthikanti et al. 2022, Table 3"),
     ("megatron-175b", 175e9, 0.02, "Korthikanti et al. 2022, Table 3"),
