@@ -275,7 +275,8 @@ def fit_microbench(gemms: list[GemmSample], comms: list[CommSample], cluster: Cl
     attention samples the measured ``attention_efficiency`` (``microfit.fit_attention``)."""
     gemm = fit_gemm(gemms, peak_flops)
     link = fit_link(comms, f"{cluster.intra.name} (measured)") if comms else None
-    profile = replace(cluster.profile or StepProfile(), matmul_efficiency=gemm.matmul_efficiency,
+    base = cluster.profile or StepProfile(attention_efficiency=default_attention_efficiency(peak_flops))
+    profile = replace(base, matmul_efficiency=gemm.matmul_efficiency,
                       half_width=gemm.half_width, source=source)
     if attention:
         profile = replace(profile, attention_efficiency=fit_attention(attention, peak_flops)[0])

@@ -1287,7 +1287,7 @@ def _launch(args: argparse.Namespace) -> Output:
         lines += [f"note: {n}" for n in data["torchtitan_notes"]]
     if args.torchrun or not args.slurm:
         where = "" if head else ", HEAD_NODE = the first node's address"
-        lines += [f"on every node (NODE_RANK = 0 .. nodes-1{where}):", "  " + cmd]
+        lines += [f"on every node, the same line (c10d numbers the nodes{where}):", "  " + cmd]
     return Output(data, "\n".join(lines))
 
 
