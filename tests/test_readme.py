@@ -1,0 +1,81 @@
+"""The README's ``$ parallel-lab ...`` examples print what the README says they print.
+
+Each fenced block that starts with ``$ parallel-lab`` is run in a scratch directory holding a copy of
+``examples/`` (some write a profile or a plan file). A block shown whole must come out line for line; a block
+that is an excerpt (it leaves out lines, or marks a cut with ``...``) must have each of its lines in the
+output. Lines that carry a wall-clock time (``searched in``) and the micro-benchmark's timings are not
+compared: they are measurements of this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: blocks whose numbers are timings of the machine that runs them
+MEASURED = ("--microbench",)
+#: blocks the README shows as excerpts of a longer output (a table's top rows, a run's comparison lines)
+EXCERPTS = ("parallel-lab plan ", "parallel-lab run ", "parallel-lab launch ")
+
+
+def readme_examples() -> list[tuple[list[str], list[str]]]:
+    """``(commands, expected lines)`` for every block that starts with ``$ parallel-lab``; continuation
+    lines (a trailing backslash) are joined."""
+    out = []
+    for block in re.findall(r"```\n(.*?)```", (REPO / "README.md").read_text(), re.S):
+        lines = block.splitlines()
+        if not lines or not lines[0].startswith("$ parallel-lab"):
+            continue
+        commands, expected, i = [], [], 0
+        while i < len(lines):
+            if lines[i].startswith("$ "):
+                parts = [lines[i][2:]]
+                while parts[-1].endswith("\\") and i + 1 < len(lines):
+                    i += 1
+                    parts[-1] = parts[-1][:-1].rstrip()
+                    parts.append(lines[i].strip())
+                commands.append(" ".join(parts))
+            else:
+                expected.append(lines[i])
+            i += 1
+        out.append((commands, expected))
+    return out
+
+
+EXAMPLES = readme_examples()
+
+
+def test_the_readme_has_examples():
+    assert len(EXAMPLES) >= 12
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("commands,expected", EXAMPLES, ids=[c[0][13:60] for c, _ in EXAMPLES])
+def test_readme_example_prints_what_the_readme_shows(commands, expected, tmp_path):
+    if any(m in c for c in commands for m in MEASURED):
+        pytest.skip("timings of this machine (the format is tested in tests/test_microbench.py)")
+    shutil.copytree(REPO / "examples", tmp_path / "examples")
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1"}
+    got: list[str] = []
+    for cmd in commands:
+        p = subprocess.run(cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+                           start_new_session=True)
+        assert p.returncode == 0, f"{cmd}\n{p.stderr[-2000:]}"
+        got += p.stdout.splitlines()
+    shown = [line for line in expected if "searched in" not in line]
+    excerpt = len(commands) > 1 or any(e in commands[0] for e in EXCERPTS) or \
+        any(line.strip() == "..." or line.rstrip().endswith("...") for line in shown)
+    if not excerpt:
+        assert [g.rstrip() for g in got] == [s.rstrip() for s in shown], commands[0]
+        return
+    printed = {g.rstrip() for g in got}
+    missing = [s for s in shown if s.strip() and "..." not in s and s.rstrip() not in printed]
+    assert not missing, f"{commands[0]}: README lines not printed: {missing}"
