@@ -190,13 +190,17 @@ def _root(f: Any, lo: float, hi: float, xtol: float = 1e-9, iters: int = 60) -> 
     return mid
 
 
+def _profile_or_default(cluster: ClusterSpec, peak_flops: float) -> StepProfile:
+    """``cluster``'s profile, else the defaults with the attention prior of a GPU of ``peak_flops``."""
+    return cluster.profile or StepProfile(attention_efficiency=default_attention_efficiency(peak_flops))
+
+
 def fit_profile(runs: list[Run], cluster: ClusterSpec,
                 prior: StepProfile | None = None) -> tuple[ClusterSpec, list[str]]:
     """``cluster`` with a fitted :class:`StepProfile`, and the names of the fitted parameters."""
     if not runs:
         raise ParallelLabError("calibrate needs at least one run")
-    prior = (prior or cluster.profile
-             or StepProfile(attention_efficiency=default_attention_efficiency(cluster.peak_flops)))
+    prior = prior or _profile_or_default(cluster, cluster.peak_flops)
     token_counts = {r.plan.micro_batch * r.plan.seq // r.plan.cp for r in runs}
     fitted = ["matmul_efficiency"] + (["overhead_s"] if len(token_counts) > 1 else [])
 
@@ -275,8 +279,7 @@ def fit_microbench(gemms: list[GemmSample], comms: list[CommSample], cluster: Cl
     attention samples the measured ``attention_efficiency`` (``microfit.fit_attention``)."""
     gemm = fit_gemm(gemms, peak_flops)
     link = fit_link(comms, f"{cluster.intra.name} (measured)") if comms else None
-    base = cluster.profile or StepProfile(attention_efficiency=default_attention_efficiency(peak_flops))
-    profile = replace(base, matmul_efficiency=gemm.matmul_efficiency,
+    profile = replace(_profile_or_default(cluster, peak_flops), matmul_efficiency=gemm.matmul_efficiency,
                       half_width=gemm.half_width, source=source)
     if attention:
         profile = replace(profile, attention_efficiency=fit_attention(attention, peak_flops)[0])

@@ -437,8 +437,8 @@ A100_PEAK_FLOPS = 312e12
 #: are the best of the paper's settings (masks, head dims 64 and 128, 512 to 16K tokens), not one shape:
 #: upper bounds. tests/test_calibrate.py checks them against the same paper's end-to-end runs (Table 1).
 ATTENTION_KERNELS_A100: dict[str, tuple[float, float]] = {
-    "fa2": (0.73 * 312.0, 0.63 * 312.0),   # FlashAttention-2
-    "fa1": (0.50 * 312.0, 0.35 * 312.0),   # FlashAttention (Dao et al. 2022)
+    "fa2": (0.73 * A100_PEAK_FLOPS / 1e12, 0.63 * A100_PEAK_FLOPS / 1e12),   # FlashAttention-2
+    "fa1": (0.50 * A100_PEAK_FLOPS / 1e12, 0.35 * A100_PEAK_FLOPS / 1e12),   # FlashAttention (Dao et al. 2022)
 }
 #: the published kernel speeds by the peak of the GPU they were measured on (H200 shares H100's die and peak)
 ATTENTION_KERNELS: dict[float, tuple[str, dict[str, tuple[float, float]]]] = {
@@ -560,7 +560,7 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     "h100-sxm": ClusterSpec("h100-sxm", 8, 80e9, H100_PEAK_FLOPS, LinkTier("nvlink4", 450e9, 3e-6),
                             LinkTier("ib-400g", 50e9, 10e-6)),
     # A100 SXM4 80 GB: 312 TFLOP/s bf16, NVLink 3 600 GB/s bidirectional, 200 Gb/s HDR per GPU.
-    "a100-80gb": ClusterSpec("a100-80gb", 8, 80e9, 312e12, LinkTier("nvlink3", 300e9, 3e-6),
+    "a100-80gb": ClusterSpec("a100-80gb", 8, 80e9, A100_PEAK_FLOPS, LinkTier("nvlink3", 300e9, 3e-6),
                              LinkTier("ib-200g", 25e9, 10e-6)),
     # H200 SXM: the H100 compute die with 141 GB HBM3e.
     "h200": ClusterSpec("h200", 8, 141e9, H100_PEAK_FLOPS, LinkTier("nvlink4", 450e9, 3e-6),
