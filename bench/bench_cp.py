@@ -27,12 +27,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from parallel_lab.distributed.attention import DEFAULT_TILE
-from parallel_lab.distributed.context_parallel import ContextParallel, ContextParallelAttention, CPGroup
-from parallel_lab.distributed.cp_balance import work_per_rank
-from parallel_lab.distributed.grid import Grid
+from parallel_lab.distributed.context_parallel.blockwise_attention import DEFAULT_TILE
+from parallel_lab.distributed.context_parallel.context_parallel import (
+    ContextParallel,
+    ContextParallelAttention,
+    CPGroup,
+)
+from parallel_lab.distributed.context_parallel.cp_balance import work_per_rank
 from parallel_lab.distributed.instruments import CommTracer
-from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.runtime.grid import Grid
+from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.specs import ModelSpec, Plan
 
 SPEC = ModelSpec.preset("tiny-llama")

@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 
 from bench.common import our_step, side_by_side, slowest_rank_median
-from parallel_lab.distributed.data import synthetic_batch
-from parallel_lab.distributed.grid import Grid
-from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import build_model, loss_fn, make_optimizer
+from parallel_lab.distributed.model.data import synthetic_batch
+from parallel_lab.distributed.model.model import build_model, loss_fn, make_optimizer
+from parallel_lab.distributed.runtime.grid import Grid
+from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.specs import ModelSpec, Plan
 
 SPEC = ModelSpec.preset("tiny-llama")

@@ -15,11 +15,11 @@ import torch
 from torch import Tensor, nn
 
 from bench.common import our_runtime, side_by_side, slowest_rank_median
-from parallel_lab.distributed.data import synthetic_batch
-from parallel_lab.distributed.grid import Grid
-from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import build_model, loss_fn, make_context, make_optimizer
-from parallel_lab.distributed.pipeline import keep_stage, stage_layout
+from parallel_lab.distributed.model.data import synthetic_batch
+from parallel_lab.distributed.model.model import build_model, loss_fn, make_context, make_optimizer
+from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import keep_stage, stage_layout
+from parallel_lab.distributed.runtime.grid import Grid
+from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.specs import ModelSpec, Plan
 
 SPEC = ModelSpec.preset("tiny-llama")

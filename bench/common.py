@@ -14,11 +14,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from parallel_lab.distributed.data import Batch
-from parallel_lab.distributed.grid import Grid
 from parallel_lab.distributed.instruments import CommTracer
-from parallel_lab.distributed.model import build_model
-from parallel_lab.distributed.train import Runtime, parallelize
+from parallel_lab.distributed.model.data import Batch
+from parallel_lab.distributed.model.model import build_model
+from parallel_lab.distributed.runtime.grid import Grid
+from parallel_lab.distributed.runtime.train import Runtime, parallelize
 from parallel_lab.specs import ModelSpec, Plan
 
 

@@ -69,16 +69,16 @@ class SdpaFlashCore(torch.nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------
-# On the rank (launched by parallel_lab.distributed.launch on cuda:0)
+# On the rank (launched by parallel_lab.distributed.runtime.launch on cuda:0)
 # --------------------------------------------------------------------------------------------------
 
 def saved_activations(spec: ModelSpec, plan: Plan, device: torch.device, sdpa_flash: bool) -> int:
     """Peak bytes saved for backward by one forward + backward of ``plan``'s micro-batch (saved-tensor meter);
     ``sdpa_flash``: the attention core is torch's SDPA flash kernel (CUDA's on a GPU, the CPU one here)."""
-    from parallel_lab.distributed.data import synthetic_batch
     from parallel_lab.distributed.instruments import SavedTensorMeter
-    from parallel_lab.distributed.mixed_precision import to_compute_dtype
-    from parallel_lab.distributed.model import build_model, loss_fn
+    from parallel_lab.distributed.model.data import synthetic_batch
+    from parallel_lab.distributed.model.mixed_precision import to_compute_dtype
+    from parallel_lab.distributed.model.model import build_model, loss_fn
 
     model = build_model(spec, 0, recompute=plan.recompute, device=device,
                         attention="eager" if sdpa_flash else plan.attention, mlp=plan.mlp)
@@ -96,11 +96,11 @@ def saved_activations(spec: ModelSpec, plan: Plan, device: torch.device, sdpa_fl
 
 def _one_gpu_rank(grid: Any, spec: ModelSpec, plan: Plan, kernel_plans: list[Plan]) -> dict[str, Any]:
     """Check 1 (memory, step times of ``plan``) and check 2 (activations of each of ``kernel_plans``)."""
-    from parallel_lab.distributed.data import synthetic_batch
     from parallel_lab.distributed.instruments import CommTracer
-    from parallel_lab.distributed.mixed_precision import to_compute_dtype
-    from parallel_lab.distributed.model import build_model
-    from parallel_lab.distributed.train import parallelize
+    from parallel_lab.distributed.model.data import synthetic_batch
+    from parallel_lab.distributed.model.mixed_precision import to_compute_dtype
+    from parallel_lab.distributed.model.model import build_model
+    from parallel_lab.distributed.runtime.train import parallelize
 
     out: dict[str, Any] = {"gpu": torch.cuda.get_device_name(grid.device)}
     model = build_model(spec, 0, recompute=plan.recompute, device=grid.device, attention=plan.attention,
@@ -141,8 +141,8 @@ def _row(name: str, measured: float, predicted: float, tol: float | None) -> dic
 
 def check_one_gpu(seq: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Checks 1, 2 and 4 in one launched rank; returns the rows and the calibrate run."""
-    from parallel_lab.distributed.launch import launch
-    from parallel_lab.distributed.run import predicted_activations
+    from parallel_lab.distributed.runtime.launch import launch
+    from parallel_lab.distributed.runtime.run import predicted_activations
 
     spec = ModelSpec.preset(MODEL)
     plan = Plan(seq=seq, micro_batch=1, optimizer="adam-mixed", dtype="bf16")
@@ -169,7 +169,7 @@ def calibrate_run(gpu: str, plan: Plan, step_s: float) -> dict[str, Any]:
 
 def check_nccl(n_gpus: int) -> list[dict[str, Any]]:
     """Check 3: ``parallel-lab run`` on NCCL (it picks cuda and nccl itself when CUDA is present)."""
-    from parallel_lab.distributed.run import RUN_DEFAULTS, run
+    from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, run
 
     spec = ModelSpec.preset("tiny-llama")
     plans = [Plan(dp=2, **RUN_DEFAULTS), Plan(tp=2, sp=True, **RUN_DEFAULTS)]
@@ -194,7 +194,7 @@ def check_microbench(device: str, nproc: int, peak_flops: float | None = None) -
     against ``peak_flops`` (default: the datasheet peak of the GPU's preset). Returns the rows, the profile
     file's content and the fitted profile as text."""
     from parallel_lab.calibrate import fit_microbench, microbench_to_json
-    from parallel_lab.distributed.microbench import preset_for_gpu, run_microbench
+    from parallel_lab.distributed.instruments.microbench import preset_for_gpu, run_microbench
 
     bench = run_microbench(device, "bf16", nproc)
     base = ClusterSpec.preset(preset_for_gpu(bench.device_name) or ("cpu-gloo" if device == "cpu" else "h100-sxm"))

@@ -2,7 +2,7 @@
 
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Sec. 4.1)
 count, per transformer layer, ``s b h (34 + 5 a s / h)`` bytes for 2-byte activations. This module
-derives the same kind of figure op by op, for the runnable model ``parallel_lab.distributed.model`` exactly as
+derives the same kind of figure op by op, for the runnable model ``parallel_lab.distributed.model.model`` exactly as
 torch stores it, for any dtype and both block flavours, so that a learner can see *which* tensor costs
 what and the measured bytes (``distributed.instruments.SavedTensorMeter``) can be compared with a prediction
 tensor by tensor.
@@ -40,7 +40,7 @@ of shape ``(s, 1, d)``. Outside the blocks: the token ids (and gpt's position id
 mask) for the embedding; the final norm, the LM head's input, the fp32 log-probabilities, the targets
 and a 4-byte scalar for the loss.
 
-Kernels (``Plan.attention``, ``Plan.mlp``; ``distributed/kernels.py``): ``attention="flash"`` replaces the
+Kernels (``Plan.attention``, ``Plan.mlp``; ``distributed/model/kernels.py``): ``attention="flash"`` replaces the
 core's saves by the unrepeated q, k, v and an fp32 log-sum-exp ``(b, a, s)`` (its output is the ``wo`` input,
 one storage); ``mlp="fused"`` keeps only the first matmuls' outputs (llama: gate and up outputs; gpt: the fc
 output), the activation and the second matmul's input being recomputed in backward.
@@ -161,7 +161,7 @@ def _cp_core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
 
 
 def _core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
-    """The attention core softmax(q k^T / sqrt(d) + mask) v as written in distributed.model.DotProductAttention
+    """The attention core softmax(q k^T / sqrt(d) + mask) v as written in distributed.model.model.DotProductAttention
     (``cp = 1``); with context parallelism, the cores of ``dist/context_parallel.py`` (:func:`_cp_core`).
     """
     if plan.cp > 1:
@@ -221,7 +221,7 @@ def _mlp_widths(model: ModelSpec, t: LocalDims, width: int, rows: tuple[int, ...
 
 
 def moe_saves(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
-    """What the mixture-of-experts MLP (``distributed/moe.py``) saves, for one micro-batch: the router's fp32
+    """What the mixture-of-experts MLP (``distributed/model/moe.py``) saves, for one micro-batch: the router's fp32
     probabilities, the top-k ids and gates, the slot sources of the dispatch (``E b C`` ids and one dump row),
     the dispatched buffer ``(E, b C, h)`` and each expert's intermediates on its ``b C`` slots, the combine's
     ids and picked outputs ``(b s, k, h)``, the shared expert's intermediates, the aux loss's ``f_e``. With

@@ -105,7 +105,7 @@ PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum"
                "zero1_reduce", "zero2_accumulate", "attention", "mlp", "pp_split", "loss_chunk", "ep")
 DEFAULT_CLUSTER = "h100-sxm"
 #: Plan fields ``parallel-lab run`` fills when not given: CPU-sized and runnable (fp32). Its --help shows
-#: these; ``distributed.run`` and the example plan files take them from here.
+#: these; ``distributed.runtime.run`` and the example plan files take them from here.
 RUN_TIMEOUT_S = 60.0        #: ``run --timeout``: seconds without a completed step before a run counts as stuck
 #: ``run`` refuses worlds over this many ranks per available core (each rank is a process with torch, and a
 #: step of the tiny model takes ~0.05 s alone; 8 ranks per core already run ~8x slower per step).
@@ -449,7 +449,7 @@ def _memory(args: argparse.Namespace) -> Output:
     if pm is not None:
         data["peak_at_one_moment"] = pm.to_json()
     if args.measure:
-        from .distributed.measure import measure
+        from .distributed.instruments.measure import measure
 
         def say(msg: str) -> None:
             print(f"{PROG} memory --measure: {msg}", file=sys.stderr, flush=True)
@@ -841,7 +841,7 @@ def _check_per_op(args: argparse.Namespace, command: str) -> None:
 
 
 def _fault(text: str) -> Any:
-    from .distributed.faults import Fault
+    from .distributed.runtime.faults import Fault
 
     try:
         return Fault.parse(text)
@@ -854,7 +854,7 @@ def _add_fault_arg(p: argparse.ArgumentParser, which: str = "") -> None:
                    metavar="KIND:RANK[:STEP]",
                    help=f"inject a fault{which} (repeatable): die, hang, slow or nan on RANK from STEP (1-based, "
                         "default 1), or unscaled-accum (every rank: micro-batch gradients not divided by "
-                        "grad_accum); see parallel_lab/distributed/faults.py")
+                        "grad_accum); see parallel_lab/distributed/runtime/faults.py")
 
 
 def _plan_from_file(path: str) -> tuple[ModelSpec | None, Plan]:
@@ -876,9 +876,9 @@ def _plan_from_file(path: str) -> tuple[ModelSpec | None, Plan]:
 
 
 def _run(args: argparse.Namespace) -> Output | None:
-    from .distributed.launch import LaunchTimeout, RankError
-    from .distributed.run import run
-    from .distributed.train import check_runnable
+    from .distributed.runtime.launch import LaunchTimeout, RankError
+    from .distributed.runtime.run import run
+    from .distributed.runtime.train import check_runnable
 
     _check_per_op(args, "run")
     no_model = args.model is None and args.params is None and all(
@@ -902,7 +902,7 @@ def _run(args: argparse.Namespace) -> Output | None:
         plan = plan.with_(**given).validate(model)
     check_runnable(model, plan)
     if v_schedule is not None:
-        from .distributed.run import check_schedule
+        from .distributed.runtime.run import check_schedule
 
         check_schedule(model, plan, v_schedule)
     check_fits_this_machine(model, plan)
@@ -969,9 +969,9 @@ def _add_compare(sub: Any) -> None:
 
 
 def _compare(args: argparse.Namespace) -> Output:
-    from .distributed.compare import compare, plan_from_text
-    from .distributed.launch import LaunchTimeout, RankError
-    from .distributed.train import check_runnable
+    from .distributed.runtime.compare import compare, plan_from_text
+    from .distributed.runtime.launch import LaunchTimeout, RankError
+    from .distributed.runtime.train import check_runnable
 
     _check_per_op(args, "compare")
     if args.model is None and args.params is None and all(getattr(args, f, None) is None for f in SHAPE_FLAGS):
@@ -1088,7 +1088,7 @@ def _add_calibrate(sub: Any) -> None:
     g = p.add_argument_group("micro-benchmarks (instead of --runs)")
     g.add_argument("--microbench", action="store_true",
                    help="time GEMMs (-> matmul_efficiency, half_width) and all-reduces (-> the intra-node tier's "
-                        "latency and bandwidth) here; see parallel_lab/distributed/microbench.py")
+                        "latency and bandwidth) here; see parallel_lab/distributed/instruments/microbench.py")
     g.add_argument("--device", choices=("cpu", "cuda"), help="where to time them (default: cuda when present)")
     g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), help="compute dtype of the GEMMs and messages (default bf16)")
     g.add_argument("--nproc-per-node", "--nproc", dest="nproc", type=int_in("nproc"),
@@ -1162,8 +1162,8 @@ def _calibrate_microbench(args: argparse.Namespace) -> Output:
         raise ParallelLabError("--microbench measures here: drop --runs, --fit-on, --no-fit, --flops-convention "
                                "and --attention-kernel")
     from .calibrate import fit_microbench, microbench_to_json
-    from .distributed.launch import LaunchTimeout, RankError
-    from .distributed.microbench import device_of, preset_for_gpu, run_microbench, visible_gpus
+    from .distributed.instruments.microbench import device_of, preset_for_gpu, run_microbench, visible_gpus
+    from .distributed.runtime.launch import LaunchTimeout, RankError
     from .flops import ATTENTION_FWD_BWD
 
     dev, dtype = device_of(args.device), args.dtype or "bf16"
@@ -1316,8 +1316,8 @@ def _reshard(args: argparse.Namespace) -> Output:
     data: dict[str, Any] = {**pred.to_json(), "cluster": cluster.name}
     text = reshard.summary(pred, a.phase, b.phase)
     if args.run:
-        from .distributed.launch import LaunchTimeout, RankError
-        from .distributed.reshard import reshard_run
+        from .distributed.runtime.launch import LaunchTimeout, RankError
+        from .distributed.runtime.reshard_run import reshard_run
 
         for pf in (a, b):
             check_fits_this_machine(pf.model, pf.plan)

@@ -171,7 +171,7 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
       before its backward, and its gradient reduce-scattered after its backward (gradients accumulate on
       the shards): 3 Psi, 1.5x. The root unit is all-gathered once at the start of forward, kept until
       the end of backward, and reduce-scattered once (under a pipeline every unit is gathered once per step
-      and reduce-scattered once: the stage stays gathered through its micro-batches, ``distributed/fsdp.py``).
+      and reduce-scattered once: the stage stays gathered through its micro-batches, ``distributed/zero/fsdp.py``).
       With ``zero_unit="root"`` the single unit behaves
       like the root unit. A model given by its count only is taken as block units (FSDP wraps every
       block, the rest is negligible): every parameter gathered twice, and nothing large held gathered,

@@ -469,7 +469,7 @@ def pack_buckets(items: list[tuple[str, int]], cap_bytes: float) -> list[list[tu
     a bucket closes when the next item would overflow it, and always holds at least one item.
 
     The one definition of the bucket rule: :func:`ddp_buckets` predicts with it and the runnable
-    ``distributed.data_parallel.BucketedDDP`` builds its buckets with it.
+    ``distributed.data_parallel.data_parallel.BucketedDDP`` builds its buckets with it.
     """
     buckets: list[list[tuple[str, int]]] = []
     current: list[tuple[str, int]] = []

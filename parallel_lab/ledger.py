@@ -347,7 +347,7 @@ def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") 
     Per micro-batch: the fp32 log-probabilities that cross-entropy saves for backward (vocabulary-parallel)
     and the two ``s b h`` inputs the final norm and the head keep: ``(s/cp) b (4 ceil(V/tp) + 2 h d)``.
     The logits in the compute dtype are not kept: the loss casts them to fp32 and log_softmax saves only
-    its output (measured at full size in fake tensors, distributed/measure.py). Times the micro-batches
+    its output (measured at full size in fake tensors, distributed/instruments/measure.py). Times the micro-batches
     the last stage keeps at once (``schedules.head_inflight``: GPipe ``m``, ZB-H1 ``min(p, m)`` until the
     delayed W, 1F1B and interleaved 1). Chunked cross-entropy (``plan.loss_chunk > 0``): the same inputs and an fp32
     log-sum-exp per token, ``(s/cp) b (4 + 2 h d)``; the one chunk of logits alive while it is computed,
@@ -371,7 +371,7 @@ def zero3_gathered_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
     Per block units: the root unit (gathered when forward starts, kept until its gradient is complete)
     plus the two largest block units (the one computing and the next one, prefetched); with
     ``zero_unit="root"``: the whole padded model. Units padded to ``g * ceil(n / g)`` elements, in the
-    gathered dtype (``layout.param_comm_bytes``). 0 without ZeRO-3. ``distributed/zero.py`` measures this peak.
+    gathered dtype (``layout.param_comm_bytes``). 0 without ZeRO-3. ``distributed/zero/zero.py`` measures this peak.
     """
     g = shard_group(plan)
     if plan.zero != 3 or g == 1:
@@ -393,7 +393,7 @@ def zero3_held_gradient_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> i
     FSDP2 does under ``torch.distributed.pipelining``: without gradient sync until the last backward it
     accumulates the unsharded gradients in ``reduce_dtype`` (fp32); Meta's Llama 3 run too ("gradients
     accumulated in FP32"). 0 without ZeRO-3 or a pipeline (then one unit's gradient at a time is in
-    flight: :func:`zero3_reduce_input_bytes`). ``distributed/fsdp.py`` measures this peak
+    flight: :func:`zero3_reduce_input_bytes`). ``distributed/zero/fsdp.py`` measures this peak
     (``info["peak_held_gradient_bytes"]``).
     """
     g = shard_group(plan)
@@ -411,7 +411,7 @@ def zero3_reduce_input_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> in
     for a moment the gathered-dtype gradient and its fp32 copy both exist, ``g ceil(n / g) (d_param +
     d_reduce)`` for the largest unit (one copy when the dtypes agree: fp32 training casts nothing). The
     previous unit's reduce-scatter completes before the next cast (one in flight). 0 without ZeRO-3, or
-    under a pipeline (:func:`zero3_held_gradient_bytes`). ``distributed/fsdp.py`` measures this peak
+    under a pipeline (:func:`zero3_held_gradient_bytes`). ``distributed/zero/fsdp.py`` measures this peak
     (``info["peak_reduce_input_bytes"]``).
     """
     g = shard_group(plan)
@@ -724,7 +724,7 @@ class PeakMoments:
 
 def _root_gradient_moments(plan: Plan, units: dict[str, int], state: dict[str, float]
                            ) -> tuple[dict[str, float], dict[str, float]]:
-    """ZeRO-3 without a pipeline, the end of backward (``distributed/fsdp.py``), two moments:
+    """ZeRO-3 without a pipeline, the end of backward (``distributed/zero/fsdp.py``), two moments:
 
     * ``root gradient`` (the token embedding's backward): the root unit (embedding, head, final norm) still
       gathered; its parameters' gradients in the gathered dtype beside the unit's flat gradient they are
@@ -867,7 +867,7 @@ def peak_moments(model: ModelSpec, plan: Plan, stage: int | None = None, *,
     ``activations`` and ``logits_and_loss`` parts, the same as :func:`memory`'s); the transients of each
     moment (a core's working set, gradients in flight) and which of a block's saves backward has freed are
     always the runnable kernels' (per-op). With ``"per-op"`` every part is what torch holds, measured in
-    fake tensors (tests/test_peak.py). Rules, torch's autograd as measured here (distributed/measure.py,
+    fake tensors (tests/test_peak.py). Rules, torch's autograd as measured here (distributed/instruments/measure.py,
     README "Measured at real scale"):
 
     * parameters and optimizer states: always (the moments exist from the first step on);

@@ -15,7 +15,7 @@ is cut per tensor into at most three boxes (a partial first row, whole rows, a p
 overlap is a product of interval overlaps: no element is enumerated. Time on a cluster profile: each rank
 receives what it does not hold itself, over the tier between the two ranks (``layout.same_node``), and all
 ranks receive at once (``time = max_j sum_i latency + bytes(i -> j) / bandwidth``). The same rule, run
-element by element on CPU ranks, is ``parallel_lab.distributed.reshard`` (its measured bytes equal these).
+element by element on CPU ranks, is ``parallel_lab.distributed.runtime.reshard_run`` (its measured bytes equal these).
 """
 
 from __future__ import annotations

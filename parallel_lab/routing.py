@@ -1,6 +1,6 @@
 """Routing tokens to experts with a capacity, in pure Python: what the explorer and the lesson simulate.
 
-The rule of the runnable block (``distributed/moe.py``, ``route``; a test checks the two agree on the same
+The rule of the runnable block (``distributed/model/moe.py``, ``route``; a test checks the two agree on the same
 choices): per sequence each expert has ``C = ModelSpec.expert_capacity(s)`` slots; every token's first choice
 is placed in token order, then every second choice, and so on (GShard's priority); a choice that finds its
 expert full is dropped. :func:`capacity_counts` applies it to given choices.

@@ -3,8 +3,8 @@
 A *schedule* is ``list[list[Action]]``: one list per pipeline rank, executed in list order by that
 rank. These lists are the only definition of a schedule in parallel_lab: the simulator
 (:mod:`parallel_lab.simulate`) times them, the memory ledger counts their in-flight micro-batches, and
-the pipeline executor (``parallel_lab.distributed.pipeline``) runs them. Adding a schedule means adding a
-generator here.
+the pipeline executor (``parallel_lab.distributed.pipeline_parallel.pipeline_parallel``) runs them.
+Adding a schedule means adding a generator here.
 
 Actions
 -------

@@ -5,7 +5,7 @@ a machine or a parallel plan. Each is validated when it is built, and every viol
 :class:`ParallelLabError` with a message that names the bad value and says how to fix it.
 
 Parameter layout. :meth:`ModelSpec.parameter_shapes` lists every parameter of the decoder, by name and
-shape, in the order the runnable reference model (``parallel_lab.distributed.model``) registers them. The
+shape, in the order the runnable reference model (``parallel_lab.distributed.model.model``) registers them. The
 parameter count, the sharded state memory of ZeRO and the DDP bucket plan are all computed from this one
 list, and a test checks that the torch model has exactly these names and shapes.
 """
@@ -231,7 +231,7 @@ class ModelSpec:
             )
 
     def parameter_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Every parameter as ``(name, shape)``, in the registration order of ``distributed.model.Transformer``.
+        """Every parameter as ``(name, shape)``, in the registration order of ``distributed.model.model.Transformer``.
 
         Linear weights are ``(out_features, in_features)`` as in ``torch.nn.Linear``.
         """
@@ -646,7 +646,7 @@ def check_zero_variants(zero: int, zero1_reduce: str, zero2_accumulate: str, own
                                f"set zero=2, or zero2_accumulate='unsharded'")
 #: How the attention core stores what backward needs: ``eager`` materialises the (s x s) probabilities
 #: (Korthikanti et al.'s 5as/h term); ``flash`` keeps q, k, v, the output and an fp32 log-sum-exp
-#: (Dao et al. 2022). See parallel_lab/activations.py and distributed/kernels.py.
+#: (Dao et al. 2022). See parallel_lab/activations.py and distributed/model/kernels.py.
 ATTENTION_KINDS: tuple[str, ...] = ("eager", "flash")
 #: How the MLP stores what backward needs: ``eager`` saves every intermediate (llama 4 ffn, gpt 2 ffn per
 #: token); ``fused`` fuses the activation into the second matmul and keeps only the first matmuls' outputs

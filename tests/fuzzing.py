@@ -125,7 +125,7 @@ def _vm_mb() -> float:
 
 def _stub_run() -> None:
     """In a fuzzing child, ``parallel-lab run`` must never start ranks: stop at the launch."""
-    from parallel_lab.distributed import run as run_mod
+    from parallel_lab.distributed.runtime import run as run_mod
     from parallel_lab.specs import ParallelLabError
 
     def refuse(*a: Any, **k: Any) -> Any:
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=18)
     args = ap.parse_args(argv)
     import parallel_lab.cli  # noqa: F401  (imported once here, before the forks)
-    import parallel_lab.distributed.run  # noqa: F401
+    import parallel_lab.distributed.runtime.run  # noqa: F401
     import parallel_lab.planfile  # noqa: F401
     import parallel_lab.planner  # noqa: F401
 

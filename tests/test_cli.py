@@ -288,7 +288,7 @@ def test_argparse_errors_are_one_line(capsys):
 @pytest.fixture
 def no_launch(monkeypatch):
     """Fail the test if `run` would start a process."""
-    from parallel_lab.distributed import run as run_mod
+    from parallel_lab.distributed.runtime import run as run_mod
 
     def refuse(*a, **k):
         raise AssertionError("a process was started")

@@ -105,7 +105,7 @@ def test_matches_torch_flop_counter():
 def test_causal_convention_counts_the_pairs_the_runnable_mask_leaves():
     """The causal convention's (s + 1) / 2 keys per query: the zeros of the model's own causal mask."""
     torch = pytest.importorskip("torch")
-    from parallel_lab.distributed.model import make_context
+    from parallel_lab.distributed.model.model import make_context
     from parallel_lab.flops import attention_keys, flops_per_token
 
     s = 96

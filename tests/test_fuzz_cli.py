@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import parallel_lab.distributed.run  # noqa: F401  (imported once, before the forks)
+import parallel_lab.distributed.runtime.run  # noqa: F401  (imported once, before the forks)
 import parallel_lab.planner  # noqa: F401
 
 FLAGS = fuzzing.cli_flags()

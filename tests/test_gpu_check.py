@@ -11,7 +11,7 @@ from conftest import REPO
 
 from bench.gpu_check import calibrate_run, check_microbench, saved_activations
 from parallel_lab.calibrate import run_from_dict
-from parallel_lab.distributed.run import predicted_activations
+from parallel_lab.distributed.runtime.run import predicted_activations
 from parallel_lab.specs import ModelSpec, Plan
 
 
@@ -52,7 +52,7 @@ def test_the_micro_benchmark_check_on_cpu():
     fit's rms residual, recomputed here from the samples it writes into profile.json."""
     import math
 
-    from parallel_lab.distributed.microbench import GEMM_SHAPES
+    from parallel_lab.distributed.instruments.microbench import GEMM_SHAPES
 
     rows, data, text = check_microbench("cpu", 1, peak_flops=1e12)
     residuals = [g["residual"] for g in data["microbench"]["gemm"]]

@@ -1,4 +1,4 @@
-"""GEMM and all-reduce micro-benchmarks (parallel_lab/distributed/microbench.py) and their fits
+"""GEMM and all-reduce micro-benchmarks (parallel_lab/distributed/instruments/microbench.py) and their fits
 (parallel_lab/microfit.py), ending in ``parallel-lab calibrate --microbench``'s profile file.
 
 The fits are checked on samples made by the planner's own cost functions (``steptime.gemm_time``,
@@ -211,7 +211,7 @@ def test_a_runs_fit_on_a_microbench_profile_keeps_its_peak_tier_and_half_width()
 # --------------------------------------------------------------------------------------------------
 
 def test_gemm_timing_on_cpu_scales_with_the_work():
-    from parallel_lab.distributed.microbench import time_gemms
+    from parallel_lab.distributed.instruments.microbench import time_gemms
 
     torch.set_num_threads(1)
     small, big = time_gemms([(4, 256, 256), (256, 256, 256)], "cpu", "fp32", repeats=7)
@@ -223,7 +223,7 @@ def test_gemm_timing_on_cpu_scales_with_the_work():
 
 
 def test_attention_timing_on_cpu_scales_with_the_work():
-    from parallel_lab.distributed.microbench import time_attention
+    from parallel_lab.distributed.instruments.microbench import time_attention
 
     torch.set_num_threads(1)
     short, long = time_attention([(1, 2, 128, 32), (1, 2, 512, 32)], "cpu", "fp32", repeats=5)
@@ -238,7 +238,7 @@ def test_attention_timing_on_cpu_scales_with_the_work():
 @pytest.mark.timeout(90)
 def test_cli_microbench_on_cpu_end_to_end(tmp_path):
     """The whole command on this CPU, 2 gloo ranks: under 30 s, a profile that plan reads back."""
-    from parallel_lab.distributed.microbench import ATTENTION_SHAPES, GEMM_SHAPES, MESSAGE_BYTES
+    from parallel_lab.distributed.instruments.microbench import ATTENTION_SHAPES, GEMM_SHAPES, MESSAGE_BYTES
 
     out = tmp_path / "cpu.json"
     t0 = time.perf_counter()
@@ -308,7 +308,7 @@ def test_cuda_without_a_gpu_is_refused():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (make gpu-check runs it)")
 @pytest.mark.timeout(300)
 def test_cuda_gemms_follow_the_efficiency_model():
-    from parallel_lab.distributed.microbench import GEMM_SHAPES, preset_for_gpu, run_microbench
+    from parallel_lab.distributed.instruments.microbench import GEMM_SHAPES, preset_for_gpu, run_microbench
 
     bench = run_microbench("cuda", "bf16", nproc=1, shapes=GEMM_SHAPES["cuda"])
     cluster = ClusterSpec.preset(preset_for_gpu(bench.device_name) or "h100-sxm")
@@ -320,7 +320,7 @@ def test_cuda_gemms_follow_the_efficiency_model():
 
 
 def test_a_gpu_name_maps_to_its_own_peak_or_to_none():
-    from parallel_lab.distributed.microbench import preset_for_gpu
+    from parallel_lab.distributed.instruments.microbench import preset_for_gpu
 
     assert preset_for_gpu("NVIDIA H100 80GB HBM3") == "h100-sxm"
     assert preset_for_gpu("NVIDIA H200") == "h200"

@@ -1,6 +1,6 @@
 """The peak at one moment (``ledger.peak_moments``) against the peak torch's tracker measures in fake tensors.
 
-Ground truth is ``distributed.measure.measure_stage``: one steady-state training step of the plan's rank at
+Ground truth is ``distributed.instruments.measure.measure_stage``: one steady-state training step of the plan's rank at
 full size under ``FakeTensorMode`` and torch's MemTracker. Tolerance 5%: the moment model names every
 tensor of 30 MB and more that the tracker holds at the peak (listed in README, "Measured at real scale");
 what it leaves out are a few ``s b h``-sized gradients and buffers (tens of MB each), about 1% of these
@@ -115,7 +115,7 @@ def test_the_verdict_weighs_the_peak_when_a_moment_exceeds_the_total(capsys):
 @pytest.mark.parametrize("case", [c for c in CASES if c != "fsdp-flash"])
 def test_peak_at_one_moment_within_5pct_of_the_measured_peak(case):
     pytest.importorskip("torch")
-    from parallel_lab.distributed.measure import PEAK_ONE_MOMENT, measure_stage
+    from parallel_lab.distributed.instruments.measure import PEAK_ONE_MOMENT, measure_stage
 
     plan, stage, moment = CASES[case]
     model = LLAMA_8B_1 if case == "fsdp-flash-1-block-4k" else LLAMA_8B_4

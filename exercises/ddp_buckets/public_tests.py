@@ -12,8 +12,8 @@ CAP_MB = 0.012         # 12 kB buckets: 12 buckets of 1-3 gradients for MICRO (4
 def _grads(grid, sub, cap_bytes):
     import torch
 
-    from parallel_lab.distributed.data import synthetic_batch
-    from parallel_lab.distributed.model import build_model, loss_fn
+    from parallel_lab.distributed.model.data import synthetic_batch
+    from parallel_lab.distributed.model.model import build_model, loss_fn
 
     plan = micro_plan(dp=2)
     model = build_model(MICRO, seed=0)
@@ -25,8 +25,8 @@ def _grads(grid, sub, cap_bytes):
 
 
 def reference_grads():
-    from parallel_lab.distributed.data import synthetic_batch
-    from parallel_lab.distributed.model import build_model, loss_fn
+    from parallel_lab.distributed.model.data import synthetic_batch
+    from parallel_lab.distributed.model.model import build_model, loss_fn
 
     model = build_model(MICRO, seed=0)
     b = synthetic_batch(MICRO, micro_plan(dp=2), 0)
@@ -37,7 +37,7 @@ def reference_grads():
 @points(2)
 def test_bucket_partition(sub):
     (cls,) = require(sub, "BucketedAllReduce")
-    from parallel_lab.distributed.model import build_model
+    from parallel_lab.distributed.model.model import build_model
 
     model = build_model(MICRO, seed=0)
     names = {id(p): n for n, p in model.named_parameters()}

@@ -8,7 +8,7 @@ coordinates are equal.
 
 Implement ``rank_groups(dp, pp, cp, tp, dim)``: every group along ``dim`` (``"dp"``, ``"pp"``, ``"cp"`` or
 ``"tp"``) as a list of lists of ranks, each increasing, the groups sorted by their first rank. Pure
-Python (no torch needed). Graded: the groups equal the library's (``parallel_lab.distributed.grid``) for
+Python (no torch needed). Graded: the groups equal the library's (``parallel_lab.distributed.runtime.grid``) for
 many shapes; then on 4 CPU ranks (dp=2, tp=2, and dp=2, pp=2) every rank creates your groups with
 ``dist.new_group`` and all-reduces its rank id in its group: the sums must be those of the right groups.
 Check: ``parallel-lab grade grid_4d exercises/grid_4d/starter.py``.

@@ -7,9 +7,9 @@ from parallel_lab.grading.micro import MICRO, micro_plan
 
 
 def train(grid, sub, steps):
-    from parallel_lab.distributed.data import synthetic_batch
     from parallel_lab.distributed.instruments import optimizer_state_tensors, storage_bytes
-    from parallel_lab.distributed.model import build_model, loss_fn
+    from parallel_lab.distributed.model.data import synthetic_batch
+    from parallel_lab.distributed.model.model import build_model, loss_fn
     from parallel_lab.grading.harness import record_collectives
 
     plan = micro_plan(dp=2)
@@ -32,7 +32,7 @@ def train(grid, sub, steps):
 
 def session_values():
     """One process's parameters after 1 and 2 steps (computed once per grading session)."""
-    from parallel_lab.distributed.reference import reference_train
+    from parallel_lab.distributed.model.reference import reference_train
 
     return {steps: reference_train(MICRO, micro_plan(dp=2), steps).params for steps in (1, 2)}
 

@@ -9,7 +9,7 @@ rank.
 Implement ``zigzag_indices(seq, cp, rank)``: the positions rank ``rank`` holds, increasing, as a list of
 ints (``seq`` is a multiple of ``2 cp``), and ``causal_work(indices)``: the (query, key) pairs those queries
 may attend under a causal mask over the whole sequence. Graded: the layout equals the library's
-(``parallel_lab.distributed.cp_balance.rank_indices``) for many ``(seq, cp)``, every position is held
+(``parallel_lab.distributed.context_parallel.cp_balance.rank_indices``) for many ``(seq, cp)``, every position is held
 exactly once, your work counts equal the library's count of allowed pairs, and every rank's work is equal.
 Check: ``parallel-lab grade zigzag exercises/zigzag/starter.py``.
 """

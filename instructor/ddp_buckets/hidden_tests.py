@@ -12,8 +12,8 @@ CAP_MB = 0.02
 
 
 def _two_steps(grid, sub, cap_bytes):
-    from parallel_lab.distributed.data import synthetic_batch
-    from parallel_lab.distributed.model import build_model, loss_fn
+    from parallel_lab.distributed.model.data import synthetic_batch
+    from parallel_lab.distributed.model.model import build_model, loss_fn
 
     plan = micro_plan(dp=2)
     model = build_model(MICRO, seed=0)
@@ -39,8 +39,8 @@ def results(sub):
 
 
 def reference(step):
-    from parallel_lab.distributed.data import synthetic_batch
-    from parallel_lab.distributed.model import build_model, loss_fn
+    from parallel_lab.distributed.model.data import synthetic_batch
+    from parallel_lab.distributed.model.model import build_model, loss_fn
 
     model = build_model(MICRO, seed=0)
     b = synthetic_batch(MICRO, micro_plan(dp=2), step)

@@ -58,7 +58,7 @@ def scaled_down(plan):
 @points(3)
 @limit(240)
 def test_scaled_down_run(sub):
-    from parallel_lab.distributed.run import run
+    from parallel_lab.distributed.runtime.run import run
     from parallel_lab.grading.micro import MICRO
 
     pf = _pub().load(sub)

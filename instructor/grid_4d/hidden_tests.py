@@ -10,7 +10,7 @@ SHAPES = ((2, 2, 2, 2), (1, 2, 1, 4), (4, 1, 2, 1), (2, 3, 1, 2), (3, 1, 1, 1), 
 
 @points(3)
 def test_groups_equal_library(sub):
-    from parallel_lab.distributed.grid import all_groups
+    from parallel_lab.distributed.runtime.grid import all_groups
 
     for dp, pp, cp, tp in SHAPES:
         plan = Plan(dp=dp, pp=pp, cp=cp, tp=tp)
@@ -43,7 +43,7 @@ def _sums(grid, sub, shape):
 
 @points(3)
 def test_groups_on_four_ranks(sub):
-    from parallel_lab.distributed.grid import group_of
+    from parallel_lab.distributed.runtime.grid import group_of
 
     for shape in ((2, 1, 1, 2), (2, 2, 1, 1)):
         plan = Plan(dp=shape[0], pp=shape[1], cp=shape[2], tp=shape[3])

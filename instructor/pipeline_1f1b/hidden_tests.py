@@ -39,11 +39,11 @@ def test_inflight_peaks(sub):
 
 
 def _train(grid, sub):
-    from parallel_lab.distributed.data import synthetic_batch
     from parallel_lab.distributed.instruments import CommTracer
-    from parallel_lab.distributed.model import build_model
-    from parallel_lab.distributed.pipeline import PipelineExecutor, stage_layout
-    from parallel_lab.distributed.train import parallelize
+    from parallel_lab.distributed.model.data import synthetic_batch
+    from parallel_lab.distributed.model.model import build_model
+    from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import PipelineExecutor, stage_layout
+    from parallel_lab.distributed.runtime.train import parallelize
 
     plan = micro_plan(pp=2, grad_accum=4, micro_batch=1)
     schedule = _built(sub, 2, 4)
@@ -68,7 +68,7 @@ def _train(grid, sub):
 
 def session_values():
     """One process's step of the 4 micro-batches (computed once per grading session)."""
-    from parallel_lab.distributed.reference import reference_train
+    from parallel_lab.distributed.model.reference import reference_train
 
     return {"ref": reference_train(MICRO, micro_plan(pp=2, grad_accum=4, micro_batch=1), 1)}
 

@@ -9,7 +9,7 @@ CASES = ((8, 1), (8, 2), (24, 3), (32, 4), (64, 8), (48, 2), (120, 5))
 
 @points(3)
 def test_layout_equals_library(sub):
-    from parallel_lab.distributed.cp_balance import rank_indices
+    from parallel_lab.distributed.context_parallel.cp_balance import rank_indices
 
     for seq, cp in CASES:
         lib = rank_indices(seq, cp, "zigzag")
@@ -28,7 +28,7 @@ def test_layout_equals_library(sub):
 def test_work_equals_library_count(sub):
     import torch
 
-    from parallel_lab.distributed.cp_balance import allowed_pairs, work_per_rank
+    from parallel_lab.distributed.context_parallel.cp_balance import allowed_pairs, work_per_rank
 
     pos = torch.arange(64)
     for idx in ([0, 5, 9], list(range(64)), [63], list(range(10, 30))):

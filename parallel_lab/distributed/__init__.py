@@ -1,12 +1,12 @@
 """Layer 2: runnable torch.distributed implementations (gloo on CPU, nccl on GPUs, chosen automatically).
 
-Files, one idea each (docs/conventions.md, "Layering and files"): ``launch`` (processes, rendezvous,
-errors), ``grid`` (the dp x pp x cp x tp process grid), ``model`` / ``data`` / ``reference`` (the tiny
-decoder, its synthetic data, the single-process reference run), ``instruments/`` (traced collectives,
-saved-tensor bytes, state memory, timelines), ``runtime`` (one rank's runtime and its training step),
-``data_parallel``, ``zero``, ``tensor_parallel``, ``context_parallel`` (+ ``attention``, ``cp_balance``,
-``cp_stats``), ``pipeline`` (+ ``pipeline_report``), ``mixed_precision``, ``train`` (the composition:
-explicit ``apply_*`` calls in a fixed order) and ``run`` (``parallel-lab run``).
+Folders by kind (docs/code_map.md lists each parallelism's files, lesson and exercise):
+
+* the parallelisms, one folder each: ``data_parallel/``, ``zero/``, ``tensor_parallel/``,
+  ``pipeline_parallel/``, ``context_parallel/``, ``expert_parallel/``;
+* ``model/``: the tiny decoder (no parallel code), its CPU kernels, data and the one-process reference;
+* ``runtime/``: launch, the process grid, one rank's runtime, the ordered ``apply_*`` calls, ``run``;
+* ``instruments/``: traced collectives, saved-tensor bytes, state memory, timelines, measurements.
 
 Importing this package imports torch; ``import parallel_lab`` alone does not.
 """

@@ -124,7 +124,7 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = RANK_TIME
 
     Raises :class:`Fail` naming the rank: what it raised, that it exited, or where it hung.
     """
-    from parallel_lab.distributed.launch import LaunchTimeout, RankError, launch
+    from parallel_lab.distributed.runtime.launch import LaunchTimeout, RankError, launch
 
     timeout_s *= TIME_SCALE
     last: dict[int, str] = {}

@@ -80,7 +80,7 @@ def full_attention(q: object, k: object, v: object, mask: object = None) -> obje
 def measured_rank(grid: object, plan: object, spec: object = None) -> dict:
     """One training step of ``plan`` on this rank through the library (``train_rank``): the measured state
     and activation bytes and the traced calls ``(dim, kind, message_bytes, group_size)`` of this rank."""
-    from parallel_lab.distributed.train import train_rank
+    from parallel_lab.distributed.runtime.train import train_rank
 
     res = train_rank(grid, spec or MICRO, plan, steps=1, return_params=False)
     return {"memory": dict(res.memory), "calls": [(e.dim, e.kind, e.message_bytes, e.group_size) for e in res.events]}

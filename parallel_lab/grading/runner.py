@@ -377,8 +377,8 @@ def grade(exercise: str, submission: str | Path, *, bundle: str | Path | None = 
     """Grade one submission of ``exercise``: public tests, plus hidden tests when ``bundle`` is given."""
     import torch  # imported once here so that each forked child starts warm
 
-    import parallel_lab.distributed.run  # noqa: F401 - with the model, train and launch modules
-    from parallel_lab.distributed.launch import prime_lazy_imports
+    import parallel_lab.distributed.runtime.run  # noqa: F401 - with the model, train and launch modules
+    from parallel_lab.distributed.runtime.launch import prime_lazy_imports
 
     torch.set_num_threads(1)    # one thread per process (and no thread pool to break in forked children)
     prime_lazy_imports()        # once here, not once per submission's child (each forks its ranks)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 
 from parallel_lab import ledger
-from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.run import predicted_comm_buffer_parts, run
-from parallel_lab.distributed.train import train_rank
+from parallel_lab.distributed.runtime.launch import launch
+from parallel_lab.distributed.runtime.run import predicted_comm_buffer_parts, run
+from parallel_lab.distributed.runtime.train import train_rank
 from parallel_lab.specs import ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]

@@ -20,16 +20,20 @@ import pytest
 import torch
 
 from parallel_lab import comm
-from parallel_lab.distributed.attention import local_attention
-from parallel_lab.distributed.context_parallel import ContextParallel, ContextParallelAttention, CPGroup
-from parallel_lab.distributed.cp_balance import kv_replication, rank_index, rank_indices, work_per_rank
-from parallel_lab.distributed.data import SyntheticData
+from parallel_lab.distributed.context_parallel.blockwise_attention import local_attention
+from parallel_lab.distributed.context_parallel.context_parallel import (
+    ContextParallel,
+    ContextParallelAttention,
+    CPGroup,
+)
+from parallel_lab.distributed.context_parallel.cp_balance import kv_replication, rank_index, rank_indices, work_per_rank
 from parallel_lab.distributed.instruments import CommTracer, compare_calls
-from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import DotProductAttention, make_context
-from parallel_lab.distributed.reference import reference_train
-from parallel_lab.distributed.run import RUN_DEFAULTS, predicted_activations, run
-from parallel_lab.distributed.train import global_losses, max_abs_diff, merge_params, train_rank
+from parallel_lab.distributed.model.data import SyntheticData
+from parallel_lab.distributed.model.model import DotProductAttention, make_context
+from parallel_lab.distributed.model.reference import reference_train
+from parallel_lab.distributed.runtime.launch import launch
+from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, predicted_activations, run
+from parallel_lab.distributed.runtime.train import global_losses, max_abs_diff, merge_params, train_rank
 from parallel_lab.specs import CP_KINDS, ModelSpec, ParallelLabError, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from parallel_lab import comm, ledger
-from parallel_lab.distributed.data_parallel import bucket_plan
+from parallel_lab.distributed.data_parallel.data_parallel import bucket_plan
 from parallel_lab.distributed.instruments import compare_calls
-from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import build_model
-from parallel_lab.distributed.reference import reference_train
-from parallel_lab.distributed.train import global_losses, max_abs_diff, merge_params, train_rank
+from parallel_lab.distributed.model.model import build_model
+from parallel_lab.distributed.model.reference import reference_train
+from parallel_lab.distributed.runtime.launch import launch
+from parallel_lab.distributed.runtime.train import global_losses, max_abs_diff, merge_params, train_rank
 from parallel_lab.specs import ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]

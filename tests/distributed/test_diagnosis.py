@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from parallel_lab.distributed.compare import Comparison, check_same_data, compare, plan_from_text
-from parallel_lab.distributed.diagnosis import ActionLog, FiniteWatch, NonFiniteError, step_time_report
-from parallel_lab.distributed.faults import SLOW_S, Fault, check_faults
-from parallel_lab.distributed.launch import LaunchTimeout, RankError
-from parallel_lab.distributed.run import run
+from parallel_lab.distributed.runtime.compare import Comparison, check_same_data, compare, plan_from_text
+from parallel_lab.distributed.runtime.diagnosis import ActionLog, FiniteWatch, NonFiniteError, step_time_report
+from parallel_lab.distributed.runtime.faults import SLOW_S, Fault, check_faults
+from parallel_lab.distributed.runtime.launch import LaunchTimeout, RankError
+from parallel_lab.distributed.runtime.run import run
 from parallel_lab.specs import MODEL_PRESETS, RUN_DEFAULTS, ParallelLabError, Plan
 
 SPEC = MODEL_PRESETS["tiny-llama"]
@@ -81,9 +81,9 @@ def test_finite_watch_names_the_innermost_module_whose_output_went_bad():
 
 
 def test_finite_watch_adds_nothing_to_the_activations_the_meter_measures():
-    from parallel_lab.distributed.data import synthetic_batch
     from parallel_lab.distributed.instruments import SavedTensorMeter
-    from parallel_lab.distributed.model import build_model, loss_fn
+    from parallel_lab.distributed.model.data import synthetic_batch
+    from parallel_lab.distributed.model.model import build_model, loss_fn
 
     spec = MODEL_PRESETS["tiny-gpt"].with_(layers=2)
     plan = Plan(**{**RUN_DEFAULTS, "seq": 64, "micro_batch": 2})
@@ -250,7 +250,7 @@ def test_on_an_accelerator_the_finite_flags_are_read_once_per_step():
     # them at once and names the first module whose output was not finite
     import torch
 
-    from parallel_lab.distributed.diagnosis import FiniteWatch, NonFiniteError
+    from parallel_lab.distributed.runtime.diagnosis import FiniteWatch, NonFiniteError
     w = FiniteWatch(torch.nn.Linear(2, 2), rank=1)
     w.step = 4
     w._pending = [("blocks.0.attn", torch.tensor(True)), ("blocks.0.mlp", torch.tensor(False)),

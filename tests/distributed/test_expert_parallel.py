@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from parallel_lab import comm
-from parallel_lab.distributed import train
 from parallel_lab.distributed.instruments import collective_counts, event_counts
-from parallel_lab.distributed.model import build_model, loss_fn
-from parallel_lab.distributed.moe import route, token_counts
-from parallel_lab.distributed.run import RUN_DEFAULTS, run
+from parallel_lab.distributed.model.model import build_model, loss_fn
+from parallel_lab.distributed.model.moe import route, token_counts
+from parallel_lab.distributed.runtime import train
+from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, run
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
@@ -60,7 +60,7 @@ def test_routing_counts_match_the_single_process_model():
     """The parallel run routes exactly as one process does: capacity is counted per sequence."""
     plan = Plan(dp=2, ep=2, **BASE)
     rep = run(SPEC, plan, steps=1, timeout_s=200)
-    from parallel_lab.distributed.data import synthetic_batch
+    from parallel_lab.distributed.model.data import synthetic_batch
 
     model = build_model(SPEC, 0)
     batch = synthetic_batch(SPEC, plan, 0, 0)

@@ -1,6 +1,6 @@
 """All four parallelisms at once, in fp32 and in bf16 mixed precision, against the one-process reference.
 
-Each run goes through ``parallel-lab run``'s own function (:func:`parallel_lab.distributed.run.run`) and is
+Each run goes through ``parallel-lab run``'s own function (:func:`parallel_lab.distributed.runtime.run.run`) and is
 checked rank by rank: the traced collectives equal ``comm.collectives`` of the rank's pipeline stage call by
 call (dim, kind, message bytes, group size, phase), the state memory equals ``ledger.state_bytes`` exactly,
 the activations are within 2% of the per-op model.
@@ -32,12 +32,12 @@ import pytest
 import torch
 
 from parallel_lab import comm, ledger
-from parallel_lab.distributed.grid import coords
-from parallel_lab.distributed.mixed_precision import is_mixed
-from parallel_lab.distributed.model import ADAMW, init_weights
-from parallel_lab.distributed.reference import reference_train
-from parallel_lab.distributed.run import predicted_activations, run
-from parallel_lab.distributed.train import check_runnable, merge_params
+from parallel_lab.distributed.model.mixed_precision import is_mixed
+from parallel_lab.distributed.model.model import ADAMW, init_weights
+from parallel_lab.distributed.model.reference import reference_train
+from parallel_lab.distributed.runtime.grid import coords
+from parallel_lab.distributed.runtime.run import predicted_activations, run
+from parallel_lab.distributed.runtime.train import check_runnable, merge_params
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 pytestmark = [pytest.mark.distributed]

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parallel_lab.distributed.grid import Grid, all_groups, coords, group_of, mesh
-from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.runtime.grid import Grid, all_groups, coords, group_of, mesh
+from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.specs import Plan
 
 

@@ -17,7 +17,7 @@ from parallel_lab.distributed.instruments import (
     memtracker_snapshot,
     payload_by_dim,
 )
-from parallel_lab.distributed.launch import launch
+from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.specs import ModelSpec, Plan
 
 
@@ -122,8 +122,8 @@ def test_saved_tensor_meter_counts_storages_once_skips_parameters_and_tracks_the
 
 
 def test_memtracker_agrees_on_model_state():
-    from parallel_lab.distributed.data import synthetic_batch
-    from parallel_lab.distributed.model import build_model, loss_fn, make_optimizer
+    from parallel_lab.distributed.model.data import synthetic_batch
+    from parallel_lab.distributed.model.model import build_model, loss_fn, make_optimizer
 
     spec = ModelSpec.preset("tiny-llama").with_(layers=1)
     plan = Plan(micro_batch=1, seq=16, optimizer="adam-fp32", dtype="fp32")

@@ -1,4 +1,4 @@
-"""The fused kernels (distributed/kernels.py): the same numbers as the eager ops, and exactly the saved
+"""The fused kernels (distributed/model/kernels.py): the same numbers as the eager ops, and exactly the saved
 bytes that ``parallel_lab.activations`` predicts for ``Plan.attention`` / ``Plan.mlp``."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from parallel_lab import activations, ledger  # noqa: E402
-from parallel_lab.distributed.data import synthetic_batch  # noqa: E402
 from parallel_lab.distributed.instruments import SavedTensorMeter  # noqa: E402
-from parallel_lab.distributed.model import build_model, loss_fn  # noqa: E402
+from parallel_lab.distributed.model.data import synthetic_batch  # noqa: E402
+from parallel_lab.distributed.model.model import build_model, loss_fn  # noqa: E402
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan  # noqa: E402
 
 CASES = [(name, att, mlp, rec) for name, att, mlp, rec in itertools.product(
@@ -99,7 +99,7 @@ def test_op_sac_keeps_every_second_matmul_output_of_a_llama_block():
 
 
 def test_op_sac_with_tensor_parallelism_is_refused_before_launch():
-    from parallel_lab.distributed.train import check_runnable
+    from parallel_lab.distributed.runtime.train import check_runnable
 
     with pytest.raises(ParallelLabError, match="op-sac"):
         check_runnable(ModelSpec.preset("tiny-llama"), Plan(tp=2, dtype="fp32", optimizer="adam-fp32",

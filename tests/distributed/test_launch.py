@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parallel_lab.distributed.launch import LaunchTimeout, RankError, free_port, hello, launch
+from parallel_lab.distributed.runtime.launch import LaunchTimeout, RankError, free_port, hello, launch
 from parallel_lab.specs import Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(90)]
@@ -29,7 +29,7 @@ def _gather(grid, scale):
 def _modules_build_model_imports(grid):
     import sys
 
-    from parallel_lab.distributed.model import build_model, make_optimizer
+    from parallel_lab.distributed.model.model import build_model, make_optimizer
     from parallel_lab.specs import ModelSpec
 
     before = set(sys.modules)
@@ -106,7 +106,7 @@ def test_the_same_launch_runs_under_torchrun(tmp_path):
     script = tmp_path / "two_launches.py"
     script.write_text(                                   # one file per process: their stdout would interleave
         "import json, os, sys\n"
-        "from parallel_lab.distributed.launch import hello, launch\n"
+        "from parallel_lab.distributed.runtime.launch import hello, launch\n"
         "if __name__ == '__main__':\n"
         "    a = launch(hello, 2)\n"
         "    b = launch(hello, 2)\n"

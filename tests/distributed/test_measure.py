@@ -1,4 +1,4 @@
-"""Real-scale memory measured in fake tensors (parallel_lab/distributed/measure.py) against the ledger.
+"""Real-scale memory measured in fake tensors (parallel_lab/distributed/instruments/measure.py) against the ledger.
 
 The state categories are measured from the tensors the runnable implementations keep, so they must equal
 the ledger exactly; activations and logits come from the saved-tensor meter (the per-op model must match
@@ -18,7 +18,7 @@ from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 pytest.importorskip("torch")
 
-from parallel_lab.distributed.measure import check_measurable, measure_stage  # noqa: E402
+from parallel_lab.distributed.instruments.measure import check_measurable, measure_stage  # noqa: E402
 
 #: Llama 3.2 1B's shape (16 blocks, h 2048, GQA 32/8, SwiGLU 8192, tied 128256 vocabulary): 1.24B parameters.
 LLAMA_1B = ModelSpec(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, flavour="llama",
@@ -58,7 +58,7 @@ def test_unmeasurable_layout_names_the_fix():
 _RSS_SCRIPT = """
 import json, resource, sys
 from parallel_lab.specs import ModelSpec, Plan
-from parallel_lab.distributed.measure import measure_stage
+from parallel_lab.distributed.instruments.measure import measure_stage
 plan = Plan(dp=4096, tp=8, pp=8, sp=True, grad_accum=1, seq=1024, optimizer="adam-mixed", dtype="bf16")
 m = measure_stage(ModelSpec.preset("llama3-70b"), plan, 0)
 print(json.dumps({"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "measured": m.measured,
@@ -131,7 +131,7 @@ def test_a_fake_integer_read_raises_and_a_fake_float_read_is_one():
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from parallel_lab.distributed.measure import _ValuesOfTheBatch
+    from parallel_lab.distributed.instruments.measure import _ValuesOfTheBatch
 
     with FakeTensorMode(allow_non_fake_inputs=True), _ValuesOfTheBatch():
         x = torch.ones(4, 3)

@@ -1,4 +1,5 @@
-"""Mixed precision (``optimizer="adam-mixed"``, ``dtype="bf16"``) for DDP and ZeRO-1/2 (distributed/mixed_precision.py).
+"""Mixed precision (``optimizer="adam-mixed"``, ``dtype="bf16"``) for DDP and ZeRO-1/2
+(distributed/model/mixed_precision.py).
 
 Two references for every run:
 
@@ -31,11 +32,11 @@ import pytest
 import torch
 
 from parallel_lab import comm, ledger
-from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import ADAMW, init_weights
-from parallel_lab.distributed.reference import reference_train
-from parallel_lab.distributed.run import predicted_activations
-from parallel_lab.distributed.train import (
+from parallel_lab.distributed.model.model import ADAMW, init_weights
+from parallel_lab.distributed.model.reference import reference_train
+from parallel_lab.distributed.runtime.launch import launch
+from parallel_lab.distributed.runtime.run import predicted_activations
+from parallel_lab.distributed.runtime.train import (
     check_runnable,
     global_losses,
     max_abs_diff,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parallel_lab.distributed.data import SyntheticData, synthetic_batch
-from parallel_lab.distributed.model import build_model, init_weights, loss_fn, make_context
-from parallel_lab.distributed.reference import reference_train
+from parallel_lab.distributed.model.data import SyntheticData, synthetic_batch
+from parallel_lab.distributed.model.model import build_model, init_weights, loss_fn, make_context
+from parallel_lab.distributed.model.reference import reference_train
 from parallel_lab.specs import ModelSpec, Plan
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from parallel_lab.distributed.launch import free_port
+from parallel_lab.distributed.runtime.launch import free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 

@@ -26,14 +26,19 @@ import pytest
 import torch
 
 from parallel_lab import comm
-from parallel_lab.distributed.data import synthetic_batch
 from parallel_lab.distributed.instruments import TracedCall, TracedWork, compare_calls
-from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import build_model, loss_fn, make_context
-from parallel_lab.distributed.pipeline import layers_per_stage, op_waits, stage_layout, weight_split_points
-from parallel_lab.distributed.pipeline_report import handoffs, measured_step, replay
-from parallel_lab.distributed.run import predicted_activations, run
-from parallel_lab.distributed.train import CommTracer, parallelize
+from parallel_lab.distributed.model.data import synthetic_batch
+from parallel_lab.distributed.model.model import build_model, loss_fn, make_context
+from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import (
+    layers_per_stage,
+    op_waits,
+    stage_layout,
+    weight_split_points,
+)
+from parallel_lab.distributed.pipeline_parallel.pipeline_report import handoffs, measured_step, replay
+from parallel_lab.distributed.runtime.launch import launch
+from parallel_lab.distributed.runtime.run import predicted_activations, run
+from parallel_lab.distributed.runtime.train import CommTracer, parallelize
 from parallel_lab.schedules import build_schedule
 from parallel_lab.simulate import Interval, simulate
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from parallel_lab import reshard
-from parallel_lab.distributed.reshard import check_reshardable, reshard_run
+from parallel_lab.distributed.runtime.reshard_run import check_reshardable, reshard_run
 from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]

@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import run_cli
 
-from parallel_lab.distributed import train
-from parallel_lab.distributed.run import RUN_DEFAULTS, predicted_activations, run
+from parallel_lab.distributed.runtime import train
+from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, predicted_activations, run
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]

@@ -8,7 +8,7 @@ import pytest
 from conftest import run_cli
 
 from parallel_lab import placed
-from parallel_lab.distributed.run import RUN_DEFAULTS, check_schedule, run
+from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, check_schedule, run
 from parallel_lab.schedules import build_schedule
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 

@@ -16,21 +16,21 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab import comm, ledger
-from parallel_lab.distributed.data import synthetic_batch
 from parallel_lab.distributed.instruments import CommTracer, compare_calls
-from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import build_model, loss_fn
-from parallel_lab.distributed.reference import reference_train
-from parallel_lab.distributed.run import predicted_activations
-from parallel_lab.distributed.tensor_parallel import check_tp
-from parallel_lab.distributed.tp_communications import (
+from parallel_lab.distributed.model.data import synthetic_batch
+from parallel_lab.distributed.model.model import build_model, loss_fn
+from parallel_lab.distributed.model.reference import reference_train
+from parallel_lab.distributed.runtime.launch import launch
+from parallel_lab.distributed.runtime.run import predicted_activations
+from parallel_lab.distributed.runtime.train import parallelize
+from parallel_lab.distributed.tensor_parallel.tensor_parallel import check_tp
+from parallel_lab.distributed.tensor_parallel.tp_communications import (
     TPGroup,
     copy_to_tp,
     gather_from_sequence_parallel,
     reduce_from_tp,
     reduce_scatter_to_sequence_parallel,
 )
-from parallel_lab.distributed.train import parallelize
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(150)]

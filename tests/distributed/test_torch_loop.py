@@ -19,11 +19,11 @@ import contextlib
 import pytest
 import torch
 
-from parallel_lab.distributed.data import synthetic_batch
-from parallel_lab.distributed.data_parallel import BucketedDDP, NaiveDDP
-from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import build_model, loss_fn
-from parallel_lab.distributed.zero import Zero12
+from parallel_lab.distributed.data_parallel.data_parallel import BucketedDDP, NaiveDDP
+from parallel_lab.distributed.model.data import synthetic_batch
+from parallel_lab.distributed.model.model import build_model, loss_fn
+from parallel_lab.distributed.runtime.launch import launch
+from parallel_lab.distributed.zero.zero import Zero12
 from parallel_lab.specs import ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]

@@ -19,11 +19,11 @@ from collections import Counter
 import pytest
 
 from parallel_lab import comm, ledger
-from parallel_lab.distributed.launch import launch
-from parallel_lab.distributed.model import ADAMW
-from parallel_lab.distributed.reference import reference_train
-from parallel_lab.distributed.run import predicted_activations
-from parallel_lab.distributed.train import (
+from parallel_lab.distributed.model.model import ADAMW
+from parallel_lab.distributed.model.reference import reference_train
+from parallel_lab.distributed.runtime.launch import launch
+from parallel_lab.distributed.runtime.run import predicted_activations
+from parallel_lab.distributed.runtime.train import (
     check_runnable,
     global_losses,
     max_abs_diff,

@@ -30,7 +30,7 @@ def table_rows(html: str) -> dict[str, dict[str, int | None]]:
 
 
 def test_measure_this_plan_shows_what_measure_json_measures():
-    from parallel_lab.distributed.measure import measure_json
+    from parallel_lab.distributed.instruments.measure import measure_json
 
     ex = MemoryExplorer(model="llama3.2-1b", seq=1024, dp=8)
     panel = ex.measure
@@ -162,7 +162,7 @@ print("torch" in sys.modules)
 
 
 def test_the_kernel_refuses_without_loading_torch():
-    """The Memory tab's refusals are the torch-free rules (distributed.measurable): a learner's kernel
+    """The Memory tab's refusals are the torch-free rules (measurable): a learner's kernel
     does not grow by torch's few hundred MB to be told that tp > kv_heads cannot be measured."""
     import subprocess
     import sys

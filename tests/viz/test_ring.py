@@ -1,5 +1,5 @@
 """Ring attention's picture against the runnable context parallelism: the work per rank drawn is
-``distributed.cp_balance.work_per_rank`` (which counts the allowed query/key pairs of the real
+``distributed.context_parallel.cp_balance.work_per_rank`` (which counts the allowed query/key pairs of the real
 index layout), and the tiles each step are the K/V block the ring hands each rank."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from parallel_lab.viz.plots.ring import rank_chunks, ring_tiles, work_per_rank
 @pytest.mark.parametrize("cp", [2, 4, 8])
 @pytest.mark.parametrize("balance", ["contiguous", "zigzag"])
 def test_work_per_rank_is_the_runnable_layouts(cp, balance):
-    context_parallel = pytest.importorskip("parallel_lab.distributed.cp_balance")
+    context_parallel = pytest.importorskip("parallel_lab.distributed.context_parallel.cp_balance")
     chunk = 4                                                          # tokens per zigzag chunk
     seq = 2 * cp * chunk
     tiles = ring_tiles(cp, balance, chunk * (2 if balance == "contiguous" else 1))

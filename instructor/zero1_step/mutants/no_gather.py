@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parallel_lab.distributed.model import ADAMW
+from parallel_lab.distributed.model.model import ADAMW
 
 
 class Zero1:

@@ -20,8 +20,8 @@ from torch._subclasses.fake_tensor import is_fake
 
 
 def storage_key(t: Tensor) -> tuple[int, str]:
-    """Identity of the storage behind ``t`` (address and device; fake tensors of ``distributed/measure.py`` have
-    no address, so they are keyed by the storage object itself)."""
+    """Identity of the storage behind ``t`` (address and device; fake tensors of ``instruments/measure.py``
+    have no address, so they are keyed by the storage object itself)."""
     st = t.untyped_storage()
     if is_fake(t):
         return (st._cdata, str(t.device))

@@ -1,6 +1,6 @@
 """The Memory tab's "measure this plan": the ledger beside one real-scale training step in fake tensors.
 
-``parallel-lab memory ... --measure --json`` (``distributed.measure``) builds the plan's model at full size
+``parallel-lab memory ... --measure --json`` (``distributed.instruments.measure``) builds the plan's model at full size
 under fake tensors (nothing is allocated), applies the plan to one rank of the stage the explorer reports
 (the fullest) with the lab's own parallelisms, runs one forward, backward and optimizer step under torch's
 memory tracker and prints, per ledger category and for the peak, the measured bytes beside both activation
@@ -9,7 +9,7 @@ models' predictions, with ``error = predicted / measured - 1``. That takes secon
 the Run tab): the panel shows each progress line the command prints, Cancel stops it, and the answer is
 drawn with the library's own plots (``plots.draw_memory`` stacked bars of both ledgers and the measurement,
 ``plots.draw_predicted_measured`` per category) above a table of the exact bytes. Before anything starts,
-``distributed.measurable.measurable_layout`` (torch-free: the kernel never loads torch) refuses what fake
+``measurable.measurable_layout`` (torch-free: the kernel never loads torch) refuses what fake
 tensors cannot run (``tp > kv_heads``, an optimizer without a runnable layout) with its message
 and its fix, and the command line is parsed back (``jobs.check_spelled``) so that it computes the very plan
 shown; the runnable code's own checks run in the child, whose error line the panel shows.
@@ -24,8 +24,8 @@ from typing import Any
 
 import ipywidgets as W
 
-from ...distributed.measurable import measurable_layout
 from ...ledger import CATEGORIES
+from ...measurable import measurable_layout
 from ...specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 from .. import plots as P
 from ..plots.measured import draw_predicted_measured

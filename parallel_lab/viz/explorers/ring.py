@@ -5,7 +5,7 @@ A step slider walks the ring (cp steps: at step t rank r holds the K/V of rank (
 tiles of the causal mask fill in rank by rank, and the status says who holds what. The right-hand
 chart compares the total work per rank of both chunkings: contiguous leaves the last rank with
 2 cp - 1 times the first's, zigzag gives every rank the same share. The arithmetic is
-:mod:`parallel_lab.viz.plots.ring`, checked against ``distributed.cp_balance.work_per_rank``.
+:mod:`parallel_lab.viz.plots.ring`, checked against ``distributed.context_parallel.cp_balance.work_per_rank``.
 """
 
 from __future__ import annotations

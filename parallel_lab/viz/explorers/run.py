@@ -9,7 +9,7 @@ validated and checked against this machine's memory by the command line's own gu
 one-process reference); a refusal is its message, and no process starts.
 
 When the run is done the chart shows, side by side, what the run measured and what the library predicted
-(both columns come from the run's report, ``distributed.run.RunReport.to_json``): memory per category of
+(both columns come from the run's report, ``distributed.runtime.run.RunReport.to_json``): memory per category of
 the fullest rank, payload bytes per dimension over all ranks and steps, and the losses of the parallel run
 over those of the one-process reference. With pipeline parallelism, the embedded
 :class:`~.pipeline.PipelineExplorer` simulates the plan's schedule with the measured mean F/B costs and

@@ -3,7 +3,7 @@
 :func:`loss_curves_figure` draws one line per run on the same axes: plans that train the same data must
 lie on top of each other, and the first step where one leaves the others is where a plan-dependent
 normalisation shows. :func:`rank_times_figure` draws, per rank, its compute and its wait (blocked on peers)
-as stacked bars, from ``distributed.diagnosis.step_time_report`` (or ``run --json``'s ``step_times``): a
+as stacked bars, from ``distributed.runtime.diagnosis.step_time_report`` (or ``run --json``'s ``step_times``): a
 straggler has the longest compute bar and the shortest wait, its peers the reverse. Both take plain data
 and return a matplotlib ``Figure`` (see :mod:`parallel_lab.viz.plots`).
 """

@@ -1,7 +1,7 @@
 """Predicted beside measured: one pair of bars per quantity, the lessons' picture of a real run.
 
 A lesson predicts a number with the analytic core (``ledger``, ``comm``, ``simulate``) and then measures it
-on ranks (``parallel_lab.distributed.run``). This draws the two side by side, one row per quantity (a
+on ranks (``parallel_lab.distributed.runtime.run``). This draws the two side by side, one row per quantity (a
 communication dimension, a memory category, a pipeline stage), the prediction as a hollow bar and the
 measurement as a filled one, each labelled with its value and the row with the measured / predicted ratio,
 so that a gap is seen before it is read. Values are plain numbers (bytes by default; any unit ladder of

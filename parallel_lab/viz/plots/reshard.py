@@ -2,7 +2,7 @@
 
 ``reshard_pairs_figure(predicted, measured, world_a, world_b)`` draws two matrices (rows: the rank of plan
 A that wrote a file; columns: the rank of plan B that read from it; each cell the bytes, labelled) from
-``parallel_lab.reshard.transfers`` and ``distributed.reshard.ReshardResult.measured`` (or the ``pairs`` of
+``parallel_lab.reshard.transfers`` and ``distributed.runtime.reshard_run.ReshardResult.measured`` (or the ``pairs`` of
 ``parallel-lab reshard --json``). The diagonal is what a GPU keeps when it keeps its rank number.
 """
 

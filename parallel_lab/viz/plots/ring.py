@@ -2,7 +2,7 @@
 computes, and the attention work per rank for contiguous and zigzag chunks.
 
 The sequence is cut into equal chunks: ``cp`` of them (contiguous: rank r holds chunk r) or ``2 cp``
-(zigzag, Llama 3: rank r holds chunks r and 2 cp - 1 - r, as ``distributed.cp_balance.rank_indices``
+(zigzag, Llama 3: rank r holds chunks r and 2 cp - 1 - r, as ``distributed.context_parallel.cp_balance.rank_indices``
 places them). At ring step t (0 .. cp - 1) rank r holds the key/value block of rank (r - t) mod cp and
 computes the tiles (query chunk, key chunk) of its own queries against those keys that the causal mask
 allows: a whole tile when the query chunk comes after the key chunk, the lower triangle (c (c + 1) / 2

@@ -1,0 +1,1 @@
+"""Data parallelism (DDP): whole model per rank, gradients averaged by all-reduce (naive and bucketed)."""
