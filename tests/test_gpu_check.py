@@ -54,7 +54,9 @@ def test_the_micro_benchmark_check_on_cpu():
 
     from parallel_lab.distributed.instruments.microbench import GEMM_SHAPES
 
-    rows, data, text = check_microbench("cpu", 1, peak_flops=1e12)
+    # the check times bf16 GEMMs; CPUs with AMX tiles run those at over 1 TFLOP/s on one core, so the peak
+    # given is one no CPU reaches (the check's rows, not the fitted efficiency, are what this test holds)
+    rows, data, text = check_microbench("cpu", 1, peak_flops=1e14)
     residuals = [g["residual"] for g in data["microbench"]["gemm"]]
     assert len(residuals) == len(GEMM_SHAPES["cpu"]) and data["microbench"]["all_reduce"] == []
     rms = math.sqrt(sum(r * r for r in residuals) / len(residuals))
@@ -62,4 +64,4 @@ def test_the_micro_benchmark_check_on_cpu():
     # the attention row: the largest residual of the timed cores around the one fitted efficiency
     spread = max(abs(a["residual"]) for a in data["microbench"]["attention"])
     assert len(rows) == 2 and rows[1]["measured"] == pytest.approx(spread) and "attention" in rows[1]["check"]
-    assert data["peak_flops"] == 1e12 and "e_max" in text and "intra" not in data
+    assert data["peak_flops"] == 1e14 and "e_max" in text and "intra" not in data
