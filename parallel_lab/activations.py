@@ -1,66 +1,16 @@
 """Per-op model of the bytes a training forward saves for backward (layer 1: pure Python, no torch).
 
-Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Sec. 4.1)
-count, per transformer layer, ``s b h (34 + 5 a s / h)`` bytes for 2-byte activations. This module
-derives the same kind of figure op by op, for the runnable model ``parallel_lab.distributed.model.model`` exactly as
-torch stores it, for any dtype and both block flavours, so that a learner can see *which* tensor costs
-what and the measured bytes (``distributed.instruments.SavedTensorMeter``) can be compared with a prediction
-tensor by tensor.
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Sec. 4.1) count
+``s b h (34 + 5 a s / h)`` bytes per transformer layer for 2-byte activations. This module derives the same
+figure op by op, for the runnable model (``parallel_lab.distributed.model.model``) exactly as torch stores
+it, so that the measured bytes (``distributed.instruments.SavedTensorMeter``) can be compared with the
+prediction tensor by tensor. Every entry is one *storage* kept alive for backward, listed once under the
+first op that saves it; parameters are not activations.
 
-Every entry is one *storage* kept alive for backward (torch often saves one tensor for several ops, e.g.
-the normed input of ``wq``, ``wk`` and ``wv``: it is listed once, under the first op that saves it).
-Parameters (and views of them, such as a linear's transposed weight) are not activations and are not
-listed. Sizes in elements are products of the shape; bytes are ``elements * dtype_bytes`` where
-activations use ``plan.dtype_bytes``, dropout masks 1 byte (bool), token ids 8 bytes (int64),
-LayerNorm mean and rstd 4 bytes (fp32 statistics on GPUs; torch's CPU kernel keeps them in the input
-dtype, see ``ln_stats_bytes``), and the loss works in fp32.
-
-What the runnable model saves, per block (b micro-batch, s local sequence, h hidden, a local heads,
-d head_dim, f local ffn; "x" is the block input):
-
-=========================  ============================================  ===================================
-op                         gpt                                           llama
-=========================  ============================================  ===================================
-attn_norm                  x; mean, rstd (b, s, 1) fp32                  x; rstd (b, s, 1); x * rstd
-wq, wk, wv (input)         normed x                                      normed x
-core: q k^T                q / sqrt(d), k^T (k repeated to a heads)      same
-core: softmax              probabilities (b, a, s, s)                    same
-core: dropout              mask (bool) and dropped probabilities         same (only if dropout > 0)
-core: probs @ v            v (repeated to a heads)                       same
-wo (input)                 attention output (b, s, a d)                  same
-residual dropout           mask (bool), if dropout > 0                   same
-mlp_norm                   as attn_norm on the residual stream           as attn_norm
-mlp                        fc input, GeLU input, proj input              gate/up input; gate out, silu out,
-                                                                         up out, down input
-residual dropout           mask (bool), if dropout > 0                   same
-=========================  ============================================  ===================================
-
-Shared by all blocks of one forward (counted once, not per layer): llama's rotary tables ``cos, sin``
-of shape ``(s, 1, d)``. Outside the blocks: the token ids (and gpt's position ids and embedding dropout
-mask) for the embedding; the final norm, the LM head's input, the fp32 log-probabilities, the targets
-and a 4-byte scalar for the loss.
-
-Kernels (``Plan.attention``, ``Plan.mlp``; ``distributed/model/kernels.py``): ``attention="flash"`` replaces the
-core's saves by the unrepeated q, k, v and an fp32 log-sum-exp ``(b, a, s)`` (its output is the ``wo`` input,
-one storage); ``mlp="fused"`` keeps only the first matmuls' outputs (llama: gate and up outputs; gpt: the fc
-output), the activation and the second matmul's input being recomputed in backward.
-
-Recomputation: ``op-sac`` (torchtitan's op-level selective activation checkpointing) keeps each block's
-input and every second matmul output (:func:`op_sac_kept_matmuls`), the rotary tables being rebuilt in
-the recomputed region as under ``full``. ``full`` keeps only each block's input (Korthikanti's
-``2 sbh``); the rotary tables are then rebuilt inside the recomputed region and not saved.
-``selective`` recomputes the attention core (q k^T, softmax, dropout, probs @ v) and keeps its inputs
-q, k, v instead (k and v with the kv heads only, so grouped-query attention saves less).
-
-Parallelism changes the local shapes: tensor parallelism divides heads, kv heads (replicated when
-``tp > kv_heads``) and ffn by ``tp``; sequence parallelism (``sp``) divides the sequence of the norm,
-dropout and residual regions by ``tp``, and the column-parallel linears keep their sequence-sharded
-input (all-gathered again in backward, Korthikanti Sec. 4.2.2); context parallelism divides the
-sequence by ``cp`` and replaces the core's saves by those of the blockwise cores (:func:`_cp_core`: no
-probabilities). The ``tp=1, cp=1`` case is measured exactly (tests/test_activations.py). The
-other cases follow the Megatron layout (Korthikanti Sec. 4.2) and are checked by the tensor- and
-context-parallel tests; extend :func:`local_dims` or :func:`_core` where an implementation saves
-something different.
+Kernels (``attention="flash"``, ``mlp="fused"``), recomputation (``selective``, ``full``, ``op-sac``) and
+parallelism (TP divides heads and ffn, SP the sequence of the norm/dropout regions, CP the sequence) change
+what is saved and its local shape. The per-block table of what each op saves, and the rules for kernels,
+recomputation and parallelism, are in docs/activations.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """FLOPs of one optimizer step (the whole global batch on all GPUs) and model FLOPs utilisation.
 
-Model FLOPs (what the model needs, whatever the implementation), per token:
+Model FLOPs per token (Kaplan et al. 2020; PaLM, Chowdhery et al. 2022, App. B)::
 
     6 * N_matmul  +  12 * L * q_dim * s
 
-``N_matmul`` counts the weights that take part in matrix multiplications (every linear layer of the blocks
-and the output head; not embedding look-ups, norms or biases); the factor 6 is 2 FLOPs per multiply-add
-times 3 for forward + backward (Kaplan et al. 2020). The attention term is the score and value products
-``Q K^T`` and ``P V`` (``2 * 2 * s * q_dim`` per token per layer forward, times 3), counted for the full
-``s x s`` square without causal halving, as PaLM (Chowdhery et al. 2022, App. B, "6N + 12 L H Q T") and
-Megatron (Narayanan et al. 2021) do. For a GPT block (``ffn = 4h``, full attention) this is exactly
-Narayanan et al.'s ``72 B s L h^2 (1 + s/(6h) + V/(12 h L))`` per step. Measured here: torch's
-FlopCounterMode on a small Llama with math attention matches ``6 N T + 12 L d S T`` within 0.1%
-(shared/reference/torch_cpu_notes.md; tests/test_flops.py repeats that measurement).
-
-Hardware FLOPs add what recomputation runs again: ``full`` one more forward of the blocks
-(``2 N_blocks + 4 L q_dim s`` per token), ``selective`` the attention core's forward (``4 L q_dim s``).
-``op-sac`` the matmuls it does not keep and the core (:func:`op_sac_recomputed_params`). The head is not
-recomputed.
-
-Two conventions, named (:data:`CONVENTIONS`): ``palm`` (the full square above, PaLM's MFU appendix;
-the Llama 3 paper does not say which it used, see ``calibrate``) and ``causal`` (only the ``s (s + 1) / 2``
-query-key pairs a causal mask leaves, about half the attention term; what causal kernels compute).
-``step_flops`` reports both.
-
-MFU (Chowdhery et al. 2022): model FLOPs per second over the peak of all GPUs.
+``N_matmul``: the weights in matrix multiplications (block linears and the head; no embedding look-ups,
+norms or biases). The attention term counts the full ``s x s`` square (convention ``palm``) or only the
+``s (s + 1) / 2`` pairs a causal mask leaves (``causal``); :data:`CONVENTIONS` names both and
+``step_flops`` reports both. For a GPT block this is Narayanan et al. 2021's
+``72 B s L h^2 (1 + s/(6h) + V/(12 h L))``. Hardware FLOPs add what recomputation runs again
+(:func:`recomputed`). MFU: model FLOPs per second over the peak of all GPUs. The derivation and the
+measurement against torch's FlopCounterMode are in docs/step_time.md.
 """
 
 from __future__ import annotations

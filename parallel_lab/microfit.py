@@ -1,26 +1,12 @@
 """Fit the roofline's GEMM efficiency and a link tier's alpha-beta to micro-benchmark samples.
 
-GEMMs. ``steptime.gemm_time`` says a ``(T x k) @ (k x n)`` takes ``t = 2 T k n / (peak e(d))`` with
-``e(d) = e_max d / (d + d_half)`` and ``d = min(T, k, n)``. Measured against the device's peak, each sample
-gives ``y = peak t / (2 T k n) = 1 / e(d) = A + B / d`` with ``A = 1 / e_max`` and ``B = d_half / e_max``:
-a straight line in ``x = 1 / d``. :func:`fit_gemm` chooses ``A, B`` minimising the relative time error
-``sum ((A + B x_i) / y_i - 1)^2`` (to first order the least squares on log time), a 2 x 2 linear system;
-if the best line slopes the wrong way (``B < 0``: small shapes no slower) it keeps ``d_half = 0``.
-
-All-reduce. ``comm.collective_time`` says one call takes ``steps * alpha + wire / bandwidth`` with the
-ring's ``steps = 2 (n - 1)`` and ``wire = 2 (n - 1) / n * M`` (conventions.md), so the fitted bandwidth is
-NCCL-tests' "bus bandwidth" and alpha the latency of one ring step. :func:`fit_link` takes both bases from
-``collective_time`` itself (never re-deriving them) and fits ``alpha, 1 / bandwidth`` by the same relative
-least squares (``alpha < 0`` clamps to 0), so 1 KB and 64 MB messages weigh alike.
-
-Attention. ``steptime.roofline_layer`` charges a fused causal attention core ``ATTENTION_FWD_BWD["flash"] *
-4 s keys d`` FLOPs per head and sequence (forward + FlashAttention's backward, causal ``keys = (s + 1) / 2``)
-at ``attention_efficiency`` of peak. :func:`fit_attention` takes each timed core's fraction of peak under that
-same count and keeps their median, at which the profile's roofline gives back the median core's time (each
-sample's residual, predicted over measured time less one, is its fraction over the median less one).
-
-The fits refuse input they cannot fit (one shape or one size, a time <= 0), naming the fix; residuals
-(``predicted / measured - 1``) are computed by ``gemm_time`` and ``collective_time``, the planner's code.
+GEMMs: ``t = 2 T k n / (peak e(d))`` with ``e(d) = e_max d / (d + d_half)`` gives ``peak t / (2 T k n) =
+1/e_max + (d_half/e_max) / d``, a line in ``1/d`` (:func:`fit_gemm`, relative least squares).
+All-reduce: ``steps * alpha + wire / bandwidth`` with the ring's ``steps = 2 (n - 1)`` and ``wire =
+2 (n - 1) / n * M`` (:func:`fit_link`; the bandwidth is nccl-tests' "bus bandwidth").
+Attention: the median fraction of peak of the timed causal cores under the roofline's own count
+(:func:`fit_attention`). The fits refuse input they cannot fit, naming the fix; residuals are
+``predicted / measured - 1`` computed with the planner's own cost functions. Details: docs/step_time.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Schedules in torch's pipelining CSV format, both ways, with messages that point at the wrong cell.
 
-``torch.distributed.pipelining`` stores a schedule as a CSV file: row ``r`` is pipeline rank ``r``'s list,
-one action per cell, written ``{stage}{kind}{micro-batch}`` with the *global* (virtual) stage index:
-``F`` forward, ``I`` the input-gradient backward (a W follows), ``W`` the weight-gradient backward, ``B``
-a full backward, ``SEND_F``/``RECV_F``/``SEND_B``/``RECV_B`` the point-to-point ops (a receive is written
-with the stage that consumes the tensor), and ``(2F3;5B1)OVERLAP_F_B`` a forward and a backward run
-overlapped (DualPipe). Two forms exist: *compute-only* (what a person writes; the runtime adds the
-messages) and *compute + comms* (the lowered lists the runtime executes). ``UNSHARD``/``RESHARD``
-(FSDP) and ``REDUCE_GRAD`` cells of a lowered torch file are about sharding, not the pipeline: they are
-skipped on reading.
-
-Our lists (:mod:`parallel_lab.schedules`) name *local* chunks; the stage index of a cell is
-``placement.stage(rank, chunk)``, and reading a file infers the placement from which rank runs which
-stage (``Placement.from_stage_ranks``; chunk ``c`` of a rank is its ``c``-th smallest stage). Consecutive
-comm cells form one ``P2P`` batch. A compute-only file is lowered with ``schedules.with_p2p`` (receives
-posted when the sender sends, as torch's ``_add_send_recv`` does). ``B`` is written ``I`` exactly when
-the list holds a ``W`` of the same micro-batch and chunk.
-
-:func:`load` validates what it read; a mistake raises ``ParallelLabError`` naming the rank, the action's
-index in its row (the CSV column) and the cell's text, then why (the validator's reason).
+``torch.distributed.pipelining`` stores a schedule as CSV: row ``r`` is pipeline rank ``r``'s list, one
+action per cell, ``{stage}{kind}{micro-batch}`` with the global (virtual) stage: ``F``, ``I`` (input
+gradient), ``W`` (weight gradient), ``B`` (full backward), ``SEND_F``/``RECV_F``/``SEND_B``/``RECV_B``, and
+``(2F3;5B1)OVERLAP_F_B``. A compute-only file is lowered with ``with_p2p`` (receives posted when the sender
+sends, as torch's ``_add_send_recv`` does); FSDP's ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` cells are
+skipped. :func:`load` validates what it read and names the rank, the column and the cell of a mistake.
+The format's details are in docs/schedule_csv.md.
 """
 
 from __future__ import annotations

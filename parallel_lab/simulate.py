@@ -1,41 +1,19 @@
 """Timeline simulator: a schedule (per-rank action lists) plus per-action costs -> when each action runs.
 
-The lists run under exactly the point-to-point rules of :mod:`parallel_lab.schedules` (non-blocking
-batches, a compute action waits for the receive of its input, a send and its receive complete together
-``t_p2p`` after both are posted). Costs are per action, i.e. per micro-batch per model chunk:
+The lists run under the point-to-point rules of :mod:`parallel_lab.schedules` (docs/schedules.md). Costs are
+per action (one micro-batch through one model chunk): ``f`` forward, ``b`` input-gradient backward, ``w``
+weight-gradient backward (an unsplit backward costs ``b + w``), ``p2p`` one message.
 
-* ``f``: one forward; ``b``: the input-gradient part of a backward; ``w``: its weight-gradient part.
-  A backward that the schedule does not split (GPipe, 1F1B, interleaved) costs ``b + w``; ZB-H1 runs
-  ``B`` for ``b`` and ``W`` for ``w``. The defaults ``f = b = w = 1`` give the usual ``F = 1, B = 2``
-  and Qi et al.'s ``T_F = T_B = T_W``.
-* ``p2p``: the time of one point-to-point message (activation or gradient of one micro-batch).
+Figures, both printed and named (:data:`BUBBLE_DEFINITIONS`):
 
-Figures (Narayanan et al. 2021 and the seed's definition):
+* ``bubble_ratio = (step_time - C) / C`` over the busiest rank's compute ``C`` (Narayanan et al. 2021):
+  GPipe and 1F1B ``(p - 1) / m``, interleaved ``(p - 1) / (v m)``, ZB-H1 a third of 1F1B's when
+  ``f = b = w`` (Qi et al. 2024); ZB-V ``(p - 1) / (6 m)`` and DualPipeV ``(p - 1) / (3 m)`` once the V
+  is full. :func:`bubble_closed_form` holds each expression with its conditions.
+* ``idle_fraction``: idle time of all ranks over ``p * step_time`` (``(p - 1) / (m + p - 1)`` for 1F1B,
+  what a profiler shows); ``peak_inflight``: the (micro-batch, chunk) pairs alive per rank.
 
-* ``step_time``: when the last rank has finished its last action and its last send.
-* ``bubble_ratio = (step_time - C) / C``: bubble time over the ideal compute time ``C`` of the busiest
-  rank (every rank does the same work in these schedules). With equal-cost stages and ``p2p = 0``:
-  GPipe and 1F1B ``(p - 1) / m``; interleaved 1F1B ``(p - 1) / (v m)``; ZB-H1
-  ``((p - 1)(f + b) - (min(m, p) - 1) w) / (m (f + b + w))``, which for ``m >= p`` is Qi et al.'s
-  ``(p - 1)(T_F + T_B - T_W)`` bubble, a third of 1F1B's when ``f = b = w`` (see
-  :func:`bubble_formula`; the tests check the simulator against it).
-* ZB-V and DualPipeV (two chunks per rank on a V, ``C = 2 m (f + b + w)``), with ``f = b = w``: ZB-V's
-  bubble time is ``f max(p - 1, 4 p - 2 m - 2)``: once ``m >= (3 p - 1) / 2`` rank ``r`` idles only ``r``
-  forwards at the start (the fill) and ``p - 1 - r`` at the end, a ratio ``(p - 1) / (6 m)``, the near-zero
-  bubble Qi et al. 2024 report for ``T_F = T_B = T_W``; with fewer micro-batches the V is never full.
-  DualPipeV's is ``2 (p - 1) f`` (``m >= 2 p``), a ratio ``(p - 1) / (3 m)``, ZB-H1's. These expressions
-  were read off the simulated lists and are tested against them (tests/test_schedules_v.py) over p in
-  {2, 3, 4, 8} and m up to 32; other costs are simulated.
-* ``idle_fraction``: idle time of all ranks over ``p * step_time``. Both come from
-  :func:`timeline_stats`, which the pipeline report applies to measured timelines as well.
-
-Two bubble figures are in use and both are printed, named (:data:`BUBBLE_DEFINITIONS`): the *bubble
-ratio* (bubble over useful compute; ``(p - 1) / m`` for GPipe and 1F1B, Narayanan et al.'s figure) and
-the *idle fraction* (the share of the step's GPU time spent waiting; ``(p - 1) / (m + p - 1)`` for 1F1B,
-the figure a profiler shows). The first can exceed 1, the second cannot.
-* ``peak_inflight``: per rank, the peak number of (micro-batch, chunk) pairs whose activations are
-  alive; ``peak_activation_units`` divides it by ``v``: peak activation memory in units of one
-  micro-batch's activations of a whole stage.
+The derivations of the V schedules' expressions are in docs/simulator.md.
 """
 
 from __future__ import annotations

@@ -1,39 +1,17 @@
 """The step-time model: seconds per optimizer step of one plan, from FLOPs, collectives and the bubble.
 
-``step = (compute + tp + cp_exposed) * (1 + bubble_ratio) + pp + dp_exposed`` (no constant tuned to any
-published result; the assumptions, one line each):
+    step = (compute + tp + cp_exposed) * (1 + bubble_ratio) + pp + dp_exposed
 
-* ``compute``: hardware FLOPs of the busiest pipeline stage (its layers, the head on the last stage;
-  recomputation adds its forward FLOPs) over its ``tp * cp`` GPUs at ``cluster.mfu_achievable`` of peak.
-* ``tp``: every tensor-parallel collective sits between the matmuls of a layer: fully exposed.
-* ``cp_exposed``: ring attention overlaps its K/V transfers with the attention compute (only the excess
-  is exposed); all-gather and Ulysses CP wait for their collectives.
-* ``bubble_ratio``: :func:`parallel_lab.simulate.bubble_formula` with ``F : B : W = 1 : 1 : 1`` (full
-  recomputation adds a forward to B); it multiplies everything on the per-micro-batch critical path.
-* ``pp``: every point-to-point transfer of the stage (receives are posted just before their consumer).
-* ``dp_exposed``: gradient sync overlaps the last micro-batch's backward (exposed: ``max(last call,
-  sync - one backward)``); a sync made every micro-batch (ZeRO-2 ``zero2_accumulate="sharded"``, FSDP's
-  per-micro-batch reduce-scatter) overlaps all compute after the first forward, and its last micro-batch's
-  share only the last backward (exposed: ``max(last call, sync/m - one backward, sync - all but the first
-  forward)``); ZeRO-1/2's parameter
-  all-gather overlaps the next first forward likewise;
-  ZeRO-3 is prefetched under the whole step (exposed: ``max(one unit's calls, zero3 - compute)``).
-Collective times are comm's alpha-beta model on the tier each group lands on (``layout.group_tier``).
-MFU = model FLOPs per step / (step time * GPUs * peak), Chowdhery et al. 2022.
-
-Roofline compute (a cluster with a fitted ``ClusterSpec.profile``, :func:`roofline_stage`): instead of one
-fixed fraction of peak, each GEMM of a block on one rank, ``(T tokens) x (k) -> (n)`` with the TP-local
-``n`` or ``k``, takes ``2 T n k / (peak * e(d))`` forward and twice that backward, ``e(d) = e_max d / (d +
-d_half)`` for its smallest dimension ``d`` (small shards and short micro-batches are less efficient);
-attention takes ``c * 4 T keys q_local / (peak * e_attn)`` with ``keys`` the *causal* count,
-``(S + 1) / 2`` per query (``flops.attention_keys``; FLOPs reported for MFU stay PaLM's) and ``c`` its
-forward + backward work in forward units (``flops.ATTENTION_FWD_BWD``: 3.5 for FlashAttention, whose
-backward recomputes the scores); an eager core (``attention="eager"``, ``cp = 1``) computes all ``S`` keys
-with GEMMs of inner width ``head_dim`` at ``e(head_dim)``, ``c = 3``; recomputation adds
-the forward it repeats; each micro-batch costs ``overhead_s`` per model chunk. TP/SP overlap rule: plain
-TP's all-reduces are exposed; with SP a fraction ``tp_overlap`` of the all-gathers and reduce-scatters hides
-behind the neighbouring GEMMs (Megatron's TP communication overlap). ``parallel-lab calibrate`` fits
-``e_max`` (and, given enough runs, ``overhead_s``) to measured step times.
+``compute``: hardware FLOPs of the busiest stage over its ``tp * cp`` GPUs at ``cluster.mfu_achievable`` of
+peak, or, with a fitted profile, the roofline (:func:`roofline_stage`): each GEMM ``(T x k) @ (k x n)``
+takes ``2 T n k / (peak e(d))`` with ``e(d) = e_max d / (d + d_half)`` for its smallest dimension ``d``,
+and attention its causal count at ``attention_efficiency``. ``tp`` is exposed (with SP a fraction
+``tp_overlap`` hides, Megatron's TP overlap); ring CP hides its transfers behind attention; ``bubble_ratio``
+is :func:`parallel_lab.simulate.bubble_formula`; ``pp`` every point-to-point transfer; ``dp_exposed``
+the gradient sync beyond the backward it overlaps. Collective times are comm's alpha-beta model on the
+tier each group lands on. MFU = model FLOPs per step / (step time * GPUs * peak), Chowdhery et al. 2022.
+No constant is tuned to a published result: ``parallel-lab calibrate`` fits ``e_max`` (and
+``overhead_s``) to measured runs. Each assumption, one line each, is in docs/step_time.md.
 """
 
 from __future__ import annotations

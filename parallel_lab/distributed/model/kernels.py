@@ -1,28 +1,19 @@
 """Fused kernels on CPU: what real GPU kernels save for backward, so that every activation model is measured.
 
-Each autograd function here computes exactly what the eager ops compute, but keeps only the tensors the
-corresponding fused GPU kernel keeps; backward recomputes the rest from them.
+Each autograd function computes what the eager ops compute but keeps only what the fused GPU kernel keeps;
+backward recomputes the rest:
 
-* :class:`FlashAttention` (``Plan.attention = "flash"``; Dao et al. 2022, "FlashAttention", Sec. 3.1):
-  ``softmax(q k^T / sqrt(d) + mask) v`` with the blockwise online-softmax kernel of
-  ``distributed/context_parallel/blockwise_attention.py``. Saved: ``q, k, v`` (k and v with the kv heads
-  only, never repeated), the output ``O`` and the fp32 log-sum-exp ``lse (b, heads, s)``; no
-  ``(s x s)`` score or probability. The backward recomputes ``P = exp(S - lse)`` tile by tile. Per
-  layer ``sbh (34 + 5as/h)`` loses its score
-  term: the saved score bytes go from ``d a s^2 b`` to ``4 a s b``.
-* :class:`SwiGLUDown` / :class:`GeluProj` (``Plan.mlp = "fused"``): the MLP's activation and its second
-  linear in one function that keeps only the first linears' outputs (llama: the gate and up outputs,
-  ``2 f`` per token instead of ``4 f``; gpt: the fc output, ``f`` instead of ``2 f``); backward recomputes
-  ``silu(gate) * up`` (or ``gelu(fc)``) for the second linear's weight gradient, as fused MLP kernels do.
-  Only the matmul without its bias is fused, so a tensor-parallel row split still reduces the partial sum
-  outside (:func:`fused_mlp`).
-* :class:`ChunkedLinearCrossEntropy` (``Plan.loss_chunk > 0``): the LM head and the cross-entropy over
-  chunks of tokens (the idea of fused linear cross-entropy kernels): the ``s b V`` logits, tens of GB at a
-  128K vocabulary, never exist at once; kept: the head input, the targets and an fp32 log-sum-exp per token.
-* :func:`op_sac_context` (``Plan.recompute = "op-sac"``): torchtitan's op-level selective checkpointing.
+* :class:`FlashAttention` (``attention="flash"``; Dao et al. 2022, Sec. 3.1): the blockwise online-softmax
+  kernel of ``context_parallel/blockwise_attention.py``; saves q, k, v (unrepeated), the output and an fp32
+  log-sum-exp ``(b, heads, s)``, so the score bytes per layer go from ``d a s^2 b`` to ``4 a s b``.
+* :class:`SwiGLUDown` / :class:`GeluProj` (``mlp="fused"``): the activation and the second linear in one
+  function keeping only the first linears' outputs (llama ``2 f`` per token instead of ``4 f``).
+* :class:`ChunkedLinearCrossEntropy` (``loss_chunk > 0``): head and cross-entropy over token chunks; the
+  ``s b V`` logits never exist at once.
+* :func:`op_sac_context` (``recompute="op-sac"``): torchtitan's op-level selective checkpointing.
 
-The saved bytes are predicted by ``parallel_lab.activations`` and compared byte for byte with the
-saved-tensor meter in tests/distributed/test_kernels.py.
+``parallel_lab.activations`` predicts the saved bytes; tests/distributed/test_kernels.py compares them
+byte for byte with the saved-tensor meter. Details: docs/kernels.md.
 """
 
 from __future__ import annotations

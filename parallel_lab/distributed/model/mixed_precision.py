@@ -1,55 +1,16 @@
 """Mixed precision for DDP and ZeRO-1/2, with TP, PP and CP: bf16 compute, fp32 master weights and optimizer.
 
-Micikevicius et al. 2018, "Mixed Precision Training"; Rajbhandari et al. 2020, "ZeRO", Sec. 3.1 (the
-``2 + 2 + 12`` bytes per parameter of ``optimizer="adam-mixed"`` in the ledger). What lives in which
-dtype, and why:
+Micikevicius et al. 2018, "Mixed Precision Training"; Rajbhandari et al. 2020, "ZeRO", Sec. 3.1. Bytes per
+parameter (``ledger.state_bytes``, ``g`` ranks in the gradient group)::
 
-=====================  =====  ==================================================================
-tensor                 dtype  why
-=====================  =====  ==================================================================
-parameters (2 B)       bf16   forward and backward run bf16 matmuls; every activation saved for
-                              backward is bf16 too (``plan.dtype_bytes = 2`` in the per-op model)
-gradients (2 B)        bf16   backward produces them in the parameters' dtype; they accumulate over
-                              micro-batches in bf16 (``p.grad += ...``) and are all-reduced (DDP,
-                              ZeRO-1) or reduce-scattered (ZeRO-2) in bf16: half of fp32's bytes
-master weights (4 B)   fp32   an Adam update is about ``lr`` (3e-3 here, far less late in training);
-                              added to a bf16 weight (8-bit mantissa, steps of ``2^-8 |w|``) most of it
-                              would round away, so updates accumulate in an fp32 copy and the bf16
-                              parameters are re-rounded from it after every step
-Adam m and v (4 + 4)   fp32   moments of small gradients need the mantissa (``v`` is a running mean
-                              of squares); they are the optimizer's, never communicated
-the loss               fp32   ``model.loss_fn`` upcasts the logits before the softmax
-=====================  =====  ==================================================================
+    DDP  2 + 2 + 12      ZeRO-1  2 + 2 + 12 / g      ZeRO-2  2 + (2 + 12) / g
 
-bf16 has fp32's exponent range, so unlike fp16 no loss scaling is needed. Gradients accumulate in bf16
-across micro-batches (``adam-mixed``: 2 B per gradient, as the ledger counts); the fp32 accumulation
-buffer of ``adam-mixed-fp32-grad`` (20 B per parameter) is not implemented here.
-
-One step, per rank (``g`` ranks in the gradient group)::
-
-    forward, backward in bf16          -> bf16 p.grad (summed over the rank's micro-batches)
-    DDP:    all_reduce(p.grad / g)     bf16, per parameter or per bucket
-    ZeRO-1: all_reduce(flat grad / g)  bf16, per unit          ZeRO-2: reduce_scatter, bf16, per unit
-    master.grad = grad.float()         the whole master (DDP) or the owned shard of it (ZeRO-1/2)
-    AdamW on the fp32 master
-    DDP:    p = master.to(bf16)        ZeRO-1/2: all_gather(shard.to(bf16)), per unit, into p
-
-With TP, PP and CP nothing else changes: the model's parameters are bf16, so every activation, its
-gradient, and every message between ranks (TP's all-reduces and sequence gathers, the vocabulary-parallel
-loss's partial logits statistics, PP's hand-offs, CP's K/V blocks) travels in bf16, 2 bytes per element,
-as ``comm.collectives`` predicts from ``plan.dtype_bytes``; the master copy is per local (TP-sharded,
-stage-local) parameter. bf16 sums are not associative, so a run whose partial sums are split across ranks
-(TP's row-parallel outputs, CP's attention blocks, four gradients summed by a ring) differs from the
-one-process reference in the last bits; tests/distributed/test_fourd.py states the tolerance.
-
-Bytes per parameter (``ledger.state_bytes``): DDP ``2 + 2 + 12``; ZeRO-1 ``2 + 2 + 12 / g``; ZeRO-2
-``2 + (2 + 12) / g``. The master is created from the bf16 parameters (as Megatron-LM does), so the run
-starts from the bf16-rounded initial weights. The fp32 gradient copy ``grad.float()`` lives only during
-the step (a transient, like the other communication buffers).
-
-:class:`MasterAdamW` is DDP's optimizer (``model.make_optimizer`` returns it for ``adam-mixed``);
-``distributed/zero/zero.py`` keeps one fp32 master shard per unit itself. ``reference.reference_train(..., mixed=True)``
-is the single-process reference with the same arithmetic.
+bf16 parameters and gradients (communicated in bf16), an fp32 master copy that the AdamW update goes to
+(a bf16 weight would round most of an update away), fp32 Adam moments, an fp32 loss. One step: backward in
+bf16; gradients all-reduced (DDP, ZeRO-1) or reduce-scattered (ZeRO-2); ``master.grad = grad.float()``;
+AdamW on the master; the bf16 parameters re-rounded (ZeRO: gathered) from it. With TP, PP and CP every
+message travels in bf16. :class:`MasterAdamW` is DDP's optimizer; ``zero/zero.py`` keeps one fp32 master
+shard per unit. The dtype table and why each tensor has its dtype: docs/mixed_precision.md.
 """
 
 from __future__ import annotations

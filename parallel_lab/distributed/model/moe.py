@@ -1,24 +1,16 @@
 """The mixture-of-experts MLP of the tiny model: top-k router, experts as MLPs, capacity, shared expert, aux loss.
 
-No parallel code: expert parallelism (``expert_parallel.py``) replaces the one seam ``moe.expert_layer``, which
-maps the dispatched buffer ``(E, b C, h)`` (expert ``e``'s tokens in rows ``e``) to the experts' outputs.
+No parallel code: expert parallelism replaces the one seam ``moe.expert_layer`` (the dispatched buffer
+``(E, b C, h)`` -> the experts' outputs). Per sequence of ``s`` tokens:
 
-Per sequence of ``s`` tokens (GShard's group is one sequence here, so every plan routes the same way):
+* router ``p = softmax(x W_r^T)`` in fp32 (Switch); top-k choices renormalised (Mixtral's gate);
+* capacity ``C = min(s, ceil(capacity_factor * top_k * s / E))`` per expert, filled by first choices in
+  token order, then second choices (GShard's priority); a choice that finds its expert full is dropped;
+* ``y = sum_k gate_k * expert_{e_k}(x)`` (+ ``shared(x)`` with shared experts);
+* load-balancing loss (Switch, Fedus et al. 2021, eq. 4): ``aux = coef * E * sum_e f_e P_e``, its gradient
+  added in backward (:class:`AddAuxLossGrad`, as Megatron's ``MoEAuxLossAutoScaler``).
 
-* router ``p = softmax(x W_r^T)`` in fp32 (Switch's selective precision); each token picks its ``top_k``
-  experts and their probabilities are renormalised to sum to one (Mixtral's gate);
-* capacity ``C = min(s, ceil(capacity_factor * top_k * s / E))`` slots per expert (``ModelSpec.expert_capacity``);
-  slots are filled by all first choices in token order, then all second choices, ... (GShard's priority); a
-  choice that finds its expert full is dropped (the token keeps its residual, and its other choices);
-* ``y = sum_k gate_k * expert_{e_k}(x)`` over the kept choices, plus ``shared(x)`` when ``shared_experts > 0``;
-* load-balancing loss (Switch, Fedus et al. 2021, eq. 4, with top-k): ``aux = coef * E * sum_e f_e P_e``,
-  ``f_e`` the fraction of the sequence's ``s k`` choices routed to ``e`` (before capacity), ``P_e`` the mean
-  router probability of ``e``; averaged over sequences. It does not change the forward value: its gradient
-  is added in backward (:class:`AddAuxLossGrad`, as Megatron's ``MoEAuxLossAutoScaler``) with the weight
-  ``aux_grad_scale`` the caller sets (``1 / m`` with ``m`` micro-batches, like the main loss).
-
-Tokens per expert (routed and kept) accumulate in ``moe.counts`` for the reports. docs/moe.md derives the
-all-to-all bytes this layout implies.
+Tokens per expert accumulate in ``moe.counts`` for the reports. docs/moe.md derives the all-to-all bytes.
 """
 
 from __future__ import annotations

@@ -1,26 +1,19 @@
 """Fault injection: make one rank die, hang, straggle or produce a NaN, on purpose, at a chosen step.
 
-A lesson or a test that wants to show a failure needs it on demand. ``parallel-lab run --inject-fault
-KIND:RANK[:STEP]`` (and ``train_rank(..., faults=[Fault(...)])``) installs one of these on one rank, from
-optimizer step ``STEP`` (1-based, default 1), inside the forward of the first transformer block the rank
-holds (its MLP: ``blocks.{i}.mlp``), so the fault strikes in the middle of real work:
+``parallel-lab run --inject-fault KIND:RANK[:STEP]`` (and ``train_rank(..., faults=[Fault(...)])``) installs
+one fault on one rank from optimizer step ``STEP`` (1-based), inside the MLP of the first block it holds:
 
-=========  ==============================================================================================
+=========  ==========================================================================================
 ``die``    the process kills itself with SIGKILL (as the out-of-memory killer would): no traceback
 ``hang``   the rank sleeps forever in that forward; its heartbeat goes on (alive, not progressing)
 ``slow``   every forward of that module sleeps :data:`SLOW_S` seconds from then on (a straggler)
 ``nan``    that module's output becomes NaN, once
-=========  ==============================================================================================
+=========  ==========================================================================================
 
-and one fault of every rank, the seed's fifth failure mode, spelled without a rank:
-
-``unscaled-accum``  each micro-batch's gradient is that of its loss *not* divided by the number of
-                    micro-batches ``m`` (the logged loss still is): gradients are ``m`` times too large,
-                    so the effective learning rate changes whenever the plan changes ``m``.
-
-What catches each: ``launch`` names the dead and the hung rank (``diagnosis.ActionLog``), ``run``'s per-rank
-times name the straggler (``diagnosis.step_time_report``), ``diagnosis.FiniteWatch`` the rank, step and
-module of the NaN, and ``parallel-lab compare`` the loss curves that stop overlapping.
+``unscaled-accum`` (every rank): each micro-batch's loss is not divided by the number of micro-batches
+``m``, so the effective learning rate moves with ``m``. What catches each: ``launch`` names the dead and
+the hung rank, ``run``'s per-rank times the straggler, ``diagnosis.FiniteWatch`` the NaN's rank, step and
+module, and ``parallel-lab compare`` the loss curves that stop overlapping (docs/faults.md).
 """
 
 from __future__ import annotations

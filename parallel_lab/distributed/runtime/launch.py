@@ -1,57 +1,21 @@
 """Start one process per rank, run a function on each, and bring the results (or the first error) back.
 
-``launch(fn, plan, *args, **kwargs)`` calls ``fn(grid, *args, **kwargs)`` on every rank of
-``plan.world`` ranks, where ``grid`` is the rank's :class:`~parallel_lab.distributed.runtime.grid.Grid` (coordinates,
-process groups, device), and returns the ranks' return values in rank order. ``fn`` must live in an
-importable module (a function defined in a notebook cannot be pickled under spawn).
+``launch(fn, plan, *args, **kwargs)`` calls ``fn(grid, *args, **kwargs)`` on every rank of ``plan.world``
+ranks (``grid``: the rank's :class:`~parallel_lab.distributed.runtime.grid.Grid`) and returns their
+return values in rank order; ``fn`` must live in an importable module. Ranks are forked
+(``torch.multiprocessing.start_processes``; ``start_method="spawn"`` also works), meet at
+``tcp://127.0.0.1:{free port}`` with a process-group timeout, and run gloo with one torch thread each on
+CPU, nccl on ``cuda:{local_rank}`` on GPUs. A rank's exception comes back as :class:`RankError` naming the
+rank (a rank killed by a signal is named as the cause, not the peers whose collectives then fail);
+``timeout_s`` is a progress timeout (heartbeats and completed steps in shared memory) after which
+:class:`LaunchTimeout` names the stuck rank and its last action (``diagnosis.ActionLog``).
 
-How (measured on this machine, ``shared/reference/torch_cpu_notes.md``):
-
-* ``torch.multiprocessing.start_processes`` with ``fork`` (0.3 s for 4 ranks; spawn takes ~4 s and is
-  supported with ``start_method="spawn"``). What torch imports on first use is imported once in the caller
-  before it forks (:func:`prime_lazy_imports`), so that the ranks inherit it instead of each paying. The
-  caller itself never joins a process group: a process that did cannot fork ranks any more, so ``launch``
-  refuses to run from one.
-* Rendezvous ``tcp://127.0.0.1:{free port}`` (asked from the OS, never a fixed port); a process-group
-  timeout, so a collective that waits for a dead or stuck peer fails instead of hanging.
-* CPU: backend gloo and ``torch.set_num_threads(1)`` per rank (torchrun sets OMP_NUM_THREADS=1,
-  multiprocessing does not). GPUs: backend nccl and ``cuda:{local_rank}``; chosen automatically.
-* A rank's exception comes back to the caller as :class:`RankError` naming the rank, with the rank's
-  traceback text (also written to a log file, :attr:`RankError.log`); the other ranks are killed at
-  once. A rank that dies without a word (a signal: kill -9, the OOM killer) is named as the cause, not
-  the peers whose collectives then fail: an error is held back for a moment to see whether a peer died.
-* ``timeout_s`` is a *progress* timeout: every rank reports a heartbeat (a thread, once a second, into
-  shared memory) and each completed step (``grid.notify``); when no rank completed a step for
-  ``timeout_s`` seconds, all are killed and :class:`LaunchTimeout` names the stuck rank: one whose
-  heartbeat stopped (stopped or frozen), else, of the ranks furthest behind, those that are not blocked
-  in a collective (the one the others wait for), else all of them (a hang: e.g. mismatched collectives).
-* Each rank also writes its current action into shared memory (``grid.record``: the step, the phase, the
-  collective it is in and whether it is blocked there; ``diagnosis.ActionLog``), so that a rank that dies
-  or hangs is named with its last action.
-  A long healthy run is never cut off by it; ``time_limit_s`` (optional) bounds the whole launch.
-  The process-group timeout defaults to ``timeout_s + 30`` s, so the launcher, not a peer's
-  collective, sees a stuck rank first.
-* Teardown ``gc.collect(); dist.barrier(); dist.destroy_process_group()``: without the collect and the
-  barrier, DTensor-based code aborts at exit in ~15% of runs. A rank that crashes *after* its result was
-  received does not fail the launch.
-
-Results travel back pickled by value (tensors are moved to CPU), so return small things: losses,
-events, tensors of a tiny model.
-
-Under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` set in the environment) the same call runs
-``fn`` in this process only, for this rank, with ``env://`` rendezvous, and returns a list of
-``world`` entries in which only this rank's is filled (the others are None). The process group then
-stays up for further launches of the same script and is torn down at exit. Single node::
+Under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` set) the same call runs ``fn`` for this rank only
+with ``env://`` rendezvous and returns a list in which only this rank's entry is filled::
 
     torchrun --standalone --nproc-per-node=8 my_script.py
 
-Several nodes under SLURM (one torchrun per node, which starts 8 ranks)::
-
-    srun --nodes=4 --ntasks-per-node=1 bash -c 'torchrun --nnodes=$SLURM_NNODES --nproc-per-node=8 \\
-        --rdzv-id=$SLURM_JOB_ID --rdzv-backend=c10d \\
-        --rdzv-endpoint=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1):29500 my_script.py'
-
-where ``my_script.py`` calls ``launch(train_rank, plan, ...)`` under ``if __name__ == "__main__":``.
+How each part works, and the SLURM form: docs/launch.md.
 """
 
 from __future__ import annotations
