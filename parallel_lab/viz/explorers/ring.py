@@ -16,6 +16,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from ..plots.base import two_panels
 from ..plots.ring import BALANCES, draw_ring_tiles, draw_work, rank_chunks, ring_tiles, work_per_rank
 from .base import Explorer, int_slider, labelled, slider, status_line, toggles
 
@@ -59,9 +60,7 @@ class RingExplorer(Explorer):
         return r["n_chunks"]
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
-        gs = fig.add_gridspec(1, 2, width_ratios=(1.0, 1.0), wspace=0.55, left=0.06, right=0.97, bottom=0.13,
-                              top=0.9)
-        return [fig.add_subplot(gs[0]), fig.add_subplot(gs[1])]
+        return two_panels(fig, (1.0, 1.0), wspace=0.55, left=0.06, right=0.97, bottom=0.13, top=0.9)
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
         draw_ring_tiles(axes[0], r["tiles"], r["n_chunks"], r["step"], r["cp"],

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from ... import comm
 from ...routing import load_report
 from ...specs import ModelSpec, Plan
+from ..plots.base import two_panels
 from ..plots.routing import draw_ep_bytes, draw_expert_load
 from .base import Explorer, dropdown, slider, status_line
 
@@ -52,9 +53,7 @@ class RoutingExplorer(Explorer):
         return 0
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
-        gs = fig.add_gridspec(1, 2, width_ratios=(1.6, 1.0), wspace=0.35, left=0.08, right=0.97, bottom=0.15,
-                              top=0.9)
-        return [fig.add_subplot(gs[0]), fig.add_subplot(gs[1])]
+        return two_panels(fig, (1.6, 1.0), wspace=0.35, left=0.08, right=0.97, bottom=0.15, top=0.9)
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
         m = r["model"]

@@ -22,6 +22,7 @@ from ... import comm as comm_mod
 from ...layout import check_tp, kv_heads_local, kv_replicas
 from ...specs import ModelSpec, Plan
 from .. import plots as P
+from ..plots.base import two_panels
 from ..plots.tp import Split, draw_ring_allreduce, draw_tp_block
 from .base import Explorer, fresh, int_slider, labelled, model_controls, model_from, slider, status_line, toggles
 
@@ -89,9 +90,7 @@ class TPExplorer(Explorer):
         return (r["model"], r["plan"].tp, r["plan"].sp)
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
-        gs = fig.add_gridspec(1, 2, width_ratios=(1.55, 1.0), wspace=0.12, left=0.01, right=0.97, bottom=0.14,
-                              top=0.9)
-        return [fig.add_subplot(gs[0]), fig.add_subplot(gs[1])]
+        return two_panels(fig, (1.55, 1.0), wspace=0.12, left=0.01, right=0.97, bottom=0.14, top=0.9)
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
         plan = r["plan"]

@@ -22,6 +22,7 @@ from ... import ledger as ledger_mod
 from ...layout import padded, param_comm_bytes, shard_group, shard_range, unit_sizes
 from ...specs import OPTIMIZERS, Plan
 from .. import plots as P
+from ..plots.base import two_panels
 from ..plots.zero import draw_gather_timeline, draw_shards, gather_timeline
 from .base import Explorer, dropdown, fresh, labelled, model_controls, model_from, slider, status_line, toggles
 
@@ -67,9 +68,7 @@ class ZeroExplorer(Explorer):
         return (r["model"], r["g"], r["plan"].zero_unit)
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
-        gs = fig.add_gridspec(1, 2, width_ratios=(1.0, 1.1), wspace=0.3, left=0.1, right=0.98, bottom=0.14,
-                              top=0.88)
-        return [fig.add_subplot(gs[0]), fig.add_subplot(gs[1])]
+        return two_panels(fig, (1.0, 1.1), wspace=0.3, left=0.1, right=0.98, bottom=0.14, top=0.88)
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
         plan = r["plan"]

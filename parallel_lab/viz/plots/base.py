@@ -363,3 +363,11 @@ def value_labels(ax: Axes, chart: Chart, n: int, **style: Any) -> None:
                              for x in range(n)]
     chart.dynamic += chart.parts["values"]
 
+
+
+def two_panels(fig: Figure, width_ratios: tuple[float, float], *, wspace: float, left: float, right: float,
+               bottom: float, top: float) -> list[Axes]:
+    """Two axes side by side on ``fig`` (the explorers' usual picture beside its chart)."""
+    gs = fig.add_gridspec(1, 2, width_ratios=width_ratios, wspace=wspace, left=left, right=right, bottom=bottom,
+                          top=top)
+    return [fig.add_subplot(gs[0]), fig.add_subplot(gs[1])]
