@@ -89,6 +89,13 @@ def int_text(description: str, value: int) -> W.BoundedIntText:
                             layout=ROW_ITEM)
 
 
+def degree_controls(dp: int, tp: int, pp: int, cp: int, zero: int) -> dict[str, W.ValueWidget]:
+    """The plan's degrees, ZeRO stage and sequence-parallel switch, as the Memory and Comm tabs show them."""
+    return {"dp": slider("dp", DEGREES, dp), "tp": slider("tp", DEGREES[:7], tp), "pp": slider("pp", DEGREES[:8], pp),
+            "cp": slider("cp", DEGREES[:7], cp), "zero": toggles("ZeRO stage", (0, 1, 2, 3), zero, "40px"),
+            "sp": checkbox("sequence parallel", False)}
+
+
 def fresh(ax: Axes, key: Any) -> bool:
     """True (and ``key`` remembered) when ``ax`` last drew something else than ``key``: for pictures drawn
     from scratch, so that an axes whose inputs did not change is left alone and the renderer reuses its

@@ -20,10 +20,9 @@ from ... import comm as comm_mod
 from ...specs import CLUSTER_PRESETS, CP_KINDS, ClusterSpec, Plan
 from .. import plots as P
 from .base import (
-    DEGREES,
     SEQS,
     Explorer,
-    checkbox,
+    degree_controls,
     dropdown,
     labelled,
     model_controls,
@@ -31,7 +30,6 @@ from .base import (
     slider,
     status_line,
     tier_label,
-    toggles,
 )
 
 TP_DIMS = ("tp", "tp_vocab")
@@ -69,12 +67,7 @@ class CommExplorer(Explorer):
         c["micro_batch"] = slider("micro-batch", (1, 2, 4, 8, 16, 32), 1)
         c["grad_accum"] = slider("micro-batches", (1, 2, 4, 8, 16, 32, 64, 128), 1 if pp == 1 else 2 * pp)
         c["cluster"] = dropdown("cluster", CLUSTER_PRESETS, cluster)
-        c["dp"] = slider("dp", DEGREES, dp)
-        c["tp"] = slider("tp", DEGREES[:7], tp)
-        c["pp"] = slider("pp", DEGREES[:8], pp)
-        c["cp"] = slider("cp", DEGREES[:7], cp)
-        c["zero"] = toggles("ZeRO stage", (0, 1, 2, 3), zero, "40px")
-        c["sp"] = checkbox("sequence parallel", False)
+        c.update(degree_controls(dp, tp, pp, cp, zero))
         c["cp_kind"] = dropdown("CP kind", CP_KINDS, "ring")
         c["tp_across_nodes"] = W.ToggleButton(value=False, description="TP group across nodes",
                                               icon="", tooltip="time TP's collectives on the inter-node link",

@@ -28,7 +28,7 @@ from .base import (
     DEGREES,
     SEQS,
     Explorer,
-    checkbox,
+    degree_controls,
     dropdown,
     int_text,
     labelled,
@@ -66,12 +66,7 @@ class MemoryExplorer(Explorer):
         c["schedule"] = dropdown("schedule", SCHEDULES, "1f1b")
         c["interleave"] = slider("interleave", (1, 2, 3, 4, 6, 8, 16, 32), 1)
         c["gpus"] = int_text("GPUs", gpus or dp * tp * pp * cp)
-        c["dp"] = slider("dp", DEGREES, dp)
-        c["tp"] = slider("tp", DEGREES[:7], tp)
-        c["pp"] = slider("pp", DEGREES[:8], pp)
-        c["cp"] = slider("cp", DEGREES[:7], cp)
-        c["zero"] = toggles("ZeRO stage", (0, 1, 2, 3), zero, "40px")
-        c["sp"] = checkbox("sequence parallel", False)
+        c.update(degree_controls(dp, tp, pp, cp, zero))
         c["recompute"] = toggles("recompute", ("none", "selective", "full"), recompute, "72px")
         c["optimizer"] = dropdown("optimizer", OPTIMIZERS, "adam-mixed")
         c["cluster"] = dropdown("cluster", CLUSTER_PRESETS, cluster)
