@@ -94,8 +94,18 @@ class CommSample:
     kind: str = "all_reduce"
 
 
+class _Residuals:
+    """A fit's per-sample residuals (``predicted / measured - 1``) and their root mean square."""
+
+    residuals: list[float]
+
+    @property
+    def rms(self) -> float:
+        return math.sqrt(sum(r * r for r in self.residuals) / len(self.residuals)) if self.residuals else 0.0
+
+
 @dataclass(frozen=True)
-class GemmFit:
+class GemmFit(_Residuals):
     """``e_max`` and ``d_half`` against ``peak_flops``, with each sample's residual."""
 
     matmul_efficiency: float
@@ -104,22 +114,14 @@ class GemmFit:
     residuals: list[float] = field(default_factory=list)
     note: str = ""
 
-    @property
-    def rms(self) -> float:
-        return math.sqrt(sum(r * r for r in self.residuals) / len(self.residuals)) if self.residuals else 0.0
-
 
 @dataclass(frozen=True)
-class LinkFit:
+class LinkFit(_Residuals):
     """The fitted tier (``latency`` alpha per ring step, ``bandwidth`` bus bytes/s) and the residuals."""
 
     tier: LinkTier
     residuals: list[float] = field(default_factory=list)
     note: str = ""
-
-    @property
-    def rms(self) -> float:
-        return math.sqrt(sum(r * r for r in self.residuals) / len(self.residuals)) if self.residuals else 0.0
 
 
 def _check_times(what: str, seconds: Sequence[float]) -> None:
