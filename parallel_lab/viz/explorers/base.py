@@ -96,6 +96,14 @@ def degree_controls(dp: int, tp: int, pp: int, cp: int, zero: int) -> dict[str, 
             "sp": checkbox("sequence parallel", False)}
 
 
+def job_controls(start: W.Button, cancel_tooltip: str, steps: int, progress_label: str,
+                 width: str) -> tuple[W.Button, W.Button, W.IntProgress, W.HTML]:
+    """A background job's row: its start button, a Cancel button, a progress bar of ``steps`` and its text."""
+    cancel = W.Button(description="Cancel", icon="stop", disabled=True, tooltip=cancel_tooltip)
+    progress = W.IntProgress(value=0, min=0, max=steps, description=progress_label, layout=W.Layout(width=width))
+    return start, cancel, progress, W.HTML()
+
+
 def fresh(ax: Axes, key: Any) -> bool:
     """True (and ``key`` remembered) when ``ax`` last drew something else than ``key``: for pictures drawn
     from scratch, so that an axes whose inputs did not change is left alone and the renderer reuses its

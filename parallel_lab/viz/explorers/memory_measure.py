@@ -29,7 +29,7 @@ from ...measurable import measurable_layout
 from ...specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 from .. import plots as P
 from ..plots.measured import draw_predicted_measured
-from .base import error_html, status_line
+from .base import error_html, job_controls, status_line
 from .jobs import CliJob, check_spelled, cli_argv, loop_caller
 
 #: what the command writes before each of its progress lines on stderr (``cli._memory``'s ``say``)
@@ -80,14 +80,11 @@ class MeasurePanel(W.VBox):
         self._pending: Target | None = None
         self._lines = 0
         self._summary = ""
-        self.button = W.Button(description="measure this plan", icon="tachometer", button_style="info",
-                               tooltip="one training step of the fullest stage's rank at full size in fake "
-                                       "tensors (parallel-lab memory --measure); seconds to a minute")
-        self.cancel_button = W.Button(description="Cancel", icon="stop", disabled=True,
-                                      tooltip="stop the measurement (its process)")
-        self.progress = W.IntProgress(value=0, min=0, max=STAGE_LINES, description="measure",
-                                      layout=W.Layout(width="260px"))
-        self.progress_text = W.HTML()
+        self.button, self.cancel_button, self.progress, self.progress_text = job_controls(
+            W.Button(description="measure this plan", icon="tachometer", button_style="info",
+                     tooltip="one training step of the fullest stage's rank at full size in fake "
+                             "tensors (parallel-lab memory --measure); seconds to a minute"),
+            "stop the measurement (its process)", STAGE_LINES, "measure", "260px")
         self.status = W.HTML()
         self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width=f"{int(9.6 * P.DPI)}px",
                                                            display="none"))

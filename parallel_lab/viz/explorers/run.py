@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 
 from ...specs import MODEL_PRESETS, RUN_DEFAULTS, SCHEDULES, ModelSpec, ParallelLabError, Plan
 from .. import plots as P
-from .base import Explorer, error_html, int_slider, labelled, slider, status_line, toggles
+from .base import Explorer, error_html, int_slider, job_controls, labelled, slider, status_line, toggles
 from .jobs import CliJob, loop_caller
 from .pipeline import PipelineExplorer
 
@@ -108,13 +108,10 @@ class RunExplorer(Explorer):
         self.report_plan: tuple[ModelSpec, Plan] | None = None
         self.run_error: str | None = None
         self.run_error_head = "Run did not finish"
-        self.run_button = W.Button(description="Run on CPU ranks", button_style="primary", icon="play",
-                                   tooltip="train the tiny model under this plan (parallel-lab run)")
-        self.cancel_button = W.Button(description="Cancel", icon="stop", disabled=True,
-                                      tooltip="stop the run and all its ranks")
-        self.progress = W.IntProgress(value=0, min=0, max=steps, description="steps",
-                                      layout=W.Layout(width="310px"))
-        self.progress_text = W.HTML()
+        self.run_button, self.cancel_button, self.progress, self.progress_text = job_controls(
+            W.Button(description="Run on CPU ranks", button_style="primary", icon="play",
+                     tooltip="train the tiny model under this plan (parallel-lab run)"),
+            "stop the run and all its ranks", steps, "steps", "310px")
         self.tables = W.HTML()
         self.tables.add_class("pl-run-tables")
         self.pipeline = PipelineExplorer(renderer=renderer)
