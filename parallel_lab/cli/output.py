@@ -58,6 +58,7 @@ def echo(model: ModelSpec, plan: Plan) -> dict[str, Any]:
 
 
 def describe(model: ModelSpec, plan: Plan) -> str:
+    """The model and plan lines a table starts with (what was actually computed)."""
     p = plan
     return (f"{model.summary()}\nplan: dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp}"
             + (f" ep={p.ep}" if p.ep > 1 else "") + f" zero={p.zero} sp={p.sp} "
