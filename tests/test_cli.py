@@ -7,7 +7,9 @@ import json
 import pytest
 from conftest import run_cli
 
-from parallel_lab import cli
+from parallel_lab import cli, plan_flags
+from parallel_lab.cli import comm as comm_cmd
+from parallel_lab.specs import RUN_DEFAULTS
 
 SEED_SHAPE = ["--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "4096", "--micro-batch", "1"]
 
@@ -144,13 +146,13 @@ def test_every_subcommand_has_json():
 def test_a_subcommand_is_one_small_edit(capsys, monkeypatch):
     """The structure other subcommands (bubble, plan, run) plug into: a registrar plus a handler."""
     def _hello(args):
-        model = cli.model_from_args(args)
-        return cli.Output({"layers": model.layers, "dp": cli.plan_from_args(args, model).dp}, "hello")
+        model = plan_flags.model_from_args(args)
+        return plan_flags.Output({"layers": model.layers, "dp": plan_flags.plan_from_args(args, model).dp}, "hello")
 
     def _add_hello(sub):
-        p = cli.subcommand(sub, "hello", _hello, "a test subcommand")
-        cli.add_model_args(p)
-        cli.add_plan_args(p)
+        p = plan_flags.subcommand(sub, "hello", _hello, "a test subcommand")
+        plan_flags.add_model_args(p)
+        plan_flags.add_plan_args(p)
 
     monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, _add_hello])
     code, out, _ = run_main(capsys, "hello", "--model", "tiny-llama", "--gpus", "2", "--json")
@@ -271,7 +273,7 @@ def test_interrupt_and_internal_errors_are_one_line(capsys, monkeypatch):
         raise TypeError("a bug")
 
     for handler, code_wanted, words in ((interrupted, 130, "interrupted"), (broken, cli.EXIT_INTERNAL, "a bug")):
-        monkeypatch.setattr(cli, "_comm", handler)
+        monkeypatch.setattr(comm_cmd, "handle", handler)
         code, out, err = run_main(capsys, "comm", "--model", "tiny-llama")
         assert code == code_wanted and out == "" and words in err and "Traceback" not in err
 
@@ -308,7 +310,7 @@ def test_run_refuses_a_plan_that_does_not_fit_this_machine(capsys, no_launch, mo
     err = one_line_error(capsys, "run", "--plan", "examples/plans/llama3-405b-pretrain-8k.yaml",
                          "--optimizer", "adam-fp32", "--dtype", "fp32", "--zero", "0")
     assert "16,384 ranks" in err and "per core" in err
-    monkeypatch.setattr(cli, "available_memory_bytes", lambda: 10**6)       # a machine with 1 MB free
+    monkeypatch.setattr(plan_flags, "available_memory_bytes", lambda: 10**6)       # a machine with 1 MB free
     err = one_line_error(capsys, "run", "--dp", "2")
     assert "this machine has 1.00 MB (0.95 MiB) available" in err
 
@@ -324,7 +326,7 @@ def test_run_help_shows_the_run_defaults(capsys):
     for words in ("(default for run: 128)", "(default for run: 4)", "(default for run: adam-fp32)",
                   "(default for run: fp32)", "progress timeout", "--time-limit"):
         assert words in flat, words
-    assert cli.RUN_DEFAULTS == {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}
+    assert RUN_DEFAULTS == {"seq": 128, "micro_batch": 4, "dtype": "fp32", "optimizer": "adam-fp32"}
 
 
 @pytest.mark.parametrize("flag,value", [("--recompute", "128"), ("--recompute", "١"), ("--zero-stages", "131072"),

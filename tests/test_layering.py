@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "parallel_lab"
-LAYER1 = sorted(PKG.glob("*.py"))
+LAYER1 = sorted(PKG.glob("*.py")) + sorted((PKG / "cli").glob("*.py"))      # the CLI package is layer 1 too
 FORBIDDEN = {"torch", "matplotlib", "ipywidgets", "numpy", "voila"}
 
 
@@ -50,7 +50,7 @@ def _function_scoped(tree: ast.AST) -> set[int]:
     return inside
 
 
-@pytest.mark.parametrize("path", LAYER1, ids=[p.name for p in LAYER1])
+@pytest.mark.parametrize("path", LAYER1, ids=[str(p.relative_to(PKG)) for p in LAYER1])
 def test_layer1_sources_import_no_heavy_packages(path):
     tree = ast.parse(path.read_text(), str(path))
     lazy = _function_scoped(tree)
@@ -135,3 +135,12 @@ def test_no_module_of_parallel_lab_is_imported_in_a_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+def test_the_app_and_the_grader_never_import_the_cli():
+    """viz/ and grading/ take the flag and plan definitions from ``plan_flags``, never the CLI's entry point."""
+    modules = {_module_name(p) for p in PKG.rglob("*.py")}
+    paths = sorted((PKG / "viz").rglob("*.py")) + sorted((PKG / "grading").rglob("*.py"))
+    bad = [f"{p.relative_to(PKG.parent)} imports {m}" for p in paths for m in sorted(_imports(p, modules))
+           if m == "parallel_lab.cli" or m.startswith("parallel_lab.cli.")]
+    assert not bad, bad

@@ -1,4 +1,4 @@
-"""``parallel-lab grade``: the grader's command line (registered in ``parallel_lab/cli.py``).
+"""``parallel-lab grade``: the grader's command line (registered in ``parallel_lab/cli/__init__.py``).
 
     parallel-lab grade EXERCISE [PATH] [--bundle DIR|ARCHIVE] [--json]
     parallel-lab grade --batch SUBMISSIONS_DIR --bundle DIR --out grades.csv
@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Any
 
-from parallel_lab.subcommands import Output, subcommand
+from parallel_lab.plan_flags import Output, subcommand
 
 
 def _handle(args: argparse.Namespace) -> Any:

@@ -60,7 +60,7 @@ def test_bf16_is_refused_clearly():
 def test_plan_files_give_model_and_plan():
     from conftest import REPO
 
-    from parallel_lab.cli import _plan_from_file
+    from parallel_lab.cli.run import _plan_from_file
 
     model, p = _plan_from_file(str(REPO / "examples" / "plans" / "tiny-dp2-zero3.yaml"))
     assert model == ModelSpec.preset("tiny-llama")

@@ -45,7 +45,7 @@ from parallel_lab.specs import ParallelLabError, Plan
 
 #: Seconds without a completed step (or a result) before a launch counts as stuck; generous, because a
 #: function that never calls ``grid.notify`` makes progress only when it returns (``parallel-lab run``
-#: notifies every step and uses 60 s, ``cli.RUN_TIMEOUT_S``).
+#: notifies every step and uses 60 s, ``cli.run.RUN_TIMEOUT_S``).
 DEFAULT_TIMEOUT_S = 300.0
 HEARTBEAT_S = 1.0            #: a rank's heartbeat period; ~5 missed beats mean it is stopped or frozen
 ACTION_BYTES = 160           #: shared-memory slot of a rank's current action: 1 byte "blocked?" + its text

@@ -8,7 +8,8 @@ progress the command prints there) and hands every line, and the end, back to th
 Cancel sends SIGTERM to the child's whole process group (a launcher and its ranks), SIGKILL after a grace
 period; a kernel that exits stops its jobs the same way. :func:`plan_flags` and :func:`model_flags` spell a
 ``Plan`` and a ``ModelSpec`` as the CLI's flags; :func:`check_spelled` parses them back with the CLI's own
-parser, so a plan the command line would read differently is refused before anything starts.
+flag definitions (``parallel_lab/plan_flags.py``), so a plan the command line would read differently is
+refused before anything starts.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ...plan_flags import PLAN_FIELDS, SHAPE_FLAGS, flags_parser, model_from_args, plan_from_args
 from ...specs import MODEL_PRESETS, ModelSpec, ParallelLabError, Plan
 
 REPO = Path(__file__).resolve().parents[3]
@@ -160,18 +162,14 @@ def _spell(names: Sequence[str], obj: Any, default: Any) -> list[str]:
 
 def plan_flags(plan: Plan) -> list[str]:
     """``plan`` as the CLI's plan flags: the degrees always, every other field where it is not Plan's
-    default (the CLI's defaults are Plan's, ``cli.add_plan_args``)."""
-    from ...cli import PLAN_FIELDS
-
+    default (the CLI's defaults are Plan's, ``parallel_lab.plan_flags.add_plan_args``)."""
     degrees = [x for f in ("dp", "tp", "pp", "cp") for x in (_flag(f), str(getattr(plan, f)))]
     rest = [f for f in PLAN_FIELDS if f not in ("dp", "tp", "pp", "cp")]
     return degrees + _spell(rest, plan, Plan())
 
 
 def model_flags(model: ModelSpec) -> list[str]:
-    """``--model NAME`` for a preset, else the shape flags (``cli.SHAPE_FLAGS``) of ``model``."""
-    from ...cli import SHAPE_FLAGS
-
+    """``--model NAME`` for a preset, else the shape flags (``parallel_lab.plan_flags.SHAPE_FLAGS``) of ``model``."""
     if model.name in MODEL_PRESETS and ModelSpec.preset(model.name) == model:
         return ["--model", model.name]
     defaults = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
@@ -185,11 +183,10 @@ def cli_argv(command: str, model: ModelSpec, plan: Plan, *extra: str, python: st
 
 
 def check_spelled(argv: Sequence[str], model: ModelSpec, plan: Plan) -> None:
-    """Parse ``argv`` (from :func:`cli_argv`) with the CLI's own parser; raise ParallelLabError naming the
-    difference when the command would compute another model or plan than ``model`` and ``plan``."""
-    from ...cli import build_parser, model_from_args, plan_from_args
-
-    args = build_parser().parse_args(list(argv[3:]))
+    """Parse ``argv`` (from :func:`cli_argv`) with the CLI's own flag definitions (``plan_flags``); raise
+    ParallelLabError naming the difference when the command would compute another model or plan than ``model``
+    and ``plan``."""
+    args, _ = flags_parser().parse_known_args(list(argv[4:]))
     got_model = model_from_args(args)
     got_plan = plan_from_args(args, got_model)
     # a llama has no position table: the CLI's max_positions (for gpt) does not change what it builds

@@ -32,7 +32,7 @@ from ..plots.measured import draw_predicted_measured
 from .base import error_html, job_controls, status_line
 from .jobs import CliJob, check_spelled, cli_argv, loop_caller
 
-#: what the command writes before each of its progress lines on stderr (``cli._memory``'s ``say``)
+#: what the command writes before each of its progress lines on stderr (``say`` in parallel_lab/cli/memory.py)
 PROGRESS_PREFIX = "parallel-lab memory --measure: "
 #: progress lines of one stage: building, applying the plan, forward/backward, optimizer step, done
 STAGE_LINES = 5

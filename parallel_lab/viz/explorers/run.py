@@ -5,7 +5,7 @@ the same code and the same numbers as the command line, and the kernel's event l
 reader thread follows the child's progress bar on stderr and hands every update back to the loop). Cancel
 stops the child's whole process group (the launcher and its ranks). Before anything starts, the plan is
 validated and checked against this machine's memory by the command line's own guard
-(``cli.check_fits_this_machine``: the ledger's bytes of the fullest rank for every rank plus the
+(``plan_flags.check_fits_this_machine``: the ledger's bytes of the fullest rank for every rank plus the
 one-process reference); a refusal is its message, and no process starts.
 
 When the run is done the chart shows, side by side, what the run measured and what the library predicted
@@ -28,6 +28,7 @@ import ipywidgets as W
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from ...plan_flags import check_fits_this_machine
 from ...specs import MODEL_PRESETS, RUN_DEFAULTS, SCHEDULES, ModelSpec, ParallelLabError, Plan
 from .. import plots as P
 from .base import Explorer, error_html, int_slider, job_controls, labelled, slider, status_line, toggles
@@ -60,8 +61,6 @@ def run_argv(model: ModelSpec, plan: Plan, steps: int, python: str = sys.executa
 
 def check_fits(model: ModelSpec, plan: Plan) -> None:
     """The command line's guard: raises ``ParallelLabError`` (its message) when the ranks would not fit."""
-    from ...cli import check_fits_this_machine
-
     check_fits_this_machine(model, plan)
 
 

@@ -1,0 +1,76 @@
+"""``parallel-lab memory``: the memory ledger per GPU by category, and whether the plan fits
+(:mod:`parallel_lab.ledger`); ``--measure`` runs one step of the stage's rank in fake tensors beside it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..plan_flags import (
+    Output,
+    add_model_args,
+    add_plan_args,
+    cluster_from_args,
+    float_in,
+    fmt_bytes,
+    int_in,
+    model_from_args,
+    plan_from_args,
+    subcommand,
+)
+from .output import PROG, describe, echo, table
+
+
+def add(sub: Any) -> None:
+    p = subcommand(sub, "memory", handle, "memory ledger per GPU by category, and whether it fits")
+    add_model_args(p)
+    add_plan_args(p)
+    p.add_argument("--stage", type=int_in("stage"), help="pipeline stage to report (default: the fullest one)")
+    p.add_argument("--margin", type=float_in(0.0, 0.99), default=0.1,
+                   help="HBM safety margin, fraction in [0, 0.99] (default 0.1)")
+    p.add_argument("--measure", action="store_true",
+                   help="also run one training step of the reported stage's rank at full size in fake tensors "
+                        "and print measured beside predicted (torch; seconds to minutes)")
+
+
+def handle(args: argparse.Namespace) -> Output:
+    from ..ledger import memory
+
+    model = model_from_args(args)
+    plan = plan_from_args(args, model)
+    cluster = cluster_from_args(args)
+    led = memory(model, plan, cluster, activation_model=args.activation_model or "korthikanti",
+                 stage=args.stage, margin=args.margin)
+    rows = [(k, fmt_bytes(v)) for k, v in led.per_gpu_bytes.items()]
+    rows.append(("total", fmt_bytes(led.total_bytes)))
+    budget = led.hbm_bytes * (1 - led.margin)
+    verdict = "fits" if led.fits else "does NOT fit"
+    pm = led.peak                # the sum above adds each category at its own peak; this is one moment
+    peak_line = [] if pm is None else [
+        f"peak at one moment: {fmt_bytes(pm.peak_bytes)} ({pm.peak}"
+        + (f", stage {pm.stage}" if pm.stage != led.stage else "") + f"; {pm.activation_model} activations)"]
+    weighed = "its peak at one moment" if led.peak_decides else "the total"
+    text = "\n".join([
+        describe(model, plan),
+        f"memory per GPU (pipeline stage {led.stage} of {plan.pp}):",
+        table(rows, ("category", "bytes")),
+        *peak_line,
+        f"{verdict}: {fmt_bytes(led.need_bytes)} ({weighed}) vs {fmt_bytes(budget)} usable "
+        f"({cluster.name} HBM {fmt_bytes(led.hbm_bytes)} minus a {led.margin:.0%} margin)",
+        *[f"note: {n}" for n in led.notes],
+    ])
+    data = {**led.to_json(), **echo(model, plan)}
+    if pm is not None:
+        data["peak_at_one_moment"] = pm.to_json()
+    if args.measure:
+        from ..distributed.instruments.measure import measure
+
+        def say(msg: str) -> None:
+            print(f"{PROG} memory --measure: {msg}", file=sys.stderr, flush=True)
+
+        for m in measure(model, plan, led.stage, progress=say):
+            data.setdefault("measured", []).append(m.to_json())
+            text += f"\n\n{m.title()}\n" + table(m.table_rows(fmt_bytes), m.TABLE_HEADER) + "".join(
+                f"\nnote: {n}" for n in m.notes)
+    return Output(data, text)
