@@ -12,7 +12,9 @@ Layer 1 (this package's top level) is pure Python and never imports torch: speci
 """
 
 from .comm import Collective, CommReport, collectives, payload_bytes, per_step_bytes, report
+from .errors import ParallelLabError
 from .flops import FlopsReport, mfu, step_flops
+from .hardware import CLUSTER_PRESETS, ClusterSpec, LinkTier
 from .ledger import (
     MemoryLedger,
     activation_bytes_per_layer,
@@ -20,16 +22,8 @@ from .ledger import (
     memory,
     state_bytes,
 )
-from .specs import (
-    CLUSTER_PRESETS,
-    MODEL_PRESETS,
-    OPTIMIZERS,
-    ClusterSpec,
-    LinkTier,
-    ModelSpec,
-    ParallelLabError,
-    Plan,
-)
+from .optimizers import OPTIMIZERS
+from .specs import MODEL_PRESETS, ModelSpec, Plan
 
 __version__ = "0.1.0"
 

@@ -43,35 +43,36 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .schedules import SCHEDULE_NAMES, V_SCHEDULES
-from .specs import (
+from .errors import ParallelLabError
+from .hardware import (
     A100_PEAK_FLOPS,
     ATTENTION_KERNELS_A100,
     ATTENTION_KERNELS_H100,
-    ATTENTION_KINDS,
     CLUSTER_PRESETS,
+    ClusterSpec,
+    attention_kernel_efficiency,
+)
+from .optimizers import DTYPE_BYTES, OPTIMIZERS
+from .schedules import SCHEDULE_NAMES, V_SCHEDULES
+from .sharding import PP_SPLITS
+from .specs import (
+    ATTENTION_KINDS,
     CP_KINDS,
     DP_KINDS,
-    DTYPE_BYTES,
     GB,
     MLP_KINDS,
     MODEL_PRESETS,
-    OPTIMIZERS,
-    PP_SPLITS,
     RECOMPUTE,
     RUN_DEFAULTS,
     SCHEDULES,
     ZERO1_REDUCES,
     ZERO2_ACCUMULATES,
     ZERO_UNITS,
-    ClusterSpec,
     GiB,
     ModelSpec,
-    ParallelLabError,
     Plan,
-    attention_kernel_efficiency,
 )
-from .subcommands import Output, add_json_arg, subcommand  # noqa: F401  (Output: handlers' type)
+from .subcommands import Output, subcommand
 
 PROG = "parallel-lab"
 EXIT_USAGE = 2          #: bad input of any kind

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import run_cli
 
-from parallel_lab import cli
+from parallel_lab import cli, subcommands
 
 SEED_SHAPE = ["--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "4096", "--micro-batch", "1"]
 
@@ -145,10 +145,10 @@ def test_a_subcommand_is_one_small_edit(capsys, monkeypatch):
     """The structure other subcommands (bubble, plan, run) plug into: a registrar plus a handler."""
     def _hello(args):
         model = cli.model_from_args(args)
-        return cli.Output({"layers": model.layers, "dp": cli.plan_from_args(args, model).dp}, "hello")
+        return subcommands.Output({"layers": model.layers, "dp": cli.plan_from_args(args, model).dp}, "hello")
 
     def _add_hello(sub):
-        p = cli.subcommand(sub, "hello", _hello, "a test subcommand")
+        p = subcommands.subcommand(sub, "hello", _hello, "a test subcommand")
         cli.add_model_args(p)
         cli.add_plan_args(p)
 
@@ -207,7 +207,7 @@ def test_bad_values_are_one_line_errors(capsys, argv, words):
 def test_divisor_suggestions_are_short_and_fast(capsys):
     """ffn = 2^24 - 1 has 96 divisors: the message suggests only the tp that also split heads and kv heads, at
     once (was a hang listing every divisor); a long list of suggestions shows its ends and the count."""
-    from parallel_lab.layout import divisors, fmt_set
+    from parallel_lab.errors import divisors, fmt_set
 
     err = one_line_error(capsys, "memory", "--layers", "2", "--hidden", "128", "--heads", "8", "--ffn",
                          "16777215", "--tp", "8")

@@ -29,7 +29,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ...specs import MODEL_PRESETS, ModelSpec, ParallelLabError, Plan
+from ...errors import ParallelLabError
+from ...specs import MODEL_PRESETS, ModelSpec, Plan
 
 REPO = Path(__file__).resolve().parents[3]
 

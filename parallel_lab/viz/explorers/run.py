@@ -28,7 +28,8 @@ import ipywidgets as W
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ...specs import MODEL_PRESETS, RUN_DEFAULTS, SCHEDULES, ModelSpec, ParallelLabError, Plan
+from ...errors import ParallelLabError
+from ...specs import MODEL_PRESETS, RUN_DEFAULTS, SCHEDULES, ModelSpec, Plan
 from .. import plots as P
 from .base import Explorer, error_html, int_slider, labelled, slider, status_line, toggles
 from .jobs import CliJob, loop_caller
