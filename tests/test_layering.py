@@ -136,3 +136,57 @@ def test_no_module_of_parallel_lab_is_imported_in_a_cycle():
         if m not in state:
             visit(m, [m])
 
+
+# ---- no re-exported names: a module imports only the names it uses; a package __init__ imports nothing ------
+
+#: Package ``__init__.py`` files that still gather their submodules' names (the public shorthand of the app,
+#: the plots, the instruments and the grader); each is to become a docstring, its callers importing from the
+#: home module. The list only shrinks.
+INIT_REEXPORTS_PENDING = {"parallel_lab/viz/plots/__init__.py", "parallel_lab/viz/explorers/__init__.py",
+                          "parallel_lab/distributed/instruments/__init__.py", "parallel_lab/grading/__init__.py"}
+
+
+def _module_level_imports(tree: ast.Module) -> list[tuple[ast.stmt, str]]:
+    """``(statement, bound name)`` of every import outside functions and classes (``__future__`` aside)."""
+    out: list[tuple[ast.stmt, str]] = []
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, ast.Import):
+            out += [(node, a.asname or a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            out += [(node, a.asname or a.name) for a in node.names if a.name != "*"]
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                     *(s for h in getattr(node, "handlers", []) for s in h.body)]
+    return out
+
+
+def _used_names(tree: ast.Module) -> set[str]:
+    """Names the module reads: loads of a name (an attribute's root included) and names in string
+    annotations; ``__all__``'s strings do not count (listing an imported name there re-exports it)."""
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+    for node in ast.walk(tree):
+        ann = [getattr(node, "annotation", None), getattr(node, "returns", None)]
+        for a in ann:
+            if isinstance(a, ast.Constant) and isinstance(a.value, str):
+                used |= {n.id for n in ast.walk(ast.parse(a.value, mode="eval")) if isinstance(n, ast.Name)}
+    return used
+
+
+@pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: str(p.relative_to(PKG.parent)))
+def test_no_module_imports_a_name_it_does_not_use(path):
+    """A name imported and never used is there for others to import from the wrong module (a re-export):
+    callers import every name from its home module."""
+    tree = ast.parse(path.read_text(), str(path))
+    rel = str(path.relative_to(PKG.parent))
+    if path.name == "__init__.py":
+        if rel in INIT_REEXPORTS_PENDING:
+            return
+        names = [f"{name} (line {stmt.lineno})" for stmt, name in _module_level_imports(tree)
+                 if isinstance(stmt, ast.ImportFrom) and (stmt.level or (stmt.module or "").startswith("parallel_lab"))]
+        assert not names, f"{rel} imports {names} from its package: a package __init__ holds a docstring"
+        return
+    used = _used_names(tree)
+    unused = [f"{name} (line {stmt.lineno})" for stmt, name in _module_level_imports(tree) if name not in used]
+    assert not unused, f"{rel} imports {unused} and never uses them; their callers should import them from home"
