@@ -140,10 +140,10 @@ def test_no_module_of_parallel_lab_is_imported_in_a_cycle():
 # ---- no re-exported names: a module imports only the names it uses; a package __init__ imports nothing ------
 
 #: Package ``__init__.py`` files that still gather their submodules' names (the public shorthand of the app,
-#: the plots, the instruments and the grader); each is to become a docstring, its callers importing from the
-#: home module. The list only shrinks.
+#: the plots and the instruments); each is to become a docstring, its callers importing from the home module.
+#: The list only shrinks.
 INIT_REEXPORTS_PENDING = {"parallel_lab/viz/plots/__init__.py", "parallel_lab/viz/explorers/__init__.py",
-                          "parallel_lab/distributed/instruments/__init__.py", "parallel_lab/grading/__init__.py"}
+                          "parallel_lab/distributed/instruments/__init__.py"}
 
 
 def _module_level_imports(tree: ast.Module) -> list[tuple[ast.stmt, str]]:
