@@ -47,7 +47,7 @@ from .sharding import (
     unit_sizes,
     vocab_local,
 )
-from .sharding import padded as layout_padded
+from .sharding import padded as padded_numel
 from .specs import ModelSpec, Plan
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
@@ -183,7 +183,7 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
         return []
     gb, pb = grad_comm_bytes(plan), param_comm_bytes(plan)
     units = unit_sizes(model, plan, stage, frozen)
-    padded = {u: layout_padded(n, g) for u, n in units.items()}
+    padded = {u: padded_numel(n, g) for u, n in units.items()}
     m = plan.microbatches
     out: list[Collective] = []
     backward_order = list(reversed(padded))
