@@ -17,10 +17,11 @@ import os
 import statistics
 import time
 
+from parallel_lab.hardware import ClusterSpec
 from parallel_lab.planner import Constraints, _Fast, evaluate, plan_search
 from parallel_lab.schedules import build_schedule
 from parallel_lab.simulate import Costs, bubble_formula, simulate
-from parallel_lab.specs import ClusterSpec, ModelSpec
+from parallel_lab.specs import ModelSpec
 
 
 def _timed(fn, runs: int = 3):

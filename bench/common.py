@@ -18,7 +18,8 @@ from parallel_lab.distributed.instruments import CommTracer
 from parallel_lab.distributed.model.data import Batch
 from parallel_lab.distributed.model.model import build_model
 from parallel_lab.distributed.runtime.grid import Grid
-from parallel_lab.distributed.runtime.train import Runtime, parallelize
+from parallel_lab.distributed.runtime.runtime import Runtime
+from parallel_lab.distributed.runtime.train import parallelize
 from parallel_lab.specs import ModelSpec, Plan
 
 

@@ -40,7 +40,9 @@ from typing import Any
 import torch
 
 from parallel_lab import comm, ledger
-from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.hardware import ClusterSpec
+from parallel_lab.specs import ModelSpec, Plan
 
 MODEL = "llama3.2-1b"
 STEPS, WARMUP = 4, 1
@@ -169,7 +171,8 @@ def calibrate_run(gpu: str, plan: Plan, step_s: float) -> dict[str, Any]:
 
 def check_nccl(n_gpus: int) -> list[dict[str, Any]]:
     """Check 3: ``parallel-lab run`` on NCCL (it picks cuda and nccl itself when CUDA is present)."""
-    from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, run
+    from parallel_lab.distributed.runtime.run import run
+    from parallel_lab.specs import RUN_DEFAULTS
 
     spec = ModelSpec.preset("tiny-llama")
     plans = [Plan(dp=2, **RUN_DEFAULTS), Plan(tp=2, sp=True, **RUN_DEFAULTS)]

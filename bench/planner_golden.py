@@ -18,8 +18,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from parallel_lab.hardware import ClusterSpec, StepProfile
 from parallel_lab.planner import Constraints, plan_search
-from parallel_lab.specs import ClusterSpec, ModelSpec, StepProfile
+from parallel_lab.specs import ModelSpec
 
 H100 = ClusterSpec.preset("h100-sxm")
 ROOFLINE = replace(H100, profile=StepProfile(overhead_s=1e-4, tp_overlap=0.3))

@@ -1,42 +1,17 @@
 """parallel_lab: a teaching lab for multi-GPU LLM training.
 
 Layer 1 (this package's top level) is pure Python and never imports torch: specifications
-(:mod:`~parallel_lab.specs`), the memory ledger (:mod:`~parallel_lab.ledger`), communication per step
-(:mod:`~parallel_lab.comm`) and FLOPs (:mod:`~parallel_lab.flops`). The runnable implementations live in
-``parallel_lab.distributed`` (imports torch) and the plots and widgets in ``parallel_lab.viz``.
+(:mod:`~parallel_lab.specs`, :mod:`~parallel_lab.hardware`), what each rank holds (:mod:`~parallel_lab.sharding`)
+on the process grid (:mod:`~parallel_lab.mesh`), the memory ledger (:mod:`~parallel_lab.ledger`), communication
+per step (:mod:`~parallel_lab.comm`) and FLOPs (:mod:`~parallel_lab.flops`). The runnable implementations live
+in ``parallel_lab.distributed`` (imports torch) and the plots and widgets in ``parallel_lab.viz``. Every name
+is imported from its own module:
 
-    >>> from parallel_lab import ModelSpec, Plan, memory
+    >>> from parallel_lab.ledger import memory
+    >>> from parallel_lab.specs import ModelSpec, Plan
     >>> led = memory(ModelSpec.from_params(7e9), Plan(dp=8, zero=2))
     >>> round(led.state_bytes / 1e9, 2)
     26.25
 """
 
-from .comm import Collective, CommReport, collectives, payload_bytes, per_step_bytes, report
-from .flops import FlopsReport, mfu, step_flops
-from .ledger import (
-    MemoryLedger,
-    activation_bytes_per_layer,
-    inflight_microbatches,
-    memory,
-    state_bytes,
-)
-from .specs import (
-    CLUSTER_PRESETS,
-    MODEL_PRESETS,
-    OPTIMIZERS,
-    ClusterSpec,
-    LinkTier,
-    ModelSpec,
-    ParallelLabError,
-    Plan,
-)
-
 __version__ = "0.1.0"
-
-__all__ = [
-    "CLUSTER_PRESETS", "MODEL_PRESETS", "OPTIMIZERS", "ClusterSpec", "Collective", "CommReport",
-    "FlopsReport",
-    "LinkTier", "MemoryLedger", "ModelSpec", "ParallelLabError", "Plan", "activation_bytes_per_layer",
-    "collectives", "inflight_microbatches", "memory", "mfu", "payload_bytes", "per_step_bytes", "report",
-    "state_bytes", "step_flops",
-]

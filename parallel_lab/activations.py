@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from parallel_lab import layout
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab import sharding
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 MASK_BYTES = 1     # torch.native_dropout keeps a bool mask
 ID_BYTES = 8       # int64 token / position ids
@@ -67,13 +68,13 @@ class LocalDims:
 def local_dims(model: ModelSpec, plan: Plan) -> LocalDims:
     """Local sizes under TP (heads, kv heads, ffn / tp), SP (norm region seq / tp) and CP (seq / cp)."""
     tp, cp = plan.tp, plan.cp
-    layout.check_tp(model, tp)
+    sharding.check_tp(model, tp)
     if plan.seq % cp:
         raise ParallelLabError(f"cp={cp} must divide seq={plan.seq}")
     s = plan.seq // cp
     s_n = s // tp if plan.sp else s
     return LocalDims(b=plan.micro_batch, s=s, s_n=s_n, h=model.hidden, d=model.head_dim,
-                     heads=model.heads // tp, kv_heads=layout.kv_heads_local(model, tp), ffn=model.ffn // tp)
+                     heads=model.heads // tp, kv_heads=sharding.kv_heads_local(model, tp), ffn=model.ffn // tp)
 
 
 def _norm(model: ModelSpec, op: str, t: LocalDims, a: int, stat: int) -> list[Saved]:
@@ -96,7 +97,7 @@ def _cp_core(model: ModelSpec, plan: Plan, t: LocalDims, a: int) -> list[Saved]:
     """
     c, kv = plan.cp, t.kv_heads
     if plan.cp_kind == "ulysses":
-        kv_rep = kv * layout.kv_replication(t.heads, kv, c)
+        kv_rep = kv * sharding.kv_replication(t.heads, kv, c)
         S = t.s * c
         op, hq = "core (ulysses)", t.heads // c
         return [Saved(op, "q / sqrt(d), own heads, whole sequence", (t.b, hq, S, t.d), a),
@@ -296,7 +297,7 @@ def head_saves(model: ModelSpec, plan: Plan, ln_stats_bytes: int = STAT_BYTES) -
     head.append(Saved("lm_head", "normed input", (rows, t.h), a))
     if plan.tp > 1:
         return head + [Saved("cross_entropy", "softmax, this rank's vocabulary columns (fp32)",
-                             (rows, layout.vocab_local(model, plan.tp)), LOSS_BYTES),
+                             (rows, sharding.vocab_local(model, plan.tp)), LOSS_BYTES),
                        Saved("cross_entropy", "target ids in this rank's vocabulary (-1 elsewhere)", (rows,),
                              ID_BYTES)]
     return head + [Saved("cross_entropy", "log-probabilities (fp32)", (rows, model.vocab), LOSS_BYTES),

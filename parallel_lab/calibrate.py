@@ -12,7 +12,7 @@ The fit (:func:`fit_profile`): the roofline of ``steptime`` ("Roofline compute")
 ``matmul_efficiency`` ``e_max`` chosen to minimise ``sum (log predicted - log measured)^2`` over the runs
 (one run: matched exactly); with runs of at least two different ``micro_batch * seq / cp`` token counts
 ``overhead_s`` (seconds per micro-batch and chunk) is fitted too. The other parameters keep their priors
-(``specs.StepProfile``). Predicted step times are :func:`parallel_lab.planner.evaluate`'s, the same code
+(``hardware.StepProfile``). Predicted step times are :func:`parallel_lab.planner.evaluate`'s, the same code
 the planner ranks with, so a profile written by ``parallel-lab calibrate`` and given back as ``--cluster
 PROFILE.json`` changes the planner's ranking and nothing else.
 
@@ -32,17 +32,16 @@ from typing import Any
 
 from .errors import ParallelLabError
 from .flops import CONVENTIONS, step_flops
-from .microfit import AttentionSample, CommSample, GemmFit, GemmSample, LinkFit, fit_attention, fit_gemm, fit_link
-from .specs import (
+from .hardware import (
     ATTENTION_KERNELS,
     ClusterSpec,
     LinkTier,
-    ModelSpec,
-    Plan,
     StepProfile,
     attention_kernel_efficiency,
     default_attention_efficiency,
 )
+from .microfit import AttentionSample, CommSample, GemmFit, GemmSample, LinkFit, fit_attention, fit_gemm, fit_link
+from .specs import ModelSpec, Plan
 
 #: How a published TFLOP/s figure counts its FLOPs: the model FLOPs of ``flops.CONVENTIONS`` (``palm``, the full
 #: square; ``causal``, the visible pairs) or ``hardware``, what the GPUs executed, recomputation included
@@ -232,7 +231,7 @@ def fit_profile(runs: list[Run], cluster: ClusterSpec,
 
 def with_attention_kernel(cluster: ClusterSpec, kernel: str) -> ClusterSpec:
     """``cluster`` whose profile's attention prior is ``kernel``'s published rate on the cluster's GPU
-    (``specs.attention_kernel_efficiency``: H100 and A100 figures, found by the cluster's peak; H200, the
+    (``hardware.attention_kernel_efficiency``: H100 and A100 figures, found by the cluster's peak; H200, the
     same compute die, shares H100's), named at the end of the profile's source (a kernel named there before
     is replaced). Refused, with the fix, on a GPU or kernel with no published figure here."""
     prof = cluster.profile or StepProfile()

@@ -4,7 +4,7 @@ A plan of ``world = dp * tp * pp * cp`` GPUs on nodes of ``gpus_per_node`` runs 
 torchrun agents, one per node, that meet through the c10d rendezvous on the head node (torchrun's
 ``--nnodes N --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HEAD:PORT``). Ranks are numbered node
 by node, so the grid ``arange(world).view(dp, pp, cp, tp)`` puts each TP group inside one node whenever
-``tp <= gpus_per_node`` (``layout.group_tier``), which :meth:`Plan.validate` with the cluster checks.
+``tp <= gpus_per_node`` (``mesh.group_tier``), which :meth:`Plan.validate` with the cluster checks.
 
 Two programs can run under those agents: the lab's own ``parallel-lab run --plan PLAN.yaml`` (the tiny
 model, for plans small enough to measure), or torchtitan's trainer with the plan's degrees as its
@@ -22,10 +22,11 @@ import os
 import shlex
 from dataclasses import dataclass
 
-from . import layout
+from . import mesh
 from .errors import ParallelLabError
+from .optimizers import OPTIMIZERS
 from .planfile import PlanFile
-from .specs import OPTIMIZERS, Plan
+from .specs import Plan
 
 DEFAULT_PORT = 29500
 #: our schedule name -> torchtitan's ``parallelism.pipeline_parallel_schedule`` (torch.distributed.pipelining)
@@ -102,7 +103,7 @@ def job_of(pf: PlanFile, port: int = DEFAULT_PORT) -> Job:
     if world % g:
         raise ParallelLabError(f"world={world} GPUs is not a whole number of nodes of {g} GPUs ({pf.cluster.name}); "
                                f"pick degrees whose product is a multiple of {g}")
-    return Job(layout.node_count(world, g), g, port)
+    return Job(mesh.node_count(world, g), g, port)
 
 
 def torchtitan_config(pf: PlanFile, config: str | None = None) -> list[str]:
@@ -239,7 +240,7 @@ def torchtitan_flags(pf: PlanFile) -> list[str]:
 
 
 def _torchtitan_stages(pf: PlanFile) -> dict[str, int]:
-    """torchtitan's pipeline split for the plan's chunks (``layout.chunk_layers``): it spreads ``layers +
+    """torchtitan's pipeline split for the plan's chunks (``sharding.chunk_layers``): it spreads ``layers +
     first_less + last_less`` slots over ``ceil(slots / layers_per_stage)`` virtual stages, the first ones one
     slot more, the embedding taking the first stage's first ``first_less`` slots and the head the last's: the
     plan's rule, with one slot each for ``pp_split="embed-head"`` and none for ``"layers"``."""

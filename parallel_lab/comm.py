@@ -24,33 +24,31 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from .errors import ParallelLabError
 from .flops import recomputed
-from .layout import (  # noqa: F401  (pack_buckets, ddp_buckets, rank_of, group_ranks, tier_of: re-exported)
+from .hardware import ClusterSpec, LinkTier
+from .mesh import group_tier
+from .sharding import (
     ddp_buckets,
     expert_grad_tensors,
     grad_comm_bytes,
-    group_ranks,
-    group_tier,
     is_expert_param,
     is_frozen,
     kv_heads_local,
     kv_replication,
     kv_width_local,
-    pack_buckets,
     param_comm_bytes,
     q_width_local,
-    rank_of,
     shard_group,
     stage_blocks,
     stage_layers,
     stage_params,
-    tier_of,
     trainable,
     unit_sizes,
     vocab_local,
 )
-from .layout import padded as layout_padded
-from .specs import ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan
+from .sharding import padded as padded_numel
+from .specs import ModelSpec, Plan
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 DIMS = ("dp", "tp", "tp_vocab", "pp", "cp", "ep")
@@ -185,7 +183,7 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
         return []
     gb, pb = grad_comm_bytes(plan), param_comm_bytes(plan)
     units = unit_sizes(model, plan, stage, frozen)
-    padded = {u: layout_padded(n, g) for u, n in units.items()}
+    padded = {u: padded_numel(n, g) for u, n in units.items()}
     m = plan.microbatches
     out: list[Collective] = []
     backward_order = list(reversed(padded))

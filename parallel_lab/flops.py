@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import activations
-from .specs import FLASH_BACKWARD_OVER_FORWARD, ClusterSpec, ModelSpec, ParallelLabError, Plan, is_expert_param
+from .errors import ParallelLabError
+from .hardware import FLASH_BACKWARD_OVER_FORWARD, ClusterSpec
+from .sharding import is_expert_param
+from .specs import ModelSpec, Plan
 
 FORMULA = "6*N_matmul*T + 12*L*q_dim*s*T (PaLM App. B / Narayanan et al. 2021; no causal halving)"
 #: Attention FLOP conventions: ``palm`` counts the full ``s x s`` square of scores (the seed's and the
@@ -73,7 +76,7 @@ def attention_keys(seq: int, convention: str = "palm") -> float:
 #: Forward + backward work of the attention core, in units of its forward (``4 s k q`` FLOPs per sequence
 #: of ``s`` queries against ``k`` keys each): an eager core's backward runs two matmuls per forward matmul
 #: (dP and dV, then dQ and dK), 2x; FlashAttention's backward first recomputes the scores from Q and K, 2.5x
-#: (``specs.FLASH_BACKWARD_OVER_FORWARD``: the benchmarks' FLOP count, which their TFLOP/s figures use).
+#: (``hardware.FLASH_BACKWARD_OVER_FORWARD``: the benchmarks' FLOP count, which their TFLOP/s figures use).
 ATTENTION_FWD_BWD: dict[str, float] = {"eager": 3.0, "flash": 1.0 + FLASH_BACKWARD_OVER_FORWARD}
 
 

@@ -16,7 +16,7 @@ sharding group ``g`` is the gradient-synchronisation group: ``dp``, or ``dp * cp
 (conventions: gradients are synchronised over dp x cp, as in Megatron).
 
 What one GPU holds (the TP split of every tensor, the kv-head rule, the vocabulary padding, the pipeline
-stages, ZeRO units) is ``parallel_lab.layout``'s; this module only prices it in bytes.
+stages, ZeRO units) is ``parallel_lab.sharding``'s; this module only prices it in bytes.
 
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models" (Sec. 4, Table 2), generalised as documented in :func:`activation_bytes_per_layer`.
@@ -33,12 +33,12 @@ from typing import Any
 
 from . import activations
 from .comm import ep_dispatch_bytes
-from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: re-exported, their home is layout)
-    LocalParam,
-    bucket_bytes,
+from .errors import ParallelLabError
+from .hardware import ClusterSpec
+from .schedules import compute_orders, head_inflight, messages_at_once, peak_activation_units, split_backward
+from .sharding import (
     chunk_layers,
     grad_comm_bytes,
-    is_frozen,
     kv_heads_local,
     kv_replication,
     kv_width_local,
@@ -50,12 +50,10 @@ from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: r
     shard_group,
     shard_size,
     stage_layers,
-    stage_params,
     unit_sizes,
     vocab_local,
 )
-from .schedules import compute_orders, head_inflight, messages_at_once, peak_activation_units, split_backward
-from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from .specs import ModelSpec, Plan
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "logits_and_loss", "comm_buffers")
 DEFAULT_CLUSTER = "h100-sxm"
@@ -371,7 +369,7 @@ def zero3_gathered_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
     Per block units: the root unit (gathered when forward starts, kept until its gradient is complete)
     plus the two largest block units (the one computing and the next one, prefetched); with
     ``zero_unit="root"``: the whole padded model. Units padded to ``g * ceil(n / g)`` elements, in the
-    gathered dtype (``layout.param_comm_bytes``). 0 without ZeRO-3. ``distributed/zero/zero.py`` measures this peak.
+    gathered dtype (``sharding.param_comm_bytes``). 0 without ZeRO-3. ``distributed/zero/zero.py`` measures this peak.
     """
     g = shard_group(plan)
     if plan.zero != 3 or g == 1:
@@ -540,7 +538,7 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan, stage: int = 0) -> dic
       alive together, four ``2 s b kv d`` blocks (three with cp = 2: no next block at the last step; the
       fp32 accumulators of dK, dV are working memory, as all-gather's; the forward holds at most two);
       Ulysses: the first all-to-all's input and output, Q, K and V of the local tokens (key/value heads
-      repeated :func:`layout.kv_replication` times), ``2 s b (q + 2 kv f) d`` (backward's last one is as
+      repeated :func:`sharding.kv_replication` times), ``2 s b (q + 2 kv f) d`` (backward's last one is as
       large);
     * ``ep``: one all-to-all's input and output, ``2 E b C h d`` (:func:`comm.ep_dispatch_bytes`: the
       dispatched slots going out and the ones arriving), plus ``h d`` in backward's combine, whose

@@ -13,7 +13,8 @@ child process that measures).
 
 from __future__ import annotations
 
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 #: The compute dtypes a fake-tensor run can use.
 MEASURABLE_DTYPES = ("fp32", "bf16")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from .comm import collective_time
 from .errors import ParallelLabError
 from .flops import attention_core_flops, attention_keys
-from .specs import LinkTier, StepProfile
+from .hardware import LinkTier, StepProfile
 from .steptime import gemm_time
 
 _UNIT_LATENCY = LinkTier("unit latency", 1.0, 1.0)     # collective_time with it, at 0 bytes: the ring steps

@@ -1,6 +1,6 @@
 """Predictions for a pipeline run by any schedule's action lists: what each rank holds, sends and saves.
 
-``ledger``, ``comm`` and ``layout`` predict the schedules a :class:`~parallel_lab.specs.Plan` names, whose
+``ledger``, ``comm`` and ``sharding`` predict the schedules a :class:`~parallel_lab.specs.Plan` names, whose
 model chunks sit in Megatron's interleaved placement. A schedule given as action lists brings its own
 placement (``schedules.Placement``): ZB-V and DualPipeV put virtual stages ``r`` and ``2p - 1 - r`` on rank ``r``
 (Qi et al. 2024), so rank 0 holds the embedding *and* the head, and the turn of the V needs no message.
@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from .activations import per_op_bytes
 from .comm import Collective
-from .layout import _local, chunk_layers
+from .errors import ParallelLabError
 from .schedules import Schedule, placement_of, split_backward
-from .specs import ModelSpec, ParallelLabError, Plan
+from .sharding import _local, chunk_layers
+from .specs import ModelSpec, Plan
 
 
 def rank_chunks(model: ModelSpec, plan: Plan, schedule: Schedule, rank: int) -> list[list[int]]:

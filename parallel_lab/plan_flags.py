@@ -25,26 +25,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ParallelLabError
+from .hardware import CLUSTER_PRESETS, ClusterSpec
+from .optimizers import DTYPE_BYTES, OPTIMIZERS
+from .sharding import PP_SPLITS
 from .specs import (
     ATTENTION_KINDS,
-    CLUSTER_PRESETS,
     CP_KINDS,
     DP_KINDS,
-    DTYPE_BYTES,
     GB,
     MLP_KINDS,
     MODEL_PRESETS,
-    OPTIMIZERS,
-    PP_SPLITS,
     RECOMPUTE,
     SCHEDULES,
     ZERO1_REDUCES,
     ZERO2_ACCUMULATES,
     ZERO_UNITS,
-    ClusterSpec,
     GiB,
     ModelSpec,
-    ParallelLabError,
     Plan,
 )
 

@@ -47,17 +47,11 @@ from typing import Any
 import yaml
 
 from . import comm, ledger
-from .planner import evaluate, plan_bubble
-from .specs import (
-    CLUSTER_PRESETS,
-    MODEL_PRESETS,
-    RUN_DEFAULTS,
-    ClusterSpec,
-    LinkTier,
-    ModelSpec,
-    ParallelLabError,
-    Plan,
-)
+from .errors import ParallelLabError
+from .hardware import CLUSTER_PRESETS, ClusterSpec, LinkTier
+from .planner import evaluate
+from .specs import MODEL_PRESETS, RUN_DEFAULTS, ModelSpec, Plan
+from .steptime import plan_bubble
 
 SCHEMA_VERSION = 1
 KNOWN_VERSIONS = (1,)

@@ -71,21 +71,12 @@ from operator import add, itemgetter
 from typing import Any
 
 from . import comm as comm_mod
-from . import layout, ledger
+from . import ledger, mesh
+from .errors import ParallelLabError, divisors
 from .flops import flops_per_token, step_flops
+from .hardware import ClusterSpec, LinkTier
 from .schedules import head_inflight, messages_at_once
-from .specs import (
-    CP_KINDS,
-    RECOMPUTE,
-    SCHEDULES,
-    ZERO2_ACCUMULATES,
-    ClusterSpec,
-    LinkTier,
-    ModelSpec,
-    ParallelLabError,
-    Plan,
-    divisors,
-)
+from .specs import CP_KINDS, RECOMPUTE, SCHEDULES, ZERO2_ACCUMULATES, ModelSpec, Plan
 from .steptime import (
     NO_DP,
     DpTimes,
@@ -297,7 +288,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
     stages = []
     for s in stages_to_check(plan.pp, plan.pp_split):
         rep = comm_mod.report(model, plan, cluster, stage=s)
-        tier = layout.group_tier(cluster, plan, "dp", s)
+        tier = mesh.group_tier(cluster, plan, "dp", s)
         compute, attention = _compute(model, cluster, fl, plan.seq, plan.tp, plan.cp, plan.micro_batch,
                                       plan.microbatches, plan.pp, plan.interleave, s, plan.recompute, tok, rate)
         stages.append(StageTimes(compute, attention, dict(rep.time_s),
@@ -449,12 +440,12 @@ class _Fast:
 
     # ---- times (comm) -------------------------------------------------------------------------------
     def tiers(self, dp: int, pp: int, cp: int, tp: int, stage: int, v: int = 1) -> dict[str, LinkTier]:
-        """Link tier per dim: ``layout.group_tier`` of each group of ``stage``."""
+        """Link tier per dim: ``mesh.group_tier`` of each group of ``stage``."""
         key = ("tiers", dp, pp, cp, tp, stage, v > 1)
         memo = self._memo
         if key not in memo:
-            grid = layout.GridShape(dp, pp, cp, tp, v)
-            memo[key] = {dim: layout.group_tier(self.cluster, grid, dim, stage) for dim in ("dp", "tp", "cp", "pp")}
+            grid = mesh.GridShape(dp, pp, cp, tp, v)
+            memo[key] = {dim: mesh.group_tier(self.cluster, grid, dim, stage) for dim in ("dp", "tp", "cp", "pp")}
         return memo[key]
 
     def dp_times(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int, tier: LinkTier,
@@ -996,7 +987,7 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, *,
 
 def _moe_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, batch: int, c: Constraints,
                 t0: float) -> PlannerResult:
-    """The search for a mixture-of-experts model: families ``(dp, pp, ep)`` (tp = cp = 1, ``layout.check_ep``),
+    """The search for a mixture-of-experts model: families ``(dp, pp, ep)`` (tp = cp = 1, ``sharding.check_ep``),
     ``ep`` over the divisors of ``dp`` that divide ``experts``; per family the three smallest micro-batch sizes, the
     schedules, recomputations and ZeRO stages (ZeRO only with ep = 1), each estimated by :func:`evaluate` (the
     ledger and comm themselves: their expert terms, and the all-to-all time on the ep group's link tier)."""

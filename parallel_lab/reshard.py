@@ -2,7 +2,7 @@
 
 A checkpoint holds, per trainable parameter, the fp32 master weight and the optimizer's states (Adam's two
 moments, SGD's momentum): ``STATE_BYTES = 4`` bytes each, 12 B per parameter for Adam, the ZeRO paper's
-"optimizer states" K = 12. Every rank of plan A writes the pieces it holds (``layout`` says which: TP rows or
+"optimizer states" K = 12. Every rank of plan A writes the pieces it holds (``sharding`` says which: TP rows or
 columns, the blocks of its pipeline stage, ZeRO's flat shard ``[r S, (r+1) S)`` of each unit), each element
 exactly once: a replicated element (DP and CP replicas, TP-replicated norms, copies of a shared kv head,
 the tied embedding's copy on the last stage) is written by its first holder only (lowest dp, cp, tp).
@@ -13,7 +13,7 @@ Every rank of plan B then reads, from each file of A, the overlap of that file's
 where a piece is a box of global indices (``[lo, hi)`` per dimension). A ZeRO shard of a flat unit buffer
 is cut per tensor into at most three boxes (a partial first row, whole rows, a partial last row), so the
 overlap is a product of interval overlaps: no element is enumerated. Time on a cluster profile: each rank
-receives what it does not hold itself, over the tier between the two ranks (``layout.same_node``), and all
+receives what it does not hold itself, over the tier between the two ranks (``mesh.same_node``), and all
 ranks receive at once (``time = max_j sum_i latency + bytes(i -> j) / bandwidth``). The same rule, run
 element by element on CPU ranks, is ``parallel_lab.distributed.runtime.reshard_run`` (its measured bytes equal these).
 """
@@ -25,11 +25,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import layout
+from . import mesh, sharding
 from .errors import ParallelLabError
 
 if TYPE_CHECKING:
-    from .specs import ClusterSpec, ModelSpec, Plan
+    from .hardware import ClusterSpec
+    from .specs import ModelSpec, Plan
 
 #: Bytes of one checkpointed element (fp32 master weights and fp32 optimizer states).
 STATE_BYTES = 4
@@ -82,7 +83,7 @@ def _split(n: int, t: int, r: int) -> tuple[int, int]:
 
 def tp_box(model: ModelSpec, name: str, shape: tuple[int, ...], tp: int, r: int) -> tuple[Box, bool]:
     """``(box, first)``: the part of the full tensor ``name`` that TP rank ``r`` of ``tp`` holds (the rules of
-    ``layout``: column-parallel rows, row-parallel columns, kv heads split or replicated, vocabulary rows),
+    ``sharding``: column-parallel rows, row-parallel columns, kv heads split or replicated, vocabulary rows),
     and whether ``r`` is the first of the ranks holding that same box (its writer)."""
     full: Box = tuple((0, s) for s in shape)
     if tp == 1:
@@ -91,17 +92,17 @@ def tp_box(model: ModelSpec, name: str, shape: tuple[int, ...], tp: int, r: int)
     if parts[0] == "blocks" and parts[2] in ("attn", "mlp"):
         leaf = parts[3]
         if leaf in ("wk", "wv") and tp > model.kv_heads:          # one kv head, shared by kv_replicas ranks
-            share = layout.kv_replicas(model, tp)
+            share = sharding.kv_replicas(model, tp)
             head = r // share
             rows = (head * model.head_dim, (head + 1) * model.head_dim)
             return (rows, *full[1:]), r % share == 0
-        if leaf in layout.COLUMN_PARALLEL:
+        if leaf in sharding.COLUMN_PARALLEL:
             return (_split(shape[0], tp, r), *full[1:]), True
-        if leaf in layout.ROW_PARALLEL and parts[-1] == "weight":
+        if leaf in sharding.ROW_PARALLEL and parts[-1] == "weight":
             return (full[0], _split(shape[1], tp, r)), True
         return full, r == 0                                        # row-parallel bias: replicated
     if parts[0] in ("tok_emb", "lm_head"):
-        v = layout.vocab_local(model, tp)
+        v = sharding.vocab_local(model, tp)
         return ((min(r * v, shape[0]), min((r + 1) * v, shape[0])), *full[1:]), True
     return full, r == 0                                            # norms, pos_emb: replicated
 
@@ -147,11 +148,11 @@ class LocalTensor:
 @functools.lru_cache(maxsize=1024)
 def local_tensors(model: ModelSpec, tp: int, pp: int, interleave: int, zero_unit: str, split: str,
                   stage: int, tp_rank: int) -> tuple[LocalTensor, ...]:
-    """The tensors of ``stage`` on TP rank ``tp_rank``, in registration order (``layout._local_parameters``),
+    """The tensors of ``stage`` on TP rank ``tp_rank``, in registration order (``sharding._local_parameters``),
     each with its box of the full tensor."""
     shapes = dict(model.parameter_shapes())
     out = []
-    for p in layout._local_parameters(model, tp, pp, interleave, zero_unit, stage, split):
+    for p in sharding._local_parameters(model, tp, pp, interleave, zero_unit, stage, split):
         box, first = tp_box(model, p.name, shapes[p.name], tp, tp_rank)
         tied_copy = p.name == "tok_emb.weight" and stage != 0             # the head's copy on the last stage
         out.append(LocalTensor(p.name, shapes[p.name], box, p.unit, first and not tied_copy))
@@ -181,12 +182,12 @@ class Holding:
 
 def holdings(model: ModelSpec, plan: Plan, rank: int) -> list[Holding]:
     """Everything ``rank`` holds under ``plan``, state by state, in the rank's own order. Sharded states are
-    cut by ``layout.shard_range`` over the gradient group ``dp x cp`` (index ``dp * cp + cp_rank``), the rest
+    cut by ``sharding.shard_range`` over the gradient group ``dp x cp`` (index ``dp * cp + cp_rank``), the rest
     are whole local tensors, written by the replica with dp = cp = 0."""
     model.require_shape("the re-sharding prediction")
-    c = layout.coords(plan, rank)
+    c = mesh.coords(plan, rank)
     tensors = _tensors_of(model, plan, c)
-    g, index = layout.shard_group(plan), c["dp"] * plan.cp + c["cp"]
+    g, index = sharding.shard_group(plan), c["dp"] * plan.cp + c["cp"]
     replica_first = c["dp"] == 0 and c["cp"] == 0
     units: dict[str, list[LocalTensor]] = {}
     for t in tensors:
@@ -198,7 +199,7 @@ def holdings(model: ModelSpec, plan: Plan, rank: int) -> list[Holding]:
             continue
         for members in units.values():
             n = sum(t.numel for t in members)
-            lo, hi = layout.shard_range(n, g, index)
+            lo, hi = sharding.shard_range(n, g, index)
             off = 0
             for t in members:
                 a, b = max(lo, off), min(hi, off + t.numel)
@@ -255,7 +256,7 @@ def max_read_bytes(model: ModelSpec, plan: Plan) -> int:
     """Bytes the fullest rank of ``plan`` holds, hence reads, of the checkpoint (no pair listing, any scale):
     per stage, whole local tensors for an unsharded state and ``sum over units of ceil(n_u / g)`` for a
     sharded one (the first shard of a unit is never padding)."""
-    g = layout.shard_group(plan)
+    g = sharding.shard_group(plan)
     best = 0
     for stage in range(plan.pp):
         for r in range(plan.tp):
@@ -265,7 +266,7 @@ def max_read_bytes(model: ModelSpec, plan: Plan) -> int:
                 units[t.unit] = units.get(t.unit, 0) + t.numel
             total = 0
             for state in checkpoint_states(plan):
-                sharded = sum(layout.shard_size(n, g) if n > g else n for n in units.values())
+                sharded = sum(sharding.shard_size(n, g) if n > g else n for n in units.values())
                 total += sharded if state_sharded(plan, state) else sum(t.numel for t in tensors)
             best = max(best, total)
     return best * STATE_BYTES
@@ -321,7 +322,7 @@ def predict(model: ModelSpec, plan_a: Plan, plan_b: Plan, cluster: ClusterSpec) 
         read[j] += n
         if i != j:
             moved[j] += n
-            tier = layout.tier_of(cluster, [i, j])
+            tier = mesh.tier_of(cluster, [i, j])
             per_dst[j] += tier.latency + n / tier.bandwidth
     written = [sum(p.numel for p in rank_pieces(model, plan_a, i, written=True)) * STATE_BYTES
                for i in range(plan_a.world)]

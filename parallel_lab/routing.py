@@ -16,8 +16,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .layout import local_experts
-from .specs import ModelSpec, ParallelLabError
+from .errors import ParallelLabError
+from .sharding import local_experts
+from .specs import ModelSpec
 
 
 def capacity_counts(choices: list[list[int]], experts: int, capacity: int) -> tuple[list[int], list[int]]:

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
+from .errors import ParallelLabError
 from .schedules import (
     COMPUTE_KINDS,
     P2P,
@@ -28,7 +29,6 @@ from .schedules import (
     validate,
     with_p2p,
 )
-from .specs import ParallelLabError
 
 Format = Literal["compute_only", "compute_comms"]
 

@@ -95,7 +95,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from .specs import SCHEDULES, ParallelLabError
+from .errors import ParallelLabError
+from .specs import SCHEDULES
 
 ActionKind = Literal["F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "P2P"]
 

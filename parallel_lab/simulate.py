@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .errors import ParallelLabError
 from .schedules import (
     SCHEDULE_NAMES,
     Action,
@@ -32,7 +33,6 @@ from .schedules import (
     placement_of,
     split_backward,
 )
-from .specs import ParallelLabError
 
 BUBBLE_DEFINITIONS: dict[str, str] = {
     "bubble_ratio": "bubble time / ideal compute time of the busiest rank",

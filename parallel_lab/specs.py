@@ -4,7 +4,7 @@ Pure Python, no torch. Every other module takes these three dataclasses; nothing
 a machine or a parallel plan. Each is validated when it is built, and every violated constraint raises
 :class:`ParallelLabError` with a message that names the bad value and says how to fix it.
 
-Parameter layout. :meth:`ModelSpec.parameter_shapes` lists every parameter of the decoder, by name and
+Parameter shapes. :meth:`ModelSpec.parameter_shapes` lists every parameter of the decoder, by name and
 shape, in the order the runnable reference model (``parallel_lab.distributed.model.model``) registers them. The
 parameter count, the sharded state memory of ZeRO and the DDP bucket plan are all computed from this one
 list, and a test checks that the torch model has exactly these names and shapes.
@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from . import layout
-from .errors import ParallelLabError
-from .layout import PP_SPLITS, chunk_layers, divisors, expert_of, fmt_set, is_expert_param, stage_layers
+from .errors import ParallelLabError, check_choice, check_positive_int, check_real, divisors, fmt_set
+from .optimizers import DTYPE_BYTES, OPTIMIZERS, OptimizerSpec
+from .sharding import PP_SPLITS, check_cut, check_ep, is_expert_param
 
-__all__ = ["ParallelLabError", "divisors", "is_expert_param", "expert_of",
-           "chunk_layers", "stage_layers", "ModelSpec", "ClusterSpec", "StepProfile",
-           "LinkTier",
-           "OptimizerSpec", "Plan", "GB", "GiB"]
+if TYPE_CHECKING:                                   # annotations only
+    from .hardware import ClusterSpec
 
 Flavour = Literal["gpt", "llama"]
 Recompute = Literal["none", "selective", "full", "op-sac"]
@@ -31,25 +29,6 @@ RECOMPUTE: tuple[str, ...] = ("none", "selective", "full", "op-sac")
 
 GB = 10**9
 GiB = 2**30
-
-
-_fmt_set = fmt_set
-
-
-def _positive_int(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ParallelLabError(f"{owner}.{name}={value!r} must be a positive integer; e.g. {name}=1")
-
-
-def _real(owner: str, name: str, value: Any) -> None:
-    """A real number (not a bool, not NaN); range checks follow at the caller."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ParallelLabError(f"{owner}.{name}={value!r} must be a number")
-
-
-def _choice(owner: str, name: str, value: Any, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise ParallelLabError(f"{owner}.{name}={value!r} is not known; pick one of {', '.join(options)}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -103,32 +82,32 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         o = "ModelSpec"
-        _choice(o, "flavour", self.flavour, ("gpt", "llama"))
+        check_choice(o, "flavour", self.flavour, ("gpt", "llama"))
         for f in ("layers", "hidden", "heads", "vocab", "max_positions"):
-            _positive_int(o, f, getattr(self, f))
+            check_positive_int(o, f, getattr(self, f))
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
-        _positive_int(o, "kv_heads", self.kv_heads)
+        check_positive_int(o, "kv_heads", self.kv_heads)
         if self.ffn is None:
             ffn = 4 * self.hidden if self.flavour == "gpt" else _llama_ffn(self.hidden)
             object.__setattr__(self, "ffn", ffn)
-        _positive_int(o, "ffn", self.ffn)
+        check_positive_int(o, "ffn", self.ffn)
         if self.bias is None:
             object.__setattr__(self, "bias", self.flavour == "gpt")
         if self.dropout is None:
             object.__setattr__(self, "dropout", 0.1 if self.flavour == "gpt" else 0.0)
-        _real(o, "dropout", self.dropout)
+        check_real(o, "dropout", self.dropout)
         if not 0.0 <= self.dropout < 1.0:
             raise ParallelLabError(f"ModelSpec.dropout={self.dropout} must be in [0, 1); e.g. dropout=0.1")
         if self.hidden % self.heads:
             ok = [d for d in divisors(self.hidden) if d <= 4 * self.hidden][:12]
             raise ParallelLabError(
-                f"heads={self.heads} does not divide hidden={self.hidden}; pick heads in {_fmt_set(ok)}"
+                f"heads={self.heads} does not divide hidden={self.hidden}; pick heads in {fmt_set(ok)}"
             )
         if self.heads % self.kv_heads:
             raise ParallelLabError(
                 f"kv_heads={self.kv_heads} does not divide heads={self.heads}; "
-                f"pick kv_heads in {_fmt_set(divisors(self.heads))}"
+                f"pick kv_heads in {fmt_set(divisors(self.heads))}"
             )
         if self.flavour == "llama" and (self.hidden // self.heads) % 2:
             raise ParallelLabError(
@@ -136,7 +115,7 @@ class ModelSpec:
                 f"(change hidden={self.hidden} or heads={self.heads})"
             )
         if self.n_params_override is not None:
-            _positive_int(o, "n_params_override", self.n_params_override)
+            check_positive_int(o, "n_params_override", self.n_params_override)
         self._check_moe()
 
     def _check_moe(self) -> None:
@@ -149,16 +128,16 @@ class ModelSpec:
             return
         if self.expert_ffn is None:
             object.__setattr__(self, "expert_ffn", self.ffn)
-        _positive_int(o, "expert_ffn", self.expert_ffn)
-        _positive_int(o, "top_k", self.top_k)
+        check_positive_int(o, "expert_ffn", self.expert_ffn)
+        check_positive_int(o, "top_k", self.top_k)
         if self.top_k > self.experts:
             raise ParallelLabError(f"top_k={self.top_k} exceeds experts={self.experts}; "
                                    f"pick top_k in 1..{self.experts}")
-        _real(o, "capacity_factor", self.capacity_factor)
+        check_real(o, "capacity_factor", self.capacity_factor)
         if not self.capacity_factor > 0:
             raise ParallelLabError(f"capacity_factor={self.capacity_factor} must be > 0; e.g. 1.25 (Switch), "
                                    f"or experts/top_k = {self.experts / self.top_k:g} to drop no token")
-        _real(o, "aux_loss_coef", self.aux_loss_coef)
+        check_real(o, "aux_loss_coef", self.aux_loss_coef)
         if self.aux_loss_coef < 0:
             raise ParallelLabError(f"aux_loss_coef={self.aux_loss_coef} must be >= 0; e.g. 0.01 (Switch)")
         if self.first_dense > self.layers:
@@ -388,239 +367,6 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 }
 
 
-# --------------------------------------------------------------------------------------------------
-# Cluster
-# --------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class LinkTier:
-    """One tier of the interconnect, for the alpha-beta model ``t = latency + bytes / bandwidth``.
-
-    ``bandwidth`` is bytes per second per GPU per direction (what one GPU can send while it receives).
-    """
-
-    name: str
-    bandwidth: float
-    latency: float
-
-    def __post_init__(self) -> None:
-        _real("LinkTier", "bandwidth", self.bandwidth)
-        _real("LinkTier", "latency", self.latency)
-        if not self.bandwidth > 0:
-            raise ParallelLabError(f"LinkTier {self.name!r}: bandwidth={self.bandwidth} must be > 0 bytes/s")
-        if self.latency < 0:
-            raise ParallelLabError(f"LinkTier {self.name!r}: latency={self.latency} must be >= 0 seconds")
-
-
-#: FlashAttention's benchmark count of its backward: 2.5x the forward's ``4 s k q`` FLOPs (two matmuls to
-#: recompute the scores and the probabilities' gradient, three for dQ, dK, dV; Dao et al. 2022, 2023).
-#: ``flops.ATTENTION_FWD_BWD["flash"]`` is one plus it.
-FLASH_BACKWARD_OVER_FORWARD = 2.5
-
-#: Published speeds of fused attention kernels on one H100 SXM5 (989 TFLOP/s dense BF16), BF16, head dim
-#: 128, sequence 16K, in FlashAttention's count: (forward with a causal mask, backward) TFLOP/s, from the
-#: FlashAttention-3 paper's benchmark figures (Shah et al. 2024, arXiv 2407.08608): the forward from its
-#: causal panel (the masked work the roofline charges), the backward from its one head-dim-128 backward
-#: figure, which gives no mask variant (a causal backward usually runs slower per counted FLOP, so these
-#: priors lean fast). Measured with the kernels of mid-2024, after Llama 3's pre-training.
-ATTENTION_KERNELS_H100: dict[str, tuple[float, float]] = {
-    "fa2": (335.0, 322.0),      # FlashAttention-2 (torch SDPA's flash backend)
-    "cudnn": (539.0, 516.0),    # cuDNN's fused attention (torch SDPA's cudnn backend)
-    "fa3": (616.0, 561.0),      # FlashAttention-3 (Hopper: warp specialisation, TMA)
-}
-H100_PEAK_FLOPS = 989e12
-A100_PEAK_FLOPS = 312e12
-
-#: The same on one A100 SXM4 (312 TFLOP/s dense BF16), from the FlashAttention-2 paper's text (Dao 2023,
-#: arXiv 2307.08691, section 1): FlashAttention-2 reaches "up to 73%" of peak in the forward and "up to 63%"
-#: in the backward, FlashAttention(-1) 30-50% and 25-35% (its Figs. 6-7; the top of each range here). These
-#: are the best of the paper's settings (masks, head dims 64 and 128, 512 to 16K tokens), not one shape:
-#: upper bounds. tests/test_calibrate.py checks them against the same paper's end-to-end runs (Table 1).
-ATTENTION_KERNELS_A100: dict[str, tuple[float, float]] = {
-    "fa2": (0.73 * A100_PEAK_FLOPS / 1e12, 0.63 * A100_PEAK_FLOPS / 1e12),   # FlashAttention-2
-    "fa1": (0.50 * A100_PEAK_FLOPS / 1e12, 0.35 * A100_PEAK_FLOPS / 1e12),   # FlashAttention (Dao et al. 2022)
-}
-#: the published kernel speeds by the peak of the GPU they were measured on (H200 shares H100's die and peak)
-ATTENTION_KERNELS: dict[float, tuple[str, dict[str, tuple[float, float]]]] = {
-    H100_PEAK_FLOPS: ("H100 SXM5", ATTENTION_KERNELS_H100),
-    A100_PEAK_FLOPS: ("A100 SXM4", ATTENTION_KERNELS_A100),
-}
-
-
-def flash_efficiency(fwd: float, bwd: float, peak_flops: float) -> float:
-    """The fraction of ``peak_flops`` of a forward and its backward run at ``fwd`` and ``bwd`` FLOP/s in
-    FlashAttention's count: ``(1 + r) / (1 / fwd + r / bwd) / peak``, ``r`` =
-    :data:`FLASH_BACKWARD_OVER_FORWARD` (the time of one forward plus its backward)."""
-    r = FLASH_BACKWARD_OVER_FORWARD
-    return (1 + r) / (1 / fwd + r / bwd) / peak_flops
-
-
-def attention_kernel_efficiency(kernel: str, peak_flops: float = H100_PEAK_FLOPS) -> float:
-    """A published kernel's fraction of peak over forward + backward on the GPU of ``peak_flops``
-    (:data:`ATTENTION_KERNELS`, :func:`flash_efficiency`). H100: fa2 0.329, cudnn 0.528, fa3 0.582; A100
-    (upper bounds): fa2 0.656, fa1 0.383."""
-    if peak_flops not in ATTENTION_KERNELS:
-        known = ", ".join(f"{gpu} ({peak / 1e12:g})" for peak, (gpu, _) in ATTENTION_KERNELS.items())
-        raise ParallelLabError(f"no published attention-kernel speeds for a GPU of {peak_flops / 1e12:g} TFLOP/s "
-                               f"peak (known: {known}); time your kernel (parallel-lab calibrate --microbench) "
-                               "and give the profile an attention_efficiency")
-    gpu, table = ATTENTION_KERNELS[peak_flops]
-    if kernel not in table:
-        raise ParallelLabError(f"attention kernel {kernel!r} has no published {gpu} rate here; pick one of "
-                               f"{', '.join(table)}, or give the profile an attention_efficiency")
-    fwd, bwd = table[kernel]
-    return flash_efficiency(fwd * 1e12, bwd * 1e12, peak_flops)
-
-
-def default_attention_efficiency(peak_flops: float) -> float:
-    """The attention prior of a GPU with no fitted profile: FlashAttention-2's published rate on it where
-    :data:`ATTENTION_KERNELS` has one (A100 0.656, H100 0.329), else H100's fraction (0.329)."""
-    return attention_kernel_efficiency("fa2", peak_flops if peak_flops in ATTENTION_KERNELS else H100_PEAK_FLOPS)
-
-
-@dataclass(frozen=True)
-class StepProfile:
-    """Parameters of the roofline step-time model (``parallel_lab.steptime``, "Roofline compute"), fitted by
-    ``parallel-lab calibrate`` from measured runs and saved with the cluster they were measured on.
-
-    ``matmul_efficiency``: the fraction of peak a large GEMM reaches; a GEMM whose smallest dimension is
-    ``d`` reaches ``matmul_efficiency * d / (d + half_width)`` (narrow TP shards and short micro-batches run
-    slower). ``attention_efficiency``: the fused attention kernel's fraction of peak over forward and
-    backward, counting causal FLOPs as FlashAttention's benchmarks do (backward 2.5x forward,
-    ``flops.ATTENTION_FWD_BWD``; a prior, not fitted; default FlashAttention-2's published H100 rate, 0.329,
-    :func:`attention_kernel_efficiency`; ``parallel-lab calibrate`` starts an A100 from FlashAttention-2's A100
-    rate, :func:`default_attention_efficiency`, and ``--attention-kernel`` picks another).
-    ``overhead_s``: seconds per micro-batch per model chunk (launches, synchronisation).
-    ``tp_overlap``: the fraction of sequence-parallel TP traffic hidden behind the neighbouring GEMMs.
-    """
-
-    matmul_efficiency: float = 0.8
-    half_width: float = 64.0
-    attention_efficiency: float = attention_kernel_efficiency("fa2")
-    overhead_s: float = 0.0
-    tp_overlap: float = 0.0
-    source: str = "defaults"
-
-    def __post_init__(self) -> None:
-        for f in ("matmul_efficiency", "half_width", "attention_efficiency", "overhead_s", "tp_overlap"):
-            _real("StepProfile", f, getattr(self, f))
-        for f in ("matmul_efficiency", "attention_efficiency"):
-            if not 0 < getattr(self, f) <= 1:
-                raise ParallelLabError(f"StepProfile.{f}={getattr(self, f)} must be in (0, 1]")
-        if self.half_width < 0 or self.overhead_s < 0 or not 0 <= self.tp_overlap <= 1:
-            raise ParallelLabError(f"StepProfile: half_width={self.half_width} and overhead_s={self.overhead_s} "
-                                   f"must be >= 0 and tp_overlap={self.tp_overlap} in [0, 1]")
-
-
-@dataclass(frozen=True)
-class ClusterSpec:
-    """A homogeneous GPU cluster: nodes of ``gpus_per_node`` GPUs, two link tiers (intra/inter node)."""
-
-    name: str
-    gpus_per_node: int
-    hbm_bytes: float
-    peak_flops: float          # dense bf16 FLOP/s per GPU
-    intra: LinkTier            # within a node (NVLink / NVSwitch; loopback for cpu-gloo)
-    inter: LinkTier            # between nodes (InfiniBand / RoCE), per GPU
-    mfu_achievable: float = 0.5  # fraction of peak a well-tuned dense step reaches (planner's compute time)
-    profile: StepProfile | None = None   # fitted roofline parameters (parallel-lab calibrate); None: mfu_achievable
-
-    def __post_init__(self) -> None:
-        _positive_int("ClusterSpec", "gpus_per_node", self.gpus_per_node)
-        for f in ("hbm_bytes", "peak_flops", "mfu_achievable"):
-            _real("ClusterSpec", f, getattr(self, f))
-        for f in ("hbm_bytes", "peak_flops"):
-            if not getattr(self, f) > 0:
-                raise ParallelLabError(f"ClusterSpec.{f}={getattr(self, f)} must be > 0")
-        if not 0 < self.mfu_achievable <= 1:
-            raise ParallelLabError(f"ClusterSpec.mfu_achievable={self.mfu_achievable} must be in (0, 1]")
-
-    @classmethod
-    def preset(cls, name: str) -> ClusterSpec:
-        key = name.lower()
-        if key not in CLUSTER_PRESETS:
-            raise ParallelLabError(f"cluster preset {name!r} is not known; "
-                                   f"pick one of {', '.join(CLUSTER_PRESETS)}")
-        return CLUSTER_PRESETS[key]
-
-    def tier(self, group_span: int) -> LinkTier:
-        """The link a group uses when its members lie ``group_span`` consecutive ranks apart at most.
-
-        A group whose ranks fit in one node (span <= gpus_per_node) talks over ``intra``; otherwise ``inter``.
-        """
-        return self.intra if group_span <= self.gpus_per_node else self.inter
-
-
-#: Hardware presets. Bandwidths are per GPU per direction, the datasheets' peaks with no derating: NCCL's
-#: measured bus bandwidth is lower, so collective times are optimistic until a profile is calibrated
-#: (``parallel-lab calibrate --microbench`` fits the intra-node tier).
-CLUSTER_PRESETS: dict[str, ClusterSpec] = {
-    # H100 SXM5: 80 GB HBM3, 989 TFLOP/s dense bf16, NVLink 4 900 GB/s bidirectional (450 per direction),
-    # one 400 Gb/s (50 GB/s) NIC per GPU.
-    "h100-sxm": ClusterSpec("h100-sxm", 8, 80e9, H100_PEAK_FLOPS, LinkTier("nvlink4", 450e9, 3e-6),
-                            LinkTier("ib-400g", 50e9, 10e-6)),
-    # A100 SXM4 80 GB: 312 TFLOP/s bf16, NVLink 3 600 GB/s bidirectional, 200 Gb/s HDR per GPU.
-    "a100-80gb": ClusterSpec("a100-80gb", 8, 80e9, A100_PEAK_FLOPS, LinkTier("nvlink3", 300e9, 3e-6),
-                             LinkTier("ib-200g", 25e9, 10e-6)),
-    # H200 SXM: the H100 compute die with 141 GB HBM3e.
-    "h200": ClusterSpec("h200", 8, 141e9, H100_PEAK_FLOPS, LinkTier("nvlink4", 450e9, 3e-6),
-                        LinkTier("ib-400g", 50e9, 10e-6)),
-    # This laptop-class machine: 2 cores, gloo over loopback (see shared/reference/torch_cpu_notes.md:
-    # all_reduce ~1.4 GB/s at 64 MB, 0.1-1.9 ms for 1 KB). "HBM" is the RAM one rank may use.
-    "cpu-gloo": ClusterSpec("cpu-gloo", 2, 12 * GiB, 20e9, LinkTier("loopback", 1.4e9, 0.5e-3),
-                            LinkTier("loopback-remote", 1.0e9, 1.0e-3), mfu_achievable=0.5),
-}
-
-
-# --------------------------------------------------------------------------------------------------
-# Optimizers: bytes per parameter for parameters, gradients and optimizer states
-# --------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class OptimizerSpec:
-    """Bytes of model state per parameter, split as the ledger reports them.
-
-    ``param_bytes``: the copy used for compute; ``grad_bytes``: gradient buffers;
-    ``optim_bytes``: everything the optimizer keeps (fp32 master copy, moments, ...).
-    """
-
-    name: str
-    param_bytes: int
-    grad_bytes: int
-    optim_bytes: float
-    doc: str
-
-    @property
-    def total(self) -> float:
-        return self.param_bytes + self.grad_bytes + self.optim_bytes
-
-
-OPTIMIZERS: dict[str, OptimizerSpec] = {
-    o.name: o
-    for o in (
-        OptimizerSpec("adam-mixed", 2, 2, 12,
-                      "ZeRO paper (Rajbhandari et al. 2020): bf16 params 2 + bf16 grads 2 + fp32 master, "
-                      "momentum, variance 4+4+4 = 16 B/param"),
-        OptimizerSpec("adam-mixed-fp32-grad", 2, 6, 12,
-                      "as adam-mixed plus an fp32 gradient-accumulation buffer "
-                      "(bf16 grad 2 + fp32 4): 20 B/param"),
-        OptimizerSpec("adam-fp32", 4, 4, 8,
-                      "plain fp32 Adam: params 4 + grads 4 + momentum and variance 8 = 16 B"),
-        OptimizerSpec("sgd-momentum", 4, 4, 4, "fp32 SGD with momentum: 4 + 4 + 4 = 12 B/param"),
-        OptimizerSpec("adam-8bit", 2, 2, 6,
-                      "bf16 params and grads, fp32 master 4, 8-bit momentum and variance 1+1 "
-                      "(Dettmers et al. 2022; block-wise quantisation constants ignored): 10 B/param"),
-        OptimizerSpec("adafactor", 2, 2, 4,
-                      "bf16 params and grads, fp32 master 4, no momentum, factored second moment "
-                      "(rows + columns per matrix, negligible per parameter): 8 B/param"),
-        OptimizerSpec("fsdp2-mixed", 4, 4, 8,
-                      "FSDP2 MixedPrecisionPolicy: fp32 sharded params 4 + fp32 grads 4 + Adam 8 = 16 B; "
-                      "bf16 copies are all-gathered per unit for compute (a communication buffer)"),
-    )
-}
-
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
-
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1")
 CP_KINDS: tuple[str, ...] = ("ring", "allgather", "ulysses")
 DP_KINDS: tuple[str, ...] = ("bucketed", "naive")
@@ -636,8 +382,8 @@ ZERO2_ACCUMULATES: tuple[str, ...] = ("unsharded", "sharded")
 
 def check_zero_variants(zero: int, zero1_reduce: str, zero2_accumulate: str, owner: str = "Plan") -> None:
     """The ZeRO variants and the stages they belong to (one rule for ``Plan`` and the runnable classes)."""
-    _choice(owner, "zero1_reduce", zero1_reduce, ZERO1_REDUCES)
-    _choice(owner, "zero2_accumulate", zero2_accumulate, ZERO2_ACCUMULATES)
+    check_choice(owner, "zero1_reduce", zero1_reduce, ZERO1_REDUCES)
+    check_choice(owner, "zero2_accumulate", zero2_accumulate, ZERO2_ACCUMULATES)
     if zero1_reduce != "reduce_scatter" and zero != 1:
         raise ParallelLabError(f"zero1_reduce={zero1_reduce!r} is a ZeRO-1 variant but zero={zero}; "
                                f"set zero=1, or zero1_reduce='reduce_scatter'")
@@ -671,7 +417,7 @@ class Plan:
     parallelism, ``grad_accum`` is the number of micro-batches ``m`` that flow through the pipeline.
     Ranks are laid out as ``arange(world).view(dp, pp, cp, tp)``: TP innermost (fastest links), then CP,
     PP, and DP outermost. Expert parallelism ``ep`` borrows its ranks from DP (``ep`` divides ``dp``): the
-    data-parallel coordinate ``d`` has expert rank ``d % ep`` (``layout.ep_coords``, docs/moe.md).
+    data-parallel coordinate ``d`` has expert rank ``d % ep`` (``mesh.ep_coords``, docs/moe.md).
 
     Runnable-only knobs: ``dp_kind`` (DDP all-reducing every gradient after backward, or bucketed with
     overlap), ``bucket_mb`` (DDP bucket cap in MB of gradient), ``zero_unit`` (ZeRO-3 gathers one block at
@@ -684,7 +430,7 @@ class Plan:
     "none", "selective" = the attention core recomputed, "full" = the block recomputed) and torchtitan's
     op-level selective checkpointing "op-sac" (every second matmul output kept, all else recomputed).
 
-    ``pp_split`` (:data:`layout.PP_SPLITS`): "layers" splits the blocks alone over the ``pp * interleave``
+    ``pp_split`` (:data:`sharding.PP_SPLITS`): "layers" splits the blocks alone over the ``pp * interleave``
     chunks; "embed-head" counts the embedding and the head as one layer slot each (Meta's Llama 3 layout:
     the first and last stages hold one block fewer). Slots need not divide evenly: the first chunks get
     one more (uneven stages, interleaving included).
@@ -722,27 +468,27 @@ class Plan:
     def __post_init__(self) -> None:
         o = "Plan"
         for f in ("dp", "tp", "pp", "cp", "micro_batch", "grad_accum", "seq", "interleave", "ep"):
-            _positive_int(o, f, getattr(self, f))
+            check_positive_int(o, f, getattr(self, f))
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ParallelLabError(f"Plan.zero={self.zero!r} is not a ZeRO stage; "
                                    "pick zero in {0, 1, 2, 3}")
-        _choice(o, "recompute", self.recompute, RECOMPUTE)
-        _choice(o, "optimizer", self.optimizer, tuple(OPTIMIZERS))
-        _choice(o, "dtype", self.dtype, tuple(DTYPE_BYTES))
-        _choice(o, "schedule", self.schedule, SCHEDULES)
-        _choice(o, "cp_kind", self.cp_kind, CP_KINDS)
-        _choice(o, "dp_kind", self.dp_kind, DP_KINDS)
-        _choice(o, "zero_unit", self.zero_unit, ZERO_UNITS)
+        check_choice(o, "recompute", self.recompute, RECOMPUTE)
+        check_choice(o, "optimizer", self.optimizer, tuple(OPTIMIZERS))
+        check_choice(o, "dtype", self.dtype, tuple(DTYPE_BYTES))
+        check_choice(o, "schedule", self.schedule, SCHEDULES)
+        check_choice(o, "cp_kind", self.cp_kind, CP_KINDS)
+        check_choice(o, "dp_kind", self.dp_kind, DP_KINDS)
+        check_choice(o, "zero_unit", self.zero_unit, ZERO_UNITS)
         check_zero_variants(self.zero, self.zero1_reduce, self.zero2_accumulate)
-        _choice(o, "attention", self.attention, ATTENTION_KINDS)
-        _choice(o, "mlp", self.mlp, MLP_KINDS)
-        _choice(o, "pp_split", self.pp_split, PP_SPLITS)
+        check_choice(o, "attention", self.attention, ATTENTION_KINDS)
+        check_choice(o, "mlp", self.mlp, MLP_KINDS)
+        check_choice(o, "pp_split", self.pp_split, PP_SPLITS)
         if isinstance(self.loss_chunk, bool) or not isinstance(self.loss_chunk, int) or self.loss_chunk < 0:
             raise ParallelLabError(f"Plan.loss_chunk={self.loss_chunk!r} must be an integer >= 0 "
                                    "(tokens per cross-entropy chunk; 0: the whole logits at once); e.g. 1024")
         if not isinstance(self.sp, bool):
             raise ParallelLabError(f"Plan.sp={self.sp!r} must be True or False")
-        _real(o, "bucket_mb", self.bucket_mb)
+        check_real(o, "bucket_mb", self.bucket_mb)
         if not self.bucket_mb > 0:
             raise ParallelLabError(f"Plan.bucket_mb={self.bucket_mb} must be > 0; e.g. bucket_mb=25")
         if self.sp and self.tp == 1:
@@ -751,7 +497,7 @@ class Plan:
         if self.dp % self.ep:
             raise ParallelLabError(f"ep={self.ep} does not divide dp={self.dp}: expert parallelism borrows its "
                                    f"ranks from data parallelism (docs/moe.md); "
-                                   f"pick ep in {_fmt_set(divisors(self.dp))}")
+                                   f"pick ep in {fmt_set(divisors(self.dp))}")
         if self.ep > 1 and self.zero:
             raise ParallelLabError(f"zero={self.zero} with ep={self.ep}: ZeRO over the expert-data-parallel groups "
                                    "is not modelled here; use zero=0 with expert parallelism")
@@ -765,7 +511,7 @@ class Plan:
             ok = [k * self.pp for k in range(1, 5)]
             raise ParallelLabError(
                 f"interleaved 1F1B runs micro-batches in groups of pp={self.pp}; "
-                f"grad_accum={self.grad_accum} is not a multiple of it; pick grad_accum in {_fmt_set(ok)}"
+                f"grad_accum={self.grad_accum} is not a multiple of it; pick grad_accum in {fmt_set(ok)}"
             )
 
     # ---- derived ----------------------------------------------------------------------------------
@@ -830,40 +576,9 @@ class Plan:
             raise ParallelLabError(f"ep={self.ep} needs a mixture-of-experts model, but {model.name!r} has no "
                                    "experts; pick --model tiny-moe / mixtral-8x7b, or ep=1")
         if model.is_moe:
-            layout.check_ep(model, self)
+            check_ep(model, self)
         if model.shape_known:
-            layout.check_tp(model, self.tp)
-            chunks = self.pp * self.interleave
-            slots = model.layers + (2 if self.pp_split == "embed-head" else 0)
-            if chunks > slots:
-                raise ParallelLabError(
-                    f"pp*interleave = {self.pp}*{self.interleave} = {chunks} model chunks but only "
-                    f"{slots} slots (layers={model.layers}, pp_split={self.pp_split}); "
-                    f"pick pp*interleave <= {slots}"
-                )
-            if self.seq % (2 * self.cp) and self.cp > 1:
-                raise ParallelLabError(
-                    f"seq={self.seq} is not divisible by 2*cp={2 * self.cp} (load-balanced context "
-                    f"parallelism cuts the sequence into 2*cp chunks); pick seq a multiple of {2 * self.cp}"
-                )
-            if self.sp and self.seq % self.tp:
-                raise ParallelLabError(
-                    f"sequence parallelism splits seq={self.seq} over tp={self.tp}; "
-                    f"pick seq a multiple of {self.tp}"
-                )
-            if self.cp > 1 and self.cp_kind == "ulysses":
-                from .layout import kv_heads_local, kv_replication  # layout imports this module
-                kv_replication(model.heads // self.tp, kv_heads_local(model, self.tp), self.cp)
-            if self.attention == "flash" and model.dropout > 0:
-                raise ParallelLabError(
-                    f"attention='flash' keeps no dropout mask but the model has dropout={model.dropout}; "
-                    f"use attention='eager' or a model with dropout=0"
-                )
-            if model.flavour == "gpt" and self.seq > model.max_positions:
-                raise ParallelLabError(
-                    f"seq={self.seq} exceeds max_positions={model.max_positions} of the learned position "
-                    f"embedding; pick seq <= {model.max_positions}"
-                )
+            check_cut(model, self)
         if cluster is not None and self.tp > cluster.gpus_per_node:
             raise ParallelLabError(
                 f"tp={self.tp} spans more than one node of {cluster.gpus_per_node} GPUs; tensor parallelism "

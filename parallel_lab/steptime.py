@@ -20,12 +20,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from . import layout
+from . import sharding
 from .comm import Collective, collective_time
 from .flops import ATTENTION_FWD_BWD, attention_core_flops, attention_keys, matmul_params, recomputed
-from .layout import stage_blocks
+from .hardware import LinkTier, StepProfile
+from .sharding import stage_blocks
 from .simulate import Costs, bubble_formula
-from .specs import RECOMPUTE, LinkTier, ModelSpec, Plan, StepProfile
+from .specs import RECOMPUTE, ModelSpec, Plan
 
 
 @dataclass(frozen=True)
@@ -227,8 +228,8 @@ def block_gemms(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
         if parts[0] != "blocks" or parts[1] != "0" or parts[-1] != "weight" or len(shape) != 2:
             continue
         (fan_out, fan_in), leaf = shape, parts[3]
-        if leaf in layout.COLUMN_PARALLEL:
-            out.append((leaf, layout.column_rows(model, leaf, fan_out, tp), fan_in))
+        if leaf in sharding.COLUMN_PARALLEL:
+            out.append((leaf, sharding.column_rows(model, leaf, fan_out, tp), fan_in))
         else:
             out.append((leaf, fan_out, fan_in // tp))
     return out
@@ -261,7 +262,7 @@ def roofline_layer(model: ModelSpec, prof: StepProfile, peak: float, seq: int, t
     else:                                    # eager: two GEMMs over every key (the mask zeroes, never skips)
         # of inner width head_dim; the softmax's memory traffic is not counted
         kernel, keys, rate = "eager", attention_keys(seq, "palm"), gemm_rate(model.head_dim, peak, prof)
-    attn_fwd = attention_core_flops(tokens, keys, layout.q_width_local(model, tp)) / rate
+    attn_fwd = attention_core_flops(tokens, keys, sharding.q_width_local(model, tp)) / rate
     params, core = recomputed(model, recompute, mlp)
     again = fwd * params / max(1, matmul_params(model)[0]) + (attn_fwd if core else 0.0)
     attn = ATTENTION_FWD_BWD[kernel] * attn_fwd
@@ -278,6 +279,6 @@ def roofline_stage(model: ModelSpec, prof: StepProfile, peak: float, plan_seq: i
     head = 0.0
     if last:
         tokens = mb * plan_seq / cp
-        head = 3.0 * gemm_time(tokens, layout.vocab_local(model, tp), model.hidden, peak, prof)
+        head = 3.0 * gemm_time(tokens, sharding.vocab_local(model, tp), model.hidden, peak, prof)
     compute = m * (n_layers * (layer + again) + head + v * prof.overhead_s)
     return compute, m * n_layers * attn

@@ -126,7 +126,7 @@ def _vm_mb() -> float:
 def _stub_run() -> None:
     """In a fuzzing child, ``parallel-lab run`` must never start ranks: stop at the launch."""
     from parallel_lab.distributed.runtime import run as run_mod
-    from parallel_lab.specs import ParallelLabError
+    from parallel_lab.errors import ParallelLabError
 
     def refuse(*a: Any, **k: Any) -> Any:
         raise ParallelLabError("(fuzzing: the run was valid and would start here)")
@@ -302,8 +302,8 @@ def _replace_value(line: bytes, key: bytes, val: bytes) -> bytes:
 
 def load_case(path: str) -> Result:
     """``load_plan(path)`` in a fork: exit 0 loaded, 2 refused with one ParallelLabError line."""
+    from parallel_lab.errors import ParallelLabError
     from parallel_lab.planfile import load_plan
-    from parallel_lab.specs import ParallelLabError
 
     def call() -> int:
         try:

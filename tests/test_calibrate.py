@@ -4,7 +4,7 @@ Calibration run: Llama 3 405B, 8K sequence, 16,384 H100s (TP 8, PP 16, DP 128), 
 (Dubey et al. 2024, Table 4, second row; shared/reference/published_runs.md), with Meta's settings as in
 tests/test_llama3_published.py (examples/calibration/llama3_405b.csv holds all three rows). Only the
 matmul efficiency is fitted; the attention efficiency is a prior, a published kernel's speed
-(specs.ATTENTION_KERNELS_H100; default FlashAttention-2's). The paper says neither which kernel it ran nor
+(hardware.ATTENTION_KERNELS_H100; default FlashAttention-2's). The paper says neither which kernel it ran nor
 how it counted attention FLOPs, so each (count, kernel) pair is a hypothesis tested against the rows.
 """
 
@@ -27,8 +27,9 @@ from parallel_lab.calibrate import (
 )
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.flops import step_flops
+from parallel_lab.hardware import ClusterSpec, StepProfile
 from parallel_lab.planner import Constraints, evaluate, plan_search
-from parallel_lab.specs import ClusterSpec, ModelSpec, StepProfile
+from parallel_lab.specs import ModelSpec
 
 RUNS = REPO / "examples" / "calibration" / "llama3_405b.csv"
 H100 = ClusterSpec.preset("h100-sxm")
@@ -56,10 +57,10 @@ def test_the_other_8k_row_is_predicted_within_10_percent(calibrated):
 
 def test_the_published_kernel_rates_and_flashattention_2s_own_figure():
     """The attention priors come from the FlashAttention-3 paper's H100 benchmark figures: the causal forward
-    panel and the backward figure (specs.ATTENTION_KERNELS_H100). A check on the transcription: the paper's
+    panel and the backward figure (hardware.ATTENTION_KERNELS_H100). A check on the transcription: the paper's
     non-causal forward panel (FlashAttention-2 370 TFLOP/s at 16K) with the same backward combines to the 335
     TFLOP/s forward + backward that the FlashAttention-2 paper itself reports on H100."""
-    from parallel_lab.specs import ATTENTION_KERNELS_H100, H100_PEAK_FLOPS, attention_kernel_efficiency
+    from parallel_lab.hardware import ATTENTION_KERNELS_H100, H100_PEAK_FLOPS, attention_kernel_efficiency
     non_causal_fwd, bwd = 370.0, ATTENTION_KERNELS_H100["fa2"][1]
     assert 3.5 / (1 / non_causal_fwd + 2.5 / bwd) == pytest.approx(335, rel=0.01)
     got = {k: round(attention_kernel_efficiency(k), 3) for k in ("fa2", "cudnn", "fa3")}
@@ -73,7 +74,7 @@ def test_the_published_kernel_rates_and_flashattention_2s_own_figure():
     with pytest.raises(ParallelLabError, match="no published attention-kernel speeds for a GPU of 125 TFLOP/s"):
         attention_kernel_efficiency("fa2", 125e12)
     # the prior of a GPU with no profile: FlashAttention-2's rate on it, else H100's fraction
-    from parallel_lab.specs import A100_PEAK_FLOPS, default_attention_efficiency, flash_efficiency
+    from parallel_lab.hardware import A100_PEAK_FLOPS, default_attention_efficiency, flash_efficiency
     assert default_attention_efficiency(A100_PEAK_FLOPS) == pytest.approx(3.5 / (1 / 0.73 + 2.5 / 0.63))
     assert default_attention_efficiency(H100_PEAK_FLOPS) == default_attention_efficiency(125e12) == \
         StepProfile().attention_efficiency
@@ -165,7 +166,7 @@ def test_the_attention_speed_each_count_needs_against_the_published_kernels():
     published fused kernel (FlashAttention-2 is 0.329), or at about 0.51 if it counted causally, just below
     cuDNN's 0.528 and FlashAttention-3's 0.582."""
     from parallel_lab.calibrate import attention_efficiency_needed
-    from parallel_lab.specs import attention_kernel_efficiency
+    from parallel_lab.hardware import attention_kernel_efficiency
     needed = {c: attention_efficiency_needed(load_runs(RUNS, c)[2], [load_runs(RUNS, c)[1]], H100)
               for c in ("palm", "causal")}
     assert needed["palm"] == pytest.approx(0.255, abs=0.01) and needed["causal"] == pytest.approx(0.51, abs=0.01)
@@ -219,7 +220,7 @@ def test_flashattention_2_papers_runs_where_count_and_kernel_are_known():
     170 TFLOP/s) against the band FlashAttention's published range (fwd 30-50%, bwd 25-35%) predicts with the
     same matmul efficiency: 8K inside, 2K 1.6% above the top (the test allows 2%). H100's fraction (0.329)
     taken on an A100 would be 18% slow."""
-    from parallel_lab.specs import A100_PEAK_FLOPS, flash_efficiency
+    from parallel_lab.hardware import A100_PEAK_FLOPS, flash_efficiency
     a100 = ClusterSpec.preset("a100-80gb")
     runs = load_runs(FA2_RUNS)
     assert [(r.plan.seq, r.plan.micro_batch * r.plan.grad_accum * r.plan.dp * r.plan.seq) for r in runs] == \

@@ -209,7 +209,7 @@ def test_bad_values_are_one_line_errors(capsys, argv, words):
 def test_divisor_suggestions_are_short_and_fast(capsys):
     """ffn = 2^24 - 1 has 96 divisors: the message suggests only the tp that also split heads and kv heads, at
     once (was a hang listing every divisor); a long list of suggestions shows its ends and the count."""
-    from parallel_lab.layout import divisors, fmt_set
+    from parallel_lab.errors import divisors, fmt_set
 
     err = one_line_error(capsys, "memory", "--layers", "2", "--hidden", "128", "--heads", "8", "--ffn",
                          "16777215", "--tp", "8")

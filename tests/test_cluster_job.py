@@ -10,8 +10,9 @@ import pytest
 
 from parallel_lab import cluster_job
 from parallel_lab.errors import ParallelLabError
+from parallel_lab.hardware import ClusterSpec
 from parallel_lab.planfile import load_plan, make_plan_file
-from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
+from parallel_lab.specs import ModelSpec, Plan
 
 ROOT = Path(__file__).resolve().parents[1]
 L405 = ModelSpec.preset("llama3-405b")
@@ -132,8 +133,8 @@ def test_torchtitan_accumulates_as_the_plan_and_splits_its_stages_the_same_way()
     """torchtitan accumulates ``global / (local * dp)`` steps and splits a pipeline's local batch into
     micro-batches: without a pipeline the local batch is one micro-batch. Its stage split (slots spread
     over ``ceil(slots / layers_per_stage)`` virtual stages, the first ones one more, the embedding and head
-    taking ``*_less_layers`` slots) is the plan's ``layout.chunk_layers``."""
-    from parallel_lab import layout
+    taking ``*_less_layers`` slots) is the plan's ``sharding.chunk_layers``."""
+    from parallel_lab import sharding
     ddp = make_plan_file(L405, H100, Plan(dp=64, tp=8, zero=3, micro_batch=1, grad_accum=4, seq=8192), phase="a")
     got, _ = _flags(ddp)
     assert got["--training.local_batch_size"] == "1" and got["--training.global_batch_size"] == "256"
@@ -151,7 +152,7 @@ def test_torchtitan_accumulates_as_the_plan_and_splits_its_stages_the_same_way()
     assert stages == 16 * 8
     q, r = divmod(slots, stages)                          # torchtitan's _generate_llm_fqn_per_model_part
     titan = [q + (i < r) - less * (i in (0, stages - 1)) for i in range(stages)]
-    assert titan == [len(c) for c in layout.chunk_layers(L405.layers, 16, 8, "embed-head")]
+    assert titan == [len(c) for c in sharding.chunk_layers(L405.layers, 16, 8, "embed-head")]
     odd = make_plan_file(L405, H100, meta.plan.with_(interleave=3, pp_split="layers", grad_accum=48), phase="c")
     with pytest.raises(ParallelLabError, match=r"pick interleave in \["):
         cluster_job.torchtitan_flags(odd)

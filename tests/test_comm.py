@@ -6,17 +6,12 @@ import math
 
 import pytest
 
-from parallel_lab.comm import (
-    Collective,
-    collective_time,
-    collectives,
-    ddp_buckets,
-    group_ranks,
-    payload_bytes,
-    per_step_bytes,
-    report,
-)
-from parallel_lab.specs import ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan
+from parallel_lab.comm import Collective, collective_time, collectives, payload_bytes, per_step_bytes, report
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.hardware import ClusterSpec, LinkTier
+from parallel_lab.mesh import group_ranks
+from parallel_lab.sharding import ddp_buckets
+from parallel_lab.specs import ModelSpec, Plan
 
 L, H, A, S = 32, 4096, 32, 4096
 SEED_MODEL = ModelSpec(layers=L, hidden=H, heads=A, max_positions=S)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.flops import mfu, step_flops
-from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from parallel_lab.hardware import ClusterSpec
+from parallel_lab.specs import ModelSpec, Plan
 
 
 def test_llama3_405b_training_flops():

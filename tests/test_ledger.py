@@ -7,15 +7,11 @@ import math
 import pytest
 
 from parallel_lab import ledger
-from parallel_lab.ledger import (
-    CATEGORIES,
-    activation_bytes_per_layer,
-    inflight_microbatches,
-    local_parameters,
-    memory,
-    state_bytes,
-)
-from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.hardware import ClusterSpec
+from parallel_lab.ledger import CATEGORIES, activation_bytes_per_layer, inflight_microbatches, memory, state_bytes
+from parallel_lab.sharding import local_parameters
+from parallel_lab.specs import ModelSpec, Plan
 
 GB = 1e9
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import pytest
 
 from parallel_lab import ledger
-from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
+from parallel_lab.hardware import ClusterSpec
+from parallel_lab.specs import ModelSpec, Plan
 
 L405 = ModelSpec.preset("llama3-405b")
 H100 = ClusterSpec.preset("h100-sxm")

@@ -30,9 +30,10 @@ from parallel_lab.calibrate import (
 )
 from parallel_lab.comm import collective_time
 from parallel_lab.errors import ParallelLabError
+from parallel_lab.hardware import ClusterSpec, LinkTier, StepProfile
 from parallel_lab.microfit import AttentionSample, CommSample, GemmSample, fit_attention, fit_gemm, fit_link
 from parallel_lab.planner import evaluate
-from parallel_lab.specs import ClusterSpec, LinkTier, ModelSpec, Plan, StepProfile
+from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.steptime import gemm_time
 
 H100 = ClusterSpec.preset("h100-sxm")

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from parallel_lab import comm, flops, layout, ledger
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab import comm, flops, ledger, mesh, sharding
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 
 @pytest.mark.parametrize("name, total, active", [
@@ -64,10 +65,10 @@ def test_ep_is_borrowed_from_dp_and_refuses_zero():
 
 def test_ep_and_edp_groups_are_lines_inside_dp():
     plan = Plan(dp=4, pp=2, ep=2)                 # ranks = arange(8).view(dp=4, pp=2, 1, 1)
-    assert layout.all_groups(plan, "ep") == [[0, 2], [4, 6], [1, 3], [5, 7]]
-    assert layout.all_groups(plan, "edp") == [[0, 4], [2, 6], [1, 5], [3, 7]]
-    assert layout.ep_coords(plan, 6) == {"ep": 1, "edp": 1}
-    assert list(layout.local_experts(8, 2, 1)) == [4, 5, 6, 7]
+    assert mesh.all_groups(plan, "ep") == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert mesh.all_groups(plan, "edp") == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    assert mesh.ep_coords(plan, 6) == {"ep": 1, "edp": 1}
+    assert list(sharding.local_experts(8, 2, 1)) == [4, 5, 6, 7]
 
 
 def test_switch_dispatch_is_one_activation_per_call():
@@ -130,8 +131,8 @@ def test_ep_group_lands_on_the_link_its_ranks_span():
 
 
 def test_planner_searches_ep_for_a_mixture_of_experts():
+    from parallel_lab.hardware import ClusterSpec
     from parallel_lab.planner import Constraints, plan_search
-    from parallel_lab.specs import ClusterSpec
 
     m = ModelSpec.preset("mixtral-8x7b")
     cluster = ClusterSpec.preset("h100-sxm")

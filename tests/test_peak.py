@@ -14,8 +14,9 @@ from dataclasses import replace
 
 import pytest
 
+from parallel_lab.hardware import ClusterSpec
 from parallel_lab.ledger import MOMENTS, memory, peak_moments
-from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
+from parallel_lab.specs import ModelSpec, Plan
 
 #: Llama 3 8B cut to 4 blocks: the saved activations are small, so the transients decide the peak.
 LLAMA_8B_4 = ModelSpec.preset("llama3-8b").with_(layers=4)

@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from parallel_lab import comm, ledger
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.hardware import ClusterSpec, LinkTier
 from parallel_lab.planfile import (
     PlanFile,
     ReplanCondition,
@@ -17,7 +19,7 @@ from parallel_lab.planfile import (
     save_plan,
     tiny_examples,
 )
-from parallel_lab.specs import ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan
+from parallel_lab.specs import ModelSpec, Plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "plans"
 TINY = ModelSpec.preset("tiny-llama")

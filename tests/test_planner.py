@@ -7,7 +7,9 @@ import random
 
 import pytest
 
-from parallel_lab import comm, layout, ledger
+from parallel_lab import comm, ledger, mesh, sharding
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.hardware import ClusterSpec
 from parallel_lab.planner import (
     Constraints,
     _Fast,
@@ -17,7 +19,7 @@ from parallel_lab.planner import (
     parse_tokens,
     plan_search,
 )
-from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.steptime import dp_times
 
 H100 = ClusterSpec.preset("h100-sxm")
@@ -77,9 +79,9 @@ def _check_fast(model, cluster, plans, seq):
             for dim, t in rep.time_s.items():
                 assert got.get(dim, 0.0) == pytest.approx(t, rel=1e-9), (plan, s, dim)
             for dim in ("dp", "tp", "pp", "cp"):
-                ranks = comm.group_ranks(plan, dim, s)
+                ranks = mesh.group_ranks(plan, dim, s)
                 assert fast.tiers(plan.dp, plan.pp, plan.cp, plan.tp, s, plan.interleave)[dim] == \
-                    comm.tier_of(cluster, ranks), (plan, dim)
+                    mesh.tier_of(cluster, ranks), (plan, dim)
         # the largest of stage 0 and the last stage is the ledger's largest stage
         assert max(fast.memory(plan, s) for s in {0, plan.pp - 1}) == pytest.approx(
             ledger.memory(model, plan, cluster).total_bytes, rel=1e-12)
@@ -117,7 +119,7 @@ def test_dp_calls_asked_once_across_micro_batch_counts_are_comms_own():
         for m in (4, 8, 5, 12):
             plan = Plan(dp=4, tp=2, pp=4, zero=zero, zero2_accumulate=acc, micro_batch=1, grad_accum=m, seq=2048)
             for s in (0, 3):
-                tier = layout.group_tier(H100, plan, "dp", s)
+                tier = mesh.group_tier(H100, plan, "dp", s)
                 want = dp_times(comm.stage_collectives(model, plan, s, dims=("dp",)), tier, zero, m)
                 assert fast.times(plan, s).dp == want, (zero, acc, m, s)
                 assert fast.times(plan, s).comm["dp"] == pytest.approx(
@@ -142,7 +144,7 @@ def test_search_result_leaves_the_garbage_collector_nothing_per_plan():
     # collection later in the app's session must not walk every plan of the last search again (with one
     # object per plan, the 7B/16,384-GPU result added ~0.1 s to each full collection)
     model = ModelSpec.preset("llama3-8b")
-    plan_search(model, H100, 64, 8192, global_batch_tokens="1M")        # the layout's caches filled
+    plan_search(model, H100, 64, 8192, global_batch_tokens="1M")        # sharding's caches filled
     gc.collect()
     before = len(gc.get_objects())
     res = plan_search(model, H100, 64, 8192, global_batch_tokens="1M")
@@ -244,7 +246,7 @@ def test_meta_interleaving_is_expressible_with_the_embedding_and_head_slots():
     with pytest.raises(ParallelLabError, match="128 model chunks but only 126 slots"):
         meta_plan(8192, schedule="interleaved", interleave=8).validate(L405)
     plan = meta_plan(8192, schedule="interleaved", interleave=8, pp_split="embed-head").validate(L405)
-    assert [len(layout.stage_layers(126, 16, 8, s, "embed-head")) for s in (0, 1, 14, 15)] == [7, 8, 8, 7]
+    assert [len(sharding.stage_layers(126, 16, 8, s, "embed-head")) for s in (0, 1, 14, 15)] == [7, 8, 8, 7]
     led = ledger.memory(L405, plan, H100)
     assert led.stage == 1          # stage 0 gave a slot to the embedding: stage 1 is the fullest
     for v in (2, 3, 7):   # 126 blocks do not divide 16 v: unequal chunks, still a valid plan

@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 
 from parallel_lab import cli
 from parallel_lab.comm import collectives, report
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.flops import step_flops
 from parallel_lab.ledger import memory, state_bytes
-from parallel_lab.specs import OPTIMIZERS, ModelSpec, ParallelLabError, Plan
+from parallel_lab.optimizers import OPTIMIZERS
+from parallel_lab.specs import ModelSpec, Plan
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -8,8 +8,10 @@ import math
 
 import pytest
 
-from parallel_lab import layout, reshard
-from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from parallel_lab import reshard, sharding
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.hardware import ClusterSpec
+from parallel_lab.specs import ModelSpec, Plan
 
 LLAMA = ModelSpec.preset("tiny-llama")                 # units: root 131,200 + 4 blocks of 181,504 elements
 GPT = ModelSpec.preset("tiny-gpt")                     # biases, learned positions
@@ -43,7 +45,7 @@ def test_dp2_zero1_to_one_rank_by_hand():
     """ZeRO-1 over 2 ranks: rank 0 wrote the parameters and the first half of every unit's moments, rank 1
     the second half; one process reads 4 B x 857,216 parameters + 8 B x (65,600 + 4 x 90,752) moments from
     rank 0 and 8 B x the same from rank 1 (shards are ceil(n/2) of units 131,200 and 181,504)."""
-    assert layout.unit_sizes(LLAMA, PLANS[2]) == {"root": 131_200, **{f"blocks.{i}": 181_504 for i in range(4)}}
+    assert sharding.unit_sizes(LLAMA, PLANS[2]) == {"root": 131_200, **{f"blocks.{i}": 181_504 for i in range(4)}}
     pairs = reshard.transfers(LLAMA, PLANS[2], PLANS[0])
     moments = 8 * (65_600 + 4 * 90_752)
     assert pairs == {(0, 0): 4 * 857_216 + moments, (1, 0): moments}
@@ -73,7 +75,7 @@ def test_llama3_405b_8k_to_131k():
     cluster = ClusterSpec.preset("h100-sxm")
     pred = reshard.predict(model, a, b, cluster)
     assert pred.checkpoint_bytes == 12 * 405_853_388_800
-    assert pred.max_read_bytes == max(12 * sum(math.ceil(n / 128) for _, n in layout.stage_params(model, b, s).units)
+    assert pred.max_read_bytes == max(12 * sum(math.ceil(n / 128) for _, n in sharding.stage_params(model, b, s).units)
                                       for s in range(16))
     assert pred.time_s == pytest.approx(cluster.inter.latency + pred.max_read_bytes / cluster.inter.bandwidth)
     # rank 0 is stage 0, shard 0 in both phases: it keeps everything; rank 8 is stage 1 at 8K but stage 0
@@ -83,7 +85,7 @@ def test_llama3_405b_8k_to_131k():
     assert reshard.kept_bytes(model, a, b, 0) == (286_135_296, 286_135_296)
     assert reshard.kept_bytes(model, a, b, 8) == (286_135_296, 0)
     read, kept = reshard.kept_bytes(model, a, b, 1)
-    assert layout.stage_blocks(126, 16, 8, 0, "embed-head") == 7
+    assert sharding.stage_blocks(126, 16, 8, 0, "embed-head") == 7
     assert read - kept == 7 * 16384 * 12 == 1_376_256
 
 

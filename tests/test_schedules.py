@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.schedules import (
     P2P,
     Action,
@@ -21,7 +22,6 @@ from parallel_lab.schedules import (
     validate,
     with_p2p,
 )
-from parallel_lab.specs import ParallelLabError
 
 PS = (2, 3, 4, 8)
 MS = tuple(range(1, 17)) + (32, 64)

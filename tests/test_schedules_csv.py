@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from parallel_lab import schedule_csv
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.schedules import Placement, build_schedule, validate
 from parallel_lab.simulate import simulate
-from parallel_lab.specs import ParallelLabError
 
 T = pytest.importorskip("torch.distributed.pipelining.schedules")
 

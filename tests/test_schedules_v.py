@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.schedules import (
     P2P,
     Action,
@@ -33,7 +34,6 @@ from parallel_lab.schedules import (
     zb_v_order,
 )
 from parallel_lab.simulate import Costs, bubble_formula, simulate
-from parallel_lab.specs import ParallelLabError
 
 PS = (1, 2, 3, 4, 8)
 UNIT = {"F": 1.0, "B": 1.0, "W": 1.0}

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.schedules import build_schedule
 from parallel_lab.simulate import Costs, Interval, bubble_formula, simulate, text_timeline, timeline_stats
-from parallel_lab.specs import ParallelLabError
 
 PS = (2, 3, 4, 8)
 MS = tuple(range(1, 17)) + (32, 64)

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_lab.specs import (
-    CLUSTER_PRESETS,
-    ClusterSpec,
-    ModelSpec,
-    ParallelLabError,
-    Plan,
-    chunk_layers,
-    stage_layers,
-)
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.hardware import CLUSTER_PRESETS, ClusterSpec
+from parallel_lab.sharding import chunk_layers, stage_layers
+from parallel_lab.specs import ModelSpec, Plan
 
 # (preset, published count, relative tolerance, source)
 PUBLISHED = [
@@ -121,17 +116,17 @@ def test_chunk_layers_split():
 
 def test_one_answer_everywhere_for_kv_heads_tp_does_not_split():
     """kv_heads=6 on tp=4 can be neither split nor replicated evenly: the plan, the ledger, the comm module,
-    the per-op activation model and the runnable TP all refuse it with the same rule (layout.check_tp)."""
-    from parallel_lab import activations, comm, layout, ledger
+    the per-op activation model and the runnable TP all refuse it with the same rule (sharding.check_tp)."""
+    from parallel_lab import activations, comm, ledger, sharding
 
     model = ModelSpec(layers=2, hidden=96, heads=12, kv_heads=6, flavour="llama")
     plan = Plan(tp=4)
     calls = [lambda: plan.validate(model), lambda: ledger.memory(model, plan), lambda: comm.collectives(model, plan),
-             lambda: activations.per_op_bytes(model, plan), lambda: layout.check_tp(model, 4)]
+             lambda: activations.per_op_bytes(model, plan), lambda: sharding.check_tp(model, 4)]
     messages = set()
     for call in calls:
         with pytest.raises(ParallelLabError, match="cannot split kv_heads=6") as e:
             call()
         messages.add(str(e.value))
     assert len(messages) == 1 and "pick tp in {1, 2}" in messages.pop()
-    assert 3 not in layout.valid_tp(model) and layout.valid_tp(model) == [1, 2]
+    assert 3 not in sharding.valid_tp(model) and sharding.valid_tp(model) == [1, 2]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from parallel_lab import comm
+from parallel_lab import sharding
 from parallel_lab.grading.harness import Fail, points, require, run_ranks
 from parallel_lab.grading.micro import MICRO, micro_plan
 
@@ -42,7 +42,7 @@ def test_bucket_partition(sub):
     model = build_model(MICRO, seed=0)
     names = {id(p): n for n, p in model.named_parameters()}
     got = [[names[id(p)] for p in b] for b in cls(model, CAP_MB * 1e6).buckets]
-    want = [[n for n, _ in b] for b in comm.ddp_buckets(MICRO, micro_plan(dp=2, bucket_mb=CAP_MB))]
+    want = [[n for n, _ in b] for b in sharding.ddp_buckets(MICRO, micro_plan(dp=2, bucket_mb=CAP_MB))]
     if got != want:
         first = next((i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w), min(len(got), len(want)))
         raise Fail(f"{len(got)} buckets, expected {len(want)}; bucket {first} differs: yours starts "

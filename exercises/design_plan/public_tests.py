@@ -8,8 +8,8 @@ MODEL, CLUSTER, GPUS, SEQ, BATCH, TARGET_S = "llama3-8b", "h100-sxm", 16, 8192, 
 
 
 def load(sub):
+    from parallel_lab.errors import ParallelLabError
     from parallel_lab.planfile import load_plan
-    from parallel_lab.specs import ParallelLabError
 
     path = getattr(sub, "PATH", None)
     if path is None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.grading.harness import Fail, points, require
-from parallel_lab.specs import ParallelLabError
 
 
 def built(sub, p, m):

@@ -5,7 +5,7 @@ The expected numbers are stored as salted hashes: a test says right or wrong, no
 
 from __future__ import annotations
 
-from parallel_lab.grading import check_hash
+from parallel_lab.grading.feedback import check_hash
 from parallel_lab.grading.harness import Fail, points, require
 
 SALT = "predict_ledger-public"

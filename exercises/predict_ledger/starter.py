@@ -25,7 +25,7 @@ inline feedback on each number. Check: ``parallel-lab grade predict_ledger exerc
 
 from __future__ import annotations
 
-from parallel_lab.grading import learner_params
+from parallel_lab.grading.feedback import learner_params
 
 LEARNER = "your-id"
 ASSIGNMENT = learner_params(LEARNER, "predict_ledger", {"model": ["llama2-7b", "llama2-13b", "llama3-8b",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from parallel_lab.grading import check
+from parallel_lab.grading.feedback import check
 from parallel_lab.grading.harness import Fail, points, require
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from parallel_lab import comm
-from parallel_lab.grading import check
+from parallel_lab.grading.feedback import check
 from parallel_lab.grading.harness import Fail, points, run_ranks
 from parallel_lab.grading.micro import MICRO, SEQ, measured_rank, micro_plan, ring_wire_bytes
-from parallel_lab.specs import CLUSTER_PRESETS, ModelSpec, Plan
+from parallel_lab.hardware import CLUSTER_PRESETS
+from parallel_lab.specs import ModelSpec, Plan
 
 CASES = [("gpt3-175b", 2048, 1, 8, 1), ("llama2-7b", 4096, 2, 4, 4), ("llama3-70b", 8192, 1, 8, 2),
          ("megatron-22b", 2048, 4, 2, 8)]

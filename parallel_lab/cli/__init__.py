@@ -26,8 +26,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import ParallelLabError
 from ..grading.cli import add_grade
-from ..specs import ParallelLabError
 from . import bubble, calibrate, comm, compare, flops, launch, memory, plan, reshard, run
 from .output import MAX_MESSAGE, PROG, RunFailed, bounded
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import ParallelLabError
 from ..plan_flags import Output, float_in, int_in, positive_float, subcommand
 from ..schedules import SCHEDULE_NAMES
-from ..specs import ParallelLabError
 
 BUBBLE_HELP = (
     "Simulate one pipeline schedule (the action lists the executor runs) and print its bubble ratio, idle "

@@ -8,6 +8,15 @@ import json
 import os
 from typing import Any
 
+from ..errors import ParallelLabError
+from ..hardware import (
+    A100_PEAK_FLOPS,
+    ATTENTION_KERNELS_A100,
+    ATTENTION_KERNELS_H100,
+    ClusterSpec,
+    attention_kernel_efficiency,
+)
+from ..optimizers import DTYPE_BYTES
 from ..plan_flags import (
     DEFAULT_CLUSTER,
     LIMITS,
@@ -18,15 +27,6 @@ from ..plan_flags import (
     fmt_bytes,
     int_in,
     subcommand,
-)
-from ..specs import (
-    A100_PEAK_FLOPS,
-    ATTENTION_KERNELS_A100,
-    ATTENTION_KERNELS_H100,
-    DTYPE_BYTES,
-    ClusterSpec,
-    ParallelLabError,
-    attention_kernel_efficiency,
 )
 from .output import EXIT_RUN_TIMEOUT, PROG, RunFailed, rank_failed, table
 
@@ -58,7 +58,7 @@ def add(sub: Any) -> None:
                         + ", ".join(f"{k} {attention_kernel_efficiency(k):.3f}" for k in ATTENTION_KERNELS_H100)
                         + "; A100: " + ", ".join(f"{k} {attention_kernel_efficiency(k, A100_PEAK_FLOPS):.3f}"
                                                  for k in ATTENTION_KERNELS_A100)
-                        + " of peak; specs.ATTENTION_KERNELS; default: the --cluster profile's, else fa2's)")
+                        + " of peak; hardware.ATTENTION_KERNELS; default: the --cluster profile's, else fa2's)")
     g = p.add_argument_group("micro-benchmarks (instead of --runs)")
     g.add_argument("--microbench", action="store_true",
                    help="time GEMMs (-> matmul_efficiency, half_width) and all-reduces (-> the intra-node tier's "

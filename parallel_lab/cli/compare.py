@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import ParallelLabError
 from ..plan_flags import (
     SHAPE_FLAGS,
     Output,
@@ -19,7 +20,7 @@ from ..plan_flags import (
     positive_float,
     subcommand,
 )
-from ..specs import RUN_DEFAULTS, ParallelLabError
+from ..specs import RUN_DEFAULTS
 from .output import EXIT_RUN_TIMEOUT, PROG, RunFailed, rank_failed
 from .run import RUN_TIMEOUT_S, add_fault_arg, check_per_op, help_for_runs
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import ParallelLabError
 from ..plan_flags import (
     Output,
     add_model_args,
@@ -16,7 +17,6 @@ from ..plan_flags import (
     positive_float,
     subcommand,
 )
-from ..specs import ParallelLabError
 from .output import describe, echo, table
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import ParallelLabError
 from ..plan_flags import Output, subcommand
-from ..specs import ParallelLabError
 
 
 def add(sub: Any) -> None:

@@ -13,7 +13,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..specs import ModelSpec, ParallelLabError, Plan
+from ..errors import ParallelLabError
+from ..specs import ModelSpec, Plan
 
 PROG = "parallel-lab"
 EXIT_RUN_FAILED = 3     #: ``run``: a rank raised, died (signal, OOM killer) or could not start

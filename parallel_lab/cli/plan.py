@@ -8,6 +8,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import ParallelLabError
+from ..hardware import CLUSTER_PRESETS
+from ..optimizers import DTYPE_BYTES, OPTIMIZERS
 from ..plan_flags import (
     DEFAULT_CLUSTER,
     LIMITS,
@@ -20,18 +23,8 @@ from ..plan_flags import (
     shorten,
     subcommand,
 )
-from ..specs import (
-    ATTENTION_KINDS,
-    CLUSTER_PRESETS,
-    CP_KINDS,
-    DTYPE_BYTES,
-    GB,
-    MLP_KINDS,
-    OPTIMIZERS,
-    PP_SPLITS,
-    SCHEDULES,
-    ParallelLabError,
-)
+from ..sharding import PP_SPLITS
+from ..specs import ATTENTION_KINDS, CP_KINDS, GB, MLP_KINDS, SCHEDULES
 from .output import table
 
 

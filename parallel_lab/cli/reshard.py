@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import ParallelLabError
 from ..plan_flags import Output, check_fits_this_machine, cluster_from_args, int_in, subcommand
-from ..specs import ParallelLabError
 from .output import EXIT_RUN_TIMEOUT, PROG, RunFailed, rank_failed
 
 

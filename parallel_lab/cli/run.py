@@ -10,6 +10,7 @@ import argparse
 import re
 from typing import Any
 
+from ..errors import ParallelLabError
 from ..plan_flags import (
     PLAN_FIELDS,
     SHAPE_FLAGS,
@@ -24,7 +25,7 @@ from ..plan_flags import (
     subcommand,
 )
 from ..schedules import V_SCHEDULES
-from ..specs import RUN_DEFAULTS, SCHEDULES, ModelSpec, ParallelLabError, Plan
+from ..specs import RUN_DEFAULTS, SCHEDULES, ModelSpec, Plan
 from .output import EXIT_RUN_TIMEOUT, PROG, RunFailed, rank_failed
 
 RUN_TIMEOUT_S = 60.0        #: ``run --timeout``: seconds without a completed step before a run counts as stuck

@@ -2,7 +2,7 @@
 
 Inline feedback (stable signature; pure Python, importing it never imports torch)::
 
-    from parallel_lab.grading import check
+    from parallel_lab.grading.feedback import check
     fb = check(answer, expected, *, rtol=0.01, atol=0.0, terms=None, name="your answer", unit="")
 
 ``expected`` is a number, or a mapping ``{term: value}`` whose values add up to the total; ``terms`` names
@@ -17,15 +17,3 @@ The grader (``parallel-lab grade EXERCISE [PATH]``, ``--batch DIR --out grades.c
 :mod:`parallel_lab.grading.runner`; exercises live in ``exercises/`` (statements, starters, public tests);
 reference solutions, mutants and hidden tests live in an instructor bundle outside the package.
 """
-
-from parallel_lab.grading.feedback import (
-    DEFAULT_RTOL,
-    Feedback,
-    answer_hash,
-    canonical,
-    check,
-    check_hash,
-    learner_params,
-)
-
-__all__ = ["DEFAULT_RTOL", "Feedback", "answer_hash", "canonical", "check", "check_hash", "learner_params"]

@@ -19,8 +19,8 @@ from parallel_lab.plan_flags import Output, subcommand
 
 
 def _handle(args: argparse.Namespace) -> Any:
+    from parallel_lab.errors import ParallelLabError
     from parallel_lab.grading import runner
-    from parallel_lab.specs import ParallelLabError
 
     exercises_dir = runner.Path(args.exercises) if args.exercises else runner.default_exercises_dir()
     limits = runner.Limits(memory_mb=args.memory_mb, cpu_s=args.cpu_s, scale=args.time_scale)

@@ -50,9 +50,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.grading import harness
 from parallel_lab.grading.harness import DEFAULT_LIMIT_S, DEFAULT_POINTS
-from parallel_lab.specs import ParallelLabError
 
 REPO = Path(__file__).resolve().parents[2]
 SUBMISSION_SUFFIXES = (".py", ".yaml", ".yml")

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
+from parallel_lab.hardware import ClusterSpec
 from parallel_lab.ledger import memory
-from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
+from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.viz import browser as B
 from parallel_lab.viz.serve import APP_NOTEBOOK, REPO
 

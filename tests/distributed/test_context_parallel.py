@@ -26,15 +26,17 @@ from parallel_lab.distributed.context_parallel.context_parallel import (
     ContextParallelAttention,
     CPGroup,
 )
-from parallel_lab.distributed.context_parallel.cp_balance import kv_replication, rank_index, rank_indices, work_per_rank
+from parallel_lab.distributed.context_parallel.cp_balance import rank_index, rank_indices, work_per_rank
 from parallel_lab.distributed.instruments import CommTracer, compare_calls
 from parallel_lab.distributed.model.data import SyntheticData
 from parallel_lab.distributed.model.model import DotProductAttention, make_context
 from parallel_lab.distributed.model.reference import reference_train
 from parallel_lab.distributed.runtime.launch import launch
-from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, predicted_activations, run
+from parallel_lab.distributed.runtime.run import predicted_activations, run
 from parallel_lab.distributed.runtime.train import global_losses, max_abs_diff, merge_params, train_rank
-from parallel_lab.specs import CP_KINDS, ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.sharding import kv_replication
+from parallel_lab.specs import CP_KINDS, RUN_DEFAULTS, ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 

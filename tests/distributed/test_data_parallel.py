@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from parallel_lab import comm, ledger
+from parallel_lab import comm, ledger, sharding
 from parallel_lab.distributed.data_parallel.data_parallel import bucket_plan
 from parallel_lab.distributed.instruments import compare_calls
 from parallel_lab.distributed.model.model import build_model
@@ -40,7 +40,7 @@ def run_and_check(spec: ModelSpec, p: Plan, frozen: tuple[str, ...] = (), steps:
     assert max(abs(a - b) for a, b in zip(losses, ref.losses, strict=True)) <= LOSS_TOL, (losses, ref.losses)
     assert max_abs_diff(merge_params(results), ref.params) <= PARAM_TOL
     predicted = comm.collectives(spec, p, stage=0, frozen=frozen)
-    trainable = [(n, math.prod(s)) for n, s in spec.parameter_shapes() if not ledger.is_frozen(n, frozen)]
+    trainable = [(n, math.prod(s)) for n, s in spec.parameter_shapes() if not sharding.is_frozen(n, frozen)]
     for r in results:
         assert compare_calls(r.events, predicted, times=steps) == {"missing": {}, "extra": {}}, r.rank
         assert {e.phase for e in r.events} <= {"backward"}
@@ -67,13 +67,13 @@ def test_one_rank_is_bitwise_the_reference():
 def test_ddp_matches_reference_prediction_and_ledger(kind, dp):
     results, _ = run_and_check(LLAMA, plan(dp=dp, dp_kind=kind, bucket_mb=0.2))
     n_calls = len(results[0].events) // 3
-    n_buckets = len(comm.ddp_buckets(LLAMA, plan(dp=dp, bucket_mb=0.2)))
+    n_buckets = len(sharding.ddp_buckets(LLAMA, plan(dp=dp, bucket_mb=0.2)))
     assert n_calls == (len(LLAMA.parameter_shapes()) if kind == "naive" else n_buckets)
 
 
 def _bucket_mb_for(spec: ModelSpec, n_buckets: int) -> float:
     for mb in [x / 1000 for x in range(1, 5000)]:
-        if len(comm.ddp_buckets(spec, plan(dp=2, bucket_mb=mb))) == n_buckets:
+        if len(sharding.ddp_buckets(spec, plan(dp=2, bucket_mb=mb))) == n_buckets:
             return mb
     raise AssertionError(n_buckets)
 
@@ -82,7 +82,7 @@ def _bucket_mb_for(spec: ModelSpec, n_buckets: int) -> float:
 def test_bucket_sizes_follow_the_predicted_rule(buckets):
     mb = 100.0 if buckets == 1 else _bucket_mb_for(LLAMA, 2) if buckets == 2 else 0.05
     p = plan(dp=2, bucket_mb=mb)
-    predicted = [sum(b for _, b in bucket) for bucket in comm.ddp_buckets(LLAMA, p)]
+    predicted = [sum(b for _, b in bucket) for bucket in sharding.ddp_buckets(LLAMA, p)]
     if buckets == "several":
         assert len(predicted) > 4
     else:

@@ -18,7 +18,8 @@ from parallel_lab.distributed.runtime.diagnosis import ActionLog, FiniteWatch, N
 from parallel_lab.distributed.runtime.faults import SLOW_S, Fault, check_faults
 from parallel_lab.distributed.runtime.launch import LaunchTimeout, RankError
 from parallel_lab.distributed.runtime.run import run
-from parallel_lab.specs import MODEL_PRESETS, RUN_DEFAULTS, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import MODEL_PRESETS, RUN_DEFAULTS, Plan
 
 SPEC = MODEL_PRESETS["tiny-llama"]
 DP2 = Plan(dp=2, **RUN_DEFAULTS)

@@ -10,8 +10,9 @@ from parallel_lab.distributed.instruments import collective_counts, event_counts
 from parallel_lab.distributed.model.model import build_model, loss_fn
 from parallel_lab.distributed.model.moe import route, token_counts
 from parallel_lab.distributed.runtime import train
-from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, run
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.distributed.runtime.run import run
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import RUN_DEFAULTS, ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 

@@ -38,7 +38,8 @@ from parallel_lab.distributed.model.reference import reference_train
 from parallel_lab.distributed.runtime.grid import coords
 from parallel_lab.distributed.runtime.run import predicted_activations, run
 from parallel_lab.distributed.runtime.train import check_runnable, merge_params
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed]
 

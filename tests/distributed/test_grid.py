@@ -43,7 +43,7 @@ def test_every_group_is_a_line_of_the_mesh(shape):
         assert group_of(p, "pp", r) == m[c["dp"], :, c["cp"], c["tp"]].tolist()
         assert group_of(p, "dp", r) == m[:, c["pp"], c["cp"], c["tp"]].tolist()
         assert group_of(p, "dp_cp", r) == m[:, c["pp"], :, c["tp"]].flatten().tolist()
-    for axis, dim in enumerate(("dp", "pp", "cp", "tp")):   # layout's groups, in the mesh's line order
+    for axis, dim in enumerate(("dp", "pp", "cp", "tp")):   # mesh.py's groups, in the mesh's line order
         assert all_groups(p, dim) == m.movedim(axis, -1).reshape(-1, shape[axis]).tolist()
     assert all_groups(p, "dp_cp") == m.permute(1, 3, 0, 2).reshape(pp * tp, dp * cp).tolist()
     for dim in ("dp", "pp", "cp", "tp"):             # each dim's groups partition the world

@@ -13,7 +13,8 @@ from parallel_lab import activations, ledger  # noqa: E402
 from parallel_lab.distributed.instruments import SavedTensorMeter  # noqa: E402
 from parallel_lab.distributed.model.data import synthetic_batch  # noqa: E402
 from parallel_lab.distributed.model.model import build_model, loss_fn  # noqa: E402
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan  # noqa: E402
+from parallel_lab.errors import ParallelLabError  # noqa: E402
+from parallel_lab.specs import ModelSpec, Plan  # noqa: E402
 
 CASES = [(name, att, mlp, rec) for name, att, mlp, rec in itertools.product(
     ("tiny-llama", "tiny-gpt"), ("eager", "flash"), ("eager", "fused"), ("none", "selective", "op-sac"))

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 pytest.importorskip("torch")
 

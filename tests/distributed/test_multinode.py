@@ -5,7 +5,7 @@ cluster does, ``--nnodes=2``). torchrun numbers the ranks node by node (``RANK =
 LOCAL_WORLD_SIZE + LOCAL_RANK``, the group rank chosen by the rendezvous), so with dp=2, tp=2 each TP group
 lives inside a node and each DP group spans both: the ranks' grids see exactly that from
 ``LOCAL_WORLD_SIZE``, and the report says which groups crossed a node (and that this is what
-``layout.crossing_groups`` predicts). Rank 0 gathers the results and
+``mesh.crossing_groups`` predicts). Rank 0 gathers the results and
 prints the report; the other ranks print nothing.
 """
 
@@ -66,29 +66,30 @@ def test_two_agents_run_parallel_lab_run_and_report_the_groups_crossing_a_node()
 
 
 def test_node_rule_of_layer_1():
-    """``layout.crossing_groups``: the prediction the report compares with; the link tiers use the same rule."""
-    from parallel_lab import layout
-    from parallel_lab.specs import ClusterSpec, Plan
+    """``mesh.crossing_groups``: the prediction the report compares with; the link tiers use the same rule."""
+    from parallel_lab import mesh
+    from parallel_lab.hardware import ClusterSpec
+    from parallel_lab.specs import Plan
 
     plan = Plan(dp=2, tp=2, pp=2, grad_accum=2)                   # ranks (dp, pp, tp): tp innermost
-    assert layout.crossing_groups(plan, "tp", 2) == []
-    assert layout.crossing_groups(plan, "pp", 2) == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert layout.crossing_groups(plan, "pp", 4) == [] and layout.crossing_groups(plan, "dp", 8) == []
-    assert layout.crossing_groups(plan, "dp", 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert mesh.crossing_groups(plan, "tp", 2) == []
+    assert mesh.crossing_groups(plan, "pp", 2) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert mesh.crossing_groups(plan, "pp", 4) == [] and mesh.crossing_groups(plan, "dp", 8) == []
+    assert mesh.crossing_groups(plan, "dp", 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]
     cluster = ClusterSpec.preset("cpu-gloo")                      # 2 ranks per node
     for dim in ("dp", "pp", "tp"):
-        for g in layout.all_groups(plan, dim):
-            assert (layout.tier_of(cluster, g) is cluster.inter) == layout.crosses_nodes(g, cluster.gpus_per_node)
+        for g in mesh.all_groups(plan, dim):
+            assert (mesh.tier_of(cluster, g) is cluster.inter) == mesh.crosses_nodes(g, cluster.gpus_per_node)
 
 
 def test_node_count_is_the_number_of_nodes_node_of_names():
-    """``layout.node_count``: the rows of the grid explorer; a partly filled last node still counts."""
-    from parallel_lab import layout
+    """``mesh.node_count``: the rows of the grid explorer; a partly filled last node still counts."""
+    from parallel_lab import mesh
     from parallel_lab.errors import ParallelLabError
 
     for world in range(1, 40):
         for rpn in (1, 2, 3, 8):
-            assert layout.node_count(world, rpn) == len({layout.node_of(r, rpn) for r in range(world)}), (world, rpn)
-    assert layout.node_count(16, 8) == 2 and layout.node_count(17, 8) == 3 and layout.node_count(4, 8) == 1
+            assert mesh.node_count(world, rpn) == len({mesh.node_of(r, rpn) for r in range(world)}), (world, rpn)
+    assert mesh.node_count(16, 8) == 2 and mesh.node_count(17, 8) == 3 and mesh.node_count(4, 8) == 1
     with pytest.raises(ParallelLabError, match="world=0"):
-        layout.node_count(0, 8)
+        mesh.node_count(0, 8)

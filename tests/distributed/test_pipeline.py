@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from parallel_lab import comm
-from parallel_lab.distributed.instruments import TracedCall, TracedWork, compare_calls
+from parallel_lab.distributed.instruments import CommTracer, TracedCall, TracedWork, compare_calls
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model, loss_fn, make_context
 from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import (
@@ -38,10 +38,11 @@ from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import (
 from parallel_lab.distributed.pipeline_parallel.pipeline_report import handoffs, measured_step, replay
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.distributed.runtime.run import predicted_activations, run
-from parallel_lab.distributed.runtime.train import CommTracer, parallelize
+from parallel_lab.distributed.runtime.train import parallelize
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.schedules import build_schedule
 from parallel_lab.simulate import Interval, simulate
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.specs import ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(150)]
 

@@ -8,8 +8,8 @@ import pytest
 
 from parallel_lab import ledger
 from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import layers_per_stage, stage_layout
-from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, run
-from parallel_lab.specs import ModelSpec, Plan
+from parallel_lab.distributed.runtime.run import run
+from parallel_lab.specs import RUN_DEFAULTS, ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 

@@ -15,7 +15,9 @@ import pytest
 
 from parallel_lab import reshard
 from parallel_lab.distributed.runtime.reshard_run import check_reshardable, reshard_run
-from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.hardware import ClusterSpec
+from parallel_lab.specs import ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 

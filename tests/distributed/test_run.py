@@ -8,8 +8,9 @@ import pytest
 from conftest import run_cli
 
 from parallel_lab.distributed.runtime import train
-from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, predicted_activations, run
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.distributed.runtime.run import predicted_activations, run
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import RUN_DEFAULTS, ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 

@@ -31,7 +31,8 @@ from parallel_lab.distributed.tensor_parallel.tp_communications import (
     reduce_from_tp,
     reduce_scatter_to_sequence_parallel,
 )
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(150)]
 

@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 
-from parallel_lab import comm, ledger
+from parallel_lab import comm, ledger, sharding
 from parallel_lab.distributed.model.model import ADAMW
 from parallel_lab.distributed.model.reference import reference_train
 from parallel_lab.distributed.runtime.launch import launch
@@ -30,7 +30,8 @@ from parallel_lab.distributed.runtime.train import (
     merge_params,
     train_rank,
 )
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
@@ -46,7 +47,7 @@ def plan(**kw) -> Plan:
 
 
 def _state_by_units(spec: ModelSpec, p: Plan, frozen: tuple[str, ...]) -> dict[str, int]:
-    units = ledger.unit_sizes(spec, p, 0, frozen)
+    units = sharding.unit_sizes(spec, p, 0, frozen)
     full, sharded = sum(units.values()), sum(math.ceil(n / p.dp) for n in units.values())
     o = p.optim
     return {"parameters": (sharded + spec.n_params - full if p.zero == 3 else spec.n_params) * o.param_bytes,
@@ -108,7 +109,7 @@ def test_zero2_accumulation_both_behaviours(accumulate):
     results = run_and_check(LLAMA, p, param_tol=PARAM_TOL if accumulate == "unsharded" else 1e-4)
     full = 4 * LLAMA.n_params
     want = full if accumulate == "unsharded" else sum(4 * math.ceil(n / 2)
-                                                     for n in ledger.unit_sizes(LLAMA, p).values())
+                                                     for n in sharding.unit_sizes(LLAMA, p).values())
     n_units = LLAMA.layers + 1
     per_step = 1 if accumulate == "unsharded" else 3
     for r in results:
@@ -159,7 +160,7 @@ def test_edge_cases_uneven_tied_frozen_accumulation(stage):
     (the re-gathered parameters serve the recomputed forward)."""
     frozen = ("blocks.1.mlp_norm.bias",)
     p = plan(dp=2, zero=stage, grad_accum=2, micro_batch=1, recompute="full" if stage == 3 else "none")
-    units = ledger.unit_sizes(ODD_GPT, p, 0, frozen)
+    units = sharding.unit_sizes(ODD_GPT, p, 0, frozen)
     assert units["root"] % 2 and units["blocks.0"] % 2                   # really uneven
     results = run_and_check(ODD_GPT, p, frozen=frozen)
     assert results[0].info["zero"]["units"] == units

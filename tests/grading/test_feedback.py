@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from parallel_lab.grading import answer_hash, check, check_hash, learner_params
+from parallel_lab.grading.feedback import answer_hash, check, check_hash, learner_params
 from parallel_lab.ledger import state_bytes
 from parallel_lab.specs import Plan
 
@@ -69,7 +69,7 @@ def test_salted_hash_and_learner_params_are_deterministic():
 
 
 def test_importing_check_does_not_import_torch():
-    code = "import sys; from parallel_lab.grading import check; print('torch' in sys.modules)"
+    code = "import sys; from parallel_lab.grading.feedback import check; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 

@@ -4,8 +4,9 @@ and the real-scale fake-tensor step) and the feedback of every prediction cell."
 from __future__ import annotations
 
 from notebook_checks import assert_no_answer_everywhere, number
+from parallel_lab.hardware import ClusterSpec
 from parallel_lab.ledger import memory
-from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
+from parallel_lab.specs import ModelSpec, Plan
 
 
 def check(text: str, nb) -> None:

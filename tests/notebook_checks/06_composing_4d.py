@@ -7,7 +7,8 @@ import re
 
 from notebook_checks import assert_no_answer_everywhere, markdown_of
 from parallel_lab import planner
-from parallel_lab.specs import ClusterSpec, ModelSpec, Plan
+from parallel_lab.hardware import ClusterSpec
+from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.viz.plots import fmt_seconds
 
 #: Meta's settings, as in tests/test_llama3_published.py (the lesson builds its 8K and 131K plans from them)

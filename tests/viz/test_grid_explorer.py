@@ -1,12 +1,14 @@
-"""The process-grid explorer against the library's placement (``comm.rank_of``, ``group_ranks``,
+"""The process-grid explorer against the library's placement (``mesh.rank_of``, ``group_ranks``,
 ``tier_of``) and its communication report: every square, border and bar read back from the figure."""
 
 from __future__ import annotations
 
 import pytest
 
-from parallel_lab import comm
-from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from parallel_lab import comm, mesh
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.hardware import ClusterSpec
+from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.viz.explorers import GridExplorer, grid_coords, grid_groups
 
 H100 = ClusterSpec.preset("h100-sxm")
@@ -21,10 +23,10 @@ def test_coordinates_and_groups_are_the_librarys_placement():
     coords = grid_coords(plan)
     assert sorted(coords) == list(range(plan.world))
     for r, (d, p, c, t) in coords.items():
-        assert comm.rank_of(plan, d, p, c, t) == r
-    assert grid_groups(plan, "tp")[0] == comm.group_ranks(plan, "tp")
-    assert grid_groups(plan, "cp")[0] == comm.group_ranks(plan, "cp")
-    assert grid_groups(plan, "dp+cp")[0] == sorted(comm.group_ranks(plan, "dp"))   # comm's gradient group
+        assert mesh.rank_of(plan, d, p, c, t) == r
+    assert grid_groups(plan, "tp")[0] == mesh.group_ranks(plan, "tp")
+    assert grid_groups(plan, "cp")[0] == mesh.group_ranks(plan, "cp")
+    assert grid_groups(plan, "dp+cp")[0] == sorted(mesh.group_ranks(plan, "dp"))   # comm's gradient group
     assert sorted(r for g in grid_groups(plan, "pp") for r in g) == list(range(plan.world))
 
 
@@ -38,7 +40,7 @@ def test_the_figure_colours_groups_and_borders_the_ones_that_cross_nodes():
     for group in grid_groups(plan, "dp"):
         colors = {tuple(sq[r].get_facecolor()) for r in group}
         assert len(colors) == 1                                         # one colour per group
-        crosses = comm.tier_of(H100, group) is H100.inter
+        crosses = mesh.tier_of(H100, group) is H100.inter
         assert crosses                                                  # dp=2 with tp*pp = 16 spans two nodes
         assert all(sq[r].get_linewidth() == 2.0 for r in group)
     assert ex.verdict == "16 of 16 dp groups cross nodes"

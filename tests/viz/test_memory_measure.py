@@ -11,7 +11,8 @@ import time
 import pytest
 
 from parallel_lab import ledger
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.viz.explorers import MemoryExplorer
 from parallel_lab.viz.explorers.base import model_from
 from parallel_lab.viz.explorers.jobs import check_spelled, cli_argv, group_gone
@@ -130,7 +131,7 @@ def test_cancel_stops_the_measurement():
 def test_the_command_spells_the_plan_shown(plan):
     model = ModelSpec.preset("llama3-70b")
     plan = plan.validate(model)
-    from parallel_lab.specs import ClusterSpec
+    from parallel_lab.hardware import ClusterSpec
 
     argv = measure_argv(model, plan, ClusterSpec.preset("h100-sxm"), 0, "per-op")
     assert argv[1:4] == ["-m", "parallel_lab", "memory"] and argv[-2:] == ["--measure", "--json"]

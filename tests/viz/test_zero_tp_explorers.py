@@ -1,6 +1,6 @@
 """The ZeRO/FSDP and tensor-parallel explorers against the library's own rules: the shards against
-``layout``, ZeRO-3's gathered peak and its gathers against ``ledger`` and ``comm``, the TP split against
-``layout``, the ring all-reduce's bytes against ``comm``'s wire bytes; and the lesson links."""
+``sharding``, ZeRO-3's gathered peak and its gathers against ``ledger`` and ``comm``, the TP split against
+``sharding``, the ring all-reduce's bytes against ``comm``'s wire bytes; and the lesson links."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from parallel_lab import comm, ledger
-from parallel_lab.layout import kv_replicas, padded, q_width_local, shard_group, unit_sizes
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.sharding import kv_replicas, padded, q_width_local, shard_group, unit_sizes
+from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.viz.explorers import TPExplorer, ZeroExplorer, block_splits
 from parallel_lab.viz.plots.tp import ring_allreduce_states, ring_sent_chunks
 from parallel_lab.viz.plots.zero import gather_timeline

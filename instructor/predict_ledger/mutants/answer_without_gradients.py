@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from parallel_lab.grading import learner_params
+from parallel_lab.grading.feedback import learner_params
 
 LEARNER = "ref-learner"
 ASSIGNMENT = learner_params(LEARNER, "predict_ledger", {"model": ["llama2-7b", "llama2-13b", "llama3-8b",

@@ -10,7 +10,7 @@ attention core (``block.attn.core``) and computes with the blockwise kernel of `
   local queries to all of them while the gather completes; backward reduce-scatters dK and dV.
 * **ulysses** (Jacobs et al. 2023): all-to-all from sequence-sharded to head-sharded Q, K, V, ordinary
   attention over the whole sequence, all-to-all back; ``cp`` must divide the query heads, kv heads are
-  repeated where it does not divide them (``cp_balance.kv_replication``).
+  repeated where it does not divide them (``sharding.kv_replication``).
 
 Each rank holds the zigzag chunks ``i`` and ``2 cp - 1 - i`` of every sequence (``cp_balance``), with
 their true positions and document ids, so masks stay right whichever rank holds a key. Saved for backward
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from parallel_lab import layout
+from parallel_lab import sharding
 from parallel_lab.distributed.context_parallel.blockwise_attention import (
     DEFAULT_TILE,
     OnlineSoftmax,
@@ -42,13 +42,15 @@ from parallel_lab.distributed.context_parallel.blockwise_attention import (
     group_queries,
     ungroup,
 )
-from parallel_lab.distributed.context_parallel.cp_balance import BALANCES, WORK_PIECES, kv_replication, rank_indices
+from parallel_lab.distributed.context_parallel.cp_balance import BALANCES, WORK_PIECES, rank_indices
 from parallel_lab.distributed.instruments import CommTracer, TracedWork
 from parallel_lab.distributed.instruments.cp_stats import OverlapStats, Timer
 from parallel_lab.distributed.model.data import Batch
 from parallel_lab.distributed.model.model import AttnContext, make_context, repeat_kv
 from parallel_lab.distributed.runtime.runtime import Runtime
-from parallel_lab.specs import CP_KINDS, ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.sharding import kv_replication
+from parallel_lab.specs import CP_KINDS, ModelSpec, Plan
 
 # --------------------------------------------------------------------------------------------------
 # The context-parallel group: communication, and time spent computing / waiting
@@ -425,7 +427,7 @@ def check_cp(spec: ModelSpec, plan: Plan) -> None:
         raise ParallelLabError(f"seq={plan.seq} is not divisible by 2*cp={2 * plan.cp}; "
                                f"pick seq a multiple of {2 * plan.cp}")
     if plan.cp_kind == "ulysses":
-        kv_replication(spec.heads // plan.tp, layout.kv_heads_local(spec, plan.tp), plan.cp)
+        kv_replication(spec.heads // plan.tp, sharding.kv_heads_local(spec, plan.tp), plan.cp)
 
 
 def apply_cp(rt: Runtime) -> None:

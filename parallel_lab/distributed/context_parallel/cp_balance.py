@@ -19,8 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from parallel_lab.layout import kv_replication  # noqa: F401  (re-exported: its home is layout)
-from parallel_lab.specs import ParallelLabError
+from parallel_lab.errors import ParallelLabError
 
 BALANCES = ("zigzag", "contiguous", "work")
 #: ``balance="work"`` deals ``2 * cp * WORK_PIECES`` chunks by attention work.

@@ -19,7 +19,7 @@ optimizer, a comm tracer, and an explicit ``finish()`` instead of the end-of-bac
   accumulating passes, so the buckets never hold a second copy: torch's ``gradient_as_bucket_view=True``)
   and marks it ready; a complete bucket's async all-reduce starts at once, overlapping the rest of backward.
 
-Bucket rule (``comm.pack_buckets``, which the prediction uses): reverse registration order; a bucket
+Bucket rule (``sharding.pack_buckets``, which the prediction uses): reverse registration order; a bucket
 closes before it would exceed ``bucket_mb * 10**6`` bytes (torch counts MiB); at least one gradient each.
 """
 
@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from parallel_lab.comm import pack_buckets
 from parallel_lab.distributed.instruments import CommTracer, TracedWork, measure_state, storage_bytes
 from parallel_lab.distributed.model.model import make_optimizer
+from parallel_lab.sharding import pack_buckets
 from parallel_lab.specs import Plan
 
 Named = list[tuple[str, nn.Parameter]]
@@ -173,7 +173,7 @@ class Bucket:
 
 
 def bucket_plan(named: Named, bucket_mb: float) -> list[Named]:
-    """Group ``named`` (registration order) into buckets by ``comm.pack_buckets``, the rule the prediction
+    """Group ``named`` (registration order) into buckets by ``sharding.pack_buckets``, the rule the prediction
     uses: reverse registration order, a bucket closes before it would exceed ``bucket_mb`` MB."""
     by_name = dict(named)
     items = [(name, p.numel() * p.element_size()) for name, p in reversed(named)]

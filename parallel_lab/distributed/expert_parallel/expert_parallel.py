@@ -8,7 +8,7 @@ all-to-all returns the outputs ("combine"). An equal-split all-to-all is its own
 the same two calls with the gradients, in reverse. Per MoE block and micro-batch, four calls of this rank's
 buffer, ``E b C h d`` bytes each (``comm.ep_dispatch_bytes``; ``E C ~ capacity_factor * top_k * s``).
 
-Where ``ep`` sits (``layout``): it borrows from data parallelism. Data-parallel coordinate ``d`` has expert rank
+Where ``ep`` sits (``mesh``): it borrows from data parallelism. Data-parallel coordinate ``d`` has expert rank
 ``d % ep``; the dense parameters are averaged over all ``dp`` ranks as usual (DDP leaves the experts alone:
 ``_ddp_params_and_buffers_to_ignore``); an expert's gradient, which already sums the tokens of its ep
 group, is summed over the ``dp / ep`` ranks that hold it (the ``edp`` group, one all-reduce per tensor) and
@@ -23,11 +23,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from parallel_lab import layout
+from parallel_lab import mesh, sharding
 from parallel_lab.distributed.instruments import CommTracer
 from parallel_lab.distributed.model.moe import MoE, moe_layers, set_aux_grad_scale, token_counts
 from parallel_lab.distributed.runtime.runtime import Runtime
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, is_expert_param
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.sharding import is_expert_param
+from parallel_lab.specs import ModelSpec, Plan
 
 
 class AllToAll(torch.autograd.Function):
@@ -56,7 +58,7 @@ class ExpertParallel:
 
     def __init__(self, moe: MoE, ep: int, ep_rank: int, tracer: CommTracer, group: Any):
         self.moe, self.ep, self.tracer, self.group = moe, ep, tracer, group
-        self.local = list(layout.local_experts(moe.n_experts, ep, ep_rank))
+        self.local = list(sharding.local_experts(moe.n_experts, ep, ep_rank))
 
     def __call__(self, buf: Tensor) -> Tensor:
         n_exp, n, h = buf.shape                                                   # (E, b C, h)
@@ -94,9 +96,9 @@ def apply_ep(rt: Runtime) -> None:
     rt.extras.setdefault("reports", {})["moe"] = lambda: token_counts(rt.model)
     if plan.ep == 1:
         return
-    ep_rank = layout.ep_coords(plan, grid.rank)["ep"]
+    ep_rank = mesh.ep_coords(plan, grid.rank)["ep"]
     for moe in moe_layers(rt.model).values():
-        keep = set(layout.local_experts(moe.n_experts, plan.ep, ep_rank))
+        keep = set(sharding.local_experts(moe.n_experts, plan.ep, ep_rank))
         for e in range(moe.n_experts):
             if e not in keep:
                 del moe.experts[str(e)]
@@ -140,7 +142,7 @@ def moe_report(spec: ModelSpec, plan: Plan, results: list[Any]) -> dict[str, Any
             kept = [a + b for a, b in zip(kept, counts["kept"], strict=True)]
             aux += counts["aux"]
             forwards += counts["forwards"]
-    per_rank = [sum(kept[e] for e in layout.local_experts(spec.experts, plan.ep, j)) for j in range(plan.ep)]
+    per_rank = [sum(kept[e] for e in sharding.local_experts(spec.experts, plan.ep, j)) for j in range(plan.ep)]
     mean = sum(routed) / spec.experts
     return {"routed": routed, "kept": kept, "per_ep_rank": per_rank,
             "imbalance": max(routed) / mean if mean else 1.0,

@@ -52,9 +52,10 @@ from parallel_lab.distributed.model.model import Transformer
 from parallel_lab.distributed.runtime.grid import Grid, mesh
 from parallel_lab.distributed.runtime.runtime import Runtime, sequential_forward_backward
 from parallel_lab.distributed.runtime.train import check_parallelisms, parallelize
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.ledger import CATEGORIES, comm_buffer_parts, memory, peak_moments
 from parallel_lab.measurable import measurable_layout
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.specs import ModelSpec, Plan
 
 #: The ledger's activation models, each shown beside the measurement.
 FORMULAS = ("per-op", "korthikanti")

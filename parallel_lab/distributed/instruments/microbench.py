@@ -32,8 +32,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.microfit import AttentionSample, CommSample, GemmSample
-from parallel_lab.specs import DTYPE_BYTES, ParallelLabError
+from parallel_lab.optimizers import DTYPE_BYTES
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -44,7 +45,7 @@ GEMM_SHAPES: dict[str, list[tuple[int, int, int]]] = {
     + [(8192, 8192, n) for n in (128, 512, 2048)],
 }
 #: ``(batch, heads, seq, head_dim)`` of the timed attention cores per device type (long sequences on cuda,
-#: head dim 128 as in the published kernel figures, ``specs.ATTENTION_KERNELS_H100``)
+#: head dim 128 as in the published kernel figures, ``hardware.ATTENTION_KERNELS_H100``)
 ATTENTION_SHAPES: dict[str, list[tuple[int, int, int, int]]] = {
     "cpu": [(1, 4, 256, 64), (1, 4, 512, 64)],
     "cuda": [(1, 16, 4096, 128), (1, 16, 8192, 128), (1, 16, 16384, 128)],

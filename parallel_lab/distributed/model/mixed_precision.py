@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 #: Optimizers run with bf16 parameters and gradients and an fp32 master copy (the ZeRO paper's layout).
 MIXED_OPTIMIZERS = ("adam-mixed",)

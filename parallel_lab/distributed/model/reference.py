@@ -20,7 +20,8 @@ from torch import Tensor
 
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model, freeze, loss_fn, make_optimizer
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 
 @dataclass

@@ -5,7 +5,7 @@ its own list from ``parallel_lab.schedules.build_schedule(plan.schedule, p, m, v
 :class:`PipelineExecutor` then runs that list action by action. GPipe, 1F1B, interleaved 1F1B and ZB-H1
 differ only in the lists; adding a schedule means adding a generator in ``schedules.py``.
 
-Stages (Narayanan et al. 2021's placement, ``specs.chunk_layers``)
+Stages (Narayanan et al. 2021's placement, ``sharding.chunk_layers``)
 ------------------------------------------------------------------
 The ``L`` blocks are cut into ``V = p * v`` contiguous chunks (the first ``L % V`` chunks get one block
 more when ``V`` does not divide ``L``). Chunk ``c`` of pipeline rank ``r`` is *virtual stage*
@@ -78,6 +78,7 @@ from parallel_lab.distributed.instruments import TracedWork
 from parallel_lab.distributed.model.data import Batch
 from parallel_lab.distributed.model.model import AttnContext, make_context
 from parallel_lab.distributed.runtime.runtime import Runtime
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.schedules import (
     Action,
     Placement,
@@ -88,7 +89,8 @@ from parallel_lab.schedules import (
     split_backward,
     validate,
 )
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, chunk_layers
+from parallel_lab.sharding import chunk_layers
+from parallel_lab.specs import ModelSpec, Plan
 
 # --------------------------------------------------------------------------------------------------
 # Stages
@@ -151,7 +153,7 @@ class StageLayout:
 
 
 def stage_layout(spec: ModelSpec, plan: Plan, rank: int, placement: Placement | None = None) -> StageLayout:
-    """The chunks of pipeline rank ``rank`` (``specs.chunk_layers``: contiguous, uneven allowed), placed by
+    """The chunks of pipeline rank ``rank`` (``sharding.chunk_layers``: contiguous, uneven allowed), placed by
     ``placement`` (default: interleaved with ``plan.interleave`` chunks)."""
     if not 0 <= rank < plan.pp:
         raise ParallelLabError(f"pipeline rank {rank} is not in 0..{plan.pp - 1}")

@@ -25,7 +25,8 @@ from typing import Any
 
 from parallel_lab.distributed.runtime.faults import Fault
 from parallel_lab.distributed.runtime.run import RunReport, run
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 #: Largest ``|loss_a - loss_b| / |loss_b|`` at any step for two plans to agree.
 DEFAULT_TOLERANCE = 1e-4

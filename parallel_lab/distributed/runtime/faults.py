@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from parallel_lab.specs import ParallelLabError
+from parallel_lab.errors import ParallelLabError
 
 #: The faults, with what each does (the module docstring says more).
 FAULT_KINDS: dict[str, str] = {

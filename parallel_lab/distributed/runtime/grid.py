@@ -5,13 +5,14 @@ TP innermost (neighbouring ranks, the fastest links), then CP, PP, and DP outerm
 a dimension is the line of that tensor through its point, e.g. its TP group is ``mesh[d, p, c, :]``.
 ``dp_cp`` (``mesh[:, p, :, t]``) is the gradient-synchronisation group when context parallelism is on
 (Megatron synchronises gradients over dp x cp). With expert parallelism, ``ep`` (dp coordinates
-``[k ep, (k+1) ep)``) and ``edp`` (those with the same ``d % ep``) are lines inside the dp group (``layout``).
+``[k ep, (k+1) ep)``) and ``edp`` (those with the same ``d % ep``) are lines inside the dp group
+(``parallel_lab.mesh``).
 
 Every rank creates every group of every dimension, in the same order (``torch.distributed.new_group``
 is collective over the whole world), and keeps the ones it belongs to; a lone process that stands for one
 rank (``measure``) creates only its own. Nodes are runs of ``ranks_per_node``
 consecutive ranks (torchrun's ``LOCAL_WORLD_SIZE``): a group spanning two of them talks over the
-inter-node links (``layout.crosses_nodes``, the rule of the link tiers).
+inter-node links (``parallel_lab.mesh.crosses_nodes``, the rule of the link tiers).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from parallel_lab import layout
-from parallel_lab.specs import ParallelLabError, Plan
+from parallel_lab import mesh as grid_rules
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import Plan
 
-DIMS = layout.GRID_DIMS
+DIMS = grid_rules.GRID_DIMS
 
 
 def mesh(plan: Plan) -> torch.Tensor:
@@ -35,20 +37,20 @@ def mesh(plan: Plan) -> torch.Tensor:
 
 
 def coords(plan: Plan, rank: int) -> dict[str, int]:
-    """Grid coordinates ``{"dp", "pp", "cp", "tp"}`` of a global rank (``layout.coords``: the one rule)."""
-    return layout.coords(plan, rank)
+    """Grid coordinates ``{"dp", "pp", "cp", "tp"}`` of a global rank (``parallel_lab.mesh.coords``: the one rule)."""
+    return grid_rules.coords(plan, rank)
 
 
 def all_groups(plan: Plan, dim: str) -> list[list[int]]:
     """Every group along ``dim`` (``dp``, ``pp``, ``cp``, ``tp`` or ``dp_cp``), as lists of global ranks,
-    in a fixed order (the order every rank creates them in): ``layout.all_groups``, the lines of
+    in a fixed order (the order every rank creates them in): ``parallel_lab.mesh.all_groups``, the lines of
     :func:`mesh` (a test checks the two agree)."""
-    return layout.all_groups(plan, dim)
+    return grid_rules.all_groups(plan, dim)
 
 
 def group_of(plan: Plan, dim: str, rank: int) -> list[int]:
-    """The ranks of ``rank``'s group along ``dim`` (``layout.group_of``)."""
-    return layout.group_of(plan, dim, rank)
+    """The ranks of ``rank``'s group along ``dim`` (``parallel_lab.mesh.group_of``)."""
+    return grid_rules.group_of(plan, dim, rank)
 
 
 @dataclass
@@ -139,11 +141,11 @@ class Grid:
     # ---- nodes: which groups use the links between machines ----------------------------------------
     @property
     def node(self) -> int:
-        return layout.node_of(self.rank, self.ranks_per_node or self.world)
+        return grid_rules.node_of(self.rank, self.ranks_per_node or self.world)
 
     def crossing(self) -> dict[str, list[int]]:
         """This rank's groups (``dp``, ``pp``, ``cp``, ``tp``, ``dp_cp``) whose ranks lie on several nodes."""
-        return {d: r for d, r in self.ranks.items() if layout.crosses_nodes(r, self.ranks_per_node or self.world)}
+        return {d: r for d, r in self.ranks.items() if grid_rules.crosses_nodes(r, self.ranks_per_node or self.world)}
 
     # ---- what the tracer needs -------------------------------------------------------------------
     @property

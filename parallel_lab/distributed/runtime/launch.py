@@ -41,7 +41,8 @@ import torch.multiprocessing as mp
 
 from parallel_lab.cluster_job import under_torchrun
 from parallel_lab.distributed.runtime.grid import Grid
-from parallel_lab.specs import ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import Plan
 
 #: Seconds without a completed step (or a result) before a launch counts as stuck; generous, because a
 #: function that never calls ``grid.notify`` makes progress only when it returns (``parallel-lab run``

@@ -34,7 +34,8 @@ from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model
 from parallel_lab.distributed.runtime.grid import Grid
 from parallel_lab.distributed.runtime.runtime import Runtime
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 Key = tuple[str, str]                     # (state, parameter name)
 
@@ -66,7 +67,7 @@ def _optimizer_and_shards(rt: Runtime) -> tuple[list[Any], list[Tensor]] | None:
 
 
 def _unit_index(rt: Runtime) -> dict[str, int]:
-    """Position of each ZeRO unit in the runtime; its tensors must be those ``layout`` lists, in order."""
+    """Position of each ZeRO unit in the runtime; its tensors must be those ``sharding`` lists, in order."""
     if not rt.plan.zero:
         return {}
     c = rt.grid.coords
@@ -76,7 +77,7 @@ def _unit_index(rt: Runtime) -> dict[str, int]:
         want.setdefault(t.unit, []).append(t.name)
     have = {u.name: u.names for u in rt.dp.units}
     if have != want:
-        raise ParallelLabError(f"rank {rt.grid.rank}: the runtime's ZeRO units {have} are not the layout's {want}")
+        raise ParallelLabError(f"rank {rt.grid.rank}: the runtime's ZeRO units {have} are not sharding's {want}")
     return {u.name: i for i, u in enumerate(rt.dp.units)}
 
 

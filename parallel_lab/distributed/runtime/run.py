@@ -24,7 +24,7 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
 * ``step_times``: per rank its compute and wait (blocked on peers) seconds, and the straggler named if one
   computes much longer than the others (``distributed.runtime.diagnosis.step_time_report``);
 * ``nodes`` (several nodes under torchrun, nodes of ``LOCAL_WORLD_SIZE`` ranks): which groups crossed a node,
-  seen by the ranks and predicted by ``layout.crossing_groups``;
+  seen by the ranks and predicted by ``mesh.crossing_groups``;
 * ``pipeline`` (``pp > 1``, ``distributed.pipeline_parallel.pipeline_report.pipeline_report``): bubble ratio and idle
   fraction predicted by the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
   measured against simulated, blocks per stage, mean F/B/W times and the measured timeline rows.
@@ -38,7 +38,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallel_lab import comm, layout, ledger, placed
+from parallel_lab import comm, ledger, mesh, placed
+from parallel_lab.cluster_job import under_torchrun
 from parallel_lab.distributed.expert_parallel.expert_parallel import format_moe_report, moe_report
 from parallel_lab.distributed.instruments import payload_by_dim
 from parallel_lab.distributed.model.mixed_precision import is_mixed
@@ -47,7 +48,7 @@ from parallel_lab.distributed.pipeline_parallel.pipeline_report import format_pi
 from parallel_lab.distributed.runtime.diagnosis import format_step_times, step_time_report
 from parallel_lab.distributed.runtime.faults import Fault, check_faults
 from parallel_lab.distributed.runtime.grid import coords
-from parallel_lab.distributed.runtime.launch import launch, under_torchrun
+from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.distributed.runtime.train import (
     RankResult,
     check_runnable,
@@ -56,14 +57,12 @@ from parallel_lab.distributed.runtime.train import (
     merge_params,
     train_rank,
 )
+from parallel_lab.errors import ParallelLabError
 from parallel_lab.schedules import V_SCHEDULES, build_schedule, validate
-from parallel_lab.specs import SCHEDULES, ModelSpec, ParallelLabError, Plan
+from parallel_lab.specs import SCHEDULES, ModelSpec, Plan
 
 STATE = ("parameters", "gradients", "optimizer_states")
 
-#: Plan fields ``parallel-lab run`` fills when not given: CPU-sized and runnable (fp32); defined by the CLI,
-#: whose --help shows them.
-from parallel_lab.specs import RUN_DEFAULTS  # noqa: E402, F401  (re-exported: tests and notebooks use it)
 
 
 def predicted_activations(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
@@ -201,7 +200,7 @@ def gather_on_first(results: list[Any]) -> list[Any] | None:
 
 def node_report(plan: Plan, results: list[RankResult]) -> dict[str, Any]:
     """Which groups crossed a node: each rank's own view (its ``Grid``, nodes from ``LOCAL_WORLD_SIZE``) and
-    the prediction of ``layout.crossing_groups`` for the same node size; ``run`` reports it when there
+    the prediction of ``mesh.crossing_groups`` for the same node size; ``run`` reports it when there
     are several nodes."""
     rpn = results[0].info["node"]["ranks_per_node"]
     dims = ["dp", "tp", "pp", "cp"] + (["dp_cp"] if plan.cp > 1 else [])
@@ -210,10 +209,10 @@ def node_report(plan: Plan, results: list[RankResult]) -> dict[str, Any]:
         for d, ranks in r.info["node"]["crossing"].items():
             if d in seen:
                 seen[d].add(tuple(ranks))
-    return {"ranks_per_node": rpn, "nodes": layout.node_count(plan.world, rpn),
+    return {"ranks_per_node": rpn, "nodes": mesh.node_count(plan.world, rpn),
             "node_of_rank": [r.info["node"]["node"] for r in results],
             "crossing": {d: sorted(list(g) for g in seen[d]) for d in dims},
-            "predicted_crossing": {d: layout.crossing_groups(plan, d, rpn) for d in dims}}
+            "predicted_crossing": {d: mesh.crossing_groups(plan, d, rpn) for d in dims}}
 
 
 def format_node_report(nodes: dict[str, Any]) -> str:

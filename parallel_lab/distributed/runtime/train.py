@@ -45,7 +45,8 @@ from parallel_lab.distributed.runtime.grid import Grid
 from parallel_lab.distributed.runtime.runtime import Runtime
 from parallel_lab.distributed.tensor_parallel.tensor_parallel import apply_tp, check_tp
 from parallel_lab.distributed.zero.zero import apply_zero, check_zero
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import ModelSpec, Plan
 
 
 def parallelize(model: nn.Module, grid: Grid, plan: Plan, tracer: CommTracer, meter: bool = True,

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parallel_lab import layout
+from parallel_lab import sharding
 from parallel_lab.distributed.runtime.grid import all_groups
 from parallel_lab.distributed.runtime.runtime import Runtime
 from parallel_lab.distributed.tensor_parallel.tp_communications import (
@@ -43,7 +43,8 @@ from parallel_lab.distributed.tensor_parallel.vocab_parallel import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 )
-from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, divisors
+from parallel_lab.errors import ParallelLabError, divisors
+from parallel_lab.specs import ModelSpec, Plan
 
 # --------------------------------------------------------------------------------------------------
 # Sequence-parallel input of a region: the shard is saved, the gathered copy is rebuilt in backward
@@ -157,7 +158,7 @@ class RowParallelLinear(nn.Module):
 def check_tp(spec: ModelSpec, plan: Plan) -> None:
     """What the runnable TP needs beyond ``Plan.validate``; a ParallelLabError naming the fix otherwise."""
     t = plan.tp
-    layout.check_tp(spec, t)              # heads, kv heads and ffn: the one rule of the analytic core
+    sharding.check_tp(spec, t)              # heads, kv heads and ffn: the one rule of the analytic core
     if spec.vocab % t:
         raise ParallelLabError(f"tp={t} does not divide vocab={spec.vocab}: the runnable vocabulary-parallel "
                                f"embedding needs equal shards; pick tp in "

@@ -57,7 +57,8 @@ from parallel_lab.distributed.zero.units import (
     gather_shards,
     shard_optimizer,
 )
-from parallel_lab.specs import ParallelLabError, Plan
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import Plan
 
 
 class _Zero:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from parallel_lab.distributed.data_parallel.data_parallel import Named, trainable
 from parallel_lab.distributed.model.mixed_precision import is_mixed
 from parallel_lab.distributed.model.model import ADAMW, make_optimizer
-from parallel_lab.layout import shard_size
+from parallel_lab.sharding import shard_size
 from parallel_lab.specs import Plan
 
 _untraced_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -71,7 +71,8 @@ from parallel_lab.distributed.zero.units import (
     group_units,
     shard_optimizer,
 )
-from parallel_lab.specs import ParallelLabError, Plan, check_zero_variants
+from parallel_lab.errors import ParallelLabError
+from parallel_lab.specs import Plan, check_zero_variants
 
 W_SCHEDULES = ("zb-h1", "zb-v", "dualpipev")
 

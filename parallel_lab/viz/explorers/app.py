@@ -12,7 +12,8 @@ from typing import Any
 
 import ipywidgets as W
 
-from ...specs import ClusterSpec, ModelSpec, Plan
+from ...hardware import ClusterSpec
+from ...specs import ModelSpec, Plan
 from .base import no_null_tooltips
 from .comm import CommExplorer
 from .grid import GridExplorer

@@ -30,7 +30,9 @@ import ipywidgets as W
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ...specs import CLUSTER_PRESETS, MODEL_PRESETS, ClusterSpec, ModelSpec, ParallelLabError, Plan
+from ...errors import ParallelLabError
+from ...hardware import CLUSTER_PRESETS, ClusterSpec
+from ...specs import MODEL_PRESETS, ModelSpec, Plan
 from .. import plots as P
 from ..blit import Blitter
 from ..frames import Frames

@@ -17,7 +17,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import comm as comm_mod
-from ...specs import CLUSTER_PRESETS, CP_KINDS, ClusterSpec, Plan
+from ...hardware import CLUSTER_PRESETS, ClusterSpec
+from ...specs import CP_KINDS, Plan
 from .. import plots as P
 from .base import (
     SEQS,

@@ -1,7 +1,7 @@
 """The process-grid explorer: each rank's (dp, pp, cp, tp) coordinates, the groups of one dimension
 coloured, the groups that cross a node boundary, and the bytes each link tier carries for the plan.
 
-Placement and tiers come from the library (``parallel_lab.comm.rank_of``, ``group_ranks``' rules and
+Placement and tiers come from the library (``parallel_lab.mesh.rank_of``, ``group_ranks``' rules and
 ``tier_of``), the bytes from ``parallel_lab.comm.report``: the picture is the arithmetic the ledger and
 the planner use. Groups here are the plain grid lines of one dimension (the ranks that differ only in
 that coordinate); the data-parallel gradient group of ``comm`` spans dp x cp, which "dp+cp" shows.
@@ -16,8 +16,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import comm as comm_mod
-from ...layout import node_count
-from ...specs import CLUSTER_PRESETS, ClusterSpec, ParallelLabError, Plan
+from ...errors import ParallelLabError
+from ...hardware import CLUSTER_PRESETS, ClusterSpec
+from ...mesh import node_count, rank_of, tier_of
+from ...specs import Plan
 from .. import plots as P
 from ..plots.grid import draw_grid, draw_tier_bytes, grid_legend_handles
 from .base import SEQS, Explorer, dropdown, labelled, model_controls, model_from, slider, status_line, toggles
@@ -28,8 +30,8 @@ _AXES = {"tp": 3, "cp": 2, "pp": 1, "dp": 0}           # index in (dp, pp, cp, t
 
 
 def grid_coords(plan: Plan) -> dict[int, tuple[int, int, int, int]]:
-    """Rank -> (dp, pp, cp, tp), from ``comm.rank_of`` (the library's placement)."""
-    return {comm_mod.rank_of(plan, d, p, c, t): (d, p, c, t)
+    """Rank -> (dp, pp, cp, tp), from ``mesh.rank_of`` (the library's placement)."""
+    return {rank_of(plan, d, p, c, t): (d, p, c, t)
             for d in range(plan.dp) for p in range(plan.pp) for c in range(plan.cp) for t in range(plan.tp)}
 
 
@@ -71,7 +73,7 @@ class GridExplorer(Explorer):
             raise ParallelLabError(f"dp x tp x pp x cp = {plan.world} ranks; the grid draws up to "
                                    f"{MAX_DRAWN_RANKS}: lower a degree")
         groups = grid_groups(plan, v["color_by"])
-        crossing = [comm_mod.tier_of(cluster, g) is cluster.inter for g in groups]
+        crossing = [tier_of(cluster, g) is cluster.inter for g in groups]
         rep = comm_mod.report(model, plan, cluster)
         tiers = (cluster.intra.name, cluster.inter.name)
         per_tier: dict[str, dict[str, float]] = {t: {} for t in tiers}

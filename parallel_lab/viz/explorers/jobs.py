@@ -30,8 +30,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ...errors import ParallelLabError
 from ...plan_flags import PLAN_FIELDS, SHAPE_FLAGS, flags_parser, model_from_args, plan_from_args
-from ...specs import MODEL_PRESETS, ModelSpec, ParallelLabError, Plan
+from ...specs import MODEL_PRESETS, ModelSpec, Plan
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -22,7 +22,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import ledger as ledger_mod
-from ...specs import CLUSTER_PRESETS, OPTIMIZERS, SCHEDULES, ClusterSpec, ModelSpec, ParallelLabError, Plan
+from ...errors import ParallelLabError
+from ...hardware import CLUSTER_PRESETS, ClusterSpec
+from ...optimizers import OPTIMIZERS
+from ...specs import SCHEDULES, ModelSpec, Plan
 from .. import plots as P
 from .base import (
     DEGREES,

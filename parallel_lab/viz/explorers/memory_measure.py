@@ -24,9 +24,11 @@ from typing import Any
 
 import ipywidgets as W
 
+from ...errors import ParallelLabError
+from ...hardware import ClusterSpec
 from ...ledger import CATEGORIES
 from ...measurable import measurable_layout
-from ...specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
+from ...specs import ModelSpec, Plan
 from .. import plots as P
 from ..plots.measured import draw_predicted_measured
 from .base import error_html, job_controls, status_line

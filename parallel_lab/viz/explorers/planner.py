@@ -21,7 +21,8 @@ from ... import ledger as ledger_mod
 from ... import schedules as schedules_mod
 from ... import simulate as simulate_mod
 from ... import steptime as steptime_mod
-from ...specs import CLUSTER_PRESETS, ClusterSpec, ParallelLabError
+from ...errors import ParallelLabError
+from ...hardware import CLUSTER_PRESETS, ClusterSpec
 from .. import plots as P
 from .base import (
     DESC,

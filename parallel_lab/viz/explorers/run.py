@@ -28,8 +28,9 @@ import ipywidgets as W
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from ...errors import ParallelLabError
 from ...plan_flags import check_fits_this_machine
-from ...specs import MODEL_PRESETS, RUN_DEFAULTS, SCHEDULES, ModelSpec, ParallelLabError, Plan
+from ...specs import MODEL_PRESETS, RUN_DEFAULTS, SCHEDULES, ModelSpec, Plan
 from .. import plots as P
 from .base import Explorer, error_html, int_slider, job_controls, labelled, slider, status_line, toggles
 from .jobs import CliJob, loop_caller

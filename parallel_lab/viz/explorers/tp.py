@@ -3,7 +3,7 @@ what each of their collectives carries, and a ring all-reduce as a reduce-scatte
 
 Left: attention (the fused ``wq, wk, wv`` column-parallel, ``wo`` row-parallel) and the MLP (``gate, up``
 or ``fc`` column-parallel, ``down`` or ``proj`` row-parallel), each weight cut into the slices the ranks
-hold; what one rank holds comes from ``parallel_lab.layout`` (heads, key/value heads and their
+hold; what one rank holds comes from ``parallel_lab.sharding`` (heads, key/value heads and their
 replication when ``tp > kv_heads``, the MLP width). Right: the ring all-reduce of one ``g`` (the partial
 outputs, ``s b h`` elements) step by step (:func:`~parallel_lab.viz.plots.tp.ring_allreduce_states`).
 The status lists one block's TP calls for one micro-batch, ``comm.tp_layer_collectives``, with each
@@ -19,7 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import comm as comm_mod
-from ...layout import check_tp, kv_heads_local, kv_replicas
+from ...sharding import check_tp, kv_heads_local, kv_replicas
 from ...specs import ModelSpec, Plan
 from .. import plots as P
 from ..plots.base import two_panels

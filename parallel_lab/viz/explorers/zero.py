@@ -1,8 +1,8 @@
 """The ZeRO / FSDP explorer: which rank owns which shard of which unit, and when ZeRO-3 gathers and frees.
 
-Left: every ZeRO unit of the plan (``layout.unit_sizes``: one per transformer block plus the root unit of
+Left: every ZeRO unit of the plan (``sharding.unit_sizes``: one per transformer block plus the root unit of
 embeddings, final norm and head, or a single root unit) as a bar of its padded flat buffer, cut into the
-``g = dp x cp`` equal shards the ranks own (``layout.shard_range``). Right: the parameters one rank holds
+``g = dp x cp`` equal shards the ranks own (``sharding.shard_range``). Right: the parameters one rank holds
 gathered over one micro-batch of ZeRO-3 (:func:`~parallel_lab.viz.plots.zero.gather_timeline`), for
 block units and for a single root unit side by side: with block units the peak is the root plus two
 blocks (the one computing and the prefetched next one); with one root unit it rises to the whole model.
@@ -19,8 +19,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import ledger as ledger_mod
-from ...layout import padded, param_comm_bytes, shard_group, shard_range, unit_sizes
-from ...specs import OPTIMIZERS, Plan
+from ...optimizers import OPTIMIZERS
+from ...sharding import padded, param_comm_bytes, shard_group, shard_range, unit_sizes
+from ...specs import Plan
 from .. import plots as P
 from ..plots.base import two_panels
 from ..plots.zero import draw_gather_timeline, draw_shards, gather_timeline

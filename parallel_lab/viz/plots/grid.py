@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch, Rectangle
 
-from ...layout import node_count, node_of
+from ...mesh import node_count, node_of
 from .base import DIM_COLORS, TIER_COLORS, chart_on, empty_bars, fmt_bytes, set_ticks, set_title, unit_axis
 
 #: Colours of the groups of one dimension (cycled); a crossing group's border is :data:`CROSSING`.

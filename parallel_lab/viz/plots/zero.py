@@ -1,7 +1,7 @@
 """ZeRO and FSDP pictures: which rank owns which shard of each unit, and the gathered bytes over a step.
 
 A unit of ``n`` elements is padded to ``g * ceil(n / g)`` and rank ``r`` of the shard group owns elements
-``[r S, (r + 1) S)`` with ``S = ceil(n / g)`` (``layout.shard_range``; docs/conventions.md). Under ZeRO-3
+``[r S, (r + 1) S)`` with ``S = ceil(n / g)`` (``sharding.shard_range``; docs/conventions.md). Under ZeRO-3
 a rank holds only its shards between uses; :func:`gather_timeline` walks one step's forward and backward
 unit by unit (FSDP's order: the root unit gathered first and kept until its gradient is reduced, each
 block unit gathered before its forward and again before its backward, the next one prefetched, freed

@@ -1,4 +1,4 @@
-"""What one rank holds: the one home of every rule that says how a plan cuts the model and the machine.
+"""What one rank holds of the model (the process grid is :mod:`parallel_lab.mesh`): one home per rule.
 
 Tensor parallelism (Megatron, Shoeybi et al. 2019): column-parallel ``wq, wk, wv, fc | gate, up`` keep
 ``fan_out / tp`` output rows, row-parallel ``wo, proj | down`` keep ``fan_in / tp`` input columns; norms,
@@ -10,8 +10,6 @@ one head its query heads use, ``tp / kv_heads`` copies of each) when ``kv_heads`
 ZeRO and FSDP (Rajbhandari et al. 2020): a *unit* of ``n`` trainable elements is padded to ``g ceil(n/g)``
 and rank ``r`` of the gradient-sync group (``g = dp * cp``) owns ``[r S, (r+1) S)``, ``S = ceil(n/g)``.
 DDP buckets: gradients in reverse registration order, a bucket closes before it would exceed the cap.
-The 4-D grid: ``arange(world).view(dp, pp, cp, tp)``; nodes are runs of ``gpus_per_node`` consecutive
-ranks, so a group is on one node exactly when its lowest and highest ranks are (``tier_of``).
 Pipeline stages: contiguous chunks, the first ``layers % chunks`` one layer longer; chunk ``c`` on stage
 ``c % pp`` (Megatron's interleaving). docs/conventions.md is the contract these rules implement.
 Expert parallelism (GShard, Lepikhin et al. 2021): ``ep`` divides ``experts`` and ``dp`` (it borrows its ranks
@@ -26,93 +24,12 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-from .errors import ParallelLabError
+from .errors import ParallelLabError, divisors, fmt_set
 
 if TYPE_CHECKING:                                   # annotations only: specs imports this module
-    from .specs import ClusterSpec, LinkTier, ModelSpec, Plan
-
-
-# --------------------------------------------------------------------------------------------------
-# Divisors (the suggestions every divisibility error makes)
-# --------------------------------------------------------------------------------------------------
-
-def _is_prime(n: int) -> bool:
-    """Miller-Rabin with the first 12 primes as bases: exact for every n < 3.3e24 (Sorenson & Webster 2015)."""
-    small = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
-    if n < 2:
-        return False
-    for p in small:
-        if n % p == 0:
-            return n == p
-    d, s = n - 1, 0
-    while d % 2 == 0:
-        d, s = d // 2, s + 1
-    for a in small:
-        x = pow(a, d, n)
-        if x in (1, n - 1):
-            continue
-        for _ in range(s - 1):
-            x = x * x % n
-            if x == n - 1:
-                break
-        else:
-            return False
-    return True
-
-
-def _factor(n: int, out: dict[int, int]) -> None:
-    """Add the prime factorisation of ``n`` to ``out`` (small primes by division, the rest by Pollard's rho)."""
-    for p in (2, 3, 5, 7, 11, 13):
-        while n % p == 0:
-            out[p] = out.get(p, 0) + 1
-            n //= p
-    if n == 1:
-        return
-    if _is_prime(n):
-        out[n] = out.get(n, 0) + 1
-        return
-    c = 1
-    while True:                          # Pollard's rho, Floyd cycle finding: ~n^(1/4) steps per factor
-        x = y = 2
-        d = 1
-        while d == 1:
-            x = (x * x + c) % n
-            y = (y * y + c) % n
-            y = (y * y + c) % n
-            d = math.gcd(abs(x - y), n)
-        if d != n:
-            _factor(d, out)
-            _factor(n // d, out)
-            return
-        c += 1
-
-
-def divisors(n: int) -> list[int]:
-    """All positive divisors of ``n`` in increasing order (used to suggest valid degrees).
-
-    From the prime factorisation, never by trial division up to ``n``: ``divisors(999999999999)`` is
-    immediate. ``n`` beyond 10^24 (no model or cluster is that large) is refused."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ParallelLabError(f"divisors({n!r}): need a positive integer")
-    if n > 10**18:
-        raise ParallelLabError(f"divisors of {str(n)[:12]}... ({len(str(n))} digits): too large; "
-                               "no degree or size of a model is over 10^18")
-    primes: dict[int, int] = {}
-    _factor(n, primes)
-    out = [1]
-    for p, k in primes.items():
-        out = [d * p**i for d in out for i in range(k + 1)]
-    return sorted(out)
-
-
-def fmt_set(values: list[int], limit: int = 16) -> str:
-    """``{1, 2, 4, 8}``; a long list keeps its ends: ``{1, 2, 3, ..., 5000, 10000} (48 values)``."""
-    if len(values) <= limit:
-        return "{" + ", ".join(str(v) for v in values) + "}"
-    head, tail = values[:limit - 4], values[-3:]
-    return "{" + ", ".join(map(str, head)) + ", ..., " + ", ".join(map(str, tail)) + f"}} ({len(values)} values)"
+    from .specs import ModelSpec, Plan
 
 
 # --------------------------------------------------------------------------------------------------
@@ -192,6 +109,44 @@ def column_rows(model: ModelSpec, leaf: str, fan_out: int, tp: int) -> int:
     if leaf in ("wk", "wv"):
         return kv_width_local(model, tp)
     return fan_out // tp
+
+
+def check_cut(model: ModelSpec, plan: Plan) -> None:
+    """The rules a plan must meet to cut a model of known shape (``Plan.validate`` asks them): TP divides the
+    heads, kv heads and ffn; ``pp * interleave`` chunks fit the layer slots; CP cuts ``seq`` into ``2 cp``
+    chunks; SP cuts it over ``tp``; Ulysses spreads the heads over ``cp``; flash keeps no dropout mask; gpt's
+    learned positions cover ``seq``. Each raises a ParallelLabError naming the fix."""
+    check_tp(model, plan.tp)
+    chunks = plan.pp * plan.interleave
+    slots = model.layers + (2 if plan.pp_split == "embed-head" else 0)
+    if chunks > slots:
+        raise ParallelLabError(
+            f"pp*interleave = {plan.pp}*{plan.interleave} = {chunks} model chunks but only "
+            f"{slots} slots (layers={model.layers}, pp_split={plan.pp_split}); "
+            f"pick pp*interleave <= {slots}"
+        )
+    if plan.seq % (2 * plan.cp) and plan.cp > 1:
+        raise ParallelLabError(
+            f"seq={plan.seq} is not divisible by 2*cp={2 * plan.cp} (load-balanced context "
+            f"parallelism cuts the sequence into 2*cp chunks); pick seq a multiple of {2 * plan.cp}"
+        )
+    if plan.sp and plan.seq % plan.tp:
+        raise ParallelLabError(
+            f"sequence parallelism splits seq={plan.seq} over tp={plan.tp}; "
+            f"pick seq a multiple of {plan.tp}"
+        )
+    if plan.cp > 1 and plan.cp_kind == "ulysses":
+        kv_replication(model.heads // plan.tp, kv_heads_local(model, plan.tp), plan.cp)
+    if plan.attention == "flash" and model.dropout > 0:
+        raise ParallelLabError(
+            f"attention='flash' keeps no dropout mask but the model has dropout={model.dropout}; "
+            f"use attention='eager' or a model with dropout=0"
+        )
+    if model.flavour == "gpt" and plan.seq > model.max_positions:
+        raise ParallelLabError(
+            f"seq={plan.seq} exceeds max_positions={model.max_positions} of the learned position "
+            f"embedding; pick seq <= {model.max_positions}"
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -293,11 +248,6 @@ def check_ep(model: ModelSpec, plan: Plan) -> None:
         raise ParallelLabError(f"cp={plan.cp} with a mixture-of-experts model: expert capacity is counted per "
                                "whole sequence here; set cp=1")
 
-
-def ep_coords(plan: Plan, rank: int) -> dict[str, int]:
-    """``{"ep": d % ep, "edp": d // ep}`` for the data-parallel coordinate ``d`` of ``rank``."""
-    d = coords(plan, rank)["dp"]
-    return {"ep": d % plan.ep, "edp": d // plan.ep}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -521,158 +471,3 @@ def bucket_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> tuple[int, ...
 def _bucket_sizes(numels: tuple[int, ...], gb: int, bucket_mb: float) -> tuple[int, ...]:
     buckets = pack_buckets([("", n * gb) for n in reversed(numels)], bucket_mb * 1e6)
     return tuple(sum(b for _, b in bucket) for bucket in buckets)
-
-
-# --------------------------------------------------------------------------------------------------
-# The 4-D grid and the link tier of each group
-# --------------------------------------------------------------------------------------------------
-
-GRID_DIMS = ("dp", "pp", "cp", "tp")
-
-
-class GridShape(NamedTuple):
-    """The degrees that place ranks (a Plan has the same attributes; the planner uses this light form)."""
-
-    dp: int
-    pp: int
-    cp: int
-    tp: int
-    interleave: int = 1
-
-    @property
-    def world(self) -> int:
-        return self.dp * self.pp * self.cp * self.tp
-
-
-def rank_of(plan: Plan, dp: int = 0, pp: int = 0, cp: int = 0, tp: int = 0) -> int:
-    """Global rank of grid coordinates in the placement ``arange(world).view(dp, pp, cp, tp)``."""
-    return ((dp * plan.pp + pp) * plan.cp + cp) * plan.tp + tp
-
-
-def coords(plan: Plan, rank: int) -> dict[str, int]:
-    """Grid coordinates ``{"dp", "pp", "cp", "tp"}`` of a global rank."""
-    if not 0 <= rank < plan.world:
-        raise ParallelLabError(f"rank={rank} is outside the world of {plan.world} ranks of this plan")
-    rest, tp = divmod(rank, plan.tp)
-    rest, cp = divmod(rest, plan.cp)
-    dp, pp = divmod(rest, plan.pp)
-    return {"dp": dp, "pp": pp, "cp": cp, "tp": tp}
-
-
-def all_groups(plan: Plan, dim: str) -> list[list[int]]:
-    """Every group along ``dim`` (``dp``, ``pp``, ``cp``, ``tp``, or ``dp_cp``: the gradient group with context
-    parallelism) as lists of global ranks: the lines of ``arange(world).view(dp, pp, cp, tp)`` along that
-    axis, in the order every rank creates them (``mesh.movedim(axis, -1).reshape(-1, size)``)."""
-    sizes = {"dp": plan.dp, "pp": plan.pp, "cp": plan.cp, "tp": plan.tp}
-    if dim in ("ep", "edp"):                       # expert parallelism, borrowed from dp (module docstring)
-        blocks = [g for g in all_groups(plan, "dp")]
-        if dim == "ep":
-            return [g[i:i + plan.ep] for g in blocks for i in range(0, plan.dp, plan.ep)]
-        return [g[j::plan.ep] for g in blocks for j in range(plan.ep)]
-    if dim == "dp_cp":
-        return [group_of(plan, dim, rank_of(plan, 0, p, 0, t)) for p in range(plan.pp) for t in range(plan.tp)]
-    if dim not in sizes:
-        raise ParallelLabError(f"dim {dim!r} is not a grid dimension; pick dp, pp, cp, tp, dp_cp, ep or edp")
-    others = [d for d in GRID_DIMS if d != dim]
-    groups = []
-    for a in range(sizes[others[0]]):
-        for b in range(sizes[others[1]]):
-            for c in range(sizes[others[2]]):        # each line's first rank; group_of spells the line
-                groups.append(group_of(plan, dim, rank_of(plan, **dict(zip(others, (a, b, c), strict=True)))))
-    return groups
-
-
-def group_of(plan: Plan, dim: str, rank: int) -> list[int]:
-    """The members of ``rank``'s group along ``dim``: its line of :func:`all_groups`, in the same order,
-    found from its coordinates in O(group size) (all_groups lists the whole world's)."""
-    c = coords(plan, rank)
-    sizes = {"dp": plan.dp, "pp": plan.pp, "cp": plan.cp, "tp": plan.tp}
-    if dim in ("ep", "edp"):                       # lines inside the dp group (module docstring)
-        line, d = group_of(plan, "dp", rank), c["dp"]
-        return line[d - d % plan.ep:d - d % plan.ep + plan.ep] if dim == "ep" else line[d % plan.ep::plan.ep]
-    if dim == "dp_cp":
-        return [rank_of(plan, d, c["pp"], j, c["tp"]) for d in range(plan.dp) for j in range(plan.cp)]
-    if dim not in sizes:
-        raise ParallelLabError(f"dim {dim!r} is not a grid dimension; pick dp, pp, cp, tp, dp_cp, ep or edp")
-    return [rank_of(plan, **{**c, dim: i}) for i in range(sizes[dim])]
-
-
-def pp_neighbours(plan: Plan, stage: int) -> list[int]:
-    """This stage and the stages it exchanges activations with (interleaving wraps around)."""
-    if plan.interleave > 1:
-        return sorted({stage, (stage - 1) % plan.pp, (stage + 1) % plan.pp})
-    return [s for s in (stage - 1, stage, stage + 1) if 0 <= s < plan.pp]
-
-
-def group_ranks(plan: Plan, dim: str, stage: int = 0) -> list[int]:
-    """The ranks of the ``dim`` group that contains grid point ``(dp=0, pp=stage, cp=0, tp=0)``.
-
-    ``dp``: the ``dp x cp`` gradient group; ``tp``/``tp_vocab``: the TP group; ``cp``: the CP group;
-    ``pp``: this stage and its pipeline neighbours; ``ep``: the expert-parallel group (dp coordinates 0..ep-1).
-    """
-    first = rank_of(plan, 0, stage, 0, 0)
-    if dim in ("ep", "cp"):
-        return group_of(plan, dim, first)
-    if dim == "dp":
-        return group_of(plan, "dp_cp", first)
-    if dim in ("tp", "tp_vocab"):
-        return group_of(plan, "tp", first)
-    if dim == "pp":
-        return [rank_of(plan, 0, s, 0, 0) for s in pp_neighbours(plan, stage)]
-    raise ParallelLabError(f"dim {dim!r} is not known; pick one of dp, tp, tp_vocab, pp, cp, ep")
-
-
-def group_span(plan: Plan, dim: str, stage: int = 0) -> tuple[int, int]:
-    """Lowest and highest rank of :func:`group_ranks` (ranks increase along every grid dim), in O(1)."""
-    if dim == "ep":
-        return rank_of(plan, 0, stage, 0, 0), rank_of(plan, plan.ep - 1, stage, 0, 0)
-    if dim == "dp":
-        return rank_of(plan, 0, stage, 0, 0), rank_of(plan, plan.dp - 1, stage, plan.cp - 1, 0)
-    if dim in ("tp", "tp_vocab"):
-        return rank_of(plan, 0, stage, 0, 0), rank_of(plan, 0, stage, 0, plan.tp - 1)
-    if dim == "cp":
-        return rank_of(plan, 0, stage, 0, 0), rank_of(plan, 0, stage, plan.cp - 1, 0)
-    if dim == "pp":
-        near = pp_neighbours(plan, stage)
-        return rank_of(plan, 0, near[0], 0, 0), rank_of(plan, 0, near[-1], 0, 0)
-    raise ParallelLabError(f"dim {dim!r} is not known; pick one of dp, tp, tp_vocab, pp, cp, ep")
-
-
-def node_of(rank: int, ranks_per_node: int) -> int:
-    """The node of a global rank: nodes are runs of ``ranks_per_node`` consecutive ranks (torchrun numbers the
-    ranks ``RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK``, the group rank being the agent's place in the
-    rendezvous)."""
-    return rank // ranks_per_node
-
-
-def node_count(world: int, ranks_per_node: int) -> int:
-    """Nodes a world of ``world`` ranks occupies: the last rank's node plus one (the last node may be partly
-    filled), ``ceil(world / ranks_per_node)``."""
-    if world < 1:
-        raise ParallelLabError(f"node_count(world={world}): a world has at least one rank; pass world >= 1")
-    return node_of(world - 1, ranks_per_node) + 1
-
-
-def crosses_nodes(ranks: list[int], ranks_per_node: int) -> bool:
-    """Whether a group's ranks lie on more than one node (its collectives use the inter-node links)."""
-    return node_of(min(ranks), ranks_per_node) != node_of(max(ranks), ranks_per_node)
-
-
-def crossing_groups(plan: Plan, dim: str, ranks_per_node: int) -> list[list[int]]:
-    """The groups along ``dim`` (:func:`all_groups`) that cross a node boundary."""
-    return [g for g in all_groups(plan, dim) if crosses_nodes(g, ranks_per_node)]
-
-
-def same_node(cluster: ClusterSpec, lo: int, hi: int) -> bool:
-    """Whether ranks ``lo..hi`` share a node (nodes are runs of ``gpus_per_node`` consecutive ranks)."""
-    return not crosses_nodes([lo, hi], cluster.gpus_per_node)
-
-
-def tier_of(cluster: ClusterSpec, ranks: list[int]) -> LinkTier:
-    """``intra`` when all ranks share one node, else ``inter``."""
-    return cluster.intra if same_node(cluster, min(ranks), max(ranks)) else cluster.inter
-
-
-def group_tier(cluster: ClusterSpec, plan: Plan, dim: str, stage: int = 0) -> LinkTier:
-    """The link tier the ``dim`` group of ``stage`` lands on (what :func:`tier_of` says of its ranks)."""
-    return cluster.intra if same_node(cluster, *group_span(plan, dim, stage)) else cluster.inter
