@@ -255,7 +255,8 @@ def sbatch_script(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab", 
     lines += [
         "# --exclusive: the one task per node gets every core, for its ranks and their data loaders",
         "set -euo pipefail",
-        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' if head is None
+        # no `| head -n 1`: under pipefail, head closing the pipe early can fail the job with scontrol's SIGPIPE
+        'NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")\nHEAD_NODE=${NODES%%$\'\\n\'*}' if head is None
         else f"HEAD_NODE={shlex.quote(head)}",
         "export HEAD_NODE",
         "export OMP_NUM_THREADS=1",

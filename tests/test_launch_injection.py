@@ -10,7 +10,6 @@ with ``;``) are refused with exit 2 and one line.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -40,13 +39,12 @@ def meta_8k():
 
 @pytest.fixture
 def stubs(tmp_path):
-    """A PATH holding only the stubs (and ``head``, which the script pipes scontrol into)."""
+    """A PATH holding only the stubs."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     for name, text in (("srun", SRUN), ("torchrun", STUB), ("scontrol", SCONTROL)):
         (bindir / name).write_text(text)
         (bindir / name).chmod(0o755)
-    os.symlink(shutil.which("head"), bindir / "head")
     work = tmp_path / "work"
     work.mkdir()
     return bindir, work
