@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from . import layout
 from .errors import ParallelLabError
-from .planfile import PlanFile
+from .planfile import PlanFile, write_atomic
 from .specs import OPTIMIZERS, Plan
 
 DEFAULT_PORT = 29500
@@ -268,6 +268,12 @@ def sbatch_script(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab", 
         f'"--rdzv-endpoint=$HEAD_NODE:{job.port}" "--rdzv-id=$SLURM_JOB_ID" {prog}',
     ]
     return "\n".join(lines) + "\n"
+
+
+def write_script(path: str, script: str) -> None:
+    """``launch --slurm --out PATH``: the script written all or nothing (``planfile.write_atomic``); a directory,
+    a missing folder or a read-only target is a ParallelLabError naming the path and the fix."""
+    write_atomic(path, script, "sbatch script", "job.sbatch")
 
 
 def torchtitan_flags(pf: PlanFile) -> list[str]:

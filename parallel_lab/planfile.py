@@ -271,13 +271,13 @@ def save_plan(path: str | Path, model: ModelSpec | PlanFile, cluster: ClusterSpe
     return pf
 
 
-def write_atomic(path: str | Path, text: str) -> None:
+def write_atomic(path: str | Path, text: str, what: str = "plan file", example: str = "plan.yaml") -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename (all or nothing);
-    an unwritable target raises ParallelLabError naming the path and the reason."""
+    an unwritable target raises ParallelLabError naming ``what``, the path and the reason."""
     p = Path(path)
-    where = f"cannot write the plan file {str(p)[:200]}"
+    where = f"cannot write the {what} {str(p)[:200]}"
     if p.is_dir():
-        raise ParallelLabError(f"{where}: it is a directory; give a file name, e.g. {str(p / 'plan.yaml')[:200]}")
+        raise ParallelLabError(f"{where}: it is a directory; give a file name, e.g. {str(p / example)[:200]}")
     folder = p.parent if str(p.parent) else Path(".")
     if not folder.is_dir():
         raise ParallelLabError(f"{where}: the folder {str(folder)[:200]} does not exist; create it first")

@@ -124,3 +124,12 @@ def test_every_slurm_time_format_is_accepted(time):
 def test_a_plan_path_with_a_newline_is_refused():
     with pytest.raises(ParallelLabError, match="control character"):
         cluster_job.sbatch_script(load_plan(TINY), "a\nb.yaml")
+
+
+def test_an_unwritable_out_is_one_line(tmp_path, capsys):
+    for out, why in ((tmp_path, "it is a directory; give a file name, e.g. "), (tmp_path / "no" / "x.sh", "create it")):
+        assert main(["launch", str(TINY), "--slurm", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "cannot write the sbatch script" in err and why in err, err
+    assert main(["launch", str(TINY), "--slurm", "--out", str(tmp_path / "job.sbatch")]) == 0
+    assert (tmp_path / "job.sbatch").read_text() == cluster_job.sbatch_script(load_plan(TINY), str(TINY))
