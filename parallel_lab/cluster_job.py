@@ -168,12 +168,12 @@ def job_of(pf: PlanFile, port: int = DEFAULT_PORT) -> Job:
 def torchtitan_config(pf: PlanFile, config: str | None = None) -> list[str]:
     """``--module M --config C`` of torchtitan's trainer for the plan's model (``config`` = ``"M:C"``)."""
     config = config or TORCHTITAN_CONFIGS.get(pf.model.name)
-    if not config or ":" not in config:
+    if not config:
         raise ParallelLabError(f"model {pf.model.name!r} has no torchtitan config we know of; pass one as "
                                f"MODULE:CONFIG (e.g. --torchtitan-config llama3:llama3_8b)")
-    module, name = config.split(":", 1)
+    module, _, name = config.partition(":")
     if not (_NAME.match(module) and _NAME.match(name)):
-        raise ParallelLabError(f"--torchtitan-config {config[:60]!r}: MODULE and CONFIG are Python names (letters, "
+        raise ParallelLabError(f"--torchtitan-config {config[:60]!r} is not MODULE:CONFIG, two Python names (letters, "
                                f"digits, '_', '.'); e.g. --torchtitan-config llama3:llama3_8b")
     return ["--module", module, "--config", name]
 
@@ -357,7 +357,7 @@ def torchtitan_notes(pf: PlanFile, config: str | None = None) -> list[str]:
         notes.append(f"torchtitan's FSDP reduces gradients in float32 (mixed_precision_reduce has no other "
                      f"value): twice the data-parallel bytes comm predicts for optimizer={p.optimizer}; "
                      "optimizer=adam-mixed-fp32-grad is the plan that matches")
-    name = (config or TORCHTITAN_CONFIGS.get(pf.model.name) or ":").split(":", 1)[1]
+    name = torchtitan_config(pf, config)[3] if config else (TORCHTITAN_CONFIGS.get(pf.model.name) or ":").split(":")[1]
     if name in ("llama3_8b", "llama3_70b", "llama3_405b") and p.loss_chunk == 0:
         notes.append(f"torchtitan's {name} computes the loss in chunks (ChunkedLossWrapper): the whole logits "
                      "the plan counts (loss_chunk=0) are never held")

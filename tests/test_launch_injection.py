@@ -105,9 +105,10 @@ def cmd_words(pf, entry: str) -> list[str]:
     (["--slurm", "--partition", "gpu\n#SBATCH --x"], "is not a SLURM name"),
     (["--rdzv-port", "0"], "--rdzv-port '0' is not a port number; give one in 1-65535"),
     (["--rdzv-port", "65536"], "not a port number"),
-    (["--entry", "torchtitan", "--torchtitan-config", "llama3:x $(id)"], "MODULE and CONFIG are Python names"),
+    (["--entry", "torchtitan", "--torchtitan-config", "llama3:x $(id)"], "is not MODULE:CONFIG, two Python names"),
     (["--slurm", "--time", "60:60"], "not a SLURM time"),
     (["--slurm", "--time", "1-24"], "not a SLURM time"),
+    (["--torchtitan-config", "0.25"], "--torchtitan-config '0.25' is not MODULE:CONFIG"),
 ])
 def test_values_that_would_break_the_script_exit_2_with_one_line(argv, why, capsys):
     assert main(["launch", str(TINY), *argv]) == 2
