@@ -175,7 +175,9 @@ def _in_limits(where: str, name: str, cls: type, data: dict[str, Any]) -> None:
                 _number(label, v, lo, hi)
         elif kind.startswith("bool") and not isinstance(v, bool):
             raise _type_error(label, v, "true or false")
-        elif not kind.startswith(("int", "float", "bool")) and \
+        elif f.name == "source" and not isinstance(v, str):       # a profile's provenance: free text
+            raise _type_error(label, v, "a sentence (a string)")
+        elif not kind.startswith(("int", "float", "bool")) and f.name != "source" and \
                 not (isinstance(v, str) and v.isprintable() and 0 < len(v) <= MAX_NAME):
             raise _type_error(label, v, f"a name of 1 to {MAX_NAME} printable characters")
 

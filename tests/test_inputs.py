@@ -124,7 +124,7 @@ def test_a_custom_model_and_cluster_with_a_profile_within_the_limits_load(tmp_pa
     from parallel_lab.specs import StepProfile
 
     cluster = ClusterSpec("lab", 4, 24e9, 100e12, LinkTier("pcie", 25e9, 5e-6), LinkTier("eth", 5e9, 20e-6),
-                          profile=StepProfile(matmul_efficiency=0.7))
+                          profile=StepProfile(matmul_efficiency=0.7, source="fitted to 9 run(s): " + "run, " * 80))
     pf = make_plan_file(model, cluster, Plan(dp=2, pp=2, grad_accum=4, seq=512), phase="deep")
     save_plan(tmp_path / "d.yaml", pf)
     assert load_plan(tmp_path / "d.yaml") == pf
