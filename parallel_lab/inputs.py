@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 from pathlib import Path
+from time import monotonic
 
 from .errors import ParallelLabError
 
@@ -48,7 +48,7 @@ def read_bounded(path: str | Path, what: str, max_bytes: int, timeout_s: float =
         raise ParallelLabError(f"{what} '': no path given; name a file")
     if "\x00" in text:
         raise ParallelLabError(f"{what} {text[:200]!r}: a path cannot contain a NUL byte; name a file")
-    deadline = time.monotonic() + timeout_s
+    deadline = monotonic() + timeout_s
     try:
         _check(where, what, os.stat(text), max_bytes)
         fd = os.open(text, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
@@ -58,7 +58,7 @@ def read_bounded(path: str | Path, what: str, max_bytes: int, timeout_s: float =
         _check(where, what, os.fstat(fd), max_bytes)          # the path may have been replaced since the stat
         chunks, size = [], 0
         while size <= max_bytes:
-            if time.monotonic() > deadline:
+            if monotonic() > deadline:
                 raise ParallelLabError(f"{where}: reading it took over {timeout_s:g} s; copy it to a local disk")
             chunk = os.read(fd, min(_CHUNK, max_bytes + 1 - size))
             if not chunk:

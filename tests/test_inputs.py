@@ -185,3 +185,15 @@ def test_damaged_profiles_are_refused(tmp_path, text, why):
     path.write_text(text)
     with pytest.raises(ParallelLabError, match=why):
         load_profile(path)
+
+
+def test_a_read_past_its_deadline_is_refused(tmp_path, monkeypatch):
+    """A file on a stalled network file system: the read stops at the deadline with one line."""
+    from parallel_lab import inputs
+
+    slow = tmp_path / "slow.yaml"
+    slow.write_bytes(b"x" * (3 * 64 * 1024))
+    clock = iter(range(0, 1000, 4))
+    monkeypatch.setattr(inputs, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(ParallelLabError, match=r"reading it took over 5 s; copy it to a local disk"):
+        read_bounded(slow, "plan file", 10**6)
