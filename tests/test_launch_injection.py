@@ -10,6 +10,7 @@ with ``;``) are refused with exit 2 and one line.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -67,6 +68,10 @@ def test_the_sbatch_script_runs_only_srun_torchrun_and_scontrol(stubs, entry, he
     script = cluster_job.sbatch_script(pf, HOSTILE, entry=entry, port=29411, head=head, partition="gpu",
                                        time="1-00:00", config="llama3:llama3_debugmodel")
     (stubs[1] / "job.sbatch").write_text(script)
+    if shutil.which("shellcheck"):                       # CI has it: warnings and errors, not SC2016 (info)
+        p = subprocess.run(["shellcheck", "-S", "warning", "job.sbatch"], cwd=stubs[1], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 0, p.stdout
     got = _run(stubs, ["/bin/bash", "job.sbatch"], SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node[001-002]")
     job = cluster_job.job_of(pf)
     torchrun = ["torchrun", f"--nnodes={job.nodes}", f"--nproc-per-node={job.gpus_per_node}", "--rdzv-backend=c10d",
