@@ -95,7 +95,7 @@ def _value(key: str, raw: Any, index: int) -> Any:
         return int(text)
     if key in _BOOL:
         return raw if isinstance(raw, bool) else str(raw).strip().lower() in ("1", "true", "yes", "on")
-    if key == "bucket_mb" or key in _FLOAT:
+    if key in _FLOAT:
         return _positive(key, raw, index)
     if not isinstance(raw, str):
         raise ParallelLabError(f"run {index}: {key}={_cell(raw)} must be a name (text)")
