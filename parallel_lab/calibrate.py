@@ -6,7 +6,7 @@ name), and either ``tflops_per_gpu`` (per GPU per second, counted as its ``flops
 :data:`RUN_COUNTS`: model FLOPs ``palm`` by default or ``causal``, or ``hardware``) or ``step_time_s``.
 Runs come from a small CSV (one run per row, a header naming the columns; ``max_positions`` lengthens a
 preset's learned position table for a run at a longer context) or YAML (a list of mappings, or
-``{runs: [...]}``).
+``{runs: [...]}``); values within a plan file's ranges, at most :data:`MAX_RUNS` runs, :data:`MAX_RUNS_BYTES`.
 
 The fit (:func:`fit_profile`): the roofline of ``steptime`` ("Roofline compute") with the profile's
 ``matmul_efficiency`` ``e_max`` chosen to minimise ``sum (log predicted - log measured)^2`` over the runs
@@ -24,6 +24,7 @@ bandwidth (``parallel_lab.microfit``); the same profile file then also holds tha
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
@@ -40,6 +41,7 @@ from .hardware import (
     attention_kernel_efficiency,
     default_attention_efficiency,
 )
+from .inputs import PLAN_FILE_LIMITS, read_text
 from .microfit import AttentionSample, CommSample, GemmFit, GemmSample, LinkFit, fit_attention, fit_gemm, fit_link
 from .specs import ModelSpec, Plan
 
@@ -51,7 +53,14 @@ RUN_COUNTS: tuple[str, ...] = (*CONVENTIONS, "hardware")
 #: how a profile's source names the published kernel its attention speed is (``with_attention_kernel``)
 ATTENTION_NOTE = "; attention prior: "
 
-_INT = ("dp", "tp", "pp", "cp", "zero", "micro_batch", "grad_accum", "seq", "interleave", "loss_chunk")
+_INT = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "grad_accum", "seq", "interleave", "loss_chunk", "gpus",
+        "max_positions")
+_FLOAT = ("bucket_mb",)
+_RANGES = {**PLAN_FILE_LIMITS["plan"], **PLAN_FILE_LIMITS["gpus"],
+           "max_positions": PLAN_FILE_LIMITS["model"]["max_positions"]}
+MAX_RUNS_BYTES = 256 * 1024      #: a runs file is a few kB
+MAX_PROFILE_BYTES = 4 * 2**20   #: a profile with every micro-benchmark sample is tens of kB
+MAX_RUNS = 100                   #: runs in one file (each is a step-time evaluation per step of the fit)
 _BOOL = ("sp",)
 _PLAN = {f.name for f in fields(Plan)}
 
@@ -74,17 +83,47 @@ class Run:
         return f.model_flops_per_step if self.convention == "palm" else f.model_flops_causal_per_step
 
 
-def _value(key: str, raw: Any) -> Any:
+def _value(key: str, raw: Any, index: int) -> Any:
+    """One cell of a run, of its field's type and within the plan file's range (``inputs.PLAN_FILE_LIMITS``)."""
     if key in _INT:
-        return int(raw)
+        lo, hi = _RANGES[key]
+        text = str(raw).strip()
+        if isinstance(raw, bool) or not (isinstance(raw, int) or text.isascii() and text.isdigit()) \
+                or not lo <= int(text) <= hi:
+            raise ParallelLabError(f"run {index}: {key}={_cell(raw)} must be a whole number in [{lo:,}, {hi:,}]")
+        return int(text)
     if key in _BOOL:
         return raw if isinstance(raw, bool) else str(raw).strip().lower() in ("1", "true", "yes", "on")
-    return str(raw).strip() if isinstance(raw, str) else raw
+    if key in _FLOAT:
+        return _positive(key, raw, index)
+    if not isinstance(raw, str):
+        raise ParallelLabError(f"run {index}: {key}={_cell(raw)} must be a name (text)")
+    return raw.strip()
+
+
+def _cell(raw: Any) -> str:
+    r = repr(raw)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _positive(key: str, raw: Any, index: int, hi: float = 1e15) -> float:
+    try:
+        value = float(raw) if not isinstance(raw, bool) and isinstance(raw, (int, float, str)) else math.nan
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= hi:
+        raise ParallelLabError(f"run {index}: {key}={_cell(raw)} must be a number in (0, {hi:g}]")
+    return value
 
 
 def run_from_dict(d: dict[str, Any], index: int = 0, convention: str | None = None) -> Run:
     """A :class:`Run` from one CSV row or YAML mapping (unknown keys are an error naming them);
     ``convention`` overrides the row's ``flops_convention``."""
+    if isinstance(d, dict) and None in d:
+        raise ParallelLabError(f"run {index} has more cells than the header has columns; one cell per column")
+    if not isinstance(d, dict) or not all(isinstance(k, str) for k in d):
+        raise ParallelLabError(f"run {index}: {_cell(d)} is not a row of named columns; give a header row (CSV) "
+                               f"or a mapping per run (YAML)")
     d = {k.strip(): v for k, v in d.items() if v not in (None, "")}
     known = _PLAN | {"model", "name", "tflops_per_gpu", "step_time_s", "gpus", "flops_convention", "max_positions"}
     unknown = sorted(set(d) - known)
@@ -93,20 +132,20 @@ def run_from_dict(d: dict[str, Any], index: int = 0, convention: str | None = No
                                "tflops_per_gpu or step_time_s")
     if "model" not in d:
         raise ParallelLabError(f"run {index}: no 'model' column; give a preset name such as llama3-405b")
-    model = ModelSpec.preset(str(d["model"]))
+    model = ModelSpec.preset(_value("model", d["model"], index))
     if "max_positions" in d:        # a learned position table trained longer than the preset's
-        model = replace(model, max_positions=int(d["max_positions"]))
-    plan = Plan(**{k: _value(k, v) for k, v in d.items() if k in _PLAN}).validate(
-        model, int(d["gpus"]) if "gpus" in d else None)
+        model = replace(model, max_positions=_value("max_positions", d["max_positions"], index))
+    plan = Plan(**{k: _value(k, v, index) for k, v in d.items() if k in _PLAN}).validate(
+        model, _value("gpus", d["gpus"], index) if "gpus" in d else None)
     conv = convention or str(d.get("flops_convention", "palm")).strip()
     if conv not in RUN_COUNTS:
         raise ParallelLabError(f"run {index}: flops_convention={conv!r} is not known; pick one of "
                                f"{', '.join(RUN_COUNTS)}")
     run = Run(str(d.get("name", f"run {index}")), model, plan, 1.0, conv)
     if "tflops_per_gpu" in d:
-        tflops = float(d["tflops_per_gpu"])
+        tflops = _positive("tflops_per_gpu", d["tflops_per_gpu"], index, 1e6)
     elif "step_time_s" in d:
-        tflops = run.model_flops() / (float(d["step_time_s"]) * plan.world) / 1e12
+        tflops = run.model_flops() / (_positive("step_time_s", d["step_time_s"], index, 1e9) * plan.world) / 1e12
     else:
         raise ParallelLabError(f"run {index}: give tflops_per_gpu or step_time_s")
     if not tflops > 0:
@@ -120,19 +159,29 @@ def load_runs(path: str | Path, convention: str | None = None) -> list[Run]:
     p = Path(path)
     if not p.exists():
         raise ParallelLabError(f"runs file {str(p)!r} does not exist")
+    where = f"runs file {str(p)[:200]!r}"
+    if p.suffix.lower() not in (".csv", ".yaml", ".yml"):
+        raise ParallelLabError(f"{where}: use .csv or .yaml")
+    text = read_text(p, "runs file", MAX_RUNS_BYTES)
     if p.suffix.lower() == ".csv":
-        with p.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-    elif p.suffix.lower() in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(p.read_text())
-        rows = data.get("runs", []) if isinstance(data, dict) else data
+        try:
+            rows: Any = list(csv.DictReader(io.StringIO(text, newline="")))
+        except csv.Error as e:
+            raise ParallelLabError(f"{where} is not a valid CSV file ({e}); one run per row under a header") from None
     else:
-        raise ParallelLabError(f"runs file {str(p)!r}: use .csv or .yaml")
+        from .planfile import parse_plan_text
+
+        data = parse_plan_text(text.encode(), where)
+        rows = data.get("runs", []) if isinstance(data, dict) else data
     if not rows:
-        raise ParallelLabError(f"runs file {str(p)!r} holds no runs")
-    return [run_from_dict(dict(r), i, convention) for i, r in enumerate(rows)]
+        raise ParallelLabError(f"{where} holds no runs")
+    if not isinstance(rows, list) or len(rows) > MAX_RUNS:
+        raise ParallelLabError(f"{where}: give a list of at most {MAX_RUNS} runs (each a mapping of columns), "
+                               f"or {{runs: [...]}}")
+    try:
+        return [run_from_dict(r, i, convention) for i, r in enumerate(rows)]
+    except ParallelLabError as e:
+        raise ParallelLabError(f"{where}: {e}") from None
 
 
 def predicted_tflops(run: Run, cluster: ClusterSpec) -> float:
@@ -310,13 +359,29 @@ def load_profile(path: str | Path) -> ClusterSpec:
     """The cluster of a profile file written by ``parallel-lab calibrate`` (preset + fitted profile, and from
     ``--microbench`` the measured peak and intra-node tier)."""
     p = Path(path)
+    text = read_text(p, "profile file", MAX_PROFILE_BYTES)
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(text)
         cluster = ClusterSpec.preset(data["cluster"])
         profile = StepProfile(**data["profile"])
         cluster = replace(cluster, profile=profile, peak_flops=float(data.get("peak_flops", cluster.peak_flops)))
         if "intra" in data:
             cluster = replace(cluster, intra=LinkTier(**data["intra"]))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ParallelLabError(f"{str(p)!r} is not a profile file written by parallel-lab calibrate ({e})") from None
+        _within_limits(cluster)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        why = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        raise ParallelLabError(f"{str(p)[:200]!r} is not a profile file written by parallel-lab calibrate "
+                               f"({why})") from None
     return cluster
+
+
+def _within_limits(cluster: ClusterSpec) -> None:
+    """A profile's numbers within the plan file's ranges (``inputs.PLAN_FILE_LIMITS``: finite, far above any GPU)."""
+    assert cluster.profile is not None
+    values = {("cluster", "peak_flops"): cluster.peak_flops, ("link", "bandwidth"): cluster.intra.bandwidth,
+              ("link", "latency"): cluster.intra.latency,
+              **{("profile", k): v for k, v in asdict(cluster.profile).items() if k != "source"}}
+    for (group, key), v in values.items():
+        lo, hi = PLAN_FILE_LIMITS[group][key]
+        if not lo <= v <= hi:
+            raise ValueError(f"{key}={v!r} is outside [{lo:g}, {hi:g}]")

@@ -14,21 +14,30 @@ gradients too: ZeRO-2 is the nearest, ``reshard_after_forward=never``), and our 
 attention-core recompute) differs from torchtitan's op-level selective checkpointing.
 Environment variables that matter on a cluster: ``OMP_NUM_THREADS`` (torchrun sets 1), ``NCCL_DEBUG``,
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (fail fast on a broken collective), ``NCCL_SOCKET_IFNAME`` (site-specific).
+Every value written into a script is checked (:func:`check_time`, :func:`check_partition`, :func:`check_host`,
+:func:`check_port`) and quoted with ``shlex.quote``; a value that fails a check is a ParallelLabError (exit 2).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import shlex
 from dataclasses import dataclass
 
 from . import mesh
 from .errors import ParallelLabError
 from .optimizers import OPTIMIZERS
-from .planfile import PlanFile
+from .planfile import PlanFile, write_atomic
 from .specs import Plan
 
 DEFAULT_PORT = 29500
+_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"         # one label of a host name (RFC 1123, and '_')
+_HOST = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+_TIME = re.compile(r"^(?:(\d{1,7})(?::(\d{1,2}))?(?::(\d{1,2}))?|\d{1,5}-(\d{1,2})(?::(\d{1,2}))?(?::(\d{1,2}))?)$")
+_PARTITION = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(,[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,99}$")
 #: our schedule name -> torchtitan's ``parallelism.pipeline_parallel_schedule`` (torch.distributed.pipelining)
 #: our model presets -> torchtitan's ``--module`` and ``--config`` (its config registry)
 TORCHTITAN_CONFIGS = {"llama3-8b": "llama3:llama3_8b", "llama3-70b": "llama3:llama3_70b",
@@ -64,10 +73,61 @@ def ranks_on_this_machine(world: int) -> tuple[int, bool]:
     return local, int(os.environ["RANK"]) < local
 
 
+def check_port(port: int, flag: str = "--rdzv-port") -> int:
+    """``port`` if it is a TCP port number (1-65535)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ParallelLabError(f"{flag} {str(port)[:40]!r} is not a port number; give one in 1-65535, e.g. "
+                               f"{DEFAULT_PORT}")
+    return port
+
+
+def check_host(host: str, flag: str = "--rdzv-endpoint") -> str:
+    """``host`` if it is a host name (letters, digits, ``-``, ``_``, dots), an IPv4 address, or an IPv6 address
+    in brackets: nothing a shell would read as more than a word."""
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+            return host
+        except ValueError:
+            pass
+    elif len(host) <= 253 and _HOST.match(host):
+        return host
+    raise ParallelLabError(f"{flag}: the host {host[:60]!r} is not a host name (letters, digits, '-', '_' and "
+                           f"dots) nor an IPv6 address in brackets; e.g. node001, 10.0.0.1 or [fe80::1]")
+
+
+def check_time(time: str) -> str:
+    """``time`` if it is in one of SLURM's ``--time`` formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM,
+    D-HH:MM:SS (minutes and seconds after a ``:`` 0-59, hours after a ``-`` 0-23)."""
+    m = _TIME.match(time)
+    later = [int(x) for x in (m.group(2), m.group(3), m.group(5), m.group(6)) if x] if m else []
+    if not m or any(x > 59 for x in later) or (m.group(4) is not None and int(m.group(4)) > 23):
+        raise ParallelLabError(f"--time {time[:60]!r} is not a SLURM time; write minutes, MM:SS, HH:MM:SS, D-HH, "
+                               f"D-HH:MM or D-HH:MM:SS, e.g. 04:00:00 or 2-00:00:00")
+    return time
+
+
+def check_partition(partition: str, flag: str = "--partition") -> str:
+    """``partition`` if it is a SLURM partition (or account) name, or several separated by commas."""
+    if len(partition) > 256 or not _PARTITION.match(partition):
+        raise ParallelLabError(f"{flag} {partition[:60]!r} is not a SLURM name; use letters, digits, '_', '-' and "
+                               f"'.' (several separated by commas), e.g. gpu or gpu,gpu-long")
+    return partition
+
+
+def _check_plan_path(plan_path: str) -> str:
+    if not plan_path.isprintable() or len(plan_path) > 4096:
+        raise ParallelLabError(f"plan file {plan_path[:60]!r}: the path has a control character (a newline?) "
+                               f"or is over 4096 characters; rename the file")
+    return plan_path
+
+
 def rendezvous(endpoint: str | None, port: int | None = None) -> tuple[str | None, int]:
     """``(host, port)`` of torchrun's ``--rdzv-endpoint HOST[:PORT]`` (host None: the allocation's first node;
     an IPv6 address in brackets, ``[fe80::1]:29500``); ``port`` is ``--rdzv-port``, which must agree with
-    the endpoint's when both are given."""
+    the endpoint's when both are given. The host must be a host name or an address (:func:`check_host`)."""
+    if port is not None:
+        check_port(port)
     if endpoint is None:
         return None, DEFAULT_PORT if port is None else port
     if endpoint.startswith("["):
@@ -90,7 +150,7 @@ def rendezvous(endpoint: str | None, port: int | None = None) -> tuple[str | Non
         if port is not None and port != int(text):
             raise ParallelLabError(f"--rdzv-endpoint {endpoint!r} and --rdzv-port {port} name two ports; give one")
         port = int(text)
-    return host, DEFAULT_PORT if port is None else port
+    return check_host(host), DEFAULT_PORT if port is None else port
 
 
 def job_of(pf: PlanFile, port: int = DEFAULT_PORT) -> Job:
@@ -109,10 +169,13 @@ def job_of(pf: PlanFile, port: int = DEFAULT_PORT) -> Job:
 def torchtitan_config(pf: PlanFile, config: str | None = None) -> list[str]:
     """``--module M --config C`` of torchtitan's trainer for the plan's model (``config`` = ``"M:C"``)."""
     config = config or TORCHTITAN_CONFIGS.get(pf.model.name)
-    if not config or ":" not in config:
+    if not config:
         raise ParallelLabError(f"model {pf.model.name!r} has no torchtitan config we know of; pass one as "
                                f"MODULE:CONFIG (e.g. --torchtitan-config llama3:llama3_8b)")
-    module, name = config.split(":", 1)
+    module, _, name = config.partition(":")
+    if not (_NAME.match(module) and _NAME.match(name)):
+        raise ParallelLabError(f"--torchtitan-config {config[:60]!r} is not MODULE:CONFIG, two Python names (letters, "
+                               f"digits, '_', '.'); e.g. --torchtitan-config llama3:llama3_8b")
     return ["--module", module, "--config", name]
 
 
@@ -135,6 +198,7 @@ def check_lab_entry(pf: PlanFile) -> None:
 
 def program(pf: PlanFile, plan_path: str, entry: str = "parallel-lab", config: str | None = None) -> list[str]:
     """The command each rank runs: the lab's ``parallel_lab run`` or torchtitan's trainer."""
+    _check_plan_path(plan_path)
     if entry == "parallel-lab":
         check_lab_entry(pf)
         return ["-m", "parallel_lab", "run", "--plan", plan_path]
@@ -147,20 +211,33 @@ def torchrun_command(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab
                      port: int = DEFAULT_PORT, config: str | None = None) -> str:
     """The command to start on every node: the same line everywhere. No ``--node-rank``: torchrun reads it only
     under ``--rdzv-backend=static``; under c10d the rendezvous gives each agent its node's group rank (which
-    machine becomes node 0 is its choice), and a node's ranks stay consecutive, all the grid relies on."""
-    job = job_of(pf, port)
+    machine becomes node 0 is its choice), and a node's ranks stay consecutive, all the grid relies on.
+    Every word is quoted (``shlex.quote``) but the endpoint on ``$HEAD_NODE``, the variable this line expands."""
+    job = job_of(pf, check_port(port))
+    endpoint = f"--rdzv-endpoint={head}:{job.port}"
+    if head != "$HEAD_NODE":
+        check_host(head)
     args = ["torchrun", f"--nnodes={job.nodes}", f"--nproc-per-node={job.gpus_per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:{job.port}",
-            f"--rdzv-id={pf.phase}", *program(pf, plan_path, entry, config)]
-    return " ".join(a if a.startswith("$") or "=$" in a else shlex.quote(a) for a in args)
+            "--rdzv-backend=c10d", endpoint, f"--rdzv-id={pf.phase}", *program(pf, plan_path, entry, config)]
+    return " ".join(a if a == endpoint and head == "$HEAD_NODE" else shlex.quote(a) for a in args)
 
 
 def sbatch_script(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab", port: int = DEFAULT_PORT,
                   time: str = "04:00:00", partition: str | None = None, config: str | None = None,
                   head: str | None = None) -> str:
     """An sbatch script: one torchrun agent per node (``srun --ntasks-per-node=1``), rendezvous on the first
-    node of the allocation (or on ``head``), the node count from the plan."""
-    job = job_of(pf, port)
+    node of the allocation (or on ``head``), the node count from the plan. Every value written into it is
+    checked (:func:`check_time`, :func:`check_partition`, :func:`check_host`, :func:`check_port`) and every word
+    quoted; ``srun`` starts ``torchrun`` itself (no ``bash -c "..."`` string for a value to break out of)."""
+    job = job_of(pf, check_port(port))
+    check_time(time)
+    if partition:
+        check_partition(partition)
+    if head is not None:
+        check_host(head)
+    for what, name in (("model", pf.model.name), ("cluster", pf.cluster.name)):
+        if not name.isprintable():
+            raise ParallelLabError(f"the {what} name {name[:60]!r} has a control character; rename it")
     prog = " ".join(shlex.quote(a) for a in program(pf, plan_path, entry, config))
     lines = [
         "#!/bin/bash",
@@ -179,18 +256,25 @@ def sbatch_script(pf: PlanFile, plan_path: str, *, entry: str = "parallel-lab", 
     lines += [
         "# --exclusive: the one task per node gets every core, for its ranks and their data loaders",
         "set -euo pipefail",
-        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' if head is None
+        # no `| head -n 1`: under pipefail, head closing the pipe early can fail the job with scontrol's SIGPIPE
+        'NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")\nHEAD_NODE=${NODES%%$\'\\n\'*}' if head is None
         else f"HEAD_NODE={shlex.quote(head)}",
         "export HEAD_NODE",
         "export OMP_NUM_THREADS=1",
         "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1   # a broken collective fails the job instead of hanging it",
         "export NCCL_DEBUG=${NCCL_DEBUG:-WARN}",
         "# export NCCL_SOCKET_IFNAME=...   # site-specific: the interface of the fast network",
-        f'srun --nodes={job.nodes} --ntasks-per-node=1 bash -c "torchrun --nnodes={job.nodes} '
+        f"srun --nodes={job.nodes} --ntasks-per-node=1 torchrun --nnodes={job.nodes} "
         f"--nproc-per-node={job.gpus_per_node} --rdzv-backend=c10d "
-        f'--rdzv-endpoint=$HEAD_NODE:{job.port} --rdzv-id=$SLURM_JOB_ID {prog}"',
+        f'"--rdzv-endpoint=$HEAD_NODE:{job.port}" "--rdzv-id=$SLURM_JOB_ID" {prog}',
     ]
     return "\n".join(lines) + "\n"
+
+
+def write_script(path: str, script: str) -> None:
+    """``launch --slurm --out PATH``: the script written all or nothing (``planfile.write_atomic``); a directory,
+    a missing folder or a read-only target is a ParallelLabError naming the path and the fix."""
+    write_atomic(path, script, "sbatch script", "job.sbatch")
 
 
 def torchtitan_flags(pf: PlanFile) -> list[str]:
@@ -274,7 +358,7 @@ def torchtitan_notes(pf: PlanFile, config: str | None = None) -> list[str]:
         notes.append(f"torchtitan's FSDP reduces gradients in float32 (mixed_precision_reduce has no other "
                      f"value): twice the data-parallel bytes comm predicts for optimizer={p.optimizer}; "
                      "optimizer=adam-mixed-fp32-grad is the plan that matches")
-    name = (config or TORCHTITAN_CONFIGS.get(pf.model.name) or ":").split(":", 1)[1]
+    name = torchtitan_config(pf, config)[3] if config else (TORCHTITAN_CONFIGS.get(pf.model.name) or ":").split(":")[1]
     if name in ("llama3_8b", "llama3_70b", "llama3_405b") and p.loss_chunk == 0:
         notes.append(f"torchtitan's {name} computes the loss in chunks (ChunkedLossWrapper): the whole logits "
                      "the plan counts (loss_chunk=0) are never held")

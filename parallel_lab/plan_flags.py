@@ -27,6 +27,7 @@ from typing import Any
 
 from .errors import ParallelLabError
 from .hardware import CLUSTER_PRESETS, ClusterSpec
+from .inputs import LIMITS
 from .optimizers import DTYPE_BYTES, OPTIMIZERS
 from .sharding import PP_SPLITS
 from .specs import (
@@ -68,19 +69,6 @@ def subcommand(sub: Any, name: str, handler: Callable[[argparse.Namespace], Outp
     return p
 
 
-#: Inclusive ranges of the integer flags (the bound keeps every call fast and small; see the docstring).
-#: The ledger's cost grows as pp x layers (every stage's parameters, ~0.1 ms per pair here), the planner's
-#: with the divisors of the GPU count: 512 layers (published models have <= 126), 64 stages and 2^17 GPUs
-#: (Llama 3 405B trained on 16,384) keep each call under a second on this machine.
-LIMITS: dict[str, tuple[int, int]] = {
-    "layers": (1, 512), "hidden": (1, 2**20), "heads": (1, 2**16), "kv_heads": (1, 2**16),
-    "ffn": (1, 2**24), "vocab": (1, 2**24), "seq": (1, 2**24), "micro_batch": (1, 2**16),
-    "grad_accum": (1, 2**20), "dp": (1, 2**17), "tp": (1, 2**17), "pp": (1, 64), "cp": (1, 2**17),
-    "interleave": (1, 512), "gpus": (1, 2**17), "stage": (0, 63), "global_batch": (1, 2**30),
-    "stages": (1, 2**20), "microbatches": (1, 2**20), "width": (20, 10_000), "top": (1, 10_000),
-    "max_tp": (1, 2**17), "steps": (1, 100_000), "seed": (0, 2**63 - 1), "zero": (0, 3),
-    "experts": (1, 2**16), "top_k": (1, 2**16), "expert_ffn": (1, 2**24), "ep": (1, 2**17), "nproc": (1, 64),
-}
 #: Largest finite float accepted by a time or size flag (keeps sums and products finite).
 MAX_FLOAT = 1e15
 

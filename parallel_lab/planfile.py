@@ -25,9 +25,10 @@ time model when not given) atomically: a temporary file in the same folder, rena
 an interrupted save never leaves a truncated plan. :func:`load_plan` reads it back into a
 :class:`PlanFile` and validates it against the schema (:data:`SCHEMA`): the version must be known (an
 integer), every field is required unless the schema gives its default (``replan_when: []``,
-``expected.step_time_s`` and ``expected.mfu``: null), every value has its type and range, the plan is
-valid for the model on ``gpus`` GPUs of the cluster and ``replan_when`` agrees with the file. The file is
-parsed safely and bounded before anything is built: at most :data:`MAX_FILE_BYTES`, UTF-8, nesting at
+``expected.step_time_s`` and ``expected.mfu``: null), every value has its type and range (the command
+line's, ``inputs.PLAN_FILE_LIMITS``), the plan is valid for the model on ``gpus`` GPUs of the cluster and
+``replan_when`` agrees with the file. The file (a regular file, ``inputs.read_bounded``) is parsed safely
+and bounded before anything is built: at most :data:`MAX_FILE_BYTES`, UTF-8, nesting at
 most :data:`MAX_DEPTH` deep, no anchors or aliases (``&a`` / ``*a``: a few lines of them expand to
 gigabytes), no key twice, integers within +-2^53; its last line is :data:`END_LINE` (a truncated file
 can still be valid YAML). Every problem raises :class:`ParallelLabError` naming the file, the
@@ -48,7 +49,8 @@ import yaml
 
 from . import comm, ledger
 from .errors import ParallelLabError
-from .hardware import CLUSTER_PRESETS, ClusterSpec, LinkTier
+from .hardware import CLUSTER_PRESETS, ClusterSpec, LinkTier, StepProfile
+from .inputs import MAX_NAME, PLAN_FILE_LIMITS, read_bounded
 from .planner import evaluate
 from .specs import MODEL_PRESETS, RUN_DEFAULTS, ModelSpec, Plan
 from .steptime import plan_bubble
@@ -147,12 +149,38 @@ def _known(where: str, data: dict[str, Any], known: list[str] | tuple[str, ...])
         raise ParallelLabError(f"{where}: unknown field(s) {unknown}; known fields: {sorted(known)}")
 
 
+def _in_limits(where: str, name: str, cls: type, data: dict[str, Any]) -> None:
+    """Every field of ``data`` (a mapping of ``cls`` fields) of its type, numbers within
+    ``inputs.PLAN_FILE_LIMITS[name]`` (the command line's ranges), names printable and short."""
+    _known(where, data, [f.name for f in fields(cls)])
+    limits = PLAN_FILE_LIMITS[name]
+    for f in fields(cls):
+        if f.name not in data or f.name in ("intra", "inter", "profile"):
+            continue
+        v, kind, label = data[f.name], str(f.type), f"{name}.{f.name}"
+        if v is None and kind.endswith("| None"):
+            continue
+        if kind.startswith(("int", "float")):
+            lo, hi = limits.get(f.name, (0, MAX_INT))
+            if kind.startswith("int"):
+                _int(label, v, int(lo), int(hi))
+            else:
+                _number(label, v, lo, hi)
+        elif kind.startswith("bool") and not isinstance(v, bool):
+            raise _type_error(label, v, "true or false")
+        elif f.name == "source" and not isinstance(v, str):       # a profile's provenance: free text
+            raise _type_error(label, v, "a sentence (a string)")
+        elif not kind.startswith(("int", "float", "bool")) and f.name != "source" and \
+                not (isinstance(v, str) and v.isprintable() and 0 < len(v) <= MAX_NAME):
+            raise _type_error(label, v, f"a name of 1 to {MAX_NAME} printable characters")
+
+
 def _model_from_data(where: str, data: Any) -> ModelSpec:
     if isinstance(data, str):
         return ModelSpec.preset(data)
     if not isinstance(data, dict):
         raise ParallelLabError(f"{where}: model must be a preset name or a mapping of ModelSpec fields")
-    _known(f"{where} model", data, [f.name for f in fields(ModelSpec)])
+    _in_limits(f"{where} model", "model", ModelSpec, data)
     return ModelSpec(**data)
 
 
@@ -161,14 +189,17 @@ def _cluster_from_data(where: str, data: Any) -> ClusterSpec:
         return ClusterSpec.preset(data)
     if not isinstance(data, dict):
         raise ParallelLabError(f"{where}: cluster must be a preset name or a mapping of ClusterSpec fields")
-    _known(f"{where} cluster", data, [f.name for f in fields(ClusterSpec)])
+    _in_limits(f"{where} cluster", "cluster", ClusterSpec, data)
     d = dict(data)
     for tier in ("intra", "inter"):
         t = d.get(tier)
         if not isinstance(t, dict):
             raise ParallelLabError(f"{where}: cluster.{tier} must be a mapping of name, bandwidth, latency")
-        _known(f"{where} cluster.{tier}", t, [f.name for f in fields(LinkTier)])
+        _in_limits(f"{where} cluster.{tier}", "link", LinkTier, t)
         d[tier] = LinkTier(**t)
+    if d.get("profile") is not None:
+        _in_limits(f"{where} cluster.profile", "profile", StepProfile, _mapping("cluster.profile", d["profile"]))
+        d["profile"] = StepProfile(**d["profile"])
     return ClusterSpec(**d)
 
 
@@ -235,13 +266,13 @@ def save_plan(path: str | Path, model: ModelSpec | PlanFile, cluster: ClusterSpe
     return pf
 
 
-def write_atomic(path: str | Path, text: str) -> None:
+def write_atomic(path: str | Path, text: str, what: str = "plan file", example: str = "plan.yaml") -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename (all or nothing);
-    an unwritable target raises ParallelLabError naming the path and the reason."""
+    an unwritable target raises ParallelLabError naming ``what``, the path and the reason."""
     p = Path(path)
-    where = f"cannot write the plan file {str(p)[:200]}"
+    where = f"cannot write the {what} {str(p)[:200]}"
     if p.is_dir():
-        raise ParallelLabError(f"{where}: it is a directory; give a file name, e.g. {str(p / 'plan.yaml')[:200]}")
+        raise ParallelLabError(f"{where}: it is a directory; give a file name, e.g. {str(p / example)[:200]}")
     folder = p.parent if str(p.parent) else Path(".")
     if not folder.is_dir():
         raise ParallelLabError(f"{where}: the folder {str(folder)[:200]} does not exist; create it first")
@@ -280,9 +311,12 @@ def _type_error(name: str, value: Any, want: str) -> ParallelLabError:
     return ParallelLabError(f"{name}={_show(value)} must be {want}")
 
 
-def _int(name: str, value: Any, lo: int = 1) -> int:
+def _int(name: str, value: Any, lo: int = 1, hi: int = MAX_INT) -> int:
+    """An integer in ``[lo, hi]``; beyond +-2^53 the message says so (no count in a plan is that large)."""
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= MAX_INT:
         raise _type_error(name, value, f"an integer in [{lo}, 2^53]")
+    if value > hi:
+        raise _type_error(name, value, f"an integer in [{lo:,}, {hi:,}] (the command line's range)")
     return value
 
 
@@ -321,9 +355,10 @@ def _plan_from_data(data: Any) -> Plan:
             if not isinstance(v, bool):
                 raise _type_error(f"plan.{k}", v, "true or false")
         elif isinstance(want, int):
-            _int(f"plan.{k}", v, lo=0 if k in ("zero", "loss_chunk") else 1)
+            lo, hi = PLAN_FILE_LIMITS["plan"].get(k, (0 if k in ("zero", "loss_chunk") else 1, MAX_INT))
+            _int(f"plan.{k}", v, int(lo), int(hi))
         elif isinstance(want, float):
-            _number(f"plan.{k}", v, lo=0.0)
+            _number(f"plan.{k}", v, *PLAN_FILE_LIMITS["plan"].get(k, (0.0, math.inf)))
         elif isinstance(want, str) and not isinstance(v, str):
             raise _type_error(f"plan.{k}", v, "a name (a string)")
     return Plan.from_dict(d)
@@ -396,7 +431,7 @@ def plan_file_from_data(data: Any, where: str = "plan file") -> PlanFile:
         _check_phase(where, data["phase"])
         model = _model_from_data(where, data["model"])
         cluster = _cluster_from_data(where, data["cluster"])
-        gpus = _int("gpus", data["gpus"])
+        gpus = _int("gpus", data["gpus"], *(int(x) for x in PLAN_FILE_LIMITS["gpus"]["gpus"]))
         plan = _plan_from_data(data["plan"]).validate(model, gpus=gpus, cluster=cluster)
         expected = _expected_from_data(data["expected"], plan)
         current = {"seq": plan.seq, "gpus": gpus, "global_batch": plan.global_batch, "model": model.name,
@@ -472,18 +507,10 @@ def parse_plan_text(raw: bytes, where: str = "plan file") -> Any:
 
 def load_plan(path: str | Path) -> PlanFile:
     """Read and validate a plan file (see the module docstring)."""
-    p = Path(path)
-    where = f"plan file {str(p)[:200]}"
+    where = f"plan file {str(path)[:200]}"
     if not str(path).strip():
         raise ParallelLabError("plan file '': no path given; e.g. --plan examples/plans/tiny-dp2-zero3.yaml")
-    try:
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise ParallelLabError(f"{where} is {p.stat().st_size:,} bytes; a plan file is at most "
-                                   f"{MAX_FILE_BYTES:,} (is it the right file?)")
-        with p.open("rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise ParallelLabError(f"{where}: cannot be read ({e.strerror or e}); check the path") from None
+    raw = read_bounded(path, "plan file", MAX_FILE_BYTES)
     pf = plan_file_from_data(parse_plan_text(raw, where), where)
     if raw.rstrip().rsplit(b"\n", 1)[-1].strip() != END_LINE.encode():
         raise ParallelLabError(f"{where} does not end with the line '{END_LINE}': it was cut short (an "

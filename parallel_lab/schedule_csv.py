@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import ParallelLabError
+from .inputs import read_text
 from .schedules import (
     COMPUTE_KINDS,
     P2P,
@@ -35,6 +36,8 @@ Format = Literal["compute_only", "compute_comms"]
 _CELL = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
 _OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
 _SKIPPED = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
+#: a schedule file is at most this many bytes (~0.5 s to read, check and simulate: 32 stages x 128 micro-batches)
+MAX_FILE_BYTES = 256 * 1024
 _HINT = "write [stage][F|I|B|W|SEND_F|RECV_F|SEND_B|RECV_B][micro-batch], e.g. 2F0, or (0F3;3B1)OVERLAP_F_B"
 
 
@@ -317,4 +320,4 @@ def load(path: str | Path, fmt: Format | None = None, check: bool = True) -> Sch
     Errors name the first wrong action as ``rank R, action C ('cell')``: ``R`` the row, ``C`` the column
     of the cell in that row, then the reason, e.g. ``rank 1, action 4 ('2F1'): forward before its input
     activations were received``."""
-    return loads(Path(path).read_text(), fmt, check)
+    return loads(read_text(path, "schedule file", MAX_FILE_BYTES), fmt, check)

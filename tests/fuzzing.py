@@ -7,6 +7,9 @@ states the contract of issue 18: exit 0 with valid output (valid JSON under ``--
 with exactly one line ``parallel-lab CMD: error: ...`` on stderr; never a traceback, never more than
 ``MAX_S`` seconds or ``MAX_MB`` megabytes.
 
+:func:`hostile_files` makes the file arguments of issue 35 (FIFOs, folders, devices, oversized files, absurd
+plans, malformed runs rows, damaged profiles and schedules) that :func:`random_argv` draws when given them; a
+plan file that loads must lie within the command line's ranges (:func:`refused_as_flags`).
 The test files (``test_fuzz_cli.py``, ``test_fuzz_planfile.py``) draw a few hundred cases with
 hypothesis; the full-scale run of the issue's done-when is::
 
@@ -213,22 +216,37 @@ _BASES = {"memory": [["--model", "llama3-8b"], ["--params", "7e9"], ["--layers",
           "run": [[], ["--model", "tiny-llama"]]}
 _BASES["comm"] = _BASES["flops"] = _BASES["memory"]
 _BASES["launch"] = [["examples/plans/tiny-tp2-sp.yaml"], ["examples/plans/llama3-405b-pretrain-8k.yaml", "--slurm"]]
-#: subcommands the fuzzer drives (``grade`` starts graded submissions in subprocesses: tests/grading covers it;
-#: ``calibrate`` fits a model, seconds by design: tests/test_calibrate.py covers its bad input)
+_BASES["reshard"] = [["examples/plans/tiny-tp2-sp.yaml", "examples/plans/tiny-dp2-zero3.yaml"]]
+#: ``calibrate`` fits a model (seconds for many runs): driven only with :func:`hostile_files`' small runs files
+_BASES["calibrate"] = [[]]
+#: subcommands the fuzzer drives (``grade`` starts graded submissions in subprocesses: tests/grading covers it)
 FUZZED = tuple(sorted(_BASES))
+#: file arguments, by the kind of file :func:`hostile_files` gives them
+FILE_FLAGS = {"--plan": "plan", "--runs": "runs", "--schedule-file": "schedule", "--cluster": "profile"}
+#: flags never drawn: they write files, or time kernels and start ranks (seconds by design)
+NEVER = ("--save", "--out", "--measure", "--microbench", "--run")
 
 
-def random_argv(rng: random.Random, flags: dict[str, list[tuple[str, Any]]]) -> list[str]:
-    """A subcommand, often a valid base, then 1-5 random flags with random (often hostile) values."""
+def random_argv(rng: random.Random, flags: dict[str, list[tuple[str, Any]]],
+                files: dict[str, list[str]] | None = None) -> list[str]:
+    """A subcommand, often a valid base, then 1-5 random flags with random (often hostile) values; with
+    ``files`` (:func:`hostile_files`) the file arguments too, and ``calibrate``."""
     if rng.random() < 0.02:
         return [rng.choice(["", "nosuch", "--help", "-x"])]
-    cmd = rng.choice([c for c in sorted(flags) if c in FUZZED])
+    cmd = rng.choice([c for c in sorted(flags) if c in FUZZED and (files or c not in ("calibrate", "reshard"))])
     argv = [cmd] + list(rng.choice(_BASES[cmd])) if rng.random() < 0.8 else [cmd]
+    if files and cmd in ("launch", "reshard") and argv[1:] and rng.random() < 0.5:
+        argv[rng.randint(1, 2 if cmd == "reshard" else 1)] = rng.choice(files["plan"])
+    if files and cmd == "calibrate":
+        argv += ["--runs", rng.choice(files["runs"])]
     for _ in range(rng.randint(1, 5)):
         flag, kind = rng.choice(flags[cmd])
-        if flag in ("--plan", "--save", "--out", "--runs", "--cluster", "--schedule-file", "--measure"):
-            continue      # files (the plan-file fuzzer covers them; no writes from here); --measure takes seconds
+        if flag in NEVER or (flag in FILE_FLAGS and not files):
+            continue      # without files: the plan-file fuzzer covers them; no writes from here
         argv.append(flag)
+        if flag in FILE_FLAGS and files:
+            argv.append(rng.choice(files[FILE_FLAGS[flag]] + (["h100-sxm", "cpu-gloo"] if flag == "--cluster" else [])))
+            continue
         if kind == 0:
             continue
         if isinstance(kind, list) and rng.random() < 0.7:
@@ -249,7 +267,9 @@ def damaged_plan(rng: random.Random, good: bytes) -> bytes:
     """One random damage of a good plan file: truncation, deleted/duplicated lines, flipped bytes, YAML
     bombs, deep nesting, huge numbers, odd types, bad encodings."""
     lines = good.split(b"\n")
-    kind = rng.randrange(12)
+    kind = rng.randrange(14)
+    if kind >= 12:
+        return _absurd(rng, good, kind == 12)
     if kind == 0:
         return good[:rng.randrange(len(good))]
     if kind == 1:
@@ -293,6 +313,30 @@ def damaged_plan(rng: random.Random, good: bytes) -> bytes:
     return b"\n".join(lines[:i] + [lines[i]] + lines[i:])
 
 
+#: values for a field of a model or cluster mapping: in range, at the edge, past it, of the wrong type
+ODD = [1, 2, 4, 64, 512, 513, 2**16, 2**16 + 1, 2**17 + 1, 10**6, 10**15, 0, -1, 2.5, 1e300, "'8'", "true",
+       ".nan", ".inf", "null", "[1]"]
+
+
+def _absurd(rng: random.Random, good: bytes, model: bool) -> bytes:
+    """The good file with its model (or cluster) written as a mapping, one or two fields set to odd values."""
+    if model:
+        fields = {"layers": 4, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 344, "vocab": 512,
+                  "flavour": "llama", "name": "tiny-llama"}
+        odd = ["layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts", "top_k", "expert_ffn",
+               "shared_experts", "max_positions", "capacity_factor", "name", "tied_embeddings"]
+    else:
+        fields = {"name": "cpu-gloo", "gpus_per_node": 2, "hbm_bytes": 12884901888, "peak_flops": 2e10,
+                  "intra": "{name: loopback, bandwidth: 1.4e9, latency: 0.0005}",
+                  "inter": "{name: loopback-remote, bandwidth: 1.0e9, latency: 0.001}", "mfu_achievable": 0.5}
+        odd = ["gpus_per_node", "hbm_bytes", "peak_flops", "mfu_achievable", "name", "intra", "profile"]
+    for key in rng.sample(odd, rng.randint(1, 2)):
+        fields[key] = rng.choice(ODD + (["{bandwidth: 1e300}", "{half_width: 1e300}", '"x\\ny"']))
+    text = "{" + ", ".join(f"{k}: {v}" for k, v in fields.items()) + "}"
+    line = b"model: tiny-llama" if model else b"cluster: cpu-gloo"
+    return good.replace(line, line.split(b":")[0] + b": " + text.encode(), 1)
+
+
 def _replace_value(line: bytes, key: bytes, val: bytes) -> bytes:
     stripped = line.lstrip(b" -")
     if stripped.startswith(key + b":"):
@@ -307,14 +351,70 @@ def load_case(path: str) -> Result:
 
     def call() -> int:
         try:
-            load_plan(path)
+            pf = load_plan(path)
         except ParallelLabError as e:
             print(f"parallel-lab run: error: {e}", file=sys.stderr)
             return 2
+        over = refused_as_flags(pf)
+        if over:              # would start ranks from a plan the command line refuses: exit 3 breaks the contract
+            print(f"loaded, but the flags would refuse {over}", file=sys.stderr)
+            return 3
         return 0
 
     code, out, err, wall, grew, sig = in_fork(call)
     return Result(["run", "--plan", path], code, out, err, wall, grew, sig)
+
+
+def refused_as_flags(pf: Any) -> list[str]:
+    """The fields of a loaded plan file outside the command line's ranges (``LIMITS``; ``experts`` 0: dense)."""
+    from dataclasses import asdict
+
+    from parallel_lab.inputs import LIMITS
+
+    values = {**asdict(pf.model), **pf.plan.to_dict(), "gpus": pf.gpus}
+    return [f"{k}={v}" for k, v in values.items() if k in LIMITS and isinstance(v, int)
+            and not (k == "experts" and v == 0) and not LIMITS[k][0] <= v <= LIMITS[k][1]]
+
+
+def hostile_files(d: str | Path) -> dict[str, list[str]]:
+    """File arguments, by kind, made in the folder ``d``: good ones, FIFOs, folders, devices, missing, oversized,
+    truncated, absurd plans, malformed runs rows and damaged profiles (issue 35)."""
+    d = Path(d)
+    good = good_plan_bytes()
+    out: dict[str, list[str]] = {}
+    for kind, suffix in (("plan", ".yaml"), ("runs", ".csv"), ("schedule", ".csv"), ("profile", ".json")):
+        special = [d / f"{kind}-fifo{suffix}", d / f"{kind}-dir{suffix}"]
+        if not special[0].exists():
+            os.mkfifo(special[0])
+            special[1].mkdir()
+        (d / f"{kind}-big{suffix}").write_bytes(b"#" * (5 * 2**20))
+        out[kind] = [str(p) for p in special] + [str(d / f"{kind}-big{suffix}"), str(d / f"no-such{suffix}"),
+                                                  "/dev/zero", "/dev/null", ""]
+    rng = random.Random(35)
+    for i in range(12):
+        (d / f"plan-{i}.yaml").write_bytes(good if i == 0 else _absurd(rng, good, i % 2 == 0))
+        out["plan"].append(str(d / f"plan-{i}.yaml"))
+    head = "name,model,gpus,dp,tp,seq,micro_batch,grad_accum,tflops_per_gpu\n"
+    runs = ["a,llama3-8b,8,8,1,8192,1,4,400\n", "a,llama3-8b,8,8,1,8192,1,4,abc\n", "a,llama3-8b,8,x,1,8192,1,4,1\n",
+            "a,llama3-8b,8,8,1,8192,1,4,400,9\n", "a,llama3-8b,8,8,1,99999999999,1,4,400\n",
+            "a,gpt5,8,8,1,8192,1,4,1\n", "a,llama3-8b,8,8,1,8192,1,4,-1\n", "a,llama3-8b,8,8,1,8192,1,4,nan\n",
+            "a,llama3-8b,16,8,1,8192,1,4,1\n"]
+    for i, row in enumerate(runs):
+        (d / f"runs-{i}.csv").write_text(head + row)
+        out["runs"].append(str(d / f"runs-{i}.csv"))
+    for i, text in enumerate(["runs: [1, 2]", "- {1: 2}", "- {model: llama3-8b, tflops_per_gpu: [1]}", "a: &a [1]",
+                              "- {model: llama3-8b, step_time_s: 0}", "[" * 5000]):
+        (d / f"runs-y{i}.yaml").write_text(text + "\n")
+        out["runs"].append(str(d / f"runs-y{i}.yaml"))
+    for i, text in enumerate(['{"cluster": "h100-sxm", "profile": {}}', '{"cluster": "h100-sxm", "profile": []}',
+                              '{"cluster": "h100-sxm", "profile": {"half_width": 1e999}}', "[" * 100_000, "{",
+                              '{"cluster": "h100-sxm", "profile": {}, "intra": {"bandwidth": -1}}']):
+        (d / f"profile-{i}.json").write_text(text)
+        out["profile"].append(str(d / f"profile-{i}.json"))
+    for i, text in enumerate(["0F0,0B0\n", "0F0,1B0\n1F0\n", "0F0,0X1\n", "\x00", ",,,\n" * 1000]):
+        (d / f"schedule-{i}.csv").write_text(text)
+        out["schedule"].append(str(d / f"schedule-{i}.csv"))
+    return out
 
 
 def good_plan_bytes() -> bytes:
@@ -343,17 +443,22 @@ def main(argv: list[str] | None = None) -> int:
     tally: dict[str, int] = {}
     failures: list[tuple[list[str], list[str], str]] = []
     worst = [0.0, 0.0]
+    slow = 0
     t0 = time.monotonic()
-    for i in range(args.cli):
-        if i and i % 1000 == 0:
-            print(f"  {i} argument lists, {len(failures)} failures, {time.monotonic() - t0:.0f} s", flush=True)
-        r = run_cli_case(random_argv(rng, flags))
-        worst = [max(worst[0], r.wall_s), max(worst[1], r.grew_mb)]
-        tally[f"exit {r.code}"] = tally.get(f"exit {r.code}", 0) + 1
-        bad = check_cli_result(r)
-        if bad:
-            failures.append((r.argv, bad, r.err[-300:]))
-    print(f"CLI: {args.cli} argument lists: {tally}; slowest {worst[0]:.2f} s, most memory {worst[1]:.0f} MB; "
+    with tempfile.TemporaryDirectory() as fdir:
+        files = hostile_files(fdir)
+        for i in range(args.cli):
+            if i and i % 1000 == 0:
+                print(f"  {i} argument lists, {len(failures)} failures, {time.monotonic() - t0:.0f} s", flush=True)
+            r = run_cli_case(random_argv(rng, flags, files))
+            worst = [max(worst[0], r.wall_s), max(worst[1], r.grew_mb)]
+            slow += r.wall_s > MAX_S
+            tally[f"exit {r.code}"] = tally.get(f"exit {r.code}", 0) + 1
+            bad = check_cli_result(r)
+            if bad:
+                failures.append((r.argv, bad, r.err[-300:]))
+    print(f"CLI: {args.cli} argument lists (file arguments included): {tally}; {tally.get('exit 70', 0)} internal "
+          f"errors, {slow} over {MAX_S:g} s; slowest {worst[0]:.2f} s, most memory {worst[1]:.0f} MB; "
           f"{len(failures)} broke the contract")
     good = good_plan_bytes()
     ptally: dict[str, int] = {}

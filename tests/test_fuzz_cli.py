@@ -3,13 +3,16 @@
 Hypothesis draws the seed of a random argument list (:func:`fuzzing.random_argv`: a subcommand, often a
 valid base, then hostile flags and values); every call must exit 0 with valid output (valid JSON under
 ``--json``) or exit 2 with one line ``parallel-lab CMD: error: ...``, never a traceback, within
-``fuzzing.MAX_S`` CPU seconds and ``fuzzing.MAX_MB`` MB. ``run`` stops where it would start ranks. Kept to a
-few seconds here; the full-scale run (10,000 lists) is ``python tests/fuzzing.py``.
+``fuzzing.MAX_S`` CPU seconds and ``fuzzing.MAX_MB`` MB. ``run`` stops where it would start ranks. With
+``fuzzing.hostile_files`` the file arguments too (issue 35). Kept to a few seconds here; the full-scale run
+(10,000 lists) is ``python tests/fuzzing.py``.
 """
 
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 
 import fuzzing
 import pytest
@@ -48,3 +51,34 @@ def test_the_cases_that_hung_or_blew_up(argv):
     r = fuzzing.run_cli_case(argv)
     assert fuzzing.check_cli_result(r) == [], (r.argv, r.code, r.err[-400:])
     assert r.wall_s < fuzzing.MAX_S and r.grew_mb < fuzzing.MAX_MB
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return fuzzing.hostile_files(tmp_path_factory.mktemp("hostile"))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.integers(min_value=0, max_value=2**32))
+def test_random_argument_lists_with_hostile_files_keep_the_contract(files, seed):
+    """File arguments too (issue 35): FIFOs, folders, devices, oversized files, absurd plans, malformed runs rows,
+    damaged profiles and schedules, to launch, reshard, run, bubble, calibrate and --cluster."""
+    r = fuzzing.run_cli_case(fuzzing.random_argv(random.Random(seed), FLAGS, files))
+    assert fuzzing.check_cli_result(r) == [], (r.argv, r.code, r.err[-400:])
+
+
+@pytest.mark.parametrize("argv", [
+    ["launch", "{plan-fifo.yaml}"], ["reshard", "{plan-fifo.yaml}", "examples/plans/tiny-tp2-sp.yaml"],
+    ["run", "--plan", "{plan-fifo.yaml}"], ["bubble", "--schedule-file", "{schedule-fifo.csv}"],
+    ["calibrate", "--runs", "{runs-dir.csv}"], ["calibrate", "--runs", "{runs-fifo.csv}"],
+    ["calibrate", "--runs", "{runs-1.csv}"], ["calibrate", "--runs", "{runs-3.csv}"],
+    ["calibrate", "--runs", "{runs-y0.yaml}"], ["memory", "--model", "llama3-8b", "--cluster", "{profile-fifo.json}"],
+    ["launch", "{plan-big.yaml}"], ["run", "--plan", "{plan-1.yaml}"], ["launch", "/dev/zero"],
+    ["launch", "examples/plans/tiny-tp2-sp.yaml", "--slurm", "--time", "04:00:00\ntouch /tmp/x"],
+    ["launch", "examples/plans/tiny-tp2-sp.yaml", "--slurm", "--rdzv-endpoint", "node0;touch /tmp/x;echo"],
+])
+def test_the_file_and_launch_cases_of_issue_35_are_one_line_refusals(argv, files):
+    """Each exits 2 with one line, at once: never a hang on a FIFO, never an internal error."""
+    folder = Path(files["plan"][0]).parent
+    r = fuzzing.run_cli_case([re.sub(r"^\{(.+)\}$", lambda m: str(folder / m.group(1)), a) for a in argv])
+    assert fuzzing.check_cli_result(r) == [] and r.code == 2, (r.argv, r.code, r.err[-400:])

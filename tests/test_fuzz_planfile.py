@@ -1,8 +1,9 @@
 """Fuzzing the plan-file loader (issue 18): random damage to a good plan file, each load in a fork.
 
 Damage (:func:`fuzzing.damaged_plan`): truncation, deleted, swapped or duplicated lines, flipped bytes,
-alias bombs, deep nesting, huge integers, odd values and tags, invalid UTF-8, oversized files. Every load
-must succeed or raise one line of ParallelLabError, never a traceback, within the time and memory bounds.
+alias bombs, deep nesting, huge integers, odd values and tags, invalid UTF-8, oversized files, models and
+clusters written as mappings with absurd or mistyped fields. Every load must succeed, within the command
+line's ranges, or raise one line of ParallelLabError, never a traceback, within the time and memory bounds.
 The full-scale run (1,000 files) is ``python tests/fuzzing.py``.
 """
 

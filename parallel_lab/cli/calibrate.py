@@ -16,10 +16,10 @@ from ..hardware import (
     ClusterSpec,
     attention_kernel_efficiency,
 )
+from ..inputs import LIMITS
 from ..optimizers import DTYPE_BYTES
 from ..plan_flags import (
     DEFAULT_CLUSTER,
-    LIMITS,
     MAX_RANKS_PER_CORE,
     Output,
     cluster_from_args,

@@ -55,8 +55,7 @@ def handle(args: argparse.Namespace) -> Output:
                                            partition=args.partition, config=args.torchtitan_config, head=head)
         data["sbatch"] = script
         if args.out:
-            with open(args.out, "w") as f:
-                f.write(script)
+            cluster_job.write_script(args.out, script)
             lines.append(f"wrote {args.out}: sbatch {args.out}")
         else:
             lines.append(script.rstrip())

@@ -10,10 +10,10 @@ from typing import Any
 
 from ..errors import ParallelLabError
 from ..hardware import CLUSTER_PRESETS
+from ..inputs import LIMITS
 from ..optimizers import DTYPE_BYTES, OPTIMIZERS
 from ..plan_flags import (
     DEFAULT_CLUSTER,
-    LIMITS,
     Output,
     add_model_args,
     cluster_from_args,
