@@ -18,7 +18,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from parallel_lab.planner import Constraints, plan_search
+from parallel_lab.planner import plan_search
+from parallel_lab.planner_constraints import Constraints
 from parallel_lab.specs import ClusterSpec, ModelSpec, StepProfile
 
 H100 = ClusterSpec.preset("h100-sxm")

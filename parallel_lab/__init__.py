@@ -13,13 +13,9 @@ Layer 1 (this package's top level) is pure Python and never imports torch: speci
 
 from .comm import Collective, CommReport, collectives, payload_bytes, per_step_bytes, report
 from .flops import FlopsReport, mfu, step_flops
-from .ledger import (
-    MemoryLedger,
-    activation_bytes_per_layer,
-    inflight_microbatches,
-    memory,
-    state_bytes,
-)
+from .ledger import MemoryLedger, memory, state_bytes
+from .ledger_activations import activation_bytes_per_layer
+from .rank_view import inflight_microbatches
 from .specs import (
     CLUSTER_PRESETS,
     MODEL_PRESETS,

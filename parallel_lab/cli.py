@@ -193,7 +193,7 @@ _positive_float = float_in(0.0, open_lo=True)
 
 def _tokens(text: str) -> str:
     """A global batch in tokens: a whole number, optionally with K/M/G (powers of 2^10), up to 2^40."""
-    from .planner import parse_tokens
+    from .planner_constraints import parse_tokens
 
     t = text.strip().upper()
     try:
@@ -701,7 +701,8 @@ def _split(text: str | None, cast: Callable[[str], Any] = str) -> tuple[Any, ...
 
 def _plan(args: argparse.Namespace) -> Output:
     from .planfile import save_plan
-    from .planner import Constraints, parse_fix, plan_search
+    from .planner import plan_search
+    from .planner_constraints import Constraints, parse_fix
 
     model = model_from_args(args)
     cluster = cluster_from_args(args)

@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from . import comm, ledger
-from .planner import evaluate, plan_bubble
+from .planner import evaluate
 from .specs import (
     CLUSTER_PRESETS,
     MODEL_PRESETS,
@@ -58,6 +58,7 @@ from .specs import (
     ParallelLabError,
     Plan,
 )
+from .steptime import plan_bubble
 
 SCHEMA_VERSION = 1
 KNOWN_VERSIONS = (1,)

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from parallel_lab import comm, ledger
+from parallel_lab import comm, layout, ledger
 from parallel_lab.distributed.data_parallel.data_parallel import bucket_plan
 from parallel_lab.distributed.instruments import compare_calls
 from parallel_lab.distributed.model.model import build_model
@@ -40,7 +40,7 @@ def run_and_check(spec: ModelSpec, p: Plan, frozen: tuple[str, ...] = (), steps:
     assert max(abs(a - b) for a, b in zip(losses, ref.losses, strict=True)) <= LOSS_TOL, (losses, ref.losses)
     assert max_abs_diff(merge_params(results), ref.params) <= PARAM_TOL
     predicted = comm.collectives(spec, p, stage=0, frozen=frozen)
-    trainable = [(n, math.prod(s)) for n, s in spec.parameter_shapes() if not ledger.is_frozen(n, frozen)]
+    trainable = [(n, math.prod(s)) for n, s in spec.parameter_shapes() if not layout.is_frozen(n, frozen)]
     for r in results:
         assert compare_calls(r.events, predicted, times=steps) == {"missing": {}, "extra": {}}, r.rank
         assert {e.phase for e in r.events} <= {"backward"}

@@ -31,7 +31,7 @@ from collections import Counter
 import pytest
 import torch
 
-from parallel_lab import comm, ledger
+from parallel_lab import comm, layout, ledger
 from parallel_lab.distributed.model.model import ADAMW, init_weights
 from parallel_lab.distributed.model.reference import reference_train
 from parallel_lab.distributed.runtime.launch import launch
@@ -101,7 +101,7 @@ def run_and_check(spec: ModelSpec, p: Plan, bitwise: bool):
 def test_two_ranks_are_bitwise_the_mixed_reference(kw):
     p = plan(dp=2, **kw)
     results, state = run_and_check(LLAMA, p, bitwise=True)
-    n, shard = LLAMA.n_params, sum(-(-u // 2) for u in ledger.unit_sizes(LLAMA, p, 0).values())
+    n, shard = LLAMA.n_params, sum(-(-u // 2) for u in layout.unit_sizes(LLAMA, p, 0).values())
     assert state["parameters"] == 2 * n                                   # the ZeRO paper's 2 + 2 + 12
     assert state["gradients"] == 2 * (shard if p.zero == 2 else n)
     assert state["optimizer_states"] == 12 * (shard if p.zero else n)
@@ -113,7 +113,7 @@ def test_two_ranks_are_bitwise_the_mixed_reference(kw):
 def test_four_ranks_zero2_with_accumulation_and_uneven_shards():
     """dp=4, ZeRO-2, two micro-batches per rank accumulating bf16 gradients; odd units (uneven shards)."""
     p = plan(dp=4, zero=2, grad_accum=2, micro_batch=1)
-    assert any(n % 4 for n in ledger.unit_sizes(ODD_GPT, p, 0).values())
+    assert any(n % 4 for n in layout.unit_sizes(ODD_GPT, p, 0).values())
     run_and_check(ODD_GPT, p, bitwise=False)
 
 

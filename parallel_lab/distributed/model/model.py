@@ -37,7 +37,7 @@ from parallel_lab.distributed.model.kernels import (
     op_sac_context,
 )
 from parallel_lab.distributed.model.moe import MoE
-from parallel_lab.ledger import is_frozen
+from parallel_lab.layout import is_frozen
 from parallel_lab.specs import RECOMPUTE, ModelSpec, ParallelLabError, Plan
 
 NORM_EPS = 1e-5
@@ -430,7 +430,7 @@ def load_full_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
 
 def freeze(model: nn.Module, frozen: Iterable[str]) -> None:
     """``requires_grad=False`` for the parameters named in ``frozen``: a name of ``parameter_shapes()`` or
-    a prefix such as ``"blocks.0"`` (the rule of ``ledger.is_frozen``, which the predictions use)."""
+    a prefix such as ``"blocks.0"`` (the rule of ``layout.is_frozen``, which the predictions use)."""
     params = dict(model.named_parameters())
     for pattern in frozen:
         hit = [n for n in params if is_frozen(n, (pattern,))]
