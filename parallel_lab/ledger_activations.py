@@ -176,7 +176,6 @@ def activation_bytes(model: ModelSpec, plan: Plan, stage: int = 0, *, formula: s
     return activation_bytes_per_layer(model, plan, formula=formula) * blocks
 
 
-
 def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") -> float:
     """The head's logits and what cross-entropy keeps, on the last stage.
 
@@ -200,7 +199,6 @@ def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") 
     kept_per_token = view.vocab * LOSS_BYTES + inputs
     per_mb = plan.seq / plan.cp * plan.micro_batch * kept_per_token
     return per_mb * kept
-
 
 
 def check_activation_model(activation_model: str) -> None:

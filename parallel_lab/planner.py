@@ -77,7 +77,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
         rep = comm_mod.report(model, plan, cluster, stage=s)
         tier = layout.group_tier(cluster, plan, "dp", s)
         compute, attention = stage_compute(model, cluster, fl, plan.seq, plan.tp, plan.cp, plan.micro_batch,
-                                      plan.microbatches, plan.pp, plan.interleave, s, plan.recompute, tok, rate)
+                                           plan.microbatches, plan.pp, plan.interleave, s, plan.recompute, tok,
+                                           rate)
         stages.append(StageTimes(compute, attention, dict(rep.time_s),
                                  dp_times(rep.collectives, tier, plan.zero, plan.microbatches),
                                  tp_overlap(cluster, plan.sp)))
@@ -88,7 +89,6 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
     mfu = mf / (step * plan.world * cluster.peak_flops)
     return Estimate(plan.to_dict(), led.total_bytes, cluster.hbm_bytes * (1 - margin), compute, bub,
                     dict(comm_s), exposed, step, mfu, _plan=plan, need_bytes=led.need_bytes)
-
 
 
 def _family_reason(model: ModelSpec, cluster: ClusterSpec, c: Constraints, tp: int, cp: int, pp: int,

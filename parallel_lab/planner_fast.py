@@ -23,8 +23,8 @@ from .specs import ClusterSpec, LinkTier, ModelSpec, ParallelLabError, Plan
 from .steptime import NO_DP, DpTimes, StageFlops, StageTimes, dp_times, roofline_stage
 
 
-def stage_compute(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, seq: int, tp: int, cp: int, mb: int, m: int,
-             pp: int, v: int, stage: int, recompute: str, tok: float, rate: float) -> tuple[float, float]:
+def stage_compute(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, seq: int, tp: int, cp: int, mb: int,
+                  m: int, pp: int, v: int, stage: int, recompute: str, tok: float, rate: float) -> tuple[float, float]:
     """(compute, attention) seconds of a stage: the roofline of ``cluster.profile`` when it has one, else
     the stage's hardware FLOPs at ``mfu_achievable`` of peak (``steptime`` module docstring)."""
     if cluster.profile is None:
@@ -34,8 +34,8 @@ def stage_compute(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, seq: i
 
 
 def tp_overlap(cluster: ClusterSpec, sp: bool) -> float:
+    """The fraction of TP time the cluster's profile hides behind compute with SP (0 without a profile)."""
     return cluster.profile.tp_overlap if cluster.profile is not None and sp else 0.0
-
 
 
 class FastPath:
@@ -260,7 +260,7 @@ class FastPath:
         flops = memo.get(key := ("compute", t, c, pp, v, stage, recompute, tok, sizes))
         if flops is None:
             flops = memo[key] = stage_compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
-                                         recompute, tok, self.rate)
+                                              recompute, tok, self.rate)
         return StageTimes(*flops, out, NO_DP, self.tp_overlap[sp])
 
     def times(self, plan: Plan, stage: int) -> StageTimes:

@@ -19,7 +19,7 @@ ROW_FIELDS = ("dp", "tp", "pp", "cp", "zero", "zero2_accumulate", "sp", "micro_b
 
 @dataclass
 class Estimate:
-    """One plan with its memory and step-time estimate (see the module docstring for the model).
+    """One plan with its memory and step-time estimate (the model: docs/planner.md).
 
     ``fields`` are the Plan's fields; ``plan`` builds (and keeps) the :class:`Plan` on first use, so that
     the search need not build one per candidate.
@@ -70,7 +70,6 @@ class Estimate:
         return out
 
 
-
 #: :meth:`PlannerResult.top` checks at most ``PEAK_SCAN_PER_PLAN`` plans per plan asked for (and at least
 #: ``PEAK_SCAN_MIN``) at their peak at one moment.
 PEAK_SCAN_PER_PLAN, PEAK_SCAN_MIN = 16, 64
@@ -96,7 +95,7 @@ class PlannerResult:
     def fits_at_peak(self, i: int) -> bool:
         """Whether ``estimates[i]`` also passes ``memory``'s whole verdict: the larger of its total and its
         peak at one moment within ``hbm * (1 - margin)`` (``ledger.MemoryLedger.fits``, the rule the
-        ``memory`` command and the plan files use). The search ranks by totals (module docstring); this is
+        ``memory`` command and the plan files use). The search ranks by totals (docs/planner.md); this is
         asked of the plans shown, once each, and sets their ``need_bytes``."""
         ok = self._at_peak.get(i)
         if ok is None:
