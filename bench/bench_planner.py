@@ -18,7 +18,9 @@ import statistics
 import time
 
 from parallel_lab.hardware import ClusterSpec
-from parallel_lab.planner import Constraints, _Fast, evaluate, plan_search
+from parallel_lab.planner import evaluate, plan_search
+from parallel_lab.planner_constraints import Constraints
+from parallel_lab.planner_fast import FastPath
 from parallel_lab.schedules import build_schedule
 from parallel_lab.simulate import Costs, bubble_formula, simulate
 from parallel_lab.specs import ModelSpec
@@ -84,7 +86,7 @@ def main() -> None:
     for p in plans:
         evaluate(model, cluster, p)
     slow = (time.perf_counter() - t) / len(plans)
-    fast = _Fast(model, cluster, 8192, Constraints())
+    fast = FastPath(model, cluster, 8192, Constraints())
     t = time.perf_counter()
     for p in plans:
         for s in sorted({0, p.pp - 1}):

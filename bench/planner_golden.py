@@ -19,7 +19,8 @@ from dataclasses import replace
 from typing import Any
 
 from parallel_lab.hardware import ClusterSpec, StepProfile
-from parallel_lab.planner import Constraints, plan_search
+from parallel_lab.planner import plan_search
+from parallel_lab.planner_constraints import Constraints
 from parallel_lab.specs import ModelSpec
 
 H100 = ClusterSpec.preset("h100-sxm")

@@ -173,7 +173,7 @@ def _zero_collectives(model: ModelSpec, plan: Plan, stage: int, frozen: tuple[st
       With ``zero_unit="root"`` the single unit behaves
       like the root unit. A model given by its count only is taken as block units (FSDP wraps every
       block, the rest is negligible): every parameter gathered twice, and nothing large held gathered,
-      as ``ledger.comm_buffer_bytes`` assumes for it.
+      as ``ledger_buffers.comm_buffer_bytes`` assumes for it.
 
     Gradients travel as bf16 for bf16-gradient optimizers (else fp32); gathered parameters in the
     parameter dtype (FSDP2 mixed precision: the compute dtype).

@@ -1,61 +1,19 @@
 """The 4-D planner: enumerate every valid way to split a model over N GPUs, estimate each, rank them.
 
-Input: a model, a cluster, the number of GPUs, the sequence length, the global batch (in sequences, or
-in tokens: ``16M`` tokens is ``16 * 2**20 = 16,777,216`` tokens, 2048 sequences of 8192, the batch Llama 3
-used), and optional constraints. Output: every plan ``(tp, cp, pp, dp, zero, micro_batch, grad_accum,
-recompute, schedule, interleave, sp)`` that keeps the global batch, respects the divisibility rules of
-:meth:`Plan.validate`, keeps tensor parallelism inside a node and fits in memory with the safety margin,
-ranked by estimated step time; and the families (``tp, cp, pp, dp`` degrees) that were rejected, counted
-by reason: ``divisibility``, ``batch``, ``tp_across_nodes``, ``oom``.
-
-Memory is the ledger's (:func:`parallel_lab.ledger.memory`): the largest stage total against
-``hbm * (1 - margin)``. The peak at one moment, which ``memory``'s verdict also weighs, costs about 0.5 ms
-a stage, too slow for 10^5 candidates: the search ranks by totals, and :meth:`PlannerResult.top` then checks
-the plans it shows, in rank order, against ``memory``'s whole verdict (``ledger.MemoryLedger.fits``) and
-leaves out those whose peak exceeds the budget (:meth:`PlannerResult.dropped_at_peak`), so a plan the
-planner proposes is one ``parallel-lab memory`` says fits.
-Communication is the comm module's (:func:`parallel_lab.comm.report`): each group's
-collectives on the link tier its ranks land on in the placement ``arange(world).view(dp, pp, cp, tp)`` (TP
-innermost, then CP, PP, DP). To estimate some 10^5 candidates in well under a second (Llama 3 405B on
-16,384 GPUs: 73,602 candidates; Llama 2 7B: 64,632; ``bench/bench_planner.py`` prints the times), the
-planner evaluates both through a fast path (:class:`_Fast`) that caches what depends on few degrees
-(per-stage parameter units, DDP buckets, activation bytes per layer) and sums the same closed forms, and
-the search computes each part once at the loop level it depends on (:meth:`_Search.family`); tests check
-it against ``ledger.memory`` and ``comm.report`` plan by plan, and :func:`evaluate` uses the two modules
-themselves.
-Only stage 0 (most layers, the embedding, the most in-flight micro-batches) and the last stage (the head
-and the logits) are evaluated: no middle stage exceeds both (also checked against the ledger).
-
-Not searched: the optimizer layout, dtype, CP kind (ring by default) and DP kind (bucketed) are fixed by
-:class:`Constraints`; GPipe is searched only when asked (it never beats 1F1B here: same bubble and
-traffic, more micro-batches in flight).
-
-Step time (per optimizer step, assumptions stated, no constant tuned to any result):
+Every plan ``(tp, cp, pp, dp, zero, micro_batch, grad_accum, recompute, schedule, interleave, sp)`` that
+keeps the global batch, passes :meth:`Plan.validate`, keeps TP inside a node and fits in
+``hbm * (1 - margin)`` (the ledger's largest stage total), ranked by estimated step time
 
 ``step = (compute + tp + cp_exposed) * (1 + bubble_ratio) + pp + dp_exposed``
 
-* ``compute``: hardware FLOPs of the busiest pipeline stage (its layers, plus the head on the last stage;
-  recomputation adds its forward FLOPs) for all its micro-batches, split over its ``tp * cp`` GPUs, at
-  ``cluster.mfu_achievable`` of peak (the efficiency of well-tuned kernels, 0.5 for the GPU presets).
-* ``tp``: all tensor-parallel collectives (and the vocabulary-parallel ones), alpha-beta on their tier:
-  they sit between the matmuls of every layer, on the critical path, with no overlap assumed.
-* ``cp_exposed``: ring attention sends the next K/V block while computing on the current one, so only the
-  part of the ring's time beyond the attention's own compute is exposed; all-gather and Ulysses CP wait
-  for their collectives (fully exposed).
-* ``bubble_ratio``: the closed form of :func:`parallel_lab.simulate.bubble_formula` for the schedule
-  (checked against the simulator), with ``F : B : W = 1 : 1 : 1`` (backward twice the forward; with
-  full recomputation ``B`` includes one more forward). It multiplies everything on the per-micro-batch
-  critical path (compute, TP, CP). Stages are taken as equal (the busiest stage's time is used).
-* ``pp``: every point-to-point transfer of the stage counts: in the executor's lists a receive is posted
-  just before its consumer, so its transfer is not hidden (the simulator shows about one message per
-  micro-batch and direction on the critical path).
-* ``dp_exposed``: gradient synchronisation runs once per step after the last micro-batch's backward and
-  overlaps with it (bucket by bucket, unit by unit): exposed is ``max(last collective, sync - one
-  micro-batch's backward)``. The ZeRO-1/2 all-gather of updated parameters overlaps with the next step's
-  first forward in the same way. ZeRO-3 gathers and reduce-scatters every micro-batch, prefetched under
-  the whole step's compute: exposed is ``max(one unit's collectives, zero3 time - compute)``.
-
-MFU = model FLOPs per step (``flops.step_flops``) / (step time * GPUs * peak), Chowdhery et al. 2022.
+(compute at ``mfu_achievable`` of peak or the cluster's roofline profile; alpha-beta collectives on the
+link tier each group lands on; the schedule's closed-form bubble, Narayanan et al. 2021, Qi et al.
+2023; DP overlapped with the last backward). MFU = model FLOPs per step / (step time * GPUs * peak),
+Chowdhery et al. 2022. Rejected families are counted by reason: ``divisibility``, ``batch``,
+``tp_across_nodes``, ``oom``. The search estimates through :class:`parallel_lab.planner_fast.FastPath`
+and computes each part once at the loop level it depends on (:meth:`_Search.family`); :func:`evaluate`
+uses ``ledger.memory`` and ``comm.report`` themselves. Only stage 0 and the last stage are evaluated.
+The assumptions, term by term: docs/planner.md.
 """
 
 from __future__ import annotations
@@ -66,7 +24,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from operator import add, itemgetter
 from typing import Any
 
@@ -75,10 +32,13 @@ from . import ledger, mesh
 from .errors import ParallelLabError, divisors
 from .flops import flops_per_token, step_flops
 from .hardware import ClusterSpec, LinkTier
-from .schedules import head_inflight, messages_at_once
-from .specs import CP_KINDS, RECOMPUTE, SCHEDULES, ZERO2_ACCUMULATES, ModelSpec, Plan
+from .planner_constraints import Constraints, global_batch_sequences
+from .planner_fast import FastPath, stage_compute, tp_overlap
+from .planner_result import Estimate, PlannerResult
+from .rank_view import block_inflight
+from .schedules import head_inflight
+from .specs import ModelSpec, Plan
 from .steptime import (
-    NO_DP,
     DpTimes,
     StageFlops,
     StageTimes,
@@ -89,188 +49,10 @@ from .steptime import (
     dp_exposed,
     dp_times,
     plan_bubble,
-    roofline_stage,
     stages_to_check,
 )
 
 REASONS = ("divisibility", "batch", "tp_across_nodes", "oom")
-#: The Plan fields of a row of ``parallel-lab plan --json``.
-ROW_FIELDS = ("dp", "tp", "pp", "cp", "zero", "zero2_accumulate", "sp", "micro_batch", "grad_accum", "recompute",
-              "schedule", "interleave")
-#: Plan fields a constraint may fix (``--fix tp=8,pp=16``).
-FIXABLE = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "recompute", "schedule",
-           "interleave", "cp_kind", "ep")
-
-
-def shorten_list(values: Iterable[Any], n: int = 4) -> str:
-    """``['128', 'x']``, at most ``n`` values, each cut to 20 characters (error messages stay short)."""
-    vals = [str(v)[:20] for v in values]
-    return repr(vals[:n] + (["..."] if len(vals) > n else []))
-
-
-def parse_tokens(text: str | int) -> int:
-    """``"16M"`` -> ``16 * 2**20`` tokens (K, M, G are powers of 2**10, as Llama 3's "16M tokens");
-    a plain number is taken as is (``"16777216"``, ``"1.6e7"``)."""
-    if isinstance(text, int):
-        return text
-    t = str(text).strip().upper()
-    mult = {"K": 2**10, "M": 2**20, "G": 2**30}
-    try:
-        if t and t[-1] in mult:
-            value = float(t[:-1]) * mult[t[-1]]
-        else:
-            value = float(t)
-    except ValueError:
-        raise ParallelLabError(f"global batch {text!r} is not a token count; e.g. 16M (= 16*2^20 tokens) "
-                               "or 16777216") from None
-    if value < 1 or value != int(value):
-        raise ParallelLabError(f"global batch {text!r} must be a whole positive number of tokens")
-    return int(value)
-
-
-def global_batch_sequences(seq: int, global_batch: int | None = None,
-                           global_batch_tokens: int | str | None = None) -> int:
-    """Sequences per optimizer step from either a count of sequences or of tokens (exactly one)."""
-    if (global_batch is None) == (global_batch_tokens is None):
-        raise ParallelLabError("give the global batch either in sequences (global_batch=2048) or in tokens "
-                               "(global_batch_tokens='16M'), not both and not neither")
-    if global_batch is not None:
-        if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-            raise ParallelLabError(f"global_batch={global_batch!r} must be a positive number of sequences")
-        return global_batch
-    tokens = parse_tokens(global_batch_tokens)  # type: ignore[arg-type]
-    if tokens % seq:
-        raise ParallelLabError(f"global batch of {tokens:,} tokens is not a whole number of sequences of "
-                               f"seq={seq}; pick a multiple of {seq}")
-    return tokens // seq
-
-
-@dataclass(frozen=True)
-class Constraints:
-    """What the planner may choose. ``fixed`` pins Plan fields (e.g. ``{"tp": 8, "pp": 16}``); the other
-    fields list the options tried. ``max_tp`` defaults to the GPUs of one node.
-
-    GPipe is left out of the default schedules: in this model it has 1F1B's bubble and traffic and holds
-    ``m >= min(m, p)`` micro-batches, so it never beats its 1F1B twin. Add it to ``schedules`` (or fix
-    ``schedule="gpipe"``) to see it ranked."""
-
-    fixed: dict[str, Any] = field(default_factory=dict)
-    max_tp: int | None = None
-    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
-    recompute: tuple[str, ...] = ("none", "selective", "full")
-    schedules: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1")
-    sp: tuple[bool, ...] = (False, True)
-    cp_kind: str = "ring"
-    optimizer: str = "adam-mixed"
-    dtype: str = "bf16"
-    margin: float = 0.1
-    max_micro_batch: int | None = None
-    attention: str = "eager"
-    mlp: str = "eager"
-    pp_split: str = "layers"
-    #: ZeRO-2's gradient accumulation variants tried (``Plan.zero2_accumulate``): hold the full gradients
-    #: until the last micro-batch ("unsharded"), or reduce-scatter every micro-batch ("sharded", FSDP's)
-    zero2_accumulate: tuple[str, ...] = ("unsharded",)
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.fixed) - set(FIXABLE))
-        if unknown:
-            raise ParallelLabError(f"cannot fix {unknown}; fixable fields: {', '.join(FIXABLE)}")
-        if self.cp_kind not in CP_KINDS:
-            raise ParallelLabError(f"cp_kind={self.cp_kind!r}; pick one of {', '.join(CP_KINDS)}")
-        if not 0 <= self.margin < 1:
-            raise ParallelLabError(f"margin={self.margin} must be a fraction in [0, 1); e.g. 0.1")
-        for name, values, known in (("recompute", self.recompute, RECOMPUTE), ("schedules", self.schedules, SCHEDULES),
-                                    ("zero_stages", self.zero_stages, (0, 1, 2, 3)),
-                                    ("zero2_accumulate", self.zero2_accumulate, ZERO2_ACCUMULATES)):
-            bad = [v for v in values if v not in known]
-            if bad or not values:
-                raise ParallelLabError(f"{name}={shorten_list(bad or values)} is not known; pick from "
-                                       f"{', '.join(map(str, known))}")
-
-    def options(self, name: str, default: Iterable[Any]) -> list[Any]:
-        return [self.fixed[name]] if name in self.fixed else list(default)
-
-
-def parse_fix(text: str | None) -> dict[str, Any]:
-    """``"tp=8,pp=16,schedule=interleaved"`` -> ``{"tp": 8, "pp": 16, "schedule": "interleaved"}``."""
-    out: dict[str, Any] = {}
-    if not text:
-        return out
-    for part in text.split(","):
-        if "=" not in part:
-            raise ParallelLabError(f"--fix entry {part!r} is not NAME=VALUE; e.g. --fix tp=8,pp=16")
-        k, v = (s.strip() for s in part.split("=", 1))
-        k = k.replace("-", "_")
-        if k not in FIXABLE:
-            raise ParallelLabError(f"--fix {k}: not a fixable field; pick from {', '.join(FIXABLE)}")
-        if k in ("recompute", "schedule", "cp_kind"):
-            out[k] = v
-        elif k == "sp":
-            out[k] = v.lower() in ("1", "true", "yes", "on")
-        else:
-            try:
-                out[k] = int(v)
-            except ValueError:
-                raise ParallelLabError(f"--fix {k}={v!r} must be an integer") from None
-    return out
-
-
-# --------------------------------------------------------------------------------------------------
-# Estimates
-# --------------------------------------------------------------------------------------------------
-
-@dataclass
-class Estimate:
-    """One plan with its memory and step-time estimate (see the module docstring for the model).
-
-    ``fields`` are the Plan's fields; ``plan`` builds (and keeps) the :class:`Plan` on first use, so that
-    the search need not build one per candidate.
-    """
-
-    fields: dict[str, Any]
-    memory_bytes: float              # largest stage total (the ledger's)
-    usable_bytes: float              # hbm * (1 - margin)
-    compute_s: float                 # the busiest stage's compute for the step
-    bubble_ratio: float
-    comm_s: dict[str, float]         # alpha-beta time per dim (the stage that sets the step time)
-    exposed_s: dict[str, float]      # what of it is on the critical path
-    step_time_s: float
-    mfu: float
-    _plan: Plan | None = field(default=None, repr=False, compare=False)
-    #: ``memory``'s verdict on the plan, the larger of the total and the peak at one moment
-    #: (``ledger.MemoryLedger.need_bytes``); set by :meth:`PlannerResult.top`, None until checked
-    need_bytes: float | None = field(default=None, compare=False)
-
-    @property
-    def plan(self) -> Plan:
-        if self._plan is None:
-            self._plan = Plan(**self.fields)
-        return self._plan
-
-    @property
-    def headroom_bytes(self) -> float:
-        """What is left of ``usable_bytes``: after the verdict's need once it is checked, else the total."""
-        return self.usable_bytes - (self.memory_bytes if self.need_bytes is None else self.need_bytes)
-
-    @property
-    def bubble_s(self) -> float:
-        critical = self.compute_s + self.exposed_s.get("tp", 0.0) + self.exposed_s.get("cp", 0.0)
-        return critical * self.bubble_ratio
-
-    def row(self) -> dict[str, Any]:
-        """The JSON row of ``parallel-lab plan --json``."""
-        f = self.fields
-        out = {k: f[k] for k in ROW_FIELDS}
-        if "ep" in f:
-            out["ep"] = f["ep"]
-        if self.need_bytes is not None:
-            out["need_bytes"] = self.need_bytes
-        out.update({"memory_bytes": self.memory_bytes, "headroom_bytes": self.headroom_bytes,
-                    "step_time_s": self.step_time_s, "mfu": self.mfu, "bubble_ratio": self.bubble_ratio,
-                    "compute_s": self.compute_s, "exposed_comm_s": dict(self.exposed_s),
-                    "comm_s": dict(self.comm_s)})
-        return out
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: float = 0.1,
@@ -289,11 +71,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
     for s in stages_to_check(plan.pp, plan.pp_split):
         rep = comm_mod.report(model, plan, cluster, stage=s)
         tier = mesh.group_tier(cluster, plan, "dp", s)
-        compute, attention = _compute(model, cluster, fl, plan.seq, plan.tp, plan.cp, plan.micro_batch,
-                                      plan.microbatches, plan.pp, plan.interleave, s, plan.recompute, tok, rate)
+        compute, attention = stage_compute(model, cluster, fl, plan.seq, plan.tp, plan.cp, plan.micro_batch,
+                                           plan.microbatches, plan.pp, plan.interleave, s, plan.recompute, tok,
+                                           rate)
         stages.append(StageTimes(compute, attention, dict(rep.time_s),
                                  dp_times(rep.collectives, tier, plan.zero, plan.microbatches),
-                                 _tp_overlap(cluster, plan.sp)))
+                                 tp_overlap(cluster, plan.sp)))
     bub = plan_bubble(plan) if bubble_ratio is None else bubble_ratio
     mf = step_flops(model, plan).model_flops_per_step
     step, comm_s, exposed, compute = combine(plan.zero, plan.cp_kind, plan.microbatches, plan.recompute, bub,
@@ -301,387 +84,6 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
     mfu = mf / (step * plan.world * cluster.peak_flops)
     return Estimate(plan.to_dict(), led.total_bytes, cluster.hbm_bytes * (1 - margin), compute, bub,
                     dict(comm_s), exposed, step, mfu, _plan=plan, need_bytes=led.need_bytes)
-
-
-def _compute(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, seq: int, tp: int, cp: int, mb: int, m: int,
-             pp: int, v: int, stage: int, recompute: str, tok: float, rate: float) -> tuple[float, float]:
-    """(compute, attention) seconds of a stage: the roofline of ``cluster.profile`` when it has one, else
-    the stage's hardware FLOPs at ``mfu_achievable`` of peak (``steptime`` module docstring)."""
-    if cluster.profile is None:
-        return fl.stage(pp, v, stage, recompute) * tok / rate, fl.attention(pp, v, stage) * tok / rate
-    return roofline_stage(model, cluster.profile, cluster.peak_flops, seq, tp, cp, mb, m, fl.n_layers(pp, v, stage),
-                          v, stage == pp - 1, recompute, fl.attention_kernel, fl.mlp)
-
-
-def _tp_overlap(cluster: ClusterSpec, sp: bool) -> float:
-    return cluster.profile.tp_overlap if cluster.profile is not None and sp else 0.0
-
-
-# --------------------------------------------------------------------------------------------------
-# The fast path: the ledger's and comm's own functions, memoised on the few quantities each depends on
-# --------------------------------------------------------------------------------------------------
-
-def _variant(plan: Plan, **changes: Any) -> Plan:
-    """``dataclasses.replace(plan, **changes)`` without re-running ``Plan.__post_init__``'s checks.
-
-    The fast path builds some 10^4 plans that differ from a validated one in a few degrees chosen by the
-    search (whose validity the search itself checked) or that stand for one pipeline stage; validating each
-    again costs more than the estimate. Nothing outside the planner's memo functions sees these plans."""
-    new = object.__new__(Plan)
-    new.__dict__.update(plan.__dict__)
-    new.__dict__.update(changes)
-    return new
-
-
-class _Fast:
-    """Memory and step times of a plan from the ledger's and comm's own functions, each memoised on the
-    few quantities it depends on: a pipeline stage's parameters on ``(tp, pp, interleave, stage)`` (the
-    layout caches them by block count, embedding and head), the activations on ``(tp, sp, cp,
-    micro_batch, recompute)``, one block's TP and CP calls for one micro-batch on the same, scaled by the
-    stage's blocks and micro-batches exactly as comm scales them; a stage's DP calls on ``(tp, pp,
-    interleave, stage, dp * cp, ZeRO variant)``, and on ``m`` only where comm's calls change with it. Tests
-    compare :meth:`memory` with ``ledger.memory`` and :meth:`times` with ``comm.report`` plan by plan.
-    The memo lives in the object: one search, one model.
-    """
-
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, seq: int, c: Constraints) -> None:
-        self.model, self.cluster, self.seq, self.c = model, cluster, seq, c
-        self.base = Plan(seq=seq, optimizer=c.optimizer, dtype=c.dtype, cp_kind=c.cp_kind, attention=c.attention,
-                         mlp=c.mlp, pp_split=c.pp_split)
-        self.fl = StageFlops(model, seq, c.pp_split, c.mlp, c.attention)
-        self.rate = cluster.mfu_achievable * cluster.peak_flops
-        self.tp_overlap = {sp: _tp_overlap(cluster, sp) for sp in (False, True)}
-        self._memo: dict[tuple, Any] = {}
-        #: ``comm.collective_time(kind, message_bytes, group_size, tier)``, memoised in this object (one search)
-        self._t = cache(comm_mod.collective_time)
-
-    def _time(self, colls: list[comm_mod.Collective], tier: LinkTier) -> float:
-        """Seconds of ``colls`` on ``tier`` (comm's alpha-beta model, as ``comm.report`` sums it)."""
-        return sum(c.count * self._t(c.kind, c.message_bytes, c.group_size, tier) for c in colls)
-
-    def _once(self, key: tuple, compute: Any) -> Any:
-        memo = self._memo
-        if key not in memo:
-            memo[key] = compute()
-        return memo[key]
-
-    def _stage_plan(self, tp: int, pp: int, v: int, **kw: Any) -> Plan:
-        """A plan with the stage layout of ``(tp, pp, v)`` (for the functions that read only that)."""
-        return _variant(self.base, tp=tp, pp=pp, interleave=v, grad_accum=pp,
-                       schedule="interleaved" if v > 1 else "1f1b", **kw)
-
-    def _edge_plan(self, first: bool, last: bool, **kw: Any) -> tuple[Plan, int]:
-        """A plan and stage whose stage holds the embedding iff ``first`` and the head iff ``last``."""
-        pp = 1 if first and last else (2 if first != last else 3)
-        stage = 0 if first else (pp - 1 if last else 1)
-        return _variant(self.base, pp=pp, grad_accum=pp, **kw), stage
-
-    # ---- memory (ledger) ----------------------------------------------------------------------------
-    def state_and_buffers(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int,
-                          zero_unit: str = "block", dp_kind: str = "bucketed", m: int = 1,
-                          accumulate: str = "unsharded") -> tuple[float, float]:
-        """``ledger.stage_state_bytes`` and ``ledger.state_buffer_bytes`` of the stage (``m`` micro-batches:
-        ZeRO-2 holds full gradients between them unless it reduce-scatters every one)."""
-        grads_sharded = ledger._gradients_sharded(zero, accumulate, m)
-
-        def compute() -> tuple[float, float]:
-            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, dp_kind=dp_kind,
-                                    zero2_accumulate=accumulate)
-            plan = _variant(plan, grad_accum=m)
-            buf, _ = ledger.state_buffer_bytes(self.model, plan, stage)
-            return float(sum(ledger.stage_state_bytes(self.model, plan, stage).values())), float(buf or 0.0)
-        return self._once(("state", tp, pp, v, stage, g, zero, zero_unit, dp_kind, grads_sharded, accumulate),
-                          compute)
-
-    def act_per_layer(self, tp: int, sp: bool, cp: int, mb: int, recompute: str) -> float:
-        got = self._memo.get(key := ("act", tp, sp, cp, mb, recompute))
-        if got is None:
-            got = self._memo[key] = ledger.activation_bytes_per_layer(
-                self.model, _variant(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, recompute=recompute))
-        return got
-
-    def logits_per_mb(self, tp: int, cp: int, mb: int) -> float:
-        return self._once(("logits", tp, cp, mb), lambda: ledger.logits_bytes(
-            self.model, _variant(self.base, tp=tp, cp=cp, micro_batch=mb)))
-
-    def act_buffers(self, tp: int, sp: bool, cp: int, mb: int, cp_kind: str) -> float:
-        """``ledger.activation_buffer_bytes`` but its ``pp`` part (:meth:`pp_buffers`)."""
-        got = self._memo.get(key := ("abuf", tp, sp, cp, mb, cp_kind))
-        if got is None:
-            got = self._memo[key] = ledger.activation_buffer_bytes(self.model, _variant(
-                self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb, pp=1, cp_kind=cp_kind))
-        return got
-
-    def pp_buffers(self, tp: int, sp: bool, cp: int, mb: int, schedule: str, pp: int, m: int, v: int,
-                   stage: int) -> float:
-        """``ledger.activation_buffer_parts``' ``pp`` part of ``stage``: the messages its list posts at once
-        (``schedules.messages_at_once``) times ``ledger.pp_message_bytes``."""
-        if pp == 1:
-            return 0.0
-        one = self._once(("ppmsg", tp, sp, cp, mb), lambda: ledger.pp_message_bytes(
-            self.model, _variant(self.base, tp=tp, sp=sp, cp=cp, micro_batch=mb)))
-        return messages_at_once(schedule, pp, m, v)[stage] * one
-
-    def memory(self, plan: Plan, stage: int) -> float:
-        """Bytes of stage ``stage`` per GPU, as ``ledger.memory(model, plan, stage=stage).total_bytes``."""
-        p = plan
-        state, buf = self.state_and_buffers(p.tp, p.pp, p.interleave, stage, p.dp * p.cp, p.zero, p.zero_unit,
-                                            p.dp_kind, p.microbatches, p.zero2_accumulate)
-        act = (self.act_per_layer(p.tp, p.sp, p.cp, p.micro_batch, p.recompute)
-               * ledger.block_inflight(self.model.layers, p.schedule, p.pp, p.microbatches, p.interleave, stage,
-                                       p.pp_split))
-        logits = 0.0
-        if stage == p.pp - 1:
-            logits = self.logits_per_mb(p.tp, p.cp, p.micro_batch) * head_inflight(
-                p.schedule, p.pp, p.microbatches, p.interleave)
-        return (state + act + logits + buf + self.act_buffers(p.tp, p.sp, p.cp, p.micro_batch, p.cp_kind)
-                + self.pp_buffers(p.tp, p.sp, p.cp, p.micro_batch, p.schedule, p.pp, p.microbatches, p.interleave,
-                                  stage))
-
-    # ---- times (comm) -------------------------------------------------------------------------------
-    def tiers(self, dp: int, pp: int, cp: int, tp: int, stage: int, v: int = 1) -> dict[str, LinkTier]:
-        """Link tier per dim: ``mesh.group_tier`` of each group of ``stage``."""
-        key = ("tiers", dp, pp, cp, tp, stage, v > 1)
-        memo = self._memo
-        if key not in memo:
-            grid = mesh.GridShape(dp, pp, cp, tp, v)
-            memo[key] = {dim: mesh.group_tier(self.cluster, grid, dim, stage) for dim in ("dp", "tp", "cp", "pp")}
-        return memo[key]
-
-    def dp_times(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int, tier: LinkTier,
-                 zero_unit: str = "block", accumulate: str = "unsharded", m: int = 1) -> DpTimes:
-        """``steptime.dp_times`` of comm's dp collectives of the stage (ZeRO-3's per micro-batch; ZeRO-2
-        with ``accumulate="sharded"`` reduce-scatters each of the ``m`` micro-batches; ZeRO-3 under a
-        pipeline gathers and reduce-scatters once per step, so its per-micro-batch share depends on ``m``)."""
-        m = m if accumulate == "sharded" or (zero == 3 and pp > 1) else 0   # only then does m matter
-
-        def compute() -> DpTimes:
-            plan, colls = self._dp_collectives(tp, pp, v, stage, g, zero, zero_unit, accumulate, m)
-            return dp_times(colls, tier, zero, plan.microbatches, time=self._t)
-        return self._once(("dp", tp, pp, v, stage, g, zero, tier.name, zero_unit, accumulate, m), compute)
-
-    def _dp_collectives(self, tp: int, pp: int, v: int, stage: int, g: int, zero: int, zero_unit: str,
-                        accumulate: str, m: int) -> tuple[Plan, list[comm_mod.Collective]]:
-        """The stage plan and comm's dp collectives of the stage (``m`` micro-batches; 0: the stage plan's).
-
-        Comm's counts are affine in ``m`` (as :meth:`_per_mb_and_step` uses): when the calls for ``m`` and
-        ``2 m`` micro-batches are equal, they are the same for every ``m`` (ZeRO-3 under a pipeline
-        gathers once per step), and are kept once; else they are asked of comm for each ``m``."""
-        def stage_plan(mm: int) -> Plan:
-            plan = self._stage_plan(tp, pp, v, dp=g, zero=zero, zero_unit=zero_unit, zero2_accumulate=accumulate)
-            return _variant(plan, grad_accum=mm) if mm else plan
-
-        def colls(plan: Plan) -> list[comm_mod.Collective]:
-            return comm_mod.stage_collectives(self.model, plan, stage, dims=("dp",))
-        if not m:
-            plan = stage_plan(0)
-            return plan, colls(plan)
-        memo, key, plan = self._memo, ("dp_calls", tp, pp, v, stage, g, zero, zero_unit, accumulate), stage_plan(m)
-        if key not in memo:
-            here = colls(plan)
-            memo[key] = here if here == colls(stage_plan(2 * m)) else None
-            return plan, here
-        return plan, memo[key] if memo[key] is not None else colls(plan)
-
-    def _per_mb_and_step(self, dim: str, plan: Plan, stage: int, tier: LinkTier) -> tuple[float, float]:
-        """(seconds per micro-batch, seconds once per step) of comm's ``dim`` calls: counts are affine in
-        the number of micro-batches ``m``, so two evaluations (``m0`` and ``2 m0``) separate them exactly."""
-        m0 = plan.grad_accum
-        one = self._time(comm_mod.stage_collectives(self.model, plan, stage, dims=(dim,)), tier)
-        two = self._time(comm_mod.stage_collectives(self.model, _variant(plan, grad_accum=2 * m0), stage,
-                                                    dims=(dim,)), tier)
-        return (two - one) / m0, 2 * one - two
-
-    def times_raw(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
-                  cp_kind: str, stage: int) -> StageTimes:
-        """:meth:`stage_times`, memoised (for :meth:`times`; the search asks each one once)."""
-        key = ("times", dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
-        memo = self._memo
-        if key not in memo:
-            memo[key] = self.stage_times(dp, t, pp, c, v, m, mb, sp, recompute, cp_kind, stage)
-        return memo[key]
-
-    def stage_times(self, dp: int, t: int, pp: int, c: int, v: int, m: int, mb: int, sp: bool, recompute: str,
-                    cp_kind: str, stage: int) -> StageTimes:
-        """Compute and the TP, CP and PP seconds of one stage for one step (no DP fields: :meth:`dp_times`).
-
-        Comm's TP, PP and CP calls see a micro-batch only through its local tokens ``(seq / cp) *
-        micro_batch``: one block's calls for one micro-batch, and the stage's calls once per step, are
-        memoised on that product (the plans stand for it with ``micro_batch = 1``) and scaled by the stage's
-        blocks and micro-batches as comm scales them (tests compare every figure with ``comm.report``, so a
-        change in comm that broke this would be caught)."""
-        memo, out = self._memo, {}
-        where = memo.get(key := ("where", dp, t, pp, c, v, stage))
-        if where is None:               # the groups' link tiers, the stage's blocks, its embedding and head
-            where = memo[key] = (self.tiers(dp, pp, c, t, stage, v), self.fl.n_layers(pp, v, stage), stage == 0,
-                                 stage == pp - 1)
-        tiers, L, first, last = where
-        tokens = (self.seq // c) * mb
-        if t > 1:
-            tt = tiers["tp"]
-            layer = memo.get(key := ("tp_layer", t, sp, recompute, tokens, tt.name))
-            if layer is None:           # one block, one micro-batch
-                layer = memo[key] = self._time(comm_mod.tp_layer_collectives(self.model, _variant(
-                    self.base, tp=t, sp=sp, recompute=recompute, seq=tokens, micro_batch=1)), tt)
-            step = memo.get(key := ("tp_step", t, sp, pp, v, stage, tt.name))
-            if step is None:            # once per step (SP's replicated gradients, replicated kv heads)
-                step = memo[key] = self._time(comm_mod.tp_step_collectives(
-                    self.model, self._stage_plan(t, pp, v, sp=sp), stage), tt)
-            out["tp"] = L * m * layer + step
-            vocab = memo.get(key := ("tp_vocab", t, sp, tokens, first, last, tt.name))
-            if vocab is None:           # the vocabulary-parallel embedding and head
-                plan, s = self._edge_plan(first, last, tp=t, sp=sp, seq=tokens, micro_batch=1)
-                vocab = memo[key] = self._per_mb_and_step("tp_vocab", plan, s, tt)
-            out["tp_vocab"] = m * vocab[0] + vocab[1]
-        if pp > 1:
-            tpp = tiers["pp"]
-            p2p = memo.get(key := ("pp", t, sp, tokens, v, first, last, tpp.name))
-            if p2p is None:
-                plan, s = self._edge_plan(first, last, tp=t, sp=sp, seq=tokens, micro_batch=1, interleave=v,
-                                          schedule="interleaved" if v > 1 else "1f1b")
-                p2p = memo[key] = self._per_mb_and_step("pp", plan, s, tpp)
-            out["pp"] = m * p2p[0] + p2p[1]
-        if c > 1:
-            tc = tiers["cp"]
-            ring = memo.get(key := ("cp_layer", t, c, tokens, recompute, cp_kind, tc.name))
-            if ring is None:            # one block, one micro-batch
-                ring = memo[key] = self._time(comm_mod.cp_layer_collectives(self.model, _variant(
-                    self.base, tp=t, cp=c, seq=tokens * c, micro_batch=1, recompute=recompute,
-                    cp_kind=cp_kind)), tc)
-            out["cp"] = L * m * ring
-        tok = mb * m * self.seq / (t * c)
-        # without a roofline profile the compute sees the micro-batches only through the tokens of the step
-        # (the same for every micro-batch size of a family); with one, through both sizes
-        sizes = (mb, m) if self.cluster.profile is not None else ()
-        flops = memo.get(key := ("compute", t, c, pp, v, stage, recompute, tok, sizes))
-        if flops is None:
-            flops = memo[key] = _compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
-                                         recompute, tok, self.rate)
-        return StageTimes(*flops, out, NO_DP, self.tp_overlap[sp])
-
-    def times(self, plan: Plan, stage: int) -> StageTimes:
-        """Seconds of stage ``stage``: compute, and per dim ``comm.report(..., stage=stage).time_s``."""
-        p = plan
-        if p.dp * p.cp > 1 and p.zero == 0 and p.dp_kind == "naive":
-            raise ParallelLabError("the planner's fast path models bucketed DDP only; use evaluate()")
-        st = self.times_raw(p.dp, p.tp, p.pp, p.cp, p.interleave, p.microbatches, p.micro_batch, p.sp,
-                            p.recompute, p.cp_kind, stage)
-        st = StageTimes(st.compute, st.attention, dict(st.comm))
-        g = p.dp * p.cp
-        if g > 1:
-            tier = self.tiers(p.dp, p.pp, p.cp, p.tp, stage, p.interleave)["dp"]
-            st.dp = self.dp_times(p.tp, p.pp, p.interleave, stage, g, p.zero, tier, p.zero_unit,
-                                  p.zero2_accumulate, p.microbatches)
-            st.comm["dp"] = st.dp.total(p.microbatches)
-        return st
-
-
-# --------------------------------------------------------------------------------------------------
-# Enumeration
-# --------------------------------------------------------------------------------------------------
-
-#: :meth:`PlannerResult.top` checks at most ``PEAK_SCAN_PER_PLAN`` plans per plan asked for (and at least
-#: ``PEAK_SCAN_MIN``) at their peak at one moment.
-PEAK_SCAN_PER_PLAN, PEAK_SCAN_MIN = 16, 64
-
-
-@dataclass
-class PlannerResult:
-    """Ranked plans (best first), rejected families by reason, and what was searched."""
-
-    estimates: Sequence[Estimate]
-    rejected: dict[str, int]
-    families: int
-    candidates: int
-    elapsed_s: float
-    model: ModelSpec
-    cluster: ClusterSpec
-    gpus: int
-    seq: int
-    global_batch: int
-    margin: float = 0.1
-    _at_peak: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
-
-    def fits_at_peak(self, i: int) -> bool:
-        """Whether ``estimates[i]`` also passes ``memory``'s whole verdict: the larger of its total and its
-        peak at one moment within ``hbm * (1 - margin)`` (``ledger.MemoryLedger.fits``, the rule the
-        ``memory`` command and the plan files use). The search ranks by totals (module docstring); this is
-        asked of the plans shown, once each, and sets their ``need_bytes``."""
-        ok = self._at_peak.get(i)
-        if ok is None:
-            e = self.estimates[i]
-            led = ledger.memory(self.model, e.plan, self.cluster, margin=self.margin)
-            e.need_bytes = led.need_bytes
-            ok = self._at_peak[i] = led.fits
-        return ok
-
-    def scan_limit(self, n: int | None) -> int:
-        """How many estimates :meth:`top` checks at their peak for ``n`` plans: ``PEAK_SCAN_PER_PLAN * n``
-        (at least ``PEAK_SCAN_MIN``), every one for ``n=None``; a peak costs up to ~20 ms (405B), so a search
-        whose plans nearly all fail at their peak stops there instead of checking 10^4 of them."""
-        total = len(self.estimates)
-        return total if n is None else min(total, max(PEAK_SCAN_MIN, PEAK_SCAN_PER_PLAN * n))
-
-    def _shown(self, n: int | None) -> list[int]:
-        """Indices of the first ``n`` estimates (all if None) that fit at their peak too, among the first
-        :meth:`scan_limit` by total."""
-        out: list[int] = []
-        for i in range(self.scan_limit(n)):
-            if n is not None and len(out) >= n:
-                break
-            if self.fits_at_peak(i):
-                out.append(i)
-        return out
-
-    def scan_stopped(self, n: int | None) -> bool:
-        """Whether :meth:`top` found fewer than ``n`` plans because it stopped at :meth:`scan_limit`, with
-        plans left that fit by their totals (they were not checked at their peak)."""
-        return n is not None and len(self._shown(n)) < n and self.scan_limit(n) < len(self.estimates)
-
-    def top(self, n: int | None = None) -> list[Estimate]:
-        """The ``n`` best plans (all if None) that fit by ``memory``'s verdict, best first: the ranking with
-        the plans whose peak at one moment exceeds the budget left out (:meth:`dropped_at_peak`)."""
-        return [self.estimates[i] for i in self._shown(n)]
-
-    def dropped_at_peak(self, n: int | None = None) -> list[Estimate]:
-        """The plans ranked above the last of :meth:`top`'s ``n`` (fewer than ``n`` found: among the
-        :meth:`scan_limit` checked) that fit by their totals but not at their peak at one moment (:meth:`top`
-        leaves them out)."""
-        shown = self._shown(n)
-        end = shown[-1] + 1 if n is not None and len(shown) == n else self.scan_limit(n)
-        return [self.estimates[i] for i in range(end) if not self.fits_at_peak(i)]
-
-    def _first_match(self, fields: dict[str, Any]) -> int | None:
-        """Index of the best plan whose fields match ``fields`` and that fits at its peak (only the matches are
-        checked at their peak)."""
-        for j, e in enumerate(self.estimates):
-            if all(e.fields[k] == v for k, v in fields.items()) and self.fits_at_peak(j):
-                return j
-        return None
-
-    def best_matching(self, **fields: Any) -> Estimate | None:
-        """The best plan whose fields match ``fields`` that passes ``memory``'s whole verdict (None if none):
-        cheap, unlike :meth:`rank_of`, which checks every plan above it."""
-        j = self._first_match(fields)
-        return None if j is None else self.estimates[j]
-
-    def rank_of(self, **fields: Any) -> int | None:
-        """1-based rank, in :meth:`top`, of the best plan whose fields match ``fields`` (None if none fits);
-        the matches and every plan above the first that fits have their peak checked (up to ~20 ms each)."""
-        j = self._first_match(fields)
-        return None if j is None else sum(self.fits_at_peak(k) for k in range(j)) + 1
-
-    def to_json(self, top: int | None = None) -> dict[str, Any]:
-        """The JSON of ``parallel-lab plan``: with ``top``, the best ``top`` of :meth:`top` and the plans
-        dropped at their peak among them; without, every plan that fits by its total, unchecked at its peak
-        (checking 10^5 peaks would take minutes), ``dropped_at_peak`` then None."""
-        rows = self.top(top) if top is not None else self.estimates
-        return {"plans": [e.row() for e in rows], "rejected": dict(self.rejected),
-                "dropped_at_peak": None if top is None else [e.row() for e in self.dropped_at_peak(top)],
-                "families": self.families, "candidates": self.candidates, "fitting": len(self.estimates),
-                "elapsed_s": self.elapsed_s, "model": self.model.name, "cluster": self.cluster.name,
-                "gpus": self.gpus, "seq": self.seq, "global_batch": self.global_batch,
-                "global_batch_tokens": self.global_batch * self.seq, "margin": self.margin}
 
 
 def _family_reason(model: ModelSpec, cluster: ClusterSpec, c: Constraints, tp: int, cp: int, pp: int,
@@ -711,7 +113,7 @@ def _schedules(model: ModelSpec, c: Constraints, pp: int, m: int) -> list[tuple[
         elif m % pp == 0 and c.pp_split == "layers":      # searched: the v that split the layers evenly
             out += [(s, v) for v in divisors(slots) if v > 1 and slots % (pp * v) == 0]
         # embed-head chunks are never equal (the first and last lose a block), so their in-flight peak is
-        # read off the action list (ledger.block_inflight): searched only for a fixed interleave
+        # read off the action list (``rank_view.block_inflight``): searched only for a fixed interleave
     if fixed_v is not None:
         out = [(s, v) for s, v in out if v == fixed_v]
     return out
@@ -777,7 +179,7 @@ class _Family:
                 if not (z == 2 and acc == "unsharded" and m > 1 and (1, "unsharded") in zs)
                 and not (z == 2 and acc == "sharded" and m == 1 and (2, "unsharded") in zs)]
 
-    def state(self, fast: _Fast, v: int, zv: tuple[int, str], m: int) -> list[float]:
+    def state(self, fast: FastPath, v: int, zv: tuple[int, str], m: int) -> list[float]:
         """Per stage: model-state bytes plus the ZeRO/DDP communication buffers (``m`` micro-batches)."""
         key = (v, zv, m > 1)
         if key not in self._state:
@@ -786,8 +188,8 @@ class _Family:
                                 for s in self.stages]
         return self._state[key]
 
-    def dp_times(self, fast: _Fast, v: int, zv: tuple[int, str], m: int) -> list[DpTimes]:
-        """Per stage: :meth:`_Fast.dp_times` (zeros without data parallelism)."""
+    def dp_times(self, fast: FastPath, v: int, zv: tuple[int, str], m: int) -> list[DpTimes]:
+        """Per stage: :meth:`FastPath.dp_times` (zeros without data parallelism)."""
         key = (v, zv, m if zv[1] == "sharded" or (zv[0] == 3 and self.pp > 1) else 0)
         if key not in self._dp:
             g = self.dp * self.cp
@@ -809,12 +211,12 @@ _Record = tuple[float, float, _Variant, int, str, int, float]
 
 
 class _Search:
-    """One search: the loops of :func:`plan_search`, sharing one :class:`_Fast`."""
+    """One search: the loops of :func:`plan_search`, sharing one :class:`FastPath`."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, batch: int,
                  c: Constraints) -> None:
         self.model, self.cluster, self.gpus, self.batch, self.c = model, cluster, gpus, batch, c
-        self.fast = _Fast(model, cluster, seq, c)
+        self.fast = FastPath(model, cluster, seq, c)
         self.usable = cluster.hbm_bytes * (1 - c.margin)
         self.model_flops = flops_per_token(model, seq) * batch * seq
         self.common = {"seq": seq, "optimizer": c.optimizer, "dtype": c.dtype, "cp_kind": c.cp_kind,
@@ -846,7 +248,7 @@ class _Search:
             # checked stage's activation multiplier (its blocks x in-flight micro-batches) and the bytes of
             # the last stage's in-flight logits; per interleave, each ZeRO variant's model state and buffers.
             logits = fast.logits_per_mb(tp, cp, mb)
-            scheds = [(sched, v, [ledger.block_inflight(self.model.layers, sched, pp, m, v, s, fast.base.pp_split)
+            scheds = [(sched, v, [block_inflight(self.model.layers, sched, pp, m, v, s, fast.base.pp_split)
                                   for s in stages], logits * head_inflight(sched, pp, m, v))
                       for sched, v in _schedules(self.model, c, pp, m)]
             zeros = fam.zeros_for(m)

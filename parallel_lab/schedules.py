@@ -695,7 +695,7 @@ def _check_name(name: str, v: int) -> None:
 @functools.lru_cache(maxsize=1024)
 def compute_orders(name: str, p: int, m: int, v: int = 1) -> tuple[tuple[Action, ...], ...]:
     """Each rank's compute actions (F, B, W) of :func:`build_schedule`, in order, without the point-to-point
-    ops it places between them: all that memory needs (``ledger.block_inflight``), at a fraction of the cost
+    ops it places between them: all that memory needs (``rank_view.block_inflight``), at a fraction of the cost
     (tests/test_schedules.py checks they are ``build_schedule``'s compute actions)."""
     _check_name(name, v)
     if name == "gpipe":
@@ -730,7 +730,7 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
 
 def messages_at_once(name: str, p: int, m: int, v: int = 1) -> tuple[int, ...]:
     """Per rank, the most point-to-point messages one ``P2P`` batch of :func:`build_schedule` posts together
-    (the executor's comm-buffer part ``pp``; ``ledger.activation_buffer_parts``). In closed form for the
+    (the executor's comm-buffer part ``pp``; ``ledger_buffers.activation_buffer_parts``). In closed form for the
     Plan schedules, as counted on their lists (tests/test_schedules.py checks every ``m`` up to ``4 p``
     against the lists, and interleavings up to ``p = 16``):
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_lab import activations, ledger
+from parallel_lab import activations, ledger_activations
 from parallel_lab.specs import ModelSpec, Plan
 
 
@@ -37,7 +37,7 @@ def test_per_op_agrees_with_the_ledgers_generalised_formula_for_llama():
     spec = ModelSpec.preset("llama2-7b")
     plan = Plan(seq=4096, micro_batch=1, dtype="bf16")
     per_op = activations.per_op_bytes(spec, plan)["per_block_bytes"]
-    formula = ledger.activation_bytes_per_layer(spec, plan)
+    formula = ledger_activations.activation_bytes_per_layer(spec, plan)
     # differences: RMSNorm keeps x*rstd and rstd (2 sbh + small), which the generalised formula omits
     extra = 2 * 4096 * 4096 * 2 + 2 * 4096 * 2
     assert per_op - formula == extra
@@ -135,9 +135,9 @@ def test_allgather_cp_keeps_the_gathered_kv_in_both_activation_models(tp, sp):
     pr = pa.with_(cp_kind="ring")
     kv_local = m.kv_heads * m.head_dim // tp
     want = 2 * (8192 - 8192 // 4) * 1 * kv_local * 2
-    assert ledger.activation_terms(m, pa)["cp_gathered_kv"] == want
+    assert ledger_activations.activation_terms(m, pa)["cp_gathered_kv"] == want
     for formula in ("korthikanti", "per-op"):
-        diff = (ledger.activation_bytes_per_layer(m, pa, formula=formula)
-                - ledger.activation_bytes_per_layer(m, pr, formula=formula))
+        diff = (ledger_activations.activation_bytes_per_layer(m, pa, formula=formula)
+                - ledger_activations.activation_bytes_per_layer(m, pr, formula=formula))
         assert diff == want, formula
-    assert "cp_gathered_kv" not in ledger.activation_terms(m, pa.with_(recompute="selective"))
+    assert "cp_gathered_kv" not in ledger_activations.activation_terms(m, pa.with_(recompute="selective"))

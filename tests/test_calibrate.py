@@ -28,7 +28,8 @@ from parallel_lab.calibrate import (
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.flops import step_flops
 from parallel_lab.hardware import ClusterSpec, StepProfile
-from parallel_lab.planner import Constraints, evaluate, plan_search
+from parallel_lab.planner import evaluate, plan_search
+from parallel_lab.planner_constraints import Constraints
 from parallel_lab.specs import ModelSpec
 
 RUNS = REPO / "examples" / "calibration" / "llama3_405b.csv"

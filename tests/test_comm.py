@@ -261,11 +261,11 @@ def test_payload_bytes_are_integers():
 def test_every_recompute_that_reruns_the_core_repeats_its_cp_traffic():
     """``flops.recomputed`` is the one rule: the ledger drops all-gather's kept K/V under it (the backward gathers
     them again), and comm charges that gather (op-sac included)."""
-    from parallel_lab import comm, ledger
+    from parallel_lab import comm, ledger_activations
     from parallel_lab.flops import recomputed
     model = ModelSpec.preset("llama3-8b")
     for recompute in ("none", "selective", "op-sac", "full"):
         plan = Plan(cp=4, seq=8192, cp_kind="allgather", recompute=recompute, attention="flash")
         again = [c for c in comm.cp_layer_collectives(model, plan) if c.note.startswith("recomputed")]
         assert bool(again) == recomputed(model, recompute)[1], recompute
-        assert ("cp_gathered_kv" in ledger.activation_terms(model, plan)) == (not again), recompute
+        assert ("cp_gathered_kv" in ledger_activations.activation_terms(model, plan)) == (not again), recompute

@@ -6,10 +6,12 @@ import math
 
 import pytest
 
-from parallel_lab import ledger
+from parallel_lab import ledger_buffers
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.hardware import ClusterSpec
-from parallel_lab.ledger import CATEGORIES, activation_bytes_per_layer, inflight_microbatches, memory, state_bytes
+from parallel_lab.ledger import CATEGORIES, memory, state_bytes
+from parallel_lab.ledger_activations import activation_bytes_per_layer
+from parallel_lab.rank_view import inflight_microbatches
 from parallel_lab.sharding import local_parameters
 from parallel_lab.specs import ModelSpec, Plan
 
@@ -273,7 +275,7 @@ def test_ddp_buckets_are_the_gradients_not_comm_buffers():
     assert any("views into them" in n for n in led.notes)
     # with SP, the full-sequence tensor is a part of its own (two with b > 1: the reordering copy)
     m = ModelSpec.preset("llama2-7b")
-    parts = ledger.comm_buffer_parts(m, Plan(tp=2, sp=True, seq=1024, micro_batch=2, pp=2, grad_accum=2))
+    parts = ledger_buffers.comm_buffer_parts(m, Plan(tp=2, sp=True, seq=1024, micro_batch=2, pp=2, grad_accum=2))
     assert parts == {"sp": 2 * 1024 * 2 * 4096 * 2, "pp": 2 * 1024 * 2 * 4096 * 2 / 2}
 
 

@@ -57,7 +57,8 @@ def test_the_fused_kernels_are_what_makes_the_8k_run_fit():
 
 @pytest.mark.parametrize("seq, cp, dp, kind", [(8192, 1, 128, "allgather"), (131072, 16, 8, "allgather")])
 def test_the_planner_with_metas_settings_finds_metas_configuration(seq, cp, dp, kind):
-    from parallel_lab.planner import Constraints, evaluate, plan_search
+    from parallel_lab.planner import evaluate, plan_search
+    from parallel_lab.planner_constraints import Constraints
 
     cons = Constraints(optimizer="adam-mixed-fp32-grad", attention="flash", mlp="fused", pp_split="embed-head",
                        cp_kind=kind, zero2_accumulate=("unsharded", "sharded"),

@@ -132,7 +132,8 @@ def test_ep_group_lands_on_the_link_its_ranks_span():
 
 def test_planner_searches_ep_for_a_mixture_of_experts():
     from parallel_lab.hardware import ClusterSpec
-    from parallel_lab.planner import Constraints, plan_search
+    from parallel_lab.planner import plan_search
+    from parallel_lab.planner_constraints import Constraints
 
     m = ModelSpec.preset("mixtral-8x7b")
     cluster = ClusterSpec.preset("h100-sxm")

@@ -1,4 +1,4 @@
-"""The peak at one moment (``ledger.peak_moments``) against the peak torch's tracker measures in fake tensors.
+"""The peak at one moment (``ledger_peak.peak_moments``) against the peak torch's tracker measures in fake tensors.
 
 Ground truth is ``distributed.instruments.measure.measure_stage``: one steady-state training step of the plan's rank at
 full size under ``FakeTensorMode`` and torch's MemTracker. Tolerance 5%: the moment model names every
@@ -15,7 +15,8 @@ from dataclasses import replace
 import pytest
 
 from parallel_lab.hardware import ClusterSpec
-from parallel_lab.ledger import MOMENTS, memory, peak_moments
+from parallel_lab.ledger import memory
+from parallel_lab.ledger_peak import MOMENTS, peak_moments
 from parallel_lab.specs import ModelSpec, Plan
 
 #: Llama 3 8B cut to 4 blocks: the saved activations are small, so the transients decide the peak.

@@ -7,18 +7,12 @@ import random
 
 import pytest
 
-from parallel_lab import comm, ledger, mesh, sharding
+from parallel_lab import comm, ledger, ledger_activations, mesh, sharding
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.hardware import ClusterSpec
-from parallel_lab.planner import (
-    Constraints,
-    _Fast,
-    evaluate,
-    global_batch_sequences,
-    parse_fix,
-    parse_tokens,
-    plan_search,
-)
+from parallel_lab.planner import evaluate, plan_search
+from parallel_lab.planner_constraints import Constraints, global_batch_sequences, parse_fix, parse_tokens
+from parallel_lab.planner_fast import FastPath
 from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.steptime import dp_times
 
@@ -68,7 +62,7 @@ def _sample(result, n, seed=0):
 
 
 def _check_fast(model, cluster, plans, seq):
-    fast = _Fast(model, cluster, seq, Constraints())
+    fast = FastPath(model, cluster, seq, Constraints())
     for plan in plans:
         for s in sorted({0, plan.pp - 1}):
             want = ledger.memory(model, plan, cluster, stage=s).total_bytes
@@ -114,7 +108,7 @@ def test_dp_calls_asked_once_across_micro_batch_counts_are_comms_own():
     # micro-batches m (ZeRO-3 under a pipeline gathers and reduce-scatters once per step) and again for each m
     # when they do (ZeRO-2 reduce-scattering every micro-batch); either way each m gets comm's own calls' times
     model = ModelSpec.preset("llama3-8b")
-    fast = _Fast(model, H100, 2048, Constraints())
+    fast = FastPath(model, H100, 2048, Constraints())
     for zero, acc, kept in ((3, "unsharded", True), (2, "sharded", False)):
         for m in (4, 8, 5, 12):
             plan = Plan(dp=4, tp=2, pp=4, zero=zero, zero2_accumulate=acc, micro_batch=1, grad_accum=m, seq=2048)
@@ -261,7 +255,7 @@ def test_llama3_plans_in_the_ledger(seq, reported_tflops, search_8k, search_131k
     # the ledger: stage 0 holds 8 of 126 layers x 16 micro-batches of activations, 82.1 GB; with the
     # 6.9 GB of bf16 parameters it is over the 80 GB of an H100: the search rejects the plan as Meta ran it
     assert led.stage == 0
-    per_layer = ledger.activation_bytes_per_layer(L405, plan)
+    per_layer = ledger_activations.activation_bytes_per_layer(L405, plan)
     assert led.per_gpu_bytes["activations"] == pytest.approx(8 * 16 * per_layer)
     assert led.total_bytes > H100.hbm_bytes
     assert res.best_matching(**META[seq], zero=2, sp=True, micro_batch=1, recompute="selective") is None
@@ -361,7 +355,7 @@ def test_the_plans_shown_pass_memorys_whole_verdict_and_the_rest_are_named():
 def test_the_peak_check_stops_after_a_bounded_number_of_plans(monkeypatch):
     """A peak costs up to ~20 ms: ``top(n)`` checks at most ``PEAK_SCAN_PER_PLAN * n`` plans (at least
     ``PEAK_SCAN_MIN``) and says when it stopped with plans left unchecked."""
-    import parallel_lab.planner as planner_mod
+    import parallel_lab.planner_result as planner_mod
     model = ModelSpec.preset("llama2-70b")
     res = plan_search(model, H100, 32, 4096, global_batch_tokens="1M")
     first_fit = res.estimates.index(res.top(1)[0])

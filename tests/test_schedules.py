@@ -234,7 +234,7 @@ def test_interleaved_needs_megatron_rounds_under_in_order_completion():
 def test_ledger_inflight_count_agrees_with_the_lists():
     # the memory ledger multiplies one micro-batch's stage activations by this count; it must be what the
     # schedule lists actually hold (counted off the lists, in units of a whole stage)
-    from parallel_lab.ledger import inflight_microbatches
+    from parallel_lab.rank_view import inflight_microbatches
 
     for name, p, m, v in SOME:
         lists = peak_inflight_of(build_schedule(name, p, m, v))

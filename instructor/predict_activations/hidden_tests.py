@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from parallel_lab import ledger
+from parallel_lab import ledger_activations
 from parallel_lab.grading.feedback import check
 from parallel_lab.grading.harness import Fail, points, run_ranks
 from parallel_lab.grading.micro import MICRO_GPT, measured_rank
@@ -21,9 +21,9 @@ def test_against_ledger(sub):
         spec = ModelSpec(layers=1, hidden=h, heads=a, ffn=4 * h, vocab=32000, flavour="gpt", max_positions=s,
                          dropout=0.1 if drop else 0.0, name="g")
         plan = Plan(tp=t, sp=sp, seq=s, recompute=rec, dtype=dt)
-        want = ledger.activation_bytes_per_layer(spec, plan)
+        want = ledger_activations.activation_bytes_per_layer(spec, plan)
         got = sub.activations_per_layer(s, 1, h, a, t, sp, rec, plan.dtype_bytes, drop)
-        fb = check(got, want, rtol=1e-9, unit="B", terms=ledger.activation_terms(spec, plan),
+        fb = check(got, want, rtol=1e-9, unit="B", terms=ledger_activations.activation_terms(spec, plan),
                    name=f"h={h} a={a} s={s} t={t} sp={sp} recompute={rec} {dt} dropout={drop}")
         if not fb:
             raise Fail(fb.message)

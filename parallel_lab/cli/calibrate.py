@@ -17,17 +17,9 @@ from ..hardware import (
     attention_kernel_efficiency,
 )
 from ..inputs import LIMITS
+from ..ledger import DEFAULT_CLUSTER
 from ..optimizers import DTYPE_BYTES
-from ..plan_flags import (
-    DEFAULT_CLUSTER,
-    MAX_RANKS_PER_CORE,
-    Output,
-    cluster_from_args,
-    float_in,
-    fmt_bytes,
-    int_in,
-    subcommand,
-)
+from ..plan_flags import MAX_RANKS_PER_CORE, Output, cluster_from_args, float_in, fmt_bytes, int_in, subcommand
 from .output import EXIT_RUN_TIMEOUT, PROG, RunFailed, rank_failed, table
 
 

@@ -11,9 +11,9 @@ from typing import Any
 from ..errors import ParallelLabError
 from ..hardware import CLUSTER_PRESETS
 from ..inputs import LIMITS
+from ..ledger import DEFAULT_CLUSTER
 from ..optimizers import DTYPE_BYTES, OPTIMIZERS
 from ..plan_flags import (
-    DEFAULT_CLUSTER,
     Output,
     add_model_args,
     cluster_from_args,
@@ -30,7 +30,7 @@ from .output import table
 
 def _tokens(text: str) -> str:
     """A global batch in tokens: a whole number, optionally with K/M/G (powers of 2^10), up to 2^40."""
-    from ..planner import parse_tokens
+    from ..planner_constraints import parse_tokens
 
     t = text.strip().upper()
     try:
@@ -102,7 +102,8 @@ def _split(text: str | None, cast: Callable[[str], Any] = str) -> tuple[Any, ...
 
 def handle(args: argparse.Namespace) -> Output:
     from ..planfile import save_plan
-    from ..planner import Constraints, parse_fix, plan_search
+    from ..planner import plan_search
+    from ..planner_constraints import Constraints, parse_fix
 
     model = model_from_args(args)
     cluster = cluster_from_args(args)

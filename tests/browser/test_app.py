@@ -246,7 +246,7 @@ def run_table(page, table: str) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.timeout(420)
 def test_run_tab_trains_on_cpu_ranks_and_shows_measured_beside_the_ledger(page):
-    from parallel_lab import comm, ledger
+    from parallel_lab import comm, ledger, ledger_activations
 
     page.locator(".lm-TabBar-tab", has_text="Run").last.click()
     status = page.locator(".pl-status:visible").first
@@ -262,7 +262,7 @@ def test_run_tab_trains_on_cpu_ranks_and_shows_measured_beside_the_ledger(page):
         expected = int(max(ledger.state_bytes(model, plan, stage=s)[cat] for s in range(plan.pp)))
         assert memory_rows[cat] == (expected, expected)
     acts = memory_rows["activations"]
-    assert acts[1] == int(round(ledger.activation_bytes(model, plan, 0, formula="per-op")))
+    assert acts[1] == int(round(ledger_activations.activation_bytes(model, plan, 0, formula="per-op")))
     assert abs(acts[0] - acts[1]) <= 0.02 * acts[1]
     predicted: dict[str, int] = {}
     for stage in (0, 0, 1, 1):
@@ -274,7 +274,7 @@ def test_run_tab_trains_on_cpu_ranks_and_shows_measured_beside_the_ledger(page):
 
 
 def test_zero_tab_shows_shards_and_the_peak_rising_with_one_root_unit(page):
-    from parallel_lab.ledger import zero3_gathered_bytes
+    from parallel_lab.ledger_buffers import zero3_gathered_bytes
     from parallel_lab.viz.plots import fmt_bytes
 
     page.locator(".lm-TabBar-tab", has_text="ZeRO/FSDP").click()

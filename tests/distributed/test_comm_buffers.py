@@ -5,7 +5,7 @@ DDP's buckets beyond the gradients, ZeRO-1/2's flat gradient and gathered unit, 
 and full gradients, SP's full-sequence tensors, the messages of one pipeline P2P action, all-gather
 context parallelism's dK/dV reduce-scatter, ring attention's K/V and dK/dV blocks, Ulysses' all-to-all
 buffers, expert parallelism's dispatch and combine all-to-alls. Each rank's parts
-(``RankResult.info["comm_buffers"]``) must equal ``ledger.comm_buffer_parts`` of its stage, and
+(``RankResult.info["comm_buffers"]``) must equal ``ledger_buffers.comm_buffer_parts`` of its stage, and
 ``parallel-lab run``'s memory table shows the sum beside the prediction. A part the code holds and the
 ledger does not know (or the reverse) fails as a key mismatch; a wrong size as a value mismatch.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_lab import ledger
+from parallel_lab import ledger_buffers
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.distributed.runtime.run import predicted_comm_buffer_parts, run
 from parallel_lab.distributed.runtime.train import train_rank
@@ -85,7 +85,7 @@ def test_ddp_buckets_would_show_a_second_copy():
     for r in results:
         assert len(r.info["buckets"]) > 2                          # several buckets, all allocated
         assert r.info["comm_buffers"] == {"ddp_buckets": 0}
-    assert ledger.comm_buffer_parts(LLAMA, p) == {}
+    assert ledger_buffers.comm_buffer_parts(LLAMA, p) == {}
 
 
 def test_run_reports_comm_buffers_of_a_composition():

@@ -31,7 +31,7 @@ from collections import Counter
 import pytest
 import torch
 
-from parallel_lab import comm, ledger
+from parallel_lab import comm, ledger, ledger_buffers
 from parallel_lab.distributed.model.mixed_precision import is_mixed
 from parallel_lab.distributed.model.model import ADAMW, init_weights
 from parallel_lab.distributed.model.reference import reference_train
@@ -92,11 +92,11 @@ def check_run(spec: ModelSpec, plan: Plan, timeout_s: float = 240.0):
         assert abs(r.memory["activations"] - act) <= 0.02 * act, (r.rank, r.memory["activations"], act)
         if plan.zero == 3:                    # the buffers ZeRO-3 holds: gathered units, held full gradients
             info = r.info["zero"]
-            assert info["peak_parameter_bytes"] == state["parameters"] + ledger.zero3_gathered_bytes(
+            assert info["peak_parameter_bytes"] == state["parameters"] + ledger_buffers.zero3_gathered_bytes(
                 spec, plan, stage), (r.rank, info)
-            assert info["peak_held_gradient_bytes"] == ledger.zero3_held_gradient_bytes(spec, plan, stage), (
+            assert info["peak_held_gradient_bytes"] == ledger_buffers.zero3_held_gradient_bytes(spec, plan, stage), (
                 r.rank, info)
-            assert info["peak_reduce_input_bytes"] == ledger.zero3_reduce_input_bytes(spec, plan, stage), (
+            assert info["peak_reduce_input_bytes"] == ledger_buffers.zero3_reduce_input_bytes(spec, plan, stage), (
                 r.rank, info)
             assert (info["peak_held_gradient_bytes"] > 0) == (plan.pp > 1) == (info["peak_reduce_input_bytes"] == 0)
     return rep

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from parallel_lab import activations, ledger  # noqa: E402
+from parallel_lab import activations, ledger_activations  # noqa: E402
 from parallel_lab.distributed.instruments import SavedTensorMeter  # noqa: E402
 from parallel_lab.distributed.model.data import synthetic_batch  # noqa: E402
 from parallel_lab.distributed.model.model import build_model, loss_fn  # noqa: E402
@@ -66,19 +66,19 @@ def test_flash_drops_korthikantis_score_term_and_keeps_an_fp32_log_sum_exp():
     """Seed shape (s=4096, h=4096, a=32, gpt, bf16, dropout 0.1 replaced by 0 so flash applies)."""
     spec = ModelSpec(layers=32, hidden=4096, heads=32, flavour="gpt", dropout=0.0)
     s, h, a = 4096, 4096, 32
-    eager = ledger.activation_bytes_per_layer(spec, Plan(seq=s))
-    flash = ledger.activation_bytes_per_layer(spec, Plan(seq=s, attention="flash"))
+    eager = ledger_activations.activation_bytes_per_layer(spec, Plan(seq=s))
+    flash = ledger_activations.activation_bytes_per_layer(spec, Plan(seq=s, attention="flash"))
     assert eager == s * h * 32 + 2 * a * s * s              # no masks without dropout: 32 sbh + 2 a s^2
     assert flash == s * h * 32 + 4 * a * s                  # the score term becomes a s fp32 values
-    fused = ledger.activation_bytes_per_layer(spec, Plan(seq=s, attention="flash", mlp="fused"))
+    fused = ledger_activations.activation_bytes_per_layer(spec, Plan(seq=s, attention="flash", mlp="fused"))
     assert flash - fused == s * 4 * h * 2                   # GeLU's output (f = 4h, 2 bytes) is not kept
 
 
 def test_fused_swiglu_keeps_two_of_four_ffn_tensors():
     spec = ModelSpec.preset("llama2-7b")
     plan = Plan(seq=4096, dtype="bf16")
-    eager = ledger.activation_terms(spec, plan)["mlp_intermediate"]
-    fused = ledger.activation_terms(spec, plan.with_(mlp="fused"))["mlp_intermediate"]
+    eager = ledger_activations.activation_terms(spec, plan)["mlp_intermediate"]
+    fused = ledger_activations.activation_terms(spec, plan.with_(mlp="fused"))["mlp_intermediate"]
     assert eager == 4096 * 11008 * 4 * 2 and fused == eager / 2
 
 
@@ -93,7 +93,7 @@ def test_op_sac_keeps_every_second_matmul_output_of_a_llama_block():
     """torchtitan's policy on a bias-free llama block: wq, wv, gate and down outputs plus the block input."""
     spec = ModelSpec.preset("llama3-8b")
     s, h, f, kv = 8192, 4096, 14336, 1024
-    terms = ledger.activation_terms(spec, Plan(seq=s, recompute="op-sac"))
+    terms = ledger_activations.activation_terms(spec, Plan(seq=s, recompute="op-sac"))
     assert terms == {"layer_input": s * h * 2, "kept_matmul_outputs": s * (h + kv + f + h) * 2}
     per_op = activations.per_op_bytes(spec, Plan(seq=s, recompute="op-sac"))["per_block_bytes"]
     assert per_op == sum(terms.values())
@@ -131,8 +131,8 @@ def test_chunked_cross_entropy_saves_no_logits_and_matches_eager(name, chunk):
 def test_chunked_cross_entropy_in_the_ledger_removes_the_128k_vocabulary_logits():
     spec = ModelSpec.preset("llama3-8b")
     plan = Plan(seq=8192, dtype="bf16")
-    eager = ledger.logits_bytes(spec, plan)
-    chunked = ledger.logits_bytes(spec, plan.with_(loss_chunk=1024))
+    eager = ledger_activations.logits_bytes(spec, plan)
+    chunked = ledger_activations.logits_bytes(spec, plan.with_(loss_chunk=1024))
     # the fp32 log-probabilities (4.2 GB) and the final norm's and head's bf16 inputs; the bf16 logits themselves
     # are not kept (measured at full size in fake tensors, tests/distributed/test_measure.py)
     assert eager == 8192 * (128256 * 4 + 2 * 4096 * 2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_lab import ledger
+from parallel_lab import rank_view
 from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import layers_per_stage, stage_layout
 from parallel_lab.distributed.runtime.run import run
 from parallel_lab.specs import RUN_DEFAULTS, ModelSpec, Plan
@@ -40,10 +40,10 @@ def test_interleaved_with_unequal_chunks_runs_and_matches_the_ledger(layers, spl
     for cat in ("parameters", "gradients", "optimizer_states"):
         assert rep.memory[cat]["measured_bytes"] == rep.memory[cat]["predicted_bytes"], cat
     act = rep.memory["activations"]
-    # the blocks of each chunk are weighed by the schedule's own action list (ledger.block_inflight); the
+    # the blocks of each chunk are weighed by the schedule's own action list (rank_view.block_inflight); the
     # rotary tables are shared by a micro-batch's chunks, which the per-unit count approximates (< 1%)
     assert act["measured_bytes"] == pytest.approx(act["predicted_bytes"], rel=0.01)
-    blocks = [ledger.block_inflight(layers, "interleaved", 2, 4, 2, s, split) for s in (0, 1)]
-    even = [len(stage_layout(spec, plan, s).layers) * ledger.inflight_microbatches("interleaved", 2, 4, 2, s)
+    blocks = [rank_view.block_inflight(layers, "interleaved", 2, 4, 2, s, split) for s in (0, 1)]
+    even = [len(stage_layout(spec, plan, s).layers) * rank_view.inflight_microbatches("interleaved", 2, 4, 2, s)
             for s in (0, 1)]
     assert blocks != even                                    # unequal chunks change the peak

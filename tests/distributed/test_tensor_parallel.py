@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parallel_lab import comm, ledger
+from parallel_lab import comm, ledger, ledger_activations
 from parallel_lab.distributed.instruments import CommTracer, compare_calls
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model, loss_fn
@@ -113,7 +113,7 @@ def check_against_reference(spec: ModelSpec, p: Plan, full_grads: bool = True) -
         state = ledger.state_bytes(spec, p)
         assert r["state"] == {k: int(state[k]) for k in r["state"]}
         assert r["activations"] == predicted_activations(spec, p)
-        assert r["logits_and_loss"] == ledger.logits_bytes(spec, p, formula="per-op")
+        assert r["logits_and_loss"] == ledger_activations.logits_bytes(spec, p, formula="per-op")
     dp_losses = [sum(r["losses"][i] for r in results if r["tp_rank"] == 0) / p.dp for i in range(STEPS)]
     assert max(abs(a - b) for a, b in zip(dp_losses, ref.losses, strict=True)) <= LOSS_TOL
     return results
@@ -140,8 +140,8 @@ def test_tp_and_sp_match_reference_prediction_and_ledger(spec, tp):
             assert fwd == len(blocks) - fwd == 2 * spec.layers * STEPS
     # the blocks' norm / residual region is split by tp: the fall the per-op ledger predicts, exactly
     assert acts[True] < acts[False]
-    fall = (ledger.activation_bytes(spec, plan(tp=tp), formula="per-op")
-            - ledger.activation_bytes(spec, plan(tp=tp, sp=True), formula="per-op"))
+    fall = (ledger_activations.activation_bytes(spec, plan(tp=tp), formula="per-op")
+            - ledger_activations.activation_bytes(spec, plan(tp=tp, sp=True), formula="per-op"))
     assert acts[False] - acts[True] == fall > 0
 
 

@@ -7,7 +7,7 @@ observed up to ~8e-6 on the parameters), the traced collectives against ``comm.c
 every rank, uneven shards included) and the activations against the per-op model (2%).
 
 ZeRO-3 also reports its peak parameter memory (shards + gathered buffers, sampled at every gather and
-free): it equals ``ledger.state_bytes["parameters"] + ledger.zero3_gathered_bytes`` exactly; per block
+free): it equals ``ledger.state_bytes["parameters"] + ledger_buffers.zero3_gathered_bytes`` exactly; per block
 it falls with dp, root-only it never drops below the whole model (the seed's failure mode).
 """
 
@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 
-from parallel_lab import comm, ledger, sharding
+from parallel_lab import comm, ledger, ledger_buffers, rank_view, sharding
 from parallel_lab.distributed.model.model import ADAMW
 from parallel_lab.distributed.model.reference import reference_train
 from parallel_lab.distributed.runtime.launch import launch
@@ -51,7 +51,7 @@ def _state_by_units(spec: ModelSpec, p: Plan, frozen: tuple[str, ...]) -> dict[s
     full, sharded = sum(units.values()), sum(math.ceil(n / p.dp) for n in units.values())
     o = p.optim
     return {"parameters": (sharded + spec.n_params - full if p.zero == 3 else spec.n_params) * o.param_bytes,
-            "gradients": (sharded if ledger.gradients_sharded(p) else full) * o.grad_bytes,
+            "gradients": (sharded if rank_view.gradients_sharded(p) else full) * o.grad_bytes,
             "optimizer_states": int(sharded * o.optim_bytes)}
 
 
@@ -140,11 +140,11 @@ def test_zero3_peak_parameter_memory_falls_per_block_not_root_only(zero3_runs):
     peak = {}
     for (unit, dp), results in zero3_runs.items():
         p = plan(dp=dp, zero=3, zero_unit=unit)
-        want = ledger.state_bytes(LLAMA, p)["parameters"] + ledger.zero3_gathered_bytes(LLAMA, p)
+        want = ledger.state_bytes(LLAMA, p)["parameters"] + ledger_buffers.zero3_gathered_bytes(LLAMA, p)
         for r in results:
             assert r.info["zero"]["peak_parameter_bytes"] == want, (unit, dp, r.rank)
             # the largest unit's fp32 flat gradient before its reduce-scatter (fp32: no cast, one copy)
-            assert r.info["zero"]["peak_reduce_input_bytes"] == ledger.zero3_reduce_input_bytes(LLAMA, p) > 0
+            assert r.info["zero"]["peak_reduce_input_bytes"] == ledger_buffers.zero3_reduce_input_bytes(LLAMA, p) > 0
         peak[(unit, dp)] = want
     # per block: shards (1/dp of the model) + root + 2 blocks; below the whole model at dp=4
     assert peak[("block", 4)] < peak[("block", 2)] and peak[("block", 4)] < full_model
@@ -177,11 +177,11 @@ def test_zero3_bf16_mixed_precision():
     results = run_and_check(LLAMA, p, loss_tol=2**-8 * 6.3, param_tol=bound)
     gathered = {e.message_bytes for e in results[0].events if e.kind == "all_gather"}
     assert gathered == {2 * 131_200, 2 * 181_504}                          # bf16 gathers
-    want = ledger.state_bytes(LLAMA, p)["parameters"] + ledger.zero3_gathered_bytes(LLAMA, p)
+    want = ledger.state_bytes(LLAMA, p)["parameters"] + ledger_buffers.zero3_gathered_bytes(LLAMA, p)
     assert all(r.info["zero"]["peak_parameter_bytes"] == want for r in results)
     # the bf16 flat gradient of the largest unit (a block here) and its fp32 copy for the reduce-scatter, both alive
     block = 181_504                                          # padded elements of a block unit, the largest
-    assert ledger.zero3_reduce_input_bytes(LLAMA, p) == block * (2 + 4)
+    assert ledger_buffers.zero3_reduce_input_bytes(LLAMA, p) == block * (2 + 4)
     assert all(r.info["zero"]["peak_reduce_input_bytes"] == block * (2 + 4) for r in results)
 
 

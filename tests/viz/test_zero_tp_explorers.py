@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from parallel_lab import comm, ledger
+from parallel_lab import comm, ledger, ledger_buffers
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.sharding import kv_replicas, padded, q_width_local, shard_group, unit_sizes
 from parallel_lab.specs import ModelSpec, Plan
@@ -31,7 +31,7 @@ def test_zero3_timeline_peak_and_gathers_match_ledger_and_comm(name, dp, unit):
     plan = Plan(dp=dp, zero=3, zero_unit=unit, seq=512).validate(model)
     g, pb = shard_group(plan), 2                                     # adam-mixed gathers bf16 parameters
     events = gather_timeline({u: padded(n, g) * pb for u, n in unit_sizes(model, plan).items()})
-    assert max(e.held for e in events) == ledger.zero3_gathered_bytes(model, plan)
+    assert max(e.held for e in events) == ledger_buffers.zero3_gathered_bytes(model, plan)
     assert events[-1].held == 0
     gathers = {}
     for e in events:
@@ -62,7 +62,7 @@ def test_zero_explorer_draws_every_rank_s_shard_and_the_ledger_numbers():
     from parallel_lab.viz.plots import fmt_bytes
 
     assert f"parameters {fmt_bytes(st['parameters'])}" in ex.status.value
-    peaks = {u: ledger.zero3_gathered_bytes(model, plan.with_(zero_unit=u)) for u in ("block", "root")}
+    peaks = {u: ledger_buffers.zero3_gathered_bytes(model, plan.with_(zero_unit=u)) for u in ("block", "root")}
     assert f"block units {fmt_bytes(peaks['block'])}" in ex.status.value
     assert peaks["root"] > 5 * peaks["block"]                          # the peak rises with one root unit
     curves = {ln.get_gid(): ln for ln in ex.figure.axes[1].lines if ln.get_gid()}

@@ -232,7 +232,7 @@ class LocalGrads:
     Per step: ``zero_grad()``; per micro-batch ``set_sync(last)`` then backward; ``finish()``; ``step()``.
     ``measure_state()`` reports the gradients at their peak over the step: sampled at every micro-batch
     boundary and after ``finish`` (the gradients held between micro-batches; within one backward a
-    unit's or bucket's transient copy is a communication buffer, ``ledger.comm_buffer_bytes``).
+    unit's or bucket's transient copy is a communication buffer, ``ledger_buffers.comm_buffer_bytes``).
     """
 
     def __init__(self, model: nn.Module, plan: Plan, ddp: DataParallel | None = None):

@@ -17,9 +17,9 @@ micro-batch, gradient sync, optimizer step) and reads:
 * ``comm_buffers``: the parts the implementations sample at their calls (``tracer.buffers``, the same code
   as ``parallel-lab run``), each at its own peak: ZeRO-1/2's flat gradient and gathered unit, ZeRO-3's
   gathered units and full gradients on their way to the reduce-scatter, SP's full-sequence tensors, the
-  messages of one pipeline P2P action; beside ``ledger.comm_buffer_parts`` (``comm_parts``);
+  messages of one pipeline P2P action; beside ``ledger_buffers.comm_buffer_parts`` (``comm_parts``);
 * ``peak``: the tracker's peak of everything it saw during the step, against the ledger's total (the sum
-  of per-category peaks) and against ``ledger.peak_moments`` (the bytes alive at one moment, row
+  of per-category peaks) and against ``ledger_peak.peak_moments`` (the bytes alive at one moment, row
   ``peak (one moment)``).
 
 Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1. The rank's batch is real
@@ -53,13 +53,15 @@ from parallel_lab.distributed.runtime.grid import Grid, mesh
 from parallel_lab.distributed.runtime.runtime import Runtime, sequential_forward_backward
 from parallel_lab.distributed.runtime.train import check_parallelisms, parallelize
 from parallel_lab.errors import ParallelLabError
-from parallel_lab.ledger import CATEGORIES, comm_buffer_parts, memory, peak_moments
+from parallel_lab.ledger import CATEGORIES, memory
+from parallel_lab.ledger_buffers import comm_buffer_parts
+from parallel_lab.ledger_peak import peak_moments
 from parallel_lab.measurable import measurable_layout
 from parallel_lab.specs import ModelSpec, Plan
 
 #: The ledger's activation models, each shown beside the measurement.
 FORMULAS = ("per-op", "korthikanti")
-#: The row comparing the measured peak with ``ledger.peak_moments`` (the bytes alive at one moment).
+#: The row comparing the measured peak with ``ledger_peak.peak_moments`` (the bytes alive at one moment).
 PEAK_ONE_MOMENT = "peak (one moment)"
 #: The compute dtypes a fake-tensor run can use, with the optimizers whose layout the runnable code has.
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}     # measurable.MEASURABLE_DTYPES
@@ -108,7 +110,7 @@ class Measurement:
     ``tracker_peak``: torch's own categories at the tracker's peak (Parameter, Gradient, Activation, Temp,
     Optstate, ...); ``tracker_activations``: torch's view of ``activations`` (:class:`_Probe`), beside the
     saved-tensor meter's; ``comm_parts``: ``{"measured": {part: bytes}, "predicted": {part: bytes}}``, the
-    comm buffers part by part (``tracer.buffers`` and ``ledger.comm_buffer_parts``).
+    comm buffers part by part (``tracer.buffers`` and ``ledger_buffers.comm_buffer_parts``).
     """
 
     model: ModelSpec
@@ -123,12 +125,12 @@ class Measurement:
     cpu_seconds: float
     notes: list[str] = field(default_factory=list)
     comm_parts: dict[str, dict[str, float]] = field(default_factory=dict)
-    #: ``ledger.peak_moments(...).to_json()``: the bytes alive at one moment, its peak beside the measured one
+    #: ``ledger_peak.peak_moments(...).to_json()``: the bytes alive at one moment, its peak beside the measured one
     moments: dict[str, Any] = field(default_factory=dict)
 
     def error(self, category: str, formula: str = "per-op") -> float | None:
         """``predicted / measured - 1`` for ``category`` (``peak`` compares with the ledger's total,
-        ``peak (one moment)`` with :func:`ledger.peak_moments`'s peak, the same for both formulas)."""
+        ``peak (one moment)`` with :func:`ledger_peak.peak_moments`'s peak, the same for both formulas)."""
         if category == PEAK_ONE_MOMENT:
             m, p = self.measured.get("peak"), self.moments.get("peak_bytes")
             return None if m is None or p is None or m == 0 else p / m - 1

@@ -59,7 +59,7 @@ step started and ended, and the peak number of in-flight ``(mb, chunk)`` pairs, 
 alive* (a ``WeakSet`` of the per-micro-batch graphs, so a leaked reference would show), beside the
 saved-tensor meter's live bytes; they reach the caller as ``RankResult.info["pp"]``, and
 ``pipeline_report.py`` reads them with the simulator's definitions. The messages each ``P2P``
-action posts together are the comm-buffer part ``pp`` of ``tracer.buffers`` (``ledger.comm_buffer_parts``).
+action posts together are the comm-buffer part ``pp`` of ``tracer.buffers`` (``ledger_buffers.comm_buffer_parts``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ with gloo here, GPUs with nccl where present), trains the same steps in one proc
   ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
   ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
   ``comm_buffers`` (every part sampled where it is alive): each rank's parts
-  (``RankResult.info["comm_buffers"]``, ``tracer.buffers``) summed, against ``ledger.comm_buffer_parts``
+  (``RankResult.info["comm_buffers"]``, ``tracer.buffers``) summed, against ``ledger_buffers.comm_buffer_parts``
   of its stage (equal exactly);
 * ``moe`` (a mixture-of-experts model, ``expert_parallel.moe_report``): tokens per expert routed and kept,
   per expert rank, the imbalance, the fraction dropped over capacity and the mean aux loss;
@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallel_lab import comm, ledger, mesh, placed
+from parallel_lab import comm, ledger, ledger_activations, ledger_buffers, mesh, placed
 from parallel_lab.cluster_job import under_torchrun
 from parallel_lab.distributed.expert_parallel.expert_parallel import format_moe_report, moe_report
 from parallel_lab.distributed.instruments import payload_by_dim
@@ -67,20 +67,21 @@ STATE = ("parameters", "gradients", "optimizer_states")
 
 def predicted_activations(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
     """Peak bytes saved for backward on one rank of pipeline stage ``stage``: the ledger's per-op model
-    (``ledger.activation_bytes(..., formula="per-op")``: the stage's blocks, the rotary tables, on stage 0
+    (``ledger_activations.activation_bytes(..., formula="per-op")``: the stage's blocks, the rotary tables, on stage 0
     the embedding's ids, times the schedule's in-flight micro-batches)."""
-    return int(round(ledger.activation_bytes(spec, plan, stage, formula="per-op")))
+    return int(round(ledger_activations.activation_bytes(spec, plan, stage, formula="per-op")))
 
 
 def predicted_logits_and_loss(spec: ModelSpec, plan: Plan, stage: int = 0) -> int:
-    """The ledger's per-op bytes of the final norm, head and loss (``ledger.logits_bytes``, the micro-batches
-    whose head the last stage holds at once); 0 on every other stage."""
-    return int(round(ledger.logits_bytes(spec, plan, formula="per-op"))) if stage == plan.pp - 1 else 0
+    """The ledger's per-op bytes of the final norm, head and loss (``ledger_activations.logits_bytes``, the
+    micro-batches whose head the last stage holds at once); 0 on every other stage."""
+    return int(round(ledger_activations.logits_bytes(spec, plan, formula="per-op"))) if stage == plan.pp - 1 else 0
 
 
 def predicted_comm_buffer_parts(spec: ModelSpec, plan: Plan, stage: int = 0) -> dict[str, int]:
-    """``ledger.comm_buffer_parts`` of ``stage`` in whole bytes (the parts a rank samples, zero parts left out)."""
-    return {k: int(round(v)) for k, v in (ledger.comm_buffer_parts(spec, plan, stage) or {}).items()}
+    """``ledger_buffers.comm_buffer_parts`` of ``stage`` in whole bytes (the parts a rank samples, zero parts
+    left out)."""
+    return {k: int(round(v)) for k, v in (ledger_buffers.comm_buffer_parts(spec, plan, stage) or {}).items()}
 
 
 def activation_model_name(plan: Plan) -> str:

@@ -168,7 +168,7 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
             memory = dict(rt.dp.measure_state())
         if grid.notify is not None:
             grid.notify(step + 1)
-    comm_buffers = dict(tracer.buffers.peaks)   # each part's peak over the steps (ledger.comm_buffer_parts)
+    comm_buffers = dict(tracer.buffers.peaks)   # each part's peak over the steps (ledger_buffers.comm_buffer_parts)
     memory["activations"] = int(rt.meter.peak["activations"])
     memory["logits_and_loss"] = int(rt.meter.peak["logits_and_loss"])
     rt.meter.remove()

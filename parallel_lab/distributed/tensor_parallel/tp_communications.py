@@ -10,7 +10,7 @@ other's transpose (Shoeybi et al. 2019; the sequence-parallel pair from Korthika
 
 An all-reduce is a reduce-scatter followed by an all-gather, so SP moves the same bytes as ``f``/``g``.
 SP's full-sequence tensors (the all-gather's output, the reduce-scatter's input) are communication buffers,
-sampled as part ``sp`` of ``tracer.buffers`` (``ledger.activation_buffer_parts``).
+sampled as part ``sp`` of ``tracer.buffers`` (``ledger_buffers.activation_buffer_parts``).
 Activations are batch-first ``(b, s, ...)``; sequence parallelism shards dimension 1 (rank ``r`` holds
 tokens ``[r s/t, (r+1) s/t)``). Every call goes through the ``CommTracer`` under the label the caller
 gives (``tp`` in the blocks, ``tp_vocab`` for the embedding and the loss; docs/conventions.md).

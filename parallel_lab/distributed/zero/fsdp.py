@@ -25,12 +25,12 @@ itself: the stage's units are gathered once per step (at ``zero_grad``), kept th
 reduce-scattered once in ``finish`` (FSDP's ``reshard_after_forward=False``, torchtitan's choice with PP);
 meanwhile every unit's full gradient is summed over the micro-batches in an fp32 accumulator (the compute-dtype
 gradient is added in and dropped at each micro-batch; ``info["peak_held_gradient_bytes"]``,
-``ledger.zero3_held_gradient_bytes``), as FSDP2 under ``torch.distributed.pipelining`` (no gradient sync until
+``ledger_buffers.zero3_held_gradient_bytes``), as FSDP2 under ``torch.distributed.pipelining`` (no gradient sync until
 the last backward) accumulates its unsharded gradients in ``reduce_dtype``.
 
 Memory. Peak parameter memory of ZeRO-3 (sampled from the storages at every gather and free): the
 shards, plus the gathered root unit and two gathered blocks (the one computing and the prefetched one),
-``ledger.state_bytes(...)["parameters"] + ledger.zero3_gathered_bytes(...)``; with root-only units the
+``ledger.state_bytes(...)["parameters"] + ledger_buffers.zero3_gathered_bytes(...)``; with root-only units the
 whole padded model. Gathered buffers are excluded from the saved-tensor meter (``rt.meter.exclude``).
 The gathered buffers, the gradient going to its reduce-scatter and the held gradients are the comm-buffer
 parts ``zero3_gathered``, ``zero3_reduce_input``, ``zero3_held_gradients`` of ``tracer.buffers``.

@@ -27,7 +27,7 @@ padded flat buffers, ``g * S_u`` elements):
   ``zero1_reduce="all_reduce"`` (torch's ZeroRedundancyOptimizer under DDP: the whole gradient
   all-reduced, 1.5x the bytes); ``zero2_accumulate``: "unsharded" (earlier micro-batches accumulate in
   the full ``p.grad``, one reduce-scatter per step) or "sharded" (a reduce-scatter every micro-batch).
-* Comm buffers (``tracer.buffers``, ``ledger.comm_buffer_parts``): ``zero_reduce``, the unit's flat gradient
+* Comm buffers (``tracer.buffers``, ``ledger_buffers.comm_buffer_parts``): ``zero_reduce``, the unit's flat gradient
   (with the reduce-scatter's output when it is a temporary), and ``zero_gather``, the step's gathered unit
   with its input shard, sampled at each call.
 * **ZeRO-3** lives in ``fsdp.py`` (:class:`~parallel_lab.distributed.zero.fsdp.Zero3`).

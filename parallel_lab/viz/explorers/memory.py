@@ -22,6 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import ledger as ledger_mod
+from ... import ledger_activations as ledger_activations_mod
 from ...errors import ParallelLabError
 from ...hardware import CLUSTER_PRESETS, ClusterSpec
 from ...optimizers import OPTIMIZERS
@@ -169,9 +170,9 @@ class MemoryExplorer(Explorer):
                 model, plan.with_(dp=d), cluster, activation_model=am)) for d in out["sweep_values"]]
         else:
             seqs = list(SEQS)
-            full = [attempt(lambda s=s: ledger_mod.activation_bytes(
+            full = [attempt(lambda s=s: ledger_activations_mod.activation_bytes(
                 model, plan.with_(seq=s, recompute="none").validate(model), 0, formula=am)) for s in seqs]
-            lin = [attempt(lambda s=s: ledger_mod.activation_bytes(
+            lin = [attempt(lambda s=s: ledger_activations_mod.activation_bytes(
                 model, plan.with_(seq=s, recompute="selective").validate(model), 0, formula=am))
                 for s in seqs]
             out["sweep_values"] = seqs

@@ -7,7 +7,7 @@ gathered over one micro-batch of ZeRO-3 (:func:`~parallel_lab.viz.plots.zero.gat
 block units and for a single root unit side by side: with block units the peak is the root plus two
 blocks (the one computing and the prefetched next one); with one root unit it rises to the whole model.
 The status gives the ledger's bytes per rank of each model-state category for the chosen stage
-(``ledger.state_bytes``) and its ZeRO-3 gathered peak (``ledger.zero3_gathered_bytes``).
+(``ledger.state_bytes``) and its ZeRO-3 gathered peak (``ledger_buffers.zero3_gathered_bytes``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import ledger as ledger_mod
+from ... import ledger_buffers as ledger_buffers_mod
 from ...optimizers import OPTIMIZERS
 from ...sharding import padded, param_comm_bytes, shard_group, shard_range, unit_sizes
 from ...specs import Plan
@@ -61,7 +62,7 @@ class ZeroExplorer(Explorer):
         self.verdict = f"{len(units)} units x {g} shards"
         return {"model": model, "plan": plan, "g": g, "units": units, "timelines": timelines,
                 "state": ledger_mod.state_bytes(model, plan),
-                "peaks": {u: ledger_mod.zero3_gathered_bytes(model, p) for u, p in per_unit.items()} or None,
+                "peaks": {u: ledger_buffers_mod.zero3_gathered_bytes(model, p) for u, p in per_unit.items()} or None,
                 "first": (first[0], first[1], [shard_range(first[1], g, r) for r in range(min(g, 4))])}
 
     def layout_key(self, r: dict[str, Any]) -> Any:
