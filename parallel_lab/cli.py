@@ -43,6 +43,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .quantities import fmt_bytes_gib as fmt_bytes  # the command line's byte text: GB with GiB alongside
 from .schedules import SCHEDULE_NAMES, V_SCHEDULES
 from .specs import (
     A100_PEAK_FLOPS,
@@ -65,7 +66,6 @@ from .specs import (
     ZERO2_ACCUMULATES,
     ZERO_UNITS,
     ClusterSpec,
-    GiB,
     ModelSpec,
     ParallelLabError,
     Plan,
@@ -361,15 +361,6 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec | None = None) -> 
 # --------------------------------------------------------------------------------------------------
 # Formatting
 # --------------------------------------------------------------------------------------------------
-
-def fmt_bytes(n: float) -> str:
-    """``12.35 GB (11.50 GiB)``: GB = 10^9 bytes, GiB = 2^30 bytes (MB/MiB, kB/KiB below 0.1 GB, 0.1 MB)."""
-    if abs(n) >= 0.1 * GB or n == 0:
-        return f"{n / GB:,.2f} GB ({n / GiB:,.2f} GiB)"
-    if abs(n) >= 1e5:
-        return f"{n / 1e6:,.2f} MB ({n / 2**20:,.2f} MiB)"
-    return f"{n / 1e3:,.2f} kB ({n / 2**10:,.2f} KiB)"
-
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None,
           left: Sequence[int] = (0,)) -> str:
