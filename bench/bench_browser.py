@@ -8,9 +8,9 @@ the redraw, the PNG back over the websocket. Printed per explorer and change: me
 ``SAMPLES`` changes, each change undoing the last (4096 -> 8192 -> 4096 tokens ...), so the explorer's
 kept backgrounds are in play as they are for a learner toggling between two settings.
 
-Both renderers are measured, one server each: ``frames`` (what the app uses, ``viz.frames.Frames``) and
-``standard`` (matplotlib's own blitting recipe with Pillow's PNG encoder, ``viz.blit.Blitter``), so the
-reason to keep the custom renderer is re-measured with every ``make bench``.
+The app's renderer is ``viz.frames.Frames`` (tiles per axes, text stamps, its own PNG encoder); the standard
+recipe it was measured against (matplotlib's ``copy_from_bbox``/``restore_region`` with Pillow's PNG) took
+about 1.5x its CPU time per redraw and was removed.
 
 Goal (issue 16): p95 under 100 ms for every change that does not start a planner search; a new search
 under 1 s, also for a 7B model on 16,384 GPUs (typed into the planner's GPUs field first, untimed).
@@ -20,7 +20,6 @@ shared, and the load average is printed with the figures.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -32,9 +31,6 @@ from typing import Any
 SAMPLES = 20
 SETTLE_S = 0.15               # let the kernel go idle between samples
 GOAL_MS = 100.0
-RENDERERS = ("frames", "standard")
-RENDERER_TEXT = {"frames": "viz.frames: tiles per axes, text stamps, own PNG encoder",
-                 "standard": "viz.blit: matplotlib's copy_from_bbox/restore_region, Pillow's PNG"}
 
 
 def _p95(xs: list[float]) -> float:
@@ -42,18 +38,12 @@ def _p95(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))]
 
 
-def app_notebook(folder: Path, renderer: str) -> Path:
-    """The app notebook ``make app`` serves (``notebooks/app.ipynb``) with ``App(renderer=...)``, in ``folder``."""
+def app_notebook(folder: Path) -> Path:
+    """A copy of the app notebook ``make app`` serves (``notebooks/app.ipynb``), in ``folder``."""
     from parallel_lab.viz.serve import APP_NOTEBOOK
 
-    nb = json.loads(APP_NOTEBOOK.read_text())
-    cell = nb["cells"][0]
-    source = "".join(cell["source"])
-    if "App()" not in source:
-        raise RuntimeError(f"{APP_NOTEBOOK} no longer calls App(); update bench_browser.app_notebook")
-    cell["source"] = source.replace("App()", f"App(renderer={renderer!r})")
-    path = folder / f"app_{renderer}.ipynb"
-    path.write_text(json.dumps(nb))
+    path = folder / "app.ipynb"
+    path.write_text(APP_NOTEBOOK.read_text())
     return path
 
 
@@ -116,15 +106,15 @@ def measure(page: Any, timer: Any, actions: list[Callable[[], None]], n: int) ->
     return out
 
 
-def run(renderer: str = "frames", samples_scale: float = 1.0, only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Serve the app with ``renderer``, drive each case, return one row per case (milliseconds)."""
+def run(samples_scale: float = 1.0, only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Serve the app, drive each case, return one row per case (milliseconds)."""
     from playwright.sync_api import sync_playwright
 
     from parallel_lab.viz import browser as B
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pl_bench_browser_") as tmp:
-        nb = app_notebook(Path(tmp), renderer)
+        nb = app_notebook(Path(tmp))
         with B.serve_app(nb, Path(tmp) / "voila.log") as server, sync_playwright() as pw:
             chromium = B.launch(pw)
             page = B.open_page(chromium, server.url, viewport=(1400, 1000))
@@ -141,7 +131,7 @@ def run(renderer: str = "frames", samples_scale: float = 1.0, only: tuple[str, .
                 if setup is not None:
                     timer.time(setup, timeout_s=120)
                 ms = measure(page, timer, actions, max(2, int(n * samples_scale)))
-                rows.append({"renderer": renderer, "tab": name, "change": change, "median": statistics.median(ms),
+                rows.append({"tab": name, "change": change, "median": statistics.median(ms),
                              "p95": _p95(ms), "n": len(ms), "search": change.startswith("new search")})
             if page.external_requests or page.page_errors:
                 raise RuntimeError(f"external requests {page.external_requests}, errors {page.page_errors}")
@@ -157,15 +147,13 @@ def main() -> None:
         return
     print(f"change -> new image in headless Chromium ({SAMPLES} changes each); goal p95 < {GOAL_MS:.0f} ms "
           f"(a new planner search < 1 s)")
-    for renderer in RENDERERS:
-        load = os.getloadavg()[0]
-        print(f"renderer {renderer} ({RENDERER_TEXT[renderer]}); load average {load:.2f} on {os.cpu_count()} CPUs")
-        print(f"  {'tab':<14} {'change':<26} {'median':>9} {'p95':>9}")
-        for r in run(renderer):
-            goal = 1000.0 if r["search"] else GOAL_MS
-            verdict = "ok" if r["p95"] < goal else f"over the {goal:.0f} ms goal"
-            print(f"  {r['tab']:<14} {r['change']:<26} {r['median']:7.0f}ms {r['p95']:7.0f}ms  {verdict}",
-                  flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(f"  {'tab':<14} {'change':<26} {'median':>9} {'p95':>9}")
+    for r in run():
+        goal = 1000.0 if r["search"] else GOAL_MS
+        verdict = "ok" if r["p95"] < goal else f"over the {goal:.0f} ms goal"
+        print(f"  {r['tab']:<14} {r['change']:<26} {r['median']:7.0f}ms {r['p95']:7.0f}ms  {verdict}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -29,12 +29,12 @@ from .errors import ParallelLabError
 from .hardware import CLUSTER_PRESETS, ClusterSpec
 from .inputs import LIMITS
 from .optimizers import DTYPE_BYTES, OPTIMIZERS
+from .quantities import fmt_bytes_gib
 from .sharding import PP_SPLITS
 from .specs import (
     ATTENTION_KINDS,
     CP_KINDS,
     DP_KINDS,
-    GB,
     MLP_KINDS,
     MODEL_PRESETS,
     RECOMPUTE,
@@ -42,7 +42,6 @@ from .specs import (
     ZERO1_REDUCES,
     ZERO2_ACCUMULATES,
     ZERO_UNITS,
-    GiB,
     ModelSpec,
     Plan,
 )
@@ -308,15 +307,6 @@ def flags_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def fmt_bytes(n: float) -> str:
-    """``12.35 GB (11.50 GiB)``: GB = 10^9 bytes, GiB = 2^30 bytes (MB/MiB, kB/KiB below 0.1 GB, 0.1 MB)."""
-    if abs(n) >= 0.1 * GB or n == 0:
-        return f"{n / GB:,.2f} GB ({n / GiB:,.2f} GiB)"
-    if abs(n) >= 1e5:
-        return f"{n / 1e6:,.2f} MB ({n / 2**20:,.2f} MiB)"
-    return f"{n / 1e3:,.2f} kB ({n / 2**10:,.2f} KiB)"
-
-
 def available_memory_bytes() -> int:
     """Memory this process may still use: MemAvailable, or the cgroup's limit minus its use if smaller."""
     avail = None
@@ -363,8 +353,8 @@ def check_fits_this_machine(model: ModelSpec, plan: Plan) -> None:
     have = available_memory_bytes()
     if need > have:
         ref = " + the one-process reference" if reference else ""
-        raise ParallelLabError(f"{here} ranks{ref} need about {fmt_bytes(need)} "
-                               f"({here + reference} x {fmt_bytes(per_rank)} by the ledger + {here} x "
+        raise ParallelLabError(f"{here} ranks{ref} need about {fmt_bytes_gib(need)} "
+                               f"({here + reference} x {fmt_bytes_gib(per_rank)} by the ledger + {here} x "
                                f"{RANK_OVERHEAD_BYTES / 1e6:.0f} MB per process) but this machine has "
-                               f"{fmt_bytes(have)} available; pick a smaller model (e.g. --model tiny-llama) or "
+                               f"{fmt_bytes_gib(have)} available; pick a smaller model (e.g. --model tiny-llama) or "
                                f"shard more (--zero 3, --tp, --pp)")

@@ -30,12 +30,11 @@ from .errors import ParallelLabError
 
 if TYPE_CHECKING:
     from .hardware import ClusterSpec
+    from .sharding import Box
     from .specs import ModelSpec, Plan
 
 #: Bytes of one checkpointed element (fp32 master weights and fp32 optimizer states).
 STATE_BYTES = 4
-
-Box = tuple[tuple[int, int], ...]
 
 
 def box_numel(box: Box) -> int:
@@ -75,36 +74,6 @@ class Piece:
     @property
     def numel(self) -> int:
         return box_numel(self.box)
-
-
-def _split(n: int, t: int, r: int) -> tuple[int, int]:
-    return r * n // t, (r + 1) * n // t
-
-
-def tp_box(model: ModelSpec, name: str, shape: tuple[int, ...], tp: int, r: int) -> tuple[Box, bool]:
-    """``(box, first)``: the part of the full tensor ``name`` that TP rank ``r`` of ``tp`` holds (the rules of
-    ``sharding``: column-parallel rows, row-parallel columns, kv heads split or replicated, vocabulary rows),
-    and whether ``r`` is the first of the ranks holding that same box (its writer)."""
-    full: Box = tuple((0, s) for s in shape)
-    if tp == 1:
-        return full, True
-    parts = name.split(".")
-    if parts[0] == "blocks" and parts[2] in ("attn", "mlp"):
-        leaf = parts[3]
-        if leaf in ("wk", "wv") and tp > model.kv_heads:          # one kv head, shared by kv_replicas ranks
-            share = sharding.kv_replicas(model, tp)
-            head = r // share
-            rows = (head * model.head_dim, (head + 1) * model.head_dim)
-            return (rows, *full[1:]), r % share == 0
-        if leaf in sharding.COLUMN_PARALLEL:
-            return (_split(shape[0], tp, r), *full[1:]), True
-        if leaf in sharding.ROW_PARALLEL and parts[-1] == "weight":
-            return (full[0], _split(shape[1], tp, r)), True
-        return full, r == 0                                        # row-parallel bias: replicated
-    if parts[0] in ("tok_emb", "lm_head"):
-        v = sharding.vocab_local(model, tp)
-        return ((min(r * v, shape[0]), min((r + 1) * v, shape[0])), *full[1:]), True
-    return full, r == 0                                            # norms, pos_emb: replicated
 
 
 def _row_boxes(box: Box, a: int, b: int) -> list[Box]:
@@ -153,7 +122,7 @@ def local_tensors(model: ModelSpec, tp: int, pp: int, interleave: int, zero_unit
     shapes = dict(model.parameter_shapes())
     out = []
     for p in sharding._local_parameters(model, tp, pp, interleave, zero_unit, stage, split):
-        box, first = tp_box(model, p.name, shapes[p.name], tp, tp_rank)
+        box, _, first = sharding.tp_slice(model, p.name, shapes[p.name], tp, tp_rank)
         tied_copy = p.name == "tok_emb.weight" and stage != 0             # the head's copy on the last stage
         out.append(LocalTensor(p.name, shapes[p.name], box, p.unit, first and not tied_copy))
     return tuple(out)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import ParallelLabError, divisors, fmt_set
 
@@ -150,6 +150,57 @@ def check_cut(model: ModelSpec, plan: Plan) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# The TP slice: which rows or columns of a full parameter one TP rank holds
+# --------------------------------------------------------------------------------------------------
+
+#: A part of a full tensor: one ``(start, stop)`` index range per dimension.
+Box = tuple[tuple[int, int], ...]
+
+
+class TPSlice(NamedTuple):
+    """What one TP rank holds of a full parameter: ``box``, its ranges of the full tensor's indices; ``axis``,
+    the dimension TP cuts (``None``: whole on every rank); ``first``, whether the rank is the lowest of the TP
+    ranks holding this same box (the one that writes it to a checkpoint)."""
+
+    box: Box
+    axis: int | None
+    first: bool
+
+
+def _cut(n: int, tp: int, r: int) -> tuple[int, int]:
+    """Part ``r`` of ``n`` indices cut into ``tp`` equal parts."""
+    return r * n // tp, (r + 1) * n // tp
+
+
+def tp_slice(model: ModelSpec, name: str, shape: tuple[int, ...], tp: int, r: int) -> TPSlice:
+    """The part of the full parameter ``name`` (of ``shape``) that rank ``r`` of ``tp`` holds (module docstring):
+    column-parallel output rows, row-parallel weights' input columns, the one kv head of ``kv_replicas`` ranks
+    when ``tp > kv_heads``, ``vocab_local`` vocabulary rows (the last rank's cut at ``vocab``); the rest whole."""
+    full: Box = tuple((0, s) for s in shape)
+    if tp == 1:
+        return TPSlice(full, None, True)
+    parts = name.split(".")
+    if parts[0] in ("tok_emb", "lm_head"):
+        v = vocab_local(model, tp)
+        return TPSlice(((min(r * v, shape[0]), min((r + 1) * v, shape[0])), *full[1:]), 0, True)
+    if parts[0] != "blocks" or parts[2] not in ("attn", "mlp"):
+        return TPSlice(full, None, r == 0)                               # norms, pos_emb: replicated
+    leaf = parts[3]
+    if leaf in ("wk", "wv") and tp > model.kv_heads:                    # one kv head, shared by kv_replicas ranks
+        share = kv_replicas(model, tp)
+        head = r // share
+        return TPSlice(((head * model.head_dim, (head + 1) * model.head_dim), *full[1:]), 0, r % share == 0)
+    if leaf in COLUMN_PARALLEL:
+        return TPSlice((_cut(shape[0], tp, r), *full[1:]), 0, True)
+    if leaf in ROW_PARALLEL and parts[-1] == "weight":
+        return TPSlice((full[0], _cut(shape[1], tp, r)), 1, True)
+    if leaf in ROW_PARALLEL:
+        return TPSlice(full, None, r == 0)                               # row-parallel bias: replicated
+    raise ParallelLabError(f"{name} with tp={tp}: tensor-parallel experts are not modelled here; split the "
+                           f"experts with ep (borrowed from dp) and set tp=1")
+
+
+# --------------------------------------------------------------------------------------------------
 # Pipeline stages
 # --------------------------------------------------------------------------------------------------
 
@@ -266,21 +317,10 @@ class LocalParam:
 
 
 def _local(model: ModelSpec, name: str, shape: tuple[int, ...], tp: int) -> tuple[int, bool]:
-    """``(local elements, replicated across TP)`` of one parameter of the full model."""
-    parts = name.split(".")
-    if parts[0] == "blocks":
-        module, leaf, kind = parts[2], parts[3], parts[-1]
-        if module in ("attn_norm", "mlp_norm"):
-            return math.prod(shape), True
-        if leaf in COLUMN_PARALLEL:
-            rows = column_rows(model, leaf, shape[0], tp)
-            return (rows * shape[1] if kind == "weight" else rows), tp == 1
-        if kind == "weight":                                             # row-parallel wo, proj, down
-            return shape[0] * (shape[1] // tp), tp == 1
-        return shape[0], True                                           # row-parallel bias: replicated
-    if parts[0] in ("tok_emb", "lm_head"):
-        return vocab_local(model, tp) * shape[1], tp == 1
-    return math.prod(shape), True                                       # pos_emb, final_norm
+    """``(local elements, replicated across TP)`` of one parameter of the full model: TP rank 0's slice, the
+    fullest (every rank is counted with the padded vocabulary shard)."""
+    cut = tp_slice(model, name, shape, tp, 0)
+    return math.prod(b - a for a, b in cut.box), cut.axis is None
 
 
 def local_parameters(model: ModelSpec, plan: Plan, stage: int = 0) -> list[LocalParam]:

@@ -73,7 +73,7 @@ def test_a_first_stage_has_no_loss_moment_and_flash_no_score_gradients():
 
 def test_cli_prints_the_peak_under_the_total(capsys):
     from parallel_lab.cli import main
-    from parallel_lab.plan_flags import fmt_bytes
+    from parallel_lab.quantities import fmt_bytes_gib as fmt_bytes
 
     args = ["memory", "--model", "llama3-8b", "--dp", "8", "--zero", "3", "--optimizer", "fsdp2-mixed", "--seq",
             "8192", "--recompute", "selective"]

@@ -19,7 +19,8 @@ from ..hardware import (
 from ..inputs import LIMITS
 from ..ledger import DEFAULT_CLUSTER
 from ..optimizers import DTYPE_BYTES
-from ..plan_flags import MAX_RANKS_PER_CORE, Output, cluster_from_args, float_in, fmt_bytes, int_in, subcommand
+from ..plan_flags import MAX_RANKS_PER_CORE, Output, cluster_from_args, float_in, int_in, subcommand
+from ..quantities import fmt_bytes_gib
 from .output import EXIT_RUN_TIMEOUT, PROG, RunFailed, rank_failed, table
 
 
@@ -184,7 +185,7 @@ def _calibrate_microbench(args: argparse.Namespace) -> Output:
                      "of torch's fused causal attention, forward + backward, counted as the roofline charges it "
                      f"({ATTENTION_FWD_BWD['flash']:g} x 4 s (s+1)/2 d per head)")
     if link:
-        lines.append(table([(fmt_bytes(s.message_bytes), f"{s.seconds * 1e6:,.1f}",
+        lines.append(table([(fmt_bytes_gib(s.message_bytes), f"{s.seconds * 1e6:,.1f}",
                              f"{s.message_bytes / s.seconds / 1e9:.4g}", f"{r:+.1%}")
                             for s, r in zip(bench.all_reduce, link.residuals, strict=True)],
                            header=(f"all_reduce over {nproc} ranks", "us", "algo GB/s", "fit/meas - 1")))

@@ -11,12 +11,12 @@ from ..plan_flags import (
     add_model_args,
     add_plan_args,
     cluster_from_args,
-    fmt_bytes,
     int_in,
     model_from_args,
     plan_from_args,
     subcommand,
 )
+from ..quantities import fmt_bytes_gib
 from .output import describe, echo, table
 
 
@@ -35,9 +35,9 @@ def handle(args: argparse.Namespace) -> Output:
     plan = plan_from_args(args, model)
     cluster = cluster_from_args(args)
     rep = report(model, plan, cluster, stage=args.stage)
-    rows = [(c.dim, c.kind, c.phase, f"{c.message_bytes:,}", c.group_size, c.count, fmt_bytes(c.wire_bytes),
+    rows = [(c.dim, c.kind, c.phase, f"{c.message_bytes:,}", c.group_size, c.count, fmt_bytes_gib(c.wire_bytes),
              c.note) for c in rep.collectives]
-    dims = [(d, fmt_bytes(b), f"{rep.time_s.get(d, 0.0) * 1e3:,.3f} ms", rep.tiers.get(d, ""))
+    dims = [(d, fmt_bytes_gib(b), f"{rep.time_s.get(d, 0.0) * 1e3:,.3f} ms", rep.tiers.get(d, ""))
             for d, b in rep.per_step_bytes.items()]
     text = "\n".join([
         describe(model, plan),

@@ -13,12 +13,12 @@ from ..plan_flags import (
     add_plan_args,
     cluster_from_args,
     float_in,
-    fmt_bytes,
     int_in,
     model_from_args,
     plan_from_args,
     subcommand,
 )
+from ..quantities import fmt_bytes_gib
 from .output import PROG, describe, echo, table
 
 
@@ -42,13 +42,13 @@ def handle(args: argparse.Namespace) -> Output:
     cluster = cluster_from_args(args)
     led = memory(model, plan, cluster, activation_model=args.activation_model or "korthikanti",
                  stage=args.stage, margin=args.margin)
-    rows = [(k, fmt_bytes(v)) for k, v in led.per_gpu_bytes.items()]
-    rows.append(("total", fmt_bytes(led.total_bytes)))
+    rows = [(k, fmt_bytes_gib(v)) for k, v in led.per_gpu_bytes.items()]
+    rows.append(("total", fmt_bytes_gib(led.total_bytes)))
     budget = led.hbm_bytes * (1 - led.margin)
     verdict = "fits" if led.fits else "does NOT fit"
     pm = led.peak                # the sum above adds each category at its own peak; this is one moment
     peak_line = [] if pm is None else [
-        f"peak at one moment: {fmt_bytes(pm.peak_bytes)} ({pm.peak}"
+        f"peak at one moment: {fmt_bytes_gib(pm.peak_bytes)} ({pm.peak}"
         + (f", stage {pm.stage}" if pm.stage != led.stage else "") + f"; {pm.activation_model} activations)"]
     weighed = "its peak at one moment" if led.peak_decides else "the total"
     text = "\n".join([
@@ -56,8 +56,8 @@ def handle(args: argparse.Namespace) -> Output:
         f"memory per GPU (pipeline stage {led.stage} of {plan.pp}):",
         table(rows, ("category", "bytes")),
         *peak_line,
-        f"{verdict}: {fmt_bytes(led.need_bytes)} ({weighed}) vs {fmt_bytes(budget)} usable "
-        f"({cluster.name} HBM {fmt_bytes(led.hbm_bytes)} minus a {led.margin:.0%} margin)",
+        f"{verdict}: {fmt_bytes_gib(led.need_bytes)} ({weighed}) vs {fmt_bytes_gib(budget)} usable "
+        f"({cluster.name} HBM {fmt_bytes_gib(led.hbm_bytes)} minus a {led.margin:.0%} margin)",
         *[f"note: {n}" for n in led.notes],
     ])
     data = {**led.to_json(), **echo(model, plan)}
@@ -71,6 +71,6 @@ def handle(args: argparse.Namespace) -> Output:
 
         for m in measure(model, plan, led.stage, progress=say):
             data.setdefault("measured", []).append(m.to_json())
-            text += f"\n\n{m.title()}\n" + table(m.table_rows(fmt_bytes), m.TABLE_HEADER) + "".join(
+            text += f"\n\n{m.title()}\n" + table(m.table_rows(fmt_bytes_gib), m.TABLE_HEADER) + "".join(
                 f"\nnote: {n}" for n in m.notes)
     return Output(data, text)

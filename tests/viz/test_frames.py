@@ -1,6 +1,6 @@
-"""Blitted frames, for both renderers (``viz.frames.Frames`` and the standard ``viz.blit.Blitter``): a frame
-drawn over a cached background is the picture a full draw gives, pixel for pixel, whatever changed before
-it; and it is the picture matplotlib itself draws (Frames: up to text placed on whole pixels)."""
+"""Blitted frames (``viz.frames.Frames``, the explorers' one renderer): a frame drawn over a cached background
+is the picture a full draw gives, pixel for pixel, whatever changed before it; and it is the picture
+matplotlib itself draws (up to text placed on whole pixels)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from PIL import Image
 
 from parallel_lab.viz import plots as P
-from parallel_lab.viz.blit import png_bytes as pillow_png
 from parallel_lab.viz.explorers import CommExplorer, MemoryExplorer, PipelineExplorer, PlannerExplorer
-from parallel_lab.viz.explorers.base import RENDERERS
 from parallel_lab.viz.frames import png_bytes
 
 
@@ -29,25 +27,24 @@ def check_frame_is_a_full_draw(ex) -> None:
 
 
 CHANGES = {
-    "memory": (lambda r: MemoryExplorer(sweep="ZeRO stage", renderer=r),
+    "memory": (lambda: MemoryExplorer(sweep="ZeRO stage"),
                [("zero", 1), ("seq", 8192), ("zero", 2), ("recompute", "selective"), ("zero", 1),
                 ("sweep", "sequence"), ("seq", 2048), ("seq", 4096), ("sweep", "dp"), ("dp", 4), ("gpus", 4),
                 ("cluster", "a100-80gb"), ("model", "llama2-13b"), ("sweep", "ZeRO stage"), ("zero", 0)]),
-    "comm": (lambda r: CommExplorer(renderer=r),
+    "comm": (lambda: CommExplorer(),
              [("tp_across_nodes", True), ("seq", 8192), ("tp_across_nodes", False), ("tp", 4), ("dp", 2),
               ("zero", 3), ("tp", 1), ("tp_across_nodes", True), ("zero", 0), ("dp", 1), ("tp", 8)]),
-    "pipeline": (lambda r: PipelineExplorer(schedule="1f1b", stages=4, microbatches=8, renderer=r),
+    "pipeline": (lambda: PipelineExplorer(schedule="1f1b", stages=4, microbatches=8),
                  [("microbatches", 9), ("microbatches", 16), ("schedule", "zb-h1"), ("microbatches", 8),
                   ("schedule", "interleaved"), ("stages", 2), ("schedule", "gpipe"), ("b", 2.0),
                   ("microbatches", 40), ("stages", 4), ("schedule", "1f1b")]),
 }
 
 
-@pytest.mark.parametrize("renderer", RENDERERS)
 @pytest.mark.parametrize("name", sorted(CHANGES))
-def test_every_frame_equals_a_full_draw(name, renderer):
+def test_every_frame_equals_a_full_draw(name):
     make, changes = CHANGES[name]
-    ex = make(renderer)
+    ex = make()
     check_frame_is_a_full_draw(ex)
     for widget, value in changes:
         ex.widgets[widget].value = value
@@ -56,9 +53,8 @@ def test_every_frame_equals_a_full_draw(name, renderer):
     assert ex.error is None and ex.frames.blits > 0 and ex.frames.full_draws > 0
 
 
-@pytest.mark.parametrize("renderer", RENDERERS)
-def test_planner_frames_while_choosing_plans(renderer):
-    ex = PlannerExplorer(model="llama2-70b", gpus=16, renderer=renderer)
+def test_planner_frames_while_choosing_plans():
+    ex = PlannerExplorer(model="llama2-70b", gpus=16)
     for k in (2, 3, 1, 4, 2):
         ex.widgets["chosen"].value = k
         check_frame_is_a_full_draw(ex)
@@ -94,20 +90,8 @@ def test_frames_draw_what_matplotlib_draws():
         assert differ < 0.01, f"{type(ex).__name__}: {differ:.2%} of the pixels differ"
 
 
-def test_the_standard_blitter_draws_what_matplotlib_draws():
-    """Up to a few anti-aliased pixels where a moving artist is drawn after a static one above it."""
-    for ex, change in ((MemoryExplorer(renderer="standard"), {"seq": 8192}),
-                       (CommExplorer(renderer="standard"), {"seq": 8192}),
-                       (PipelineExplorer(renderer="standard"), {"microbatches": 9})):
-        ex.set(**change)                                  # a second frame, blitted or drawn
-        assert ex.frames.blits + ex.frames.full_draws == 2
-        differ = np.abs(pixels(bytes(ex.image.value)) - pixels(P.to_png(ex.figure))).max(axis=2)
-        assert (differ > 0).mean() < 0.005 and (differ > 96).sum() == 0, type(ex).__name__
-
-
-@pytest.mark.parametrize("encode", [png_bytes, pillow_png])
-def test_png_bytes_round_trip(encode):
+def test_png_bytes_round_trip():
     rng = np.random.default_rng(0)
     rgba = rng.integers(0, 256, size=(7, 5, 4), dtype=np.uint8)
-    back = np.asarray(Image.open(io.BytesIO(encode(rgba))))
+    back = np.asarray(Image.open(io.BytesIO(png_bytes(rgba))))
     assert back.shape == (7, 5, 3) and np.array_equal(back, rgba[:, :, :3])

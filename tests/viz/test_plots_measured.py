@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_lab.viz.plots.base import TIME_UNITS
+from parallel_lab.quantities import TIME_UNITS
 from parallel_lab.viz.plots.measured import draw_predicted_measured, predicted_measured_figure
 
 

@@ -61,7 +61,24 @@ def queue_at_end_of_backward(fn: Any) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
-class DataParallel(nn.Module):
+class NoSync:
+    """The sync switch of the DDP wrappers and ZeRO-1/2: ``require_backward_grad_sync`` (torch DDP's name for
+    "this backward synchronises", set by the owner's ``__init__``) and :meth:`no_sync`."""
+
+    require_backward_grad_sync: bool
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate locally (torch DDP's ``no_sync``; ZeRO-2 with
+        ``accumulate="sharded"`` reduce-scatters every pass regardless)."""
+        old, self.require_backward_grad_sync = self.require_backward_grad_sync, False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+
+class DataParallel(NoSync, nn.Module):
     """What both DDP wrappers share: the wrapped module, the group, the hooks and the sync switch.
 
     ``tracer``: the library's comm tracer (default: a pass-through one). ``finish_in_backward``: average
@@ -89,15 +106,6 @@ class DataParallel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
-
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Backward passes inside accumulate locally (torch DDP's ``no_sync``)."""
-        old, self.require_backward_grad_sync = self.require_backward_grad_sync, False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = old
 
     def _hook(self, p: Tensor) -> None:
         if not self.require_backward_grad_sync:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from parallel_lab import reshard as predict
+from parallel_lab import reshard
 from parallel_lab.distributed.instruments import CommTracer
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model
@@ -51,7 +51,7 @@ def check_reshardable(spec: ModelSpec, plan: Plan) -> None:
                                f"(the prediction, parallel-lab reshard, covers the mixed-precision layouts)")
 
 
-def global_index(t: predict.LocalTensor) -> Tensor:
+def global_index(t: reshard.LocalTensor) -> Tensor:
     """Global flat indices of the local tensor ``t`` in its own row-major order (its TP box of the full tensor)."""
     full = torch.arange(torch.Size(t.shape).numel()).view(t.shape)
     return full[tuple(slice(a, b) for a, b in t.box)].reshape(-1)
@@ -72,7 +72,7 @@ def _unit_index(rt: Runtime) -> dict[str, int]:
         return {}
     c = rt.grid.coords
     want: dict[str, list[str]] = {}
-    for t in predict.local_tensors(rt.model.spec, rt.plan.tp, rt.plan.pp, rt.plan.interleave, rt.plan.zero_unit,
+    for t in reshard.local_tensors(rt.model.spec, rt.plan.tp, rt.plan.pp, rt.plan.interleave, rt.plan.zero_unit,
                                    rt.plan.pp_split, c["pp"], c["tp"]):
         want.setdefault(t.unit, []).append(t.name)
     have = {u.name: u.names for u in rt.dp.units}
@@ -81,7 +81,7 @@ def _unit_index(rt: Runtime) -> dict[str, int]:
     return {u.name: i for i, u in enumerate(rt.dp.units)}
 
 
-def _tensor_of(rt: Runtime, h: predict.Holding, units: dict[str, int]) -> Tensor:
+def _tensor_of(rt: Runtime, h: reshard.Holding, units: dict[str, int]) -> Tensor:
     """The flat runtime tensor whose elements ``h`` describes (a view: writing into it loads the state)."""
     zs = _optimizer_and_shards(rt)
     if h.at is not None:                                     # a ZeRO shard of unit h.tensor.unit
@@ -98,7 +98,7 @@ def _tensor_of(rt: Runtime, h: predict.Holding, units: dict[str, int]) -> Tensor
 
 def local_state(rt: Runtime) -> dict[Key, tuple[Tensor, Tensor]]:
     """``{(state, name): (global indices, values)}`` of everything this rank holds, copied from its runtime."""
-    holds = predict.holdings(rt.model.spec, rt.plan, rt.grid.rank)
+    holds = reshard.holdings(rt.model.spec, rt.plan, rt.grid.rank)
     units = _unit_index(rt)
     out: dict[Key, list[tuple[Tensor, Tensor]]] = {}
     for h in holds:
@@ -116,7 +116,7 @@ def _step_count(rt: Runtime) -> int:
 
 def save(rt: Runtime, directory: str | os.PathLike) -> int:
     """Write this rank's pieces (those it is the first holder of) to ``directory/rank{r}.pt``; return bytes."""
-    holds = predict.holdings(rt.model.spec, rt.plan, rt.grid.rank)
+    holds = reshard.holdings(rt.model.spec, rt.plan, rt.grid.rank)
     units = _unit_index(rt)
     pieces: dict[Key, list[tuple[Tensor, Tensor]]] = {}
     for h in holds:
@@ -146,7 +146,7 @@ def read(spec: ModelSpec, plan: Plan, rank: int, directory: str | os.PathLike) -
     """Assemble ``rank``'s state under ``plan`` from the files of ``directory`` (module docstring)."""
     t0 = time.perf_counter()
     need: dict[Key, Tensor] = {}
-    for h in predict.holdings(spec, plan, rank):
+    for h in reshard.holdings(spec, plan, rank):
         idx = global_index(h.tensor)[h.a:h.b]
         key = (h.state, h.tensor.name)
         need[key] = torch.cat([need[key], idx]) if key in need else idx
@@ -185,11 +185,11 @@ def read(spec: ModelSpec, plan: Plan, rank: int, directory: str | os.PathLike) -
 def load_into(rt: Runtime, loaded: Loaded) -> None:
     """Write ``loaded`` (read for this rank and plan) into the runtime: parameters or ZeRO-3 shards, and the
     optimizer's states with their step count, created as torch would after ``loaded.step`` steps."""
-    holds = predict.holdings(rt.model.spec, rt.plan, rt.grid.rank)
+    holds = reshard.holdings(rt.model.spec, rt.plan, rt.grid.rank)
     zs = _optimizer_and_shards(rt)
     units = _unit_index(rt)
     step = torch.tensor(float(loaded.step))
-    states = [s for s in predict.checkpoint_states(rt.plan) if s != "param"]
+    states = [s for s in reshard.checkpoint_states(rt.plan) if s != "param"]
     if zs:                                                   # every shard gets zeroed states (padding stays 0)
         opts, shards = zs
         for o, s, u in zip(opts, shards, rt.dp.units, strict=True):
@@ -324,7 +324,7 @@ def reshard_run(spec: ModelSpec, plan_a: Plan, plan_b: Plan, steps: int = 1, mor
     from parallel_lab.distributed.model.reference import reference_train
     from parallel_lab.distributed.runtime.launch import launch
 
-    predict.check_pair(spec, plan_a, plan_b)
+    reshard.check_pair(spec, plan_a, plan_b)
     for p in (plan_a, plan_b):
         check_reshardable(spec, p)
     if plan_a.global_batch != plan_b.global_batch and more_steps:
@@ -349,7 +349,7 @@ def reshard_run(spec: ModelSpec, plan_a: Plan, plan_b: Plan, steps: int = 1, mor
     params_equal = set(pa) == set(pb) and all(torch.equal(pa[n], pb[n]) and torch.equal(pa[n], fa[("param", n)])
                                               for n in pa)
     out = ReshardResult({(i, r["rank"]): n for r in rb for i, n in r["bytes_from"].items()},
-                        predict.transfers(spec, plan_a, plan_b), [r["written"] for r in ra], bitwise,
+                        reshard.transfers(spec, plan_a, plan_b), [r["written"] for r in ra], bitwise,
                         params_equal, seconds=seconds)
     if more_steps:
         owners = [r["losses"] for r in rb if r["owns_loss"]]

@@ -169,8 +169,15 @@ def check_tp(spec: ModelSpec, plan: Plan) -> None:
                                f"tp={t}; pick seq a multiple of {t * plan.cp}")
 
 
-def _split(n: int, t: int, r: int) -> tuple[int, int]:
-    return r * n // t, (r + 1) * n // t
+def _cut(spec: ModelSpec, name: str, full: nn.Module, t: int, r: int) -> tuple[int, int, int, list[int] | None]:
+    """``(axis, start, stop, distinct)``: the rows (axis 0) or columns (axis 1) of the full weight ``name`` that
+    rank ``r`` of ``t`` keeps (``sharding.tp_slice``), and, when ranks share one slice (a replicated kv head), the
+    first holder of each distinct slice (``None`` when every rank's slice is its own)."""
+    shape = tuple(full.weight.shape)
+    cut = sharding.tp_slice(spec, name, shape, t, r)
+    start, stop = cut.box[cut.axis]
+    firsts = [q for q in range(t) if sharding.tp_slice(spec, name, shape, t, q).first]
+    return cut.axis, start, stop, (None if len(firsts) == t else firsts)
 
 
 @dataclass
@@ -284,34 +291,28 @@ def apply_tp(rt: Runtime) -> None:
 
     reduce = ((lambda y: reduce_scatter_to_sequence_parallel(y, tp, "tp")) if sp
               else (lambda y: reduce_from_tp(y, tp, "tp")))
-    kv_rows = (_split(spec.kv_dim, t, r) if t <= spec.kv_heads else
-               (r // (t // spec.kv_heads) * spec.head_dim, (r // (t // spec.kv_heads) + 1) * spec.head_dim))
-    kv_distinct = None if t <= spec.kv_heads else list(range(0, t, t // spec.kv_heads))
     for i, blk in model.blocks.items():
         pre = f"blocks.{i}."
         attn, mlp = blk.attn, blk.mlp
-        column = {"attn.wq": _split(spec.heads * spec.head_dim, t, r), "attn.wk": kv_rows, "attn.wv": kv_rows}
-        column.update({f"mlp.{n}": _split(spec.ffn, t, r) for n in ("fc", "gate", "up") if hasattr(mlp, n)})
-        row = {"attn.wo": _split(spec.heads * spec.head_dim, t, r)}
-        row.update({f"mlp.{n}": _split(spec.ffn, t, r) for n in ("proj", "down") if hasattr(mlp, n)})
-        for path, (a, b) in column.items():
+        paths = ["attn.wq", "attn.wk", "attn.wv"] + [f"mlp.{n}" for n in ("fc", "gate", "up") if hasattr(mlp, n)]
+        paths += ["attn.wo"] + [f"mlp.{n}" for n in ("proj", "down") if hasattr(mlp, n)]
+        for path in paths:
             owner, leaf = (attn if path.startswith("attn") else mlp), path.split(".")[1]
-            setattr(owner, leaf, ColumnParallelLinear(getattr(owner, leaf), a, b))
-            distinct = kv_distinct if leaf in ("wk", "wv") else None
-            state.layout[pre + path + ".weight"] = _Layout(0, distinct)
-            if getattr(owner, leaf).bias is not None:
-                state.layout[pre + path + ".bias"] = _Layout(0, distinct)
+            full, name = getattr(owner, leaf), pre + path + ".weight"
+            axis, a, b, distinct = _cut(spec, name, full, t, r)
+            if axis == 1:                                                # row-parallel: input columns
+                setattr(owner, leaf, RowParallelLinear(full, a, b, reduce))
+                state.layout[name] = _Layout(1)
+                continue
+            setattr(owner, leaf, ColumnParallelLinear(full, a, b))      # column-parallel: output rows
+            names = [name] + ([pre + path + ".bias"] if full.bias is not None else [])
+            state.layout.update({n: _Layout(0, distinct) for n in names})
             if distinct is not None:
-                state.kv_shared += [pre + path + ".weight"] + (
-                    [pre + path + ".bias"] if getattr(owner, leaf).bias is not None else [])
-        for path, (a, b) in row.items():
-            owner, leaf = (attn if path.startswith("attn") else mlp), path.split(".")[1]
-            setattr(owner, leaf, RowParallelLinear(getattr(owner, leaf), a, b, reduce))
-            state.layout[pre + path + ".weight"] = _Layout(1)
+                state.kv_shared += names
         attn.register_forward_pre_hook(_region_entry(tp, sp))
         mlp.register_forward_pre_hook(_region_entry(tp, sp))
 
-    v0, v1 = _split(spec.vocab, t, r)
+    v0, v1 = sharding.tp_slice(spec, "tok_emb.weight", tuple(model.tok_emb.weight.shape), t, r).box[0]
     model.tok_emb = VocabParallelEmbedding(model.tok_emb, v0, v1, tp, sp)
     state.layout["tok_emb.weight"] = _Layout(0)
     if model.lm_head is not None:

@@ -40,8 +40,7 @@ fp32 inner optimizer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -50,6 +49,7 @@ from torch import Tensor, nn
 
 from parallel_lab.distributed.data_parallel.data_parallel import (
     Named,
+    NoSync,
     broadcast_from_first,
     queue_at_end_of_backward,
     trainable,
@@ -101,7 +101,7 @@ def _named_units(units: UnitsArg, params: list[Tensor]) -> list[tuple[str, Named
     return out
 
 
-class Zero12(torch.optim.Optimizer):
+class Zero12(NoSync, torch.optim.Optimizer):
     """ZeRO-1 (``stage=1``) or ZeRO-2 (``stage=2``): an optimizer that also synchronises the gradients.
 
     Torch's calling convention, ``Zero12(params, optimizer_class=torch.optim.AdamW, lr=...)``
@@ -161,15 +161,6 @@ class Zero12(torch.optim.Optimizer):
         return self.stage == 2 and self.accumulate == "sharded"
 
     # ---- gradient synchronisation ----------------------------------------------------------------
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Backward passes inside accumulate full local gradients (ignored with ``accumulate="sharded"``)."""
-        old, self.require_backward_grad_sync = self.require_backward_grad_sync, False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = old
-
     def set_sync(self, sync: bool) -> None:
         """Library loop: whether the coming backward is the step's last (module docstring)."""
         if self._active:                               # the previous micro-batch's pass (sharded)

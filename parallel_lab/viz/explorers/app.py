@@ -82,14 +82,14 @@ class Explorers(Mapping[str, W.Widget]):
 
 class App(W.VBox):
     """The Voila app: the explorers in tabs, one sentence each. ``App().explorers`` maps tab names
-    to the explorers (built when first needed: :class:`Explorers`). ``renderer`` is passed to each
-    explorer (``bench/bench_browser.py``). ``freeze_gc``: the app owns its kernel, so each tab's objects,
-    once built, are moved out of the garbage collector's view (``gc.freeze``): a full collection then walks
-    only what later changes make (``python -m bench browser``, one run each: the largest p95 of a change
-    that starts no search went from 100 to 75 ms). Objects frozen while alive and dropped later are never
-    collected (bounded: what a tab holds when built); pass False to embed the app in a kernel of your own."""
+    to the explorers (built when first needed: :class:`Explorers`). ``freeze_gc``: the app owns its kernel,
+    so each tab's objects, once built, are moved out of the garbage collector's view (``gc.freeze``): a full
+    collection then walks only what later changes make (``python -m bench browser``, one run each: the
+    largest p95 of a change that starts no search went from 100 to 75 ms). Objects frozen while alive and
+    dropped later are never collected (bounded: what a tab holds when built); pass False to embed the app in
+    a kernel of your own."""
 
-    def __init__(self, renderer: str = "frames", freeze_gc: bool = True) -> None:
+    def __init__(self, freeze_gc: bool = True) -> None:
         self.freeze_gc = freeze_gc
         makers: dict[str, Callable[..., W.Widget]] = {
             "Memory": MemoryExplorer, "Communication": CommExplorer, "Pipeline": PipelineExplorer,
@@ -100,7 +100,7 @@ class App(W.VBox):
         intro = '<p class="pl-intro" style="font-size:14px;margin:4px 0 8px">{}</p>'
         self._pages = {n: W.VBox([W.HTML(intro.format(INTROS[n])),
                                   W.HTML("<i style='color:#57606a'>building this tab...</i>")]) for n in makers}
-        self.explorers = Explorers({n: (lambda m=m: m(renderer=renderer)) for n, m in makers.items()}, self._built)
+        self.explorers = Explorers(makers, self._built)
         self.tabs = W.Tab(children=list(self._pages.values()), titles=list(makers))
         header = W.HTML("<h2 style='margin:8px 0 2px'>parallel_lab</h2>"
                         "<p style='margin:0 0 8px;color:#57606a'>Predict the memory, the communication and "

@@ -34,7 +34,6 @@ from ...errors import ParallelLabError
 from ...hardware import CLUSTER_PRESETS, ClusterSpec
 from ...specs import MODEL_PRESETS, ModelSpec, Plan
 from .. import plots as P
-from ..blit import Blitter
 from ..frames import Frames
 from .help import tooltip
 from .lessons import EXPLAINED_BY, lesson_link
@@ -43,7 +42,6 @@ GB = P.GB
 DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 CUSTOM = "custom"
-RENDERERS = ("frames", "standard")   # viz.frames.Frames; viz.blit.Blitter (the baseline)
 LAYOUTS_KEPT = 3              # figures kept for recent layouts (e.g. the planner with and without pp)
 DESC = {"description_width": "112px"}
 COL = W.Layout(width="320px")
@@ -155,18 +153,13 @@ class Explorer(W.VBox):
     ``result`` (last valid result), ``error`` (the exception of the last refresh, or None), ``verdict``
     (a short string, or None), ``last_redraw_s`` and ``timings`` (the last refresh's compute, artist and
     render seconds, and ``full``: 1.0 if the whole figure was drawn, 0.0 if only what changed),
-    ``frames`` (the renderer: :class:`~parallel_lab.viz.frames.Frames` by default; ``renderer="standard"``
-    gives matplotlib's plain blitting with Pillow's PNG encoder, :class:`~parallel_lab.viz.blit.Blitter`,
-    the baseline ``bench/bench_browser.py`` compares it with).
+    ``frames`` (the renderer, :class:`~parallel_lab.viz.frames.Frames`).
     """
 
     figsize: tuple[float, float] = P.FIGSIZE
 
     def __init__(self, controls: dict[str, W.ValueWidget], columns: Sequence[Sequence[W.Widget]],
-                 extra: Sequence[W.Widget] = (), *, renderer: str = "frames") -> None:
-        if renderer not in RENDERERS:
-            raise ValueError(f"renderer={renderer!r} is not one of {RENDERERS}")
-        self.renderer = renderer
+                 extra: Sequence[W.Widget] = ()) -> None:
         self.widgets: dict[str, W.ValueWidget] = controls
         for name, w in controls.items():                 # meaning and unit on hover (help.TOOLTIPS)
             w.tooltip = tooltip(name)
@@ -175,7 +168,7 @@ class Explorer(W.VBox):
         self.status = W.HTML(layout=W.Layout(min_height="44px"))
         self.figure = P.new_figure(self.figsize)
         self._stamps: OrderedDict[Any, Any] = OrderedDict()      # texts rendered once, for all layouts
-        self.frames = self._renderer(self.figure)
+        self.frames = Frames(self.figure, stamps=self._stamps)
         width = f"{int(self.figsize[0] * P.DPI)}px"
         self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width=width))
         self.result: Any = None
@@ -201,11 +194,6 @@ class Explorer(W.VBox):
             w.observe(self._on_change, names="value")
         no_null_tooltips(self)
         self.refresh()
-
-    def _renderer(self, figure: Figure) -> Any:
-        if self.renderer == "standard":
-            return Blitter(figure)
-        return Frames(figure, stamps=self._stamps)
 
     # ---- driving --------------------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
@@ -286,7 +274,7 @@ class Explorer(W.VBox):
                     figure, frames = self.figure, self.frames          # the first layout: the figure made
                 else:
                     figure = P.new_figure(self.figsize)
-                    frames = self._renderer(figure)
+                    frames = Frames(figure, stamps=self._stamps)
                 layout = (figure, frames, list(self.make_axes(figure, result)))
             self._layouts[key] = layout                                # most recent last
             while len(self._layouts) > LAYOUTS_KEPT:

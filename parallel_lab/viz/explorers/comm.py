@@ -62,7 +62,7 @@ class CommExplorer(Explorer):
     figsize = (9.6, 3.7)
 
     def __init__(self, model: str = "llama2-7b", seq: int = 4096, dp: int = 1, tp: int = 8, pp: int = 1,
-                 cp: int = 1, zero: int = 0, cluster: str = "h100-sxm", renderer: str = "frames") -> None:
+                 cp: int = 1, zero: int = 0, cluster: str = "h100-sxm") -> None:
         c, custom = model_controls(model)
         c["seq"] = slider("sequence", SEQS, seq)
         c["micro_batch"] = slider("micro-batch", (1, 2, 4, 8, 16, 32), 1)
@@ -79,7 +79,7 @@ class CommExplorer(Explorer):
             [c["dp"], c["tp"], c["pp"], c["cp"], c["cp_kind"]],
             [c["sp"], labelled("ZeRO stage", c["zero"]), c["tp_across_nodes"]],
         ]
-        super().__init__(c, columns, extra=(self.table,), renderer=renderer)
+        super().__init__(c, columns, extra=(self.table,))
 
     def compute(self, v: dict[str, Any]) -> dict[str, Any]:
         model = model_from(v)

@@ -52,7 +52,7 @@ class GridExplorer(Explorer):
     figsize = (9.6, 4.2)
 
     def __init__(self, model: str = "llama2-7b", dp: int = 2, tp: int = 4, pp: int = 2, cp: int = 1,
-                 cluster: str = "h100-sxm", color_by: str = "tp", seq: int = 4096, renderer: str = "frames") -> None:
+                 cluster: str = "h100-sxm", color_by: str = "tp", seq: int = 4096) -> None:
         c, custom = model_controls(model)
         c["cluster"] = dropdown("cluster", CLUSTER_PRESETS, cluster)
         c["seq"] = slider("sequence", SEQS, seq)
@@ -62,7 +62,7 @@ class GridExplorer(Explorer):
         c["cp"] = slider("cp", (1, 2, 4), cp)
         c["color_by"] = toggles("colour groups of", GRID_DIMS, color_by, "56px")
         columns = [[c["model"], custom, c["cluster"], c["seq"]], [c["dp"], c["tp"]], [c["pp"], c["cp"]]]
-        super().__init__(c, columns, renderer=renderer)
+        super().__init__(c, columns)
         self.children = (self.children[0], labelled("colour groups of", c["color_by"]), *self.children[1:])
 
     def compute(self, v: dict[str, Any]) -> dict[str, Any]:

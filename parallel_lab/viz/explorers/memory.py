@@ -61,7 +61,7 @@ class MemoryExplorer(Explorer):
 
     def __init__(self, model: str = "llama2-7b", seq: int = 4096, dp: int = 8, tp: int = 1, pp: int = 1,
                  cp: int = 1, zero: int = 0, recompute: str = "none", cluster: str = "h100-sxm",
-                 sweep: str = "ZeRO stage", gpus: int | None = None, renderer: str = "frames") -> None:
+                 sweep: str = "ZeRO stage", gpus: int | None = None) -> None:
         self._syncing = False
         c, custom = model_controls(model)
         c["seq"] = slider("sequence", SEQS, seq)
@@ -84,7 +84,7 @@ class MemoryExplorer(Explorer):
         knobs = W.HBox([labelled("ZeRO stage", c["zero"]), labelled("recompute", c["recompute"]),
                         labelled("second view", c["sweep"])], layout=W.Layout(flex_flow="row wrap"))
         self.measure = MeasurePanel(self.measure_target)
-        super().__init__(c, columns, extra=(self.measure,), renderer=renderer)
+        super().__init__(c, columns, extra=(self.measure,))
         self.children = (self.children[0], knobs, *self.children[1:])
 
     # ---- GPUs and degrees stay consistent -------------------------------------------------------

@@ -34,7 +34,7 @@ class PipelineExplorer(Explorer):
     figsize = (9.6, 3.2)
 
     def __init__(self, schedule: str = "1f1b", stages: int = 4, microbatches: int = 8, interleave: int = 2,
-                 measured: Any = None, measured_title: str = "measured", renderer: str = "frames") -> None:
+                 measured: Any = None, measured_title: str = "measured") -> None:
         self._measured = measured
         self._measured_title = measured_title
         c: dict[str, W.ValueWidget] = {
@@ -55,7 +55,7 @@ class PipelineExplorer(Explorer):
                       "b + w</small>", layout=ROW_ITEM)
         columns = [[c["stages"], c["microbatches"], c["interleave"]], [c["f"], c["b"]],
                    [c["w"], c["p2p"], note]]
-        super().__init__(c, columns, renderer=renderer)
+        super().__init__(c, columns)
         self.children = (labelled("schedule", c["schedule"]), *self.children)
         c["schedule"].observe(self._sync_interleave, names="value")
         self._sync_interleave()

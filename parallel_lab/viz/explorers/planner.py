@@ -57,7 +57,7 @@ class PlannerExplorer(Explorer):
     figsize = (9.6, 6.0)
 
     def __init__(self, model: str = "llama2-7b", cluster: str = "h100-sxm", gpus: int = 16, seq: int = 4096,
-                 batch_tokens: str = "1M", path: str = "plan.yaml", renderer: str = "frames") -> None:
+                 batch_tokens: str = "1M", path: str = "plan.yaml") -> None:
         c, custom = model_controls(model)
         c["cluster"] = dropdown("cluster", CLUSTER_PRESETS, cluster)
         c["gpus"] = slider("GPUs", GPU_COUNTS, gpus)
@@ -98,7 +98,7 @@ class PlannerExplorer(Explorer):
                    [c["top"], c["chosen"]]]
         save_row = W.HBox([self.path, self.phase, self.save_button, self.load_button, self.open_button],
                           layout=W.Layout(flex_flow="row wrap"))
-        super().__init__(c, columns, renderer=renderer)
+        super().__init__(c, columns)
         panel, status, image, *rest = self.children            # rest: the link to the lesson
         # the ranked table and the rejected families first, then the plan file, then the chosen plan's picture
         self.children = (panel, status, self.table, self.rejected, save_row, self.save_message, image, *rest)

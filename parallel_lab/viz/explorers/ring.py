@@ -28,11 +28,11 @@ class RingExplorer(Explorer):
 
     figsize = (9.6, 4.0)
 
-    def __init__(self, cp: int = 4, balance: str = "zigzag", step: int = 1, renderer: str = "frames") -> None:
+    def __init__(self, cp: int = 4, balance: str = "zigzag", step: int = 1) -> None:
         c = {"cp": slider("cp", (2, 4, 8), cp),
              "balance": toggles("chunks", BALANCES, balance, "96px"),
              "step": int_slider("ring step", 1, cp, step)}
-        super().__init__(c, [[c["cp"], c["step"]]], renderer=renderer)
+        super().__init__(c, [[c["cp"], c["step"]]])
         self.children = (self.children[0], labelled("chunks", c["balance"]), *self.children[1:])
 
     def _on_change(self, change: dict[str, Any]) -> None:

@@ -32,13 +32,13 @@ class RoutingExplorer(Explorer):
 
     figsize = (9.6, 3.9)
 
-    def __init__(self, model: str = "mixtral-8x7b", skew: float = 1.0, capacity_factor: float = 1.25, ep: int = 4,
-                 renderer: str = "frames") -> None:
+    def __init__(self, model: str = "mixtral-8x7b", skew: float = 1.0, capacity_factor: float = 1.25,
+                 ep: int = 4) -> None:
         c = {"model": dropdown("model", MODELS, model),
              "skew": slider("skew", (0.0, 0.25, 0.5, 1.0, 1.5, 2.0), skew),
              "capacity_factor": slider("capacity", (1.0, 1.25, 1.5, 2.0, 3.0, 4.0), capacity_factor),
              "ep": slider("ep", (1, 2, 4, 8), ep)}
-        super().__init__(c, [[c["model"], c["skew"]], [c["capacity_factor"], c["ep"]]], renderer=renderer)
+        super().__init__(c, [[c["model"], c["skew"]], [c["capacity_factor"], c["ep"]]])
 
     def compute(self, v: dict[str, Any]) -> dict[str, Any]:
         model = ModelSpec.preset(v["model"]).with_(capacity_factor=float(v["capacity_factor"]))

@@ -89,7 +89,7 @@ class RunExplorer(Explorer):
     figsize = (9.6, 3.3)
 
     def __init__(self, model: str = "tiny-llama", dp: int = 2, tp: int = 1, pp: int = 2, cp: int = 1,
-                 zero: int = 0, steps: int = 2, renderer: str = "frames") -> None:
+                 zero: int = 0, steps: int = 2) -> None:
         c: dict[str, W.ValueWidget] = {
             "model": W.Dropdown(options=list(MODEL_PRESETS), value=model, description="model",
                                 style={"description_width": "112px"}, layout=W.Layout(width="310px")),
@@ -114,7 +114,7 @@ class RunExplorer(Explorer):
             "stop the run and all its ranks", steps, "steps", "310px")
         self.tables = W.HTML()
         self.tables.add_class("pl-run-tables")
-        self.pipeline = PipelineExplorer(renderer=renderer)
+        self.pipeline = PipelineExplorer()
         self.pipeline.layout.display = "none"
         self.run_button.on_click(lambda _: self.start())
         self.cancel_button.on_click(lambda _: self.cancel())
@@ -122,7 +122,7 @@ class RunExplorer(Explorer):
                          layout=W.Layout(align_items="center"))
         columns = [[c["model"], c["dp"], c["tp"], c["pp"]], [c["cp"], c["seq"], c["micro_batch"], c["grad_accum"]],
                    [c["schedule"], c["steps"]]]
-        super().__init__(c, columns, [self.tables, self.pipeline], renderer=renderer)
+        super().__init__(c, columns, [self.tables, self.pipeline])
         self.children = (self.children[0], labelled("ZeRO stage", c["zero"]), buttons, *self.children[1:])
         self.add_class("pl-run")
 

@@ -51,7 +51,7 @@ class TPExplorer(Explorer):
     figsize = (9.6, 4.0)
 
     def __init__(self, model: str = "llama2-7b", tp: int = 4, sp: bool = False, seq: int = 4096,
-                 micro_batch: int = 1, ring_step: int = 0, renderer: str = "frames") -> None:
+                 micro_batch: int = 1, ring_step: int = 0) -> None:
         c, custom = model_controls(model)
         c["tp"] = slider("tp", (1, 2, 4, 8), tp)
         c["seq"] = slider("sequence", (512, 1024, 2048, 4096, 8192), seq)
@@ -60,8 +60,7 @@ class TPExplorer(Explorer):
         c["sp"].options = [("off", False), ("on", True)]
         c["sp"].value = sp
         c["ring_step"] = int_slider("all-reduce step", 0, comm_mod.ring_steps("all_reduce", tp), ring_step)
-        super().__init__(c, [[c["model"], custom], [c["tp"], c["seq"]], [c["micro_batch"], c["ring_step"]]],
-                         renderer=renderer)
+        super().__init__(c, [[c["model"], custom], [c["tp"], c["seq"]], [c["micro_batch"], c["ring_step"]]])
         self.children = (self.children[0], labelled("sequence parallel", c["sp"]), *self.children[1:])
 
     def _on_change(self, change: dict[str, Any]) -> None:

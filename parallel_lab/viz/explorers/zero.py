@@ -37,13 +37,13 @@ class ZeroExplorer(Explorer):
     figsize = (9.6, 3.8)
 
     def __init__(self, model: str = "llama2-7b", dp: int = 4, zero: int = 3, zero_unit: str = "block",
-                 optimizer: str = "adam-mixed", renderer: str = "frames") -> None:
+                 optimizer: str = "adam-mixed") -> None:
         c, custom = model_controls(model)
         c["dp"] = slider("dp", (1, 2, 4, 8, 16), dp)
         c["optimizer"] = dropdown("optimizer", OPTIMIZERS, optimizer)
         c["zero"] = toggles("ZeRO stage", (0, 1, 2, 3), zero)
         c["zero_unit"] = toggles("ZeRO unit", UNITS, zero_unit, "64px")
-        super().__init__(c, [[c["model"], custom], [c["dp"], c["optimizer"]]], renderer=renderer)
+        super().__init__(c, [[c["model"], custom], [c["dp"], c["optimizer"]]])
         self.children = (self.children[0], labelled("ZeRO stage", c["zero"]), labelled("ZeRO unit", c["zero_unit"]),
                          *self.children[1:])
 

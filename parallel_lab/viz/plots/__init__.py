@@ -16,8 +16,8 @@ Units: GB means 10**9 bytes (``docs/conventions.md``); every label picks the uni
 
 from __future__ import annotations
 
+from ...quantities import BYTE_UNITS, TIME_UNITS, fmt_bytes, fmt_number, fmt_quantity, fmt_seconds, unit_for
 from .base import (
-    BYTE_UNITS,
     CATEGORIES,
     CATEGORY_COLORS,
     CATEGORY_LABELS,
@@ -32,17 +32,12 @@ from .base import (
     LABEL_BOX,
     NICE_STEPS,
     TIER_COLORS,
-    TIME_UNITS,
     Chart,
     UnitFormatter,
     chart_on,
     draw_message,
     dynamic_title,
     field,
-    fmt_bytes,
-    fmt_number,
-    fmt_quantity,
-    fmt_seconds,
     log_bounds,
     new_figure,
     nice_ceil,
@@ -50,7 +45,6 @@ from .base import (
     sticky_ceil,
     to_png,
     unit_axis,
-    unit_for,
 )
 from .comm import comm_axes, comm_figure, draw_comm_bytes, draw_comm_time
 from .memory import (

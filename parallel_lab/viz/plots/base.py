@@ -1,11 +1,11 @@
 """What every chart shares: colours, units, round axis ends and charts that update in place.
 
 Everything a ``draw_*`` function needs: the colours of the ledger's categories, of collectives and of
-link tiers; byte and time labels that pick their unit from the value (:func:`fmt_bytes`,
-:func:`fmt_seconds`); round axis ends (:func:`nice_ceil`, the ladder 1, 1.5, 2, 3, 4, 6, 8 x 10^k) that
-stay put while the data still fit (:func:`sticky_ceil`); and :class:`Chart`, what a ``draw_*`` function
-leaves on an ``Axes`` so that the next call with data of the same shape moves the artists it made
-(``set_height``, ``set_text``) instead of building new ones.
+link tiers; axes labelled in the unit that suits the value (the text from ``parallel_lab.quantities``);
+round axis ends (:func:`nice_ceil`, the ladder 1, 1.5, 2, 3, 4, 6, 8 x 10^k) that stay put while the data
+still fit (:func:`sticky_ceil`); and :class:`Chart`, what a ``draw_*`` function leaves on an ``Axes`` so
+that the next call with data of the same shape moves the artists it made (``set_height``, ``set_text``)
+instead of building new ones.
 
 Why: an explorer redraws on every widget change. Updating a few bars on axes whose ticks did not move
 lets the renderer keep the picture of everything else (blitting, ``Chart.dynamic`` lists what moves),
@@ -28,6 +28,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import AutoLocator, Formatter, ScalarFormatter
 from matplotlib.transforms import Bbox
+
+from ...quantities import BYTE_UNITS, fmt_bytes, fmt_number, unit_for
 
 GB = 1e9
 
@@ -166,52 +168,6 @@ def reset_axes(ax: Axes) -> None:
     ax.grid(False)
     if hasattr(ax, CHART_ATTR):
         delattr(ax, CHART_ATTR)
-
-
-#: Decimal byte units (``docs/conventions.md``: GB means 10**9 bytes) and time units, smallest first.
-BYTE_UNITS: tuple[tuple[str, float], ...] = (("B", 1.0), ("kB", 1e3), ("MB", 1e6), ("GB", 1e9), ("TB", 1e12),
-                                             ("PB", 1e15))
-TIME_UNITS: tuple[tuple[str, float], ...] = (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0))
-
-
-def unit_for(x: float, units: Sequence[tuple[str, float]] = BYTE_UNITS) -> tuple[str, float]:
-    """The largest unit of ``units`` that ``|x|`` reaches (the smallest for 0): ``(name, scale)``."""
-    chosen = units[0]
-    for unit in units:
-        if abs(x) >= unit[1] * (1 - 1e-12):
-            chosen = unit
-    return chosen
-
-
-def fmt_number(v: float, digits: int = 3) -> str:
-    """``v`` with ``digits`` significant digits in plain notation, trailing zeros dropped: never ``1e+03``."""
-    if v == 0 or not math.isfinite(v):
-        return "0" if v == 0 else str(v)
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
-    text = f"{v:.{decimals}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
-def fmt_quantity(x: float, units: Sequence[tuple[str, float]], digits: int = 3) -> str:
-    """``x`` in the unit that suits it: ``fmt_quantity(1.7e6, BYTE_UNITS) == "1.7 MB"``."""
-    if x == 0:
-        return f"0 {units[0][0]}"
-    name, scale = unit_for(x, units)
-    text = fmt_number(x / scale, digits)
-    bigger = [u for u in units if u[1] > scale]
-    if abs(float(text)) >= 1000 and bigger:                 # 999.96 MB rounds to 1 GB, not "1000 MB"
-        return fmt_quantity(x, bigger, digits)
-    return f"{text} {name}"
-
-
-def fmt_bytes(n: float, digits: int = 3) -> str:
-    """``7.52 GB``, ``312 MB``, ``4.1 kB``, ``96 B``: decimal units as everywhere in the lab."""
-    return fmt_quantity(n, BYTE_UNITS, digits)
-
-
-def fmt_seconds(t: float, digits: int = 3) -> str:
-    """``8.35 ms``, ``1.2 s``, ``40 µs``."""
-    return "0 s" if t == 0 else fmt_quantity(t, TIME_UNITS, digits)
 
 
 class UnitFormatter(Formatter):

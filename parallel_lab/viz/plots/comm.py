@@ -18,16 +18,14 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from ...quantities import TIME_UNITS, fmt_bytes, fmt_seconds
 from .base import (
     COLLECTIVE_COLORS,
     DIM_COLORS,
     TIER_COLORS,
-    TIME_UNITS,
     chart_on,
     empty_bars,
     field,
-    fmt_bytes,
-    fmt_seconds,
     new_figure,
     set_ticks,
     set_title,

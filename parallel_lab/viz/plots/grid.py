@@ -19,7 +19,8 @@ from matplotlib.axes import Axes
 from matplotlib.patches import Patch, Rectangle
 
 from ...mesh import node_count, node_of
-from .base import DIM_COLORS, TIER_COLORS, chart_on, empty_bars, fmt_bytes, set_ticks, set_title, unit_axis
+from ...quantities import fmt_bytes
+from .base import DIM_COLORS, TIER_COLORS, chart_on, empty_bars, set_ticks, set_title, unit_axis
 
 #: Colours of the groups of one dimension (cycled); a crossing group's border is :data:`CROSSING`.
 GROUP_COLORS: tuple[str, ...] = ("#a6cee3", "#b2df8a", "#fdbf6f", "#cab2d6", "#fb9a99", "#ffff99", "#1f78b4",

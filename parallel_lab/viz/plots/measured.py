@@ -5,7 +5,7 @@ on ranks (``parallel_lab.distributed.runtime.run``). This draws the two side by 
 communication dimension, a memory category, a pipeline stage), the prediction as a hollow bar and the
 measurement as a filled one, each labelled with its value and the row with the measured / predicted ratio,
 so that a gap is seen before it is read. Values are plain numbers (bytes by default; any unit ladder of
-:mod:`.base`, e.g. ``TIME_UNITS``, or ``units=None`` for counts).
+:mod:`parallel_lab.quantities`, e.g. ``TIME_UNITS``, or ``units=None`` for counts).
 
 Bars carry ``gid = "predicted:<label>"`` and ``"measured:<label>"`` so that tests read their widths back.
 """
@@ -18,7 +18,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .base import BYTE_UNITS, LABEL_BOX, fmt_number, fmt_quantity, new_figure, set_title, unit_axis
+from ...quantities import BYTE_UNITS, fmt_number, fmt_quantity
+from .base import LABEL_BOX, new_figure, set_title, unit_axis
 
 PREDICTED_EDGE = "#1f2328"
 MEASURED_COLOR = "#dd8452"

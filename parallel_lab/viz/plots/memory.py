@@ -23,6 +23,7 @@ from matplotlib.legend import Legend
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, NullLocator
 
+from ...quantities import fmt_bytes, fmt_number
 from .base import (
     CATEGORIES,
     CATEGORY_COLORS,
@@ -33,8 +34,6 @@ from .base import (
     chart_on,
     empty_bars,
     field,
-    fmt_bytes,
-    fmt_number,
     highlight_category,
     lighten,
     log_bounds,

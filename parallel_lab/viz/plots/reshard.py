@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 from matplotlib.figure import Figure
 
-from .base import fmt_bytes, new_figure
+from ...quantities import fmt_bytes
+from .base import new_figure
 
 
 def _matrix(pairs: Mapping[tuple[int, int], int], world_a: int, world_b: int) -> list[list[float]]:

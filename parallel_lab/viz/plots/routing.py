@@ -14,7 +14,8 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from .base import DIM_COLORS, field, fmt_bytes, new_figure, set_title
+from ...quantities import fmt_bytes
+from .base import DIM_COLORS, field, new_figure, set_title
 
 RANK_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
 

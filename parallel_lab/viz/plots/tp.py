@@ -58,7 +58,8 @@ def draw_ring_allreduce(ax: Axes, n: int, step: int, message_bytes: int | None =
     """Ranks (rows) by chunks (columns) after ``step`` ring steps: a cell's shade is the share of the ranks'
     contributions its copy holds (``k/n`` written in it); the chunks sent at this step are outlined.
     Built once per ``n``; a new step only recolours the cells (drawn over the cached grid)."""
-    from .base import chart_on, fmt_bytes
+    from ...quantities import fmt_bytes
+    from .base import chart_on
 
     chart, same = chart_on(ax, "ring_allreduce", (n, message_bytes, title))
     if not same:

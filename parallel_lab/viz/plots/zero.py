@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from matplotlib.axes import Axes
 
-from .base import BYTE_UNITS, fmt_bytes, reset_axes, unit_for
+from ...quantities import BYTE_UNITS, fmt_bytes, unit_for
+from .base import reset_axes
 
 RANK_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
                "#ccb974", "#64b5cd", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
