@@ -1,33 +1,41 @@
-"""What keeps a submission's processes inside the grader: a sweep of every descendant, guards in the
-submission's interpreter, authenticated result lines, and feedback that cannot carry the hidden tests.
+"""What keeps a submission's processes inside the grader: namespaces where Linux allows them, a sweep of
+every descendant, guards in the submission's interpreter, signed result lines, feedback without hidden tests.
 
-* Sweep: the grader makes itself a *child subreaper* (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``), so a process
-  that leaves the submission's session (``setsid``) and loses its parent is re-parented to the grader, not to
-  init; after each submission :func:`sweep` kills every descendant found in ``/proc`` until none is left.
-* Guards (:func:`guard_hook`, an audit hook, inherited by every forked rank): no fixed port, no program
-  started (``subprocess``, ``os.exec*``, ``os.system``, ``posix_spawn``), no connection off the machine.
-* Result lines carry an HMAC-SHA256 (key per submission process, sequence-numbered): a line the grader did
-  not sign in the order it expects is a failure of that submission (:func:`sign`, :func:`verify`).
+* Namespaces (:func:`isolate`: unprivileged user, mount and network namespaces): the bundle is covered by an
+  empty tmpfs and the network is loopback only, for every process the submission starts, programs included.
+* Sweep: the grader is a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``): a process that leaves the
+  submission's session (``setsid``) is re-parented to the grader, and :func:`sweep` kills every descendant
+  found in ``/proc`` after each submission. No PID namespace: the sweep is what ends them all.
+* Guards (:func:`guard_hook`, an audit hook inherited by forked ranks): no fixed port, no program started
+  (``subprocess``, ``os.exec*``, ``os.system``, ``posix_spawn``), no connection off the machine.
+* Result lines carry an HMAC-SHA256 (a key per submission process, sequence-numbered): a line the grader did
+  not sign, in the order it expects, fails that submission (:func:`sign`, :func:`verify`).
 * Feedback (:func:`clean_message`): bounded, and withheld when it quotes a line of a hidden test file.
 
-Limits: the tests run inside the submission's process, so code that reads that process's memory (``gc``,
-``ctypes``) can still find the key or the hidden tests' compiled code; grade untrusted classes inside a
-container as well (``runner``'s docstring).
+Limits: tests run inside the submission's process, so code that reads its memory (``gc``, ``ctypes``) can
+find the key or the hidden tests' compiled code; grade untrusted classes inside a container as well.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import hmac
 import ipaddress
 import os
 import signal
+import socket
+import struct
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 0x40000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MAX_MESSAGE = 600          #: characters of feedback per test
 MAX_OUTPUT = 1 << 20       #: bytes a submission may print (stdout and stderr together) per process
 MAX_LINE = 1 << 20         #: bytes of one result line
@@ -92,6 +100,31 @@ def sweep(session: int, keep: Iterable[int] = (), rounds: int = 200) -> int:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
     return len(escaped)
+
+
+def isolate(hide: Iterable[Path]) -> str:
+    """Enter new user, mount and network namespaces (Linux, unprivileged): ``hide`` (the bundle) is covered by
+    an empty tmpfs and the network is loopback only, for this process and all it starts. '' when done, else
+    why not (the caller carries on without them: the sweep and the audit hook still hold)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET) != 0:
+        return f"unshare: {os.strerror(ctypes.get_errno())}"
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+        if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+            return f"mount --make-rprivate /: {os.strerror(ctypes.get_errno())}"
+        for d in hide:
+            if libc.mount(b"tmpfs", str(d).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=0500") != 0:
+                return f"mount tmpfs on {d}: {os.strerror(ctypes.get_errno())}"
+        with socket.socket() as s:                          # bring up lo: the ranks rendezvous on 127.0.0.1
+            flags = struct.unpack("16sh", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sh", b"lo", 0)))[1]
+            fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
+    except OSError as e:
+        return f"namespaces: {e}"
+    return ""
 
 
 def guard_hook(event: str, args: tuple) -> None:

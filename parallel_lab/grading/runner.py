@@ -7,9 +7,10 @@ grades.csv``. Without a bundle only the public tests run (the learner's loop).
 
 Isolation, per submission. The grader imports torch once, then forks a child per submission (the parent
 runs no submission code). The child starts a new session, lowers its limits (``RLIMIT_AS``, ``RLIMIT_CPU``, no
-core files), loads the tests (hidden ones from the text the grader read, not from the bundle), installs
-:func:`contain.guard_hook` (no fixed port, no program started, no remote host), imports a copy of the
-submission as ``submission.py`` in a new temporary directory and runs the tests in order. Each event is a
+core files), loads the tests (hidden ones from the text the grader read), enters namespaces that hide the
+bundle and close the network where Linux allows (:func:`contain.isolate`; ``PARALLEL_LAB_GRADE_NAMESPACES=0``
+turns them off), installs :func:`contain.guard_hook` (no fixed port, no program, no remote host), imports
+a copy of the submission as ``submission.py`` in a new temporary directory and runs the tests in order. Each event is a
 signed line on a pipe: a line the grader did not sign, in order, fails every test left. Its stdout and stderr
 go to a pipe the grader drains (over 1 MB stops it); a test that overruns its wall-clock limit, or a child that
 dies, is killed with its process group and a new child carries on; then every descendant left (``setsid``
@@ -60,6 +61,8 @@ from parallel_lab.specs import ParallelLabError
 REPO = Path(__file__).resolve().parents[2]
 SUBMISSION_SUFFIXES = (".py", ".yaml", ".yml")
 IMPORT_LIMIT_S = 30.0        # wall clock for importing a submission (torch is already imported)
+#: enter user, mount and network namespaces in each submission's process (:func:`contain.isolate`)
+ISOLATE = os.environ.get("PARALLEL_LAB_GRADE_NAMESPACES", "1") != "0"
 MIN_MEMORY_MB = 1024         # the grading process holds ~700 MB of address space before any test
 EXERCISE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
@@ -270,18 +273,20 @@ def _child(emit: Callable[..., None], work: Path, submission: Path, files: list[
     warnings.filterwarnings("ignore", category=FutureWarning)    # torch 2.13's renamed collectives
     os.chdir(work)
     tempfile.tempdir = str(work)          # the ranks' scratch too: the grader removes it all afterwards
+    if submission.suffix == ".py":
+        shutil.copy(submission, work / "submission.py")
+    else:
+        shutil.copy(submission, work / f"submission{submission.suffix}")
+        (work / "submission.py").write_text(f"PATH = {str(work / ('submission' + submission.suffix))!r}\n")
     mods: dict[str, Any] = {}
     for path, vis in files:               # before the submission runs; public first (hidden may import it)
         src = _SOURCES.get(str(path))
         mods[str(path)] = _load_source(src, f"{vis}_tests") if src is not None else _load(path, f"{vis}_tests")
         mods[str(path)].SESSION = _SESSION.get(str(path), {})
     _SOURCES.clear()
+    if ISOLATE:                           # the bundle out of sight, loopback only (where Linux allows)
+        contain.isolate({path.parents[1] for path, vis in files if vis == "hidden"})
     sys.addaudithook(contain.guard_hook)
-    if submission.suffix == ".py":
-        shutil.copy(submission, work / "submission.py")
-    else:
-        shutil.copy(submission, work / f"submission{submission.suffix}")
-        (work / "submission.py").write_text(f"PATH = {str(work / ('submission' + submission.suffix))!r}\n")
     sys.path.insert(0, str(work))
     sys.modules.pop("submission", None)
     try:

@@ -1,7 +1,9 @@
 """The grader against a hostile learner (issue 36): forged or garbled result lines, feedback that quotes the
 hidden tests, processes that leave the submission's session, a subprocess on a fixed port, a flood of output;
-and grade options that are refused in one line. Containment exercised here: the grader as child subreaper and
-a sweep of every descendant through ``/proc`` (no namespaces).
+and grade options that are refused in one line. Containment exercised: the grader as child subreaper and a
+sweep of every descendant through ``/proc`` (always), and, where unprivileged namespaces work
+(``NAMESPACES``), the bundle hidden under a tmpfs and a loopback-only network; the feedback filter is also
+tested with namespaces turned off.
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from parallel_lab.grading import contain
+from parallel_lab.grading import contain, runner
+
+#: unprivileged user, mount and network namespaces work here (the grader then hides the bundle)
+NAMESPACES = shutil.which("unshare") is not None and subprocess.run(
+    ["unshare", "--user", "--mount", "--net", "true"], capture_output=True).returncode == 0
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -43,7 +49,9 @@ def test_hostile_submissions_fail_and_leave_nothing_running(tmp_path):
     out = json.loads(p.stdout)                       # one JSON object: no submission's output mixed in
     by = {g["learner"]: {t["name"]: t for t in g["tests"]} for g in out["grades"]}
     assert all(t["passed"] for t in by["good"].values())
-    expect = {"forge": ("did not sign", 3), "bad_line": ("did not sign", 3), "echo_hidden": ("withheld", 1),
+    hidden_gone = NAMESPACES and runner.ISOLATE     # the bundle under an empty tmpfs: nothing to read
+    expect = {"forge": ("did not sign", 3), "bad_line": ("did not sign", 3),
+              "echo_hidden": ("no hidden test found" if hidden_gone else "withheld", 1),
               "setsid_children": ("left its process group", 1), "subprocess_bind": ("started a program", 3),
               "stdout_flood": ("printed over 1 MB", 3)}
     hidden = contain.secret_lines([(FIXTURES / "bundle" / "ranks" / "hidden_tests.py").read_text()])
@@ -57,6 +65,17 @@ def test_hostile_submissions_fail_and_leave_nothing_running(tmp_path):
     left = [pid for pid in map(int, pids_file.read_text().split()) if _alive(pid)]
     assert len(pids_file.read_text().split()) == 200 and left == [], f"{len(left)} setsid children still run"
     assert "x" * 1000 not in p.stdout + p.stderr
+
+
+def test_feedback_quoting_hidden_source_is_withheld_without_namespaces(tmp_path):
+    """The file readable (no namespaces): the echo of its text is withheld from the feedback."""
+    fx = FIXTURES / "hostile" / "echo_hidden.py"
+    p = run_grade("ranks", str(fx), "--exercises", str(FIXTURES / "exercises"), "--bundle", str(FIXTURES / "bundle"),
+                  "--time-scale", "0.35", "--memory-mb", "1024", "--json", timeout=300,
+                  env={**os.environ, "PARALLEL_LAB_GRADE_NAMESPACES": "0"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    (t,) = [t for t in json.loads(p.stdout)["tests"] if t["name"] == "test_hidden_value"]
+    assert not t["passed"] and "withheld" in t["message"], t
 
 
 def _alive(pid: int) -> bool:
@@ -93,3 +112,25 @@ def test_feedback_is_bounded_and_never_quotes_hidden_source():
     assert "withheld" in contain.clean_message("boom: got = sub.value() if hasattr(sub, 'value') else 42", secret)
     assert len(contain.clean_message("y" * 10_000, secret)) == contain.MAX_MESSAGE
     assert contain.clean_message("value() returned 3", secret) == "value() returned 3"
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_a_submission_that_cannot_be_graded_is_a_row_of_the_csv(tmp_path):
+    """``ranks_copy`` has no hidden tests in the bundle: its row says why, the class is graded and written."""
+    exercises = tmp_path / "exercises"
+    for name in ("ranks", "ranks_copy"):
+        shutil.copytree(FIXTURES / "exercises" / "ranks", exercises / name)
+    learner = tmp_path / "submissions" / "ada"
+    learner.mkdir(parents=True)
+    for name in ("ranks", "ranks_copy"):
+        shutil.copy(FIXTURES / "submissions" / "good.py", learner / f"{name}.py")
+    out_csv = tmp_path / "grades.csv"
+    p = run_grade("--batch", str(tmp_path / "submissions"), "--exercises", str(exercises), "--bundle",
+                  str(FIXTURES / "bundle"), "--out", str(out_csv), "--time-scale", "0.35", "--memory-mb", "1024",
+                  timeout=280)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = {r["exercise"]: r for r in csv.DictReader(open(out_csv))}
+    assert rows["ranks"]["points"] == "3" and rows["ranks_copy"]["points"] == "0"
+    assert rows["ranks_copy"]["failed_tests"] == "grading" and "has no ranks_copy/hidden_tests.py" in \
+        rows["ranks_copy"]["feedback"]
