@@ -12,8 +12,9 @@ every descendant, guards in the submission's interpreter, signed result lines, f
   not sign, in the order it expects, fails that submission (:func:`sign`, :func:`verify`).
 * Feedback (:func:`clean_message`): bounded, and withheld when it quotes a line of a hidden test file.
 
-Limits: tests run inside the submission's process, so code that reads its memory (``gc``, ``ctypes``) can
-find the key or the hidden tests' compiled code; grade untrusted classes inside a container as well.
+Limits: tests run inside the submission's process, so code that walks its frames or memory can still call
+the reporter (forging signed results) or read the hidden tests' compiled code; only a judge process that
+tests the submission's outputs would close that. Grade untrusted classes inside a container as well.
 """
 
 from __future__ import annotations
