@@ -109,7 +109,7 @@ def isolate(hide: Iterable[Path]) -> str:
     why not (the caller carries on without them: the sweep and the audit hook still hold)."""
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET) != 0:
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
         return f"unshare: {os.strerror(ctypes.get_errno())}"
     try:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
@@ -120,6 +120,8 @@ def isolate(hide: Iterable[Path]) -> str:
         for d in hide:
             if libc.mount(b"tmpfs", str(d).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=0500") != 0:
                 return f"mount tmpfs on {d}: {os.strerror(ctypes.get_errno())}"
+        if libc.unshare(CLONE_NEWNET) != 0:                 # last: without lo up the ranks could not meet
+            return f"unshare the network: {os.strerror(ctypes.get_errno())}"
         with socket.socket() as s:                          # bring up lo: the ranks rendezvous on 127.0.0.1
             flags = struct.unpack("16sh", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sh", b"lo", 0)))[1]
             fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
