@@ -33,9 +33,13 @@ def _handle(args: argparse.Namespace) -> Any:
         if not args.out:
             raise ParallelLabError("--batch needs --out grades.csv")
 
+        done: list[tuple[str, runner.Grade]] = []
+
         def progress(learner: str, g: runner.Grade) -> None:     # stderr: --json's stdout stays one object
             print(f"{learner:<16} {g.exercise:<22} {g.points:g}/{g.max_points}  ({g.seconds:.1f} s)",
                   file=sys.stderr, flush=True)
+            done.append((learner, g))
+            runner.write_csv(done, args.out)       # after each: the CSV holds every grade given so far
 
         rows = runner.grade_batch(args.batch, bundle=args.bundle, exercises_dir=exercises_dir, limits=limits,
                                   on_grade=progress)
@@ -46,6 +50,7 @@ def _handle(args: argparse.Namespace) -> Any:
         return Output(data, f"graded {len(rows)} submission(s): {total:g} / {most} points; wrote {args.out}")
     if not args.exercise:
         raise ParallelLabError("name an EXERCISE (see parallel-lab grade --list), or use --batch DIR")
+    runner.check_name(args.exercise)
     starters = sorted((exercises_dir / args.exercise).glob("starter.*"))
     path = args.path or str(starters[0] if starters else exercises_dir / args.exercise / "starter.py")
     g = runner.grade(args.exercise, path, bundle=args.bundle, exercises_dir=exercises_dir, limits=limits)

@@ -16,10 +16,12 @@ and three guards that Voila lacks, installed on every handler it registers (:fun
   allows any Host, so a foreign name that resolves here (DNS rebinding) would get a page and a kernel.
   ``--allow-remote`` turns the check off (behind a proxy you trust).
 * One kernel per page session: the page sets a random, signed, HttpOnly session cookie and records which
-  kernel it started for that session; the kernel's websocket, its REST handler, Voila's shutdown and
-  query handlers answer only that session (403 for anyone else, even one who knows the kernel's id).
-* A cap on live kernels (``--max-kernels``, default :data:`MAX_KERNELS`; each is ~125 MB): past it the
-  page is a short 503 that says so and what to do, instead of one more kernel.
+  kernel it started for that session; every route addressed by a kernel id (:data:`KERNEL_ROUTES`: the
+  kernel's websocket, its REST handler, Voila's shutdown and query handlers) answers only that session
+  (403 for anyone else, even one who knows the kernel's id and sends a matching ``_xsrf`` pair).
+* A cap on live kernels (``--max-kernels``, default :data:`MAX_KERNELS`; each is ~125 MB), a slot taken
+  before the kernel starts (so concurrent loads cannot overshoot it): past it the page is a short 503
+  that says so and what to do, instead of one more kernel.
 
 ``main`` prints the URL once the server answers (not before), then waits; Ctrl-C or SIGTERM stop Voila
 and its kernels cleanly.
@@ -51,6 +53,8 @@ CULL_INTERVAL_S = 30
 MAX_KERNELS = 8                       #: live page kernels at most (about 125 MB each)
 SESSION_COOKIE = "parallel_lab_session"
 LOCAL_NAMES = ("localhost",)          #: host names served besides loopback addresses
+#: what marks a route addressed by a kernel id (``/voila/api/shutdown/(.*)`` names its group ``kernel_id`` not)
+KERNEL_ROUTES = ("kernel_id", "/voila/api/shutdown/")
 _KERNEL_ID = re.compile(r'"kernelId":\s*"([0-9a-f-]{36})"')
 
 
@@ -103,12 +107,23 @@ class Guard:
     def __init__(self, max_kernels: int, allow_remote: bool):
         self.max_kernels, self.allow_remote = max_kernels, allow_remote
         self.owner: dict[str, str] = {}          # kernel id -> session token
+        self.starting = 0                        # pages that hold a slot and have no kernel id yet
 
     def live(self, kernel_manager: Any) -> int:
+        """Page kernels alive, plus the slots of pages still starting theirs."""
         alive = set(kernel_manager.list_kernel_ids())
         for k in [k for k in self.owner if k not in alive]:
             del self.owner[k]
-        return len(self.owner)
+        return len(self.owner) + self.starting
+
+    def take_slot(self, kernel_manager: Any) -> int | None:
+        """A slot for one more page kernel, taken before any ``await`` (so atomic on Tornado's one thread);
+        None when the cap is reached. The count of live kernels and slots is returned either way."""
+        live = self.live(kernel_manager)
+        if live >= self.max_kernels:
+            return None
+        self.starting += 1
+        return live + 1
 
 
 FULL_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>parallel_lab: the app is full</title></head>
@@ -128,7 +143,7 @@ def _guarded(cls: type, guard: Guard, owned: bool) -> type:
             if not guard.allow_remote and not is_local_host(self.request.host):
                 raise web.HTTPError(403, f"Host {self.request.host[:80]!r} is not served; this app answers "
                                          f"127.0.0.1 and localhost only (start it with --allow-remote)")
-            if owned:
+            if owned:                  # the kernel's REST handler, websocket, Voila's shutdown and query
                 kernel_id = self.path_kwargs.get("kernel_id") or (self.path_args[0] if self.path_args else "")
                 token = self.get_secure_cookie(SESSION_COOKIE)
                 if token is None or guard.owner.get(str(kernel_id)) != token.decode():
@@ -148,24 +163,34 @@ def _page(cls: type, guard: Guard) -> type:
     class Page(base):  # type: ignore[misc, valid-type]
         @web.authenticated
         async def get(self, path: Any = None) -> None:
-            live = guard.live(self.kernel_manager)
-            if live >= guard.max_kernels:
+            if guard.take_slot(self.kernel_manager) is None:
                 self.set_status(503)
                 self.set_header("Content-Type", "text/html")
                 self.set_header("Retry-After", str(CULL_IDLE_S))
-                self.finish(FULL_PAGE.format(live=live, cap=guard.max_kernels, idle=CULL_IDLE_S))
+                self.finish(FULL_PAGE.format(live=guard.live(self.kernel_manager), cap=guard.max_kernels,
+                                             idle=CULL_IDLE_S))
                 return
-            token = self.get_secure_cookie(SESSION_COOKIE)
-            self.session = token.decode() if token else secrets.token_urlsafe(24)
-            if token is None:
-                self.set_secure_cookie(SESSION_COOKIE, self.session, httponly=True, samesite="Strict")
-            await super().get(path)
+            self.slot = True
+            try:
+                token = self.get_secure_cookie(SESSION_COOKIE)
+                self.session = token.decode() if token else secrets.token_urlsafe(24)
+                if token is None:
+                    self.set_secure_cookie(SESSION_COOKIE, self.session, httponly=True, samesite="Strict")
+                await super().get(path)
+            finally:
+                self._release()
+
+        def _release(self) -> None:
+            if getattr(self, "slot", False):
+                guard.starting -= 1
+                self.slot = False
 
         async def get_generator(self, path: Any = None) -> Any:
             found = False
             async for html in super().get_generator(path=path):
                 if not found and (m := _KERNEL_ID.search(html)):
                     guard.owner[m.group(1)] = self.session      # before the browser can know the id
+                    self._release()                             # the slot is now the kernel's entry
                     found = True
                 yield html
 
@@ -195,7 +220,7 @@ def run_voila(argv: list[str]) -> None:
             if isinstance(cls, type) and issubclass(cls, VoilaHandler):
                 cls = _page(cls, guard)
             elif isinstance(cls, type) and hasattr(cls, "prepare"):
-                cls = _guarded(cls, guard, owned="kernel_id" in str(pattern))
+                cls = _guarded(cls, guard, owned=any(k in str(pattern) for k in KERNEL_ROUTES))
             out.append((pattern, cls, *rest))
         return out
 

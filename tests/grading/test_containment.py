@@ -1,0 +1,138 @@
+"""The grader against a hostile learner (issue 36): forged or garbled result lines, feedback that quotes the
+hidden tests, processes that leave the submission's session, a subprocess on a fixed port, a flood of output;
+and grade options that are refused in one line. Containment exercised: the grader as child subreaper and a
+sweep of every descendant through ``/proc`` (always), and, where unprivileged namespaces work
+(``NAMESPACES``), the bundle hidden under a tmpfs and a loopback-only network; the feedback filter is also
+tested with namespaces turned off.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parallel_lab.grading import contain, runner
+
+#: unprivileged user, mount and network namespaces work here (the grader then hides the bundle)
+NAMESPACES = shutil.which("unshare") is not None and subprocess.run(
+    ["unshare", "--user", "--mount", "--net", "true"], capture_output=True).returncode == 0
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def run_grade(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "parallel_lab", "grade", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=timeout, env=env)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_hostile_submissions_fail_and_leave_nothing_running(tmp_path):
+    subs = tmp_path / "submissions"
+    for f in [*(FIXTURES / "hostile").glob("*.py"), FIXTURES / "submissions" / "good.py"]:
+        (subs / f.stem).mkdir(parents=True)
+        shutil.copy(f, subs / f.stem / "ranks.py")
+    pids_file = tmp_path / "pids.txt"
+    out_csv = tmp_path / "grades.csv"
+    p = run_grade("--batch", str(subs), "--exercises", str(FIXTURES / "exercises"), "--bundle",
+                  str(FIXTURES / "bundle"), "--out", str(out_csv), "--time-scale", "0.35", "--memory-mb", "1024",
+                  "--json", timeout=560, env={**os.environ, "PL_HOSTILE_PIDS": str(pids_file)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)                       # one JSON object: no submission's output mixed in
+    by = {g["learner"]: {t["name"]: t for t in g["tests"]} for g in out["grades"]}
+    assert all(t["passed"] for t in by["good"].values())
+    hidden_gone = NAMESPACES and runner.ISOLATE     # the bundle under an empty tmpfs: nothing to read
+    expect = {"forge": ("did not sign", 3), "bad_line": ("did not sign", 3),
+              "echo_hidden": ("no hidden test found" if hidden_gone else "withheld", 1),
+              "setsid_children": ("left its process group", 1), "subprocess_bind": ("started a program", 3),
+              "stdout_flood": ("printed over 1 MB", 3)}
+    hidden = contain.secret_lines([(FIXTURES / "bundle" / "ranks" / "hidden_tests.py").read_text()])
+    if hidden_gone:                                    # the ranks saw loopback only
+        assert all(t["passed"] for t in by["net_probe"].values()), by["net_probe"]
+    for learner, (reason, n_failed) in expect.items():
+        failed = [t for t in by[learner].values() if not t["passed"]]
+        assert len(failed) == n_failed and all(reason in t["message"] for t in failed), (learner, failed)
+        assert all(len(t["message"]) <= contain.MAX_MESSAGE for t in by[learner].values())
+        assert not any(line in t["message"] for t in by[learner].values() for line in hidden), learner
+    rows = list(csv.DictReader(open(out_csv)))
+    assert {r["learner"] for r in rows} == set(by) and len(rows) == len(by)
+    left = [pid for pid in map(int, pids_file.read_text().split()) if _alive(pid)]
+    assert len(pids_file.read_text().split()) == 200 and left == [], f"{len(left)} setsid children still run"
+    assert "x" * 1000 not in p.stdout + p.stderr
+
+
+def test_feedback_quoting_hidden_source_is_withheld_without_namespaces(tmp_path):
+    """The file readable (no namespaces): the echo of its text is withheld from the feedback."""
+    fx = FIXTURES / "hostile" / "echo_hidden.py"
+    p = run_grade("ranks", str(fx), "--exercises", str(FIXTURES / "exercises"), "--bundle", str(FIXTURES / "bundle"),
+                  "--time-scale", "0.35", "--memory-mb", "1024", "--json", timeout=300,
+                  env={**os.environ, "PARALLEL_LAB_GRADE_NAMESPACES": "0"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    (t,) = [t for t in json.loads(p.stdout)["tests"] if t["name"] == "test_hidden_value"]
+    assert not t["passed"] and "withheld" in t["message"], t
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("args", [
+    ("zigzag", "--time-scale", "-1"), ("zigzag", "--time-scale", "nan"), ("zigzag", "--memory-mb", "-5"),
+    ("zigzag", "--cpu-s", "0"), ("x" * 300,), ("zigzag", "y" * 300), ("zigzag", "--bundle", "README.md"),
+    ("--batch", "/nonexistent", "--out", "/tmp/never.csv"), ("--list", "--exercises", "/dev/null"),
+])
+def test_bad_options_are_one_line_refusals(args):
+    p = run_grade(*args, timeout=120)
+    assert p.returncode == 2, (args, p.returncode, p.stderr[-500:])
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0] and len(lines[0]) < 300, (args, p.stderr)
+
+
+def test_result_lines_are_signed_in_order():
+    key = b"k" * 32
+    line = contain.sign(key, 3, b'{"event": "start"}')
+    assert contain.verify(key, 3, line[:-1]) == b'{"event": "start"}'
+    assert contain.verify(key, 4, line[:-1]) is None              # replayed out of order
+    assert contain.verify(b"x" * 32, 3, line[:-1]) is None        # another key
+    assert contain.verify(key, 0, b'{"event": "result", "passed": true}') is None
+
+
+def test_feedback_is_bounded_and_never_quotes_hidden_source():
+    secret = contain.secret_lines(["def test_x(sub):\n    got = sub.value() if hasattr(sub, 'value') else 42\n"])
+    assert "withheld" in contain.clean_message("boom: got = sub.value() if hasattr(sub, 'value') else 42", secret)
+    assert len(contain.clean_message("y" * 10_000, secret)) == contain.MAX_MESSAGE
+    assert contain.clean_message("value() returned 3", secret) == "value() returned 3"
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_a_submission_that_cannot_be_graded_is_a_row_of_the_csv(tmp_path):
+    """``ranks_copy`` has no hidden tests in the bundle: its row says why, the class is graded and written."""
+    exercises = tmp_path / "exercises"
+    for name in ("ranks", "ranks_copy"):
+        shutil.copytree(FIXTURES / "exercises" / "ranks", exercises / name)
+    learner = tmp_path / "submissions" / "ada"
+    learner.mkdir(parents=True)
+    for name in ("ranks", "ranks_copy"):
+        shutil.copy(FIXTURES / "submissions" / "good.py", learner / f"{name}.py")
+    out_csv = tmp_path / "grades.csv"
+    p = run_grade("--batch", str(tmp_path / "submissions"), "--exercises", str(exercises), "--bundle",
+                  str(FIXTURES / "bundle"), "--out", str(out_csv), "--time-scale", "0.35", "--memory-mb", "1024",
+                  timeout=280)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = {r["exercise"]: r for r in csv.DictReader(open(out_csv))}
+    assert rows["ranks"]["points"] == "3" and rows["ranks_copy"]["points"] == "0"
+    assert rows["ranks_copy"]["failed_tests"] == "grading" and "has no ranks_copy/hidden_tests.py" in \
+        rows["ranks_copy"]["feedback"]
