@@ -135,3 +135,19 @@ def test_no_module_of_parallel_lab_is_imported_in_a_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+# ---- the parallelisms are measured from outside -------------------------------------------------------------
+
+PARALLELISMS = ("data_parallel", "zero")
+PARALLELISM_FILES = sorted(p for d in PARALLELISMS for p in (PKG / "distributed" / d).glob("*.py"))
+NOT_FROM = ("parallel_lab.distributed.instruments", "parallel_lab.ledger")
+
+
+@pytest.mark.parametrize("path", PARALLELISM_FILES, ids=[f"{p.parent.name}/{p.name}" for p in PARALLELISM_FILES])
+def test_parallelisms_import_no_instruments(path):
+    """A parallelism calls torch.distributed plainly; the comm tracer observes it from outside, and what the
+    accounting needs beyond the call goes through ``distributed/probe.py`` (a no-op unless measured)."""
+    modules = {_module_name(p) for p in PKG.rglob("*.py")}
+    bad = sorted(m for m in _imports(path, modules) if m.startswith(NOT_FROM))
+    assert not bad, f"{path.parent.name}/{path.name} imports {bad}; measure from outside (distributed/probe.py)"

@@ -22,7 +22,7 @@ from typing import Any
 from torch import Tensor, nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from parallel_lab.distributed.instruments.memory import storage_key
+from parallel_lab.distributed.model.state import storage_key
 
 
 class _Saved:

@@ -1,0 +1,70 @@
+"""The neutral probe: what an algorithm tells a measurement, a no-op unless a measurement listens.
+
+The parallelisms call ``torch.distributed`` plainly; the comm tracer (``instruments/tracer.py``) observes
+those calls from outside. Where the call alone does not say what the accounting needs, the algorithm says
+it here (docs/conventions.md, "Composition"):
+
+* ``with tagged(dim="tp_vocab"):``: the calls inside count under that dim (one group serving two
+  accounting dims); ``tagged(unit=name)``: a ZeRO unit's label.
+* ``sample(part, tensors, nbytes=...)``: a temporary buffer alive now (the instruments keep each part's
+  peak, counting distinct storages, and map the part to the ledger's ``comm_buffer_parts``).
+
+A measurement installs a :class:`Listener` with :func:`listening`; with none installed, ``tagged`` and
+``sample`` return at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+
+class Listener(Protocol):
+    def sample(self, part: str, tensors: Iterable[Any], nbytes: int | None) -> None: ...
+
+
+_listeners: list[Listener] = []
+_tags: list[dict[str, str]] = []
+
+
+@contextmanager
+def listening(listener: Listener) -> Iterator[None]:
+    """Install ``listener`` for the duration (a measurement's: the comm tracer's)."""
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
+
+
+def on() -> bool:
+    """Whether a measurement listens."""
+    return bool(_listeners)
+
+
+@contextmanager
+def tagged(**tags: str) -> Iterator[None]:
+    """The calls inside carry ``tags`` (``dim``, ``unit``); inner tags win."""
+    if not _listeners:
+        yield
+        return
+    _tags.append(tags)
+    try:
+        yield
+    finally:
+        del _tags[next(i for i in range(len(_tags) - 1, -1, -1) if _tags[i] is tags)]
+
+
+def current(name: str) -> str | None:
+    """The innermost value of tag ``name`` in force, or None."""
+    for tags in reversed(_tags):
+        if name in tags:
+            return tags[name]
+    return None
+
+
+def sample(part: str, tensors: Iterable[Any] = (), nbytes: int | None = None) -> None:
+    """A temporary buffer of ``part`` is alive: ``tensors`` (distinct storages counted) or ``nbytes``."""
+    for listener in _listeners:
+        listener.sample(part, tensors, nbytes)
