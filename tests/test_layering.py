@@ -139,7 +139,8 @@ def test_no_module_of_parallel_lab_is_imported_in_a_cycle():
 
 # ---- the parallelisms are measured from outside -------------------------------------------------------------
 
-PARALLELISMS = ("data_parallel", "zero", "tensor_parallel", "expert_parallel", "context_parallel")
+PARALLELISMS = ("data_parallel", "zero", "tensor_parallel", "pipeline_parallel", "context_parallel",
+                "expert_parallel")
 PARALLELISM_FILES = sorted(p for d in PARALLELISMS for p in (PKG / "distributed" / d).glob("*.py"))
 NOT_FROM = ("parallel_lab.distributed.instruments", "parallel_lab.ledger")
 

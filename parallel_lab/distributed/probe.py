@@ -5,7 +5,8 @@ those calls from outside. Where the call alone does not say what the accounting 
 it here (docs/conventions.md, "Composition"):
 
 * ``with tagged(dim="tp_vocab"):``: the calls inside count under that dim (one group serving two
-  accounting dims); ``tagged(unit=name)``: a ZeRO unit's label.
+  accounting dims); ``tagged(unit=name)``: a ZeRO unit's label; ``tagged(phases=(...))``: the phase of
+  each op of a point-to-point batch (a pipeline's may carry forward and backward messages together).
 * ``sample(part, tensors, nbytes=...)``: a temporary buffer alive now (the instruments keep each part's
   peak, counting distinct storages, and map the part to the ledger's ``comm_buffer_parts``).
 
@@ -25,7 +26,7 @@ class Listener(Protocol):
 
 
 _listeners: list[Listener] = []
-_tags: list[dict[str, str]] = []
+_tags: list[dict[str, Any]] = []
 
 
 @contextmanager
@@ -44,8 +45,8 @@ def on() -> bool:
 
 
 @contextmanager
-def tagged(**tags: str) -> Iterator[None]:
-    """The calls inside carry ``tags`` (``dim``, ``unit``); inner tags win."""
+def tagged(**tags: Any) -> Iterator[None]:
+    """The calls inside carry ``tags`` (``dim``, ``unit``; ``phases``: one per op of a batch); inner tags win."""
     if not _listeners:
         yield
         return
@@ -56,7 +57,7 @@ def tagged(**tags: str) -> Iterator[None]:
         del _tags[next(i for i in range(len(_tags) - 1, -1, -1) if _tags[i] is tags)]
 
 
-def current(name: str) -> str | None:
+def current(name: str) -> Any:
     """The innermost value of tag ``name`` in force, or None."""
     for tags in reversed(_tags):
         if name in tags:

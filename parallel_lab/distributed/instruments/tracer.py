@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -90,6 +90,30 @@ class TracedWork:
 
     def is_completed(self) -> bool:
         return self.work is None or self.work.is_completed()
+
+
+class _OpWait:
+    """Completion of one posted op: waits the works its batch returned, then stamps its traced event."""
+
+    def __init__(self, works: Sequence[TracedWork], own: TracedWork | None):
+        self.works, self.own = works, own
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+        if self.own is not None:
+            self.own.wait()
+
+
+def op_waits(works: Sequence[TracedWork], n_ops: int) -> list[_OpWait]:
+    """One completion per posted op from what ``CommTracer.batch_isend_irecv`` returned: gloo gives one work
+    per op (each op waits its own); NCCL coalesces the batch into one work, returned before the ops' traced
+    events (each op then waits the batch's work and stamps its own event)."""
+    if len(works) == n_ops and all(w.work is not None for w in works):
+        return [_OpWait([], w) for w in works]
+    batch = [w for w in works if w.work is not None]
+    events = [w for w in works if w.event is not None]
+    return [_OpWait(batch, events[j] if j < len(events) else None) for j in range(n_ops)]
 
 
 class CommTracer:
@@ -206,15 +230,21 @@ class CommTracer:
         ev = self._start(call)
         return self._finish(run(), ev, call.async_op)
 
-    def wrap_batch(self, calls: list[Call], run: Callable[[], list[Any]]) -> list[TracedWork]:
-        """A batch of point-to-point ops (``dist.batch_isend_irecv``): one event per op, waits stamped."""
+    def wrap_batch(self, calls: list[Call], run: Callable[[], list[Any]]) -> list[_OpWait]:
+        """A batch of point-to-point ops (``dist.batch_isend_irecv``): one event per op, and one completion
+        per op (:func:`op_waits`) that stamps it. ``probe.tagged(phases=...)``: each op's phase."""
         events = [self._start(c) for c in calls]
         works = run() if calls else []
         if self.on_action is not None and events and events[-1] is not None:
             self.on_action(f"posted {len(events)} point-to-point ops ({describe(events[-1])})", False)
+        for ev, phase in zip(events, probe.current("phases") or (), strict=False):
+            if ev is not None:
+                ev.phase = phase
         if len(works) != len(events):            # some backends return one work for the batch
-            return [TracedWork(w, None) for w in works] + [TracedWork(None, e, self.on_action) for e in events]
-        return [TracedWork(w, e, self.on_action) for w, e in zip(works, events, strict=True)]
+            wrapped = [TracedWork(w, None) for w in works] + [TracedWork(None, e, self.on_action) for e in events]
+        else:
+            wrapped = [TracedWork(w, e, self.on_action) for w, e in zip(works, events, strict=True)]
+        return op_waits(wrapped, len(calls))
 
     # ---- calls by dim, observed --------------------------------------------------------------------
     @contextmanager
@@ -274,7 +304,7 @@ class CommTracer:
             return dist.irecv(tensor, src=peer, group=self.group(dim, group))
 
     def batch_isend_irecv(self, ops: Iterable[tuple[str, Tensor, int]], dim: str = "pp",
-                          group: Any = None) -> list[TracedWork]:
+                          group: Any = None) -> list[_OpWait]:
         """``ops``: ``("send" | "recv", tensor, peer)``; launched together (``dist.batch_isend_irecv``)."""
         ops = list(ops)
         g = self.group(dim, group)
