@@ -185,6 +185,12 @@ class CommTracer:
         """The probe's sample (``probe.sample``): to :attr:`state` or :attr:`buffers`."""
         (self.state if part in STATE_PARTS else self.buffers).sample(part, tensors, nbytes)
 
+    def exclude(self, *tensors: Tensor) -> None:
+        """The probe's ``not_activations``: the saved-tensor meter's, not the tracer's."""
+
+    def include(self, *tensors: Tensor) -> None:
+        """The probe's ``activations_again``: the saved-tensor meter's."""
+
     def zero3_peaks(self) -> dict[str, int]:
         """ZeRO-3's peaks for its report (``memory.ZERO3_PEAKS``)."""
         peaks = {**self.buffers.peaks, **self.state.peaks}

@@ -31,10 +31,10 @@ the last backward) accumulates its unsharded gradients in ``reduce_dtype``.
 Memory. Peak parameter memory of ZeRO-3 (sampled at every gather through ``distributed/probe.py``, part
 ``parameters``): the shards, plus the gathered root unit and two gathered blocks (the one computing and the
 prefetched one), ``ledger.state_bytes(...)["parameters"] + ledger.zero3_gathered_bytes(...)``; with
-root-only units the whole padded model. Gathered buffers are excluded from the saved-tensor meter
-(``rt.meter.exclude``). The gathered buffers, the gradient going to its reduce-scatter and the held
-gradients are sampled as comm-buffer parts too (the ledger's ``zero3_gathered``, ``zero3_reduce_input``,
-``zero3_held_gradients``). Collectives: ``zero_communications.py``.
+root-only units the whole padded model. Gathered buffers are not activations (``probe.not_activations``).
+The gathered buffers, the gradient going to its reduce-scatter and the held gradients are sampled as
+comm-buffer parts too (the ledger's ``zero3_gathered``, ``zero3_reduce_input``, ``zero3_held_gradients``).
+Collectives: ``zero_communications.py``.
 
 Mixed precision (ZeRO-3, ``optimizer="fsdp2-mixed"``, ``dtype="bf16"``; FSDP2's ``MixedPrecisionPolicy``
 with ``param_dtype=bf16, reduce_dtype=fp32``): fp32 shards, fp32 gradient shards and fp32 AdamW; each
@@ -109,8 +109,8 @@ class RegatherBeforeBackward(torch.autograd.Function):
 class Zero3(_Zero):
     """ZeRO-3 / FSDP: parameters, gradients and optimizer states sharded; see the module docstring.
 
-    ``group``: the gradient group. ``rt``: the Runtime (for its meter, created after ``apply_zero``, and
-    its phases). Hooks are installed on the model
+    ``group``: the gradient group. ``rt``: the Runtime (for its phases under a pipeline). Hooks are
+    installed on the model
     (root unit) and on each block with a unit (``zero_unit="block"``).
     """
 
@@ -204,8 +204,7 @@ class Zero3(_Zero):
                 leaf.register_post_accumulate_grad_hook(lambda t, i=i: self._on_grad(i, t))
                 self._reduced[i] = False
             self._install(i)
-        if self.rt is not None and self.rt.meter is not None:
-            self.rt.meter.exclude(leaf)                # gathered parameters are not activations
+        probe.not_activations(leaf)                    # gathered parameters are not activations
 
     def _install(self, i: int) -> None:
         """Point the model's attributes at views of unit ``i``'s gathered buffer."""
@@ -220,8 +219,7 @@ class Zero3(_Zero):
             self.work[i].wait()
             self.work[i] = None
         leaf = self.leaf[i]
-        if self.rt is not None and self.rt.meter is not None:
-            self.rt.meter.include(leaf)                # before the address can be reused
+        probe.activations_again(leaf)                  # before the address can be reused
         leaf.untyped_storage().resize_(0)
         self.live[i] = False
 
