@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from parallel_lab.distributed.model.state import storage_bytes
 
-#: The probe's part names that are not the ledger's own (``ledger.comm_buffer_parts``); others map to themselves.
+#: The probe's part names that are not the ledger's own (``ledger.comm_buffer_parts``). The others map to
+#: themselves: ``sp``, ``pp``, ``cp``, ``ep`` name a parallelism's own buffers, the dim the ledger names them by.
 LEDGER_PART = {"gradient_buckets": "ddp_buckets", "flat_gradients": "zero_reduce",
                "gathered_parameters": "zero_gather", "gathered_units": "zero3_gathered",
                "reducing_gradients": "zero3_reduce_input", "held_gradients": "zero3_held_gradients"}
