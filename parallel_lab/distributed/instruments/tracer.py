@@ -106,9 +106,9 @@ class _OpWait:
 
 
 def op_waits(works: Sequence[TracedWork], n_ops: int) -> list[_OpWait]:
-    """One completion per posted op from what ``CommTracer.batch_isend_irecv`` returned: gloo gives one work
-    per op (each op waits its own); NCCL coalesces the batch into one work, returned before the ops' traced
-    events (each op then waits the batch's work and stamps its own event)."""
+    """One completion per posted op of an observed ``dist.batch_isend_irecv`` (``works``: the batch's works
+    wrapped, then its traced events when the counts differ): gloo gives one work per op (each op waits its
+    own); NCCL coalesces the batch into one work (each op then waits it and stamps its own event)."""
     if len(works) == n_ops and all(w.work is not None for w in works):
         return [_OpWait([], w) for w in works]
     batch = [w for w in works if w.work is not None]
