@@ -34,7 +34,6 @@ from parallel_lab.distributed.context_parallel.context_parallel import (
     CPGroup,
 )
 from parallel_lab.distributed.context_parallel.cp_balance import work_per_rank
-from parallel_lab.distributed.instruments import CommTracer
 from parallel_lab.distributed.runtime.grid import Grid
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.specs import ModelSpec, Plan
@@ -68,15 +67,14 @@ def _step(core, q, k, v, w, ctx) -> None:
 def _bench_rank(grid: Grid) -> dict:
     q, k, v, w = _inputs()
     pos = torch.arange(SEQ)
-    tracer = CommTracer(grid.rank, grid.groups_by_dim(), enabled=False)
-    one = CPGroup(tracer, [grid.rank], 0, None)                      # the reference: a ring of one rank
+    one = CPGroup([grid.rank], 0, None)                      # the reference: a ring of one rank
     ref = ContextParallel("ring", one, tile=TILE)
-    groups = {kind: CPGroup(tracer, grid.ranks["cp"], grid.cp_rank, grid.groups["cp"]) for kind in
+    groups = {kind: CPGroup(grid.ranks["cp"], grid.cp_rank, grid.groups["cp"]) for kind in
               ("ring", "allgather", "ulysses", "ring, no overlap")}
     groups["ring, no overlap"].overlap = False
     cps = {kind: ContextParallel(kind.split(",")[0], grp, tile=TILE) for kind, grp in groups.items()}
     times: dict[str, list[float]] = {k: [] for k in ("1 rank", "torch sdpa, 1 rank", CEILING, *cps)}
-    free = ContextParallel("ring", _NoCommGroup(tracer, grid.ranks["cp"], grid.cp_rank), tile=TILE)
+    free = ContextParallel("ring", _NoCommGroup(grid.ranks["cp"], grid.cp_rank), tile=TILE)
     idx_free = free.index(SEQ)
     for rnd in range(WARMUP + ROUNDS):
         if rnd == WARMUP:

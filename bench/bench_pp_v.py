@@ -62,10 +62,11 @@ def _ours(grid: Grid, spec: ModelSpec, plan: Plan, name: str):
     micro = rt.micro_batches(synthetic_batch(spec, plan, 0))
 
     def step() -> None:
-        rt.dp.zero_grad()
-        rt.forward_backward(rt, micro)
-        rt.dp.finish()
-        rt.dp.step()
+        with rt.tracer.observe():
+            rt.dp.zero_grad()
+            rt.forward_backward(rt, micro)
+            rt.dp.finish()
+            rt.dp.step()
         rt.tracer.clear()
         rt.timeline.spans.clear()
     return step

@@ -195,3 +195,20 @@ def test_no_module_imports_a_name_it_does_not_use(path):
     used = _used_names(tree)
     unused = [f"{name} (line {stmt.lineno})" for stmt, name in _module_level_imports(tree) if name not in used]
     assert not unused, f"{rel} imports {unused} and never uses them; their callers should import them from home"
+
+
+# ---- the parallelisms are measured from outside -------------------------------------------------------------
+
+PARALLELISMS = ("data_parallel", "zero", "tensor_parallel", "pipeline_parallel", "context_parallel",
+                "expert_parallel")
+PARALLELISM_FILES = sorted(p for d in PARALLELISMS for p in (PKG / "distributed" / d).glob("*.py"))
+NOT_FROM = ("parallel_lab.distributed.instruments", "parallel_lab.ledger")
+
+
+@pytest.mark.parametrize("path", PARALLELISM_FILES, ids=[f"{p.parent.name}/{p.name}" for p in PARALLELISM_FILES])
+def test_parallelisms_import_no_instruments(path):
+    """A parallelism calls torch.distributed plainly; the comm tracer observes it from outside, and what the
+    accounting needs beyond the call goes through ``distributed/probe.py`` (a no-op unless measured)."""
+    modules = {_module_name(p) for p in PKG.rglob("*.py")}
+    bad = sorted(m for m in _imports(path, modules) if m.startswith(NOT_FROM))
+    assert not bad, f"{path.parent.name}/{path.name} imports {bad}; measure from outside (distributed/probe.py)"

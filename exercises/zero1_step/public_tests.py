@@ -7,9 +7,9 @@ from parallel_lab.grading.micro import MICRO, micro_plan
 
 
 def train(grid, sub, steps):
-    from parallel_lab.distributed.instruments import optimizer_state_tensors, storage_bytes
     from parallel_lab.distributed.model.data import synthetic_batch
     from parallel_lab.distributed.model.model import build_model, loss_fn
+    from parallel_lab.distributed.model.state import optimizer_state_tensors, storage_bytes
     from parallel_lab.grading.harness import record_collectives
 
     plan = micro_plan(dp=2)

@@ -54,7 +54,7 @@ def _train(grid, sub):
     micro = rt.micro_batches(synthetic_batch(MICRO, plan, 0))
     rt.dp.zero_grad()
     doing(grid, "running your schedule in the pipeline executor")
-    with rt.meter:
+    with rt.meter, tracer.observe():
         loss = rt.forward_backward(rt, micro)
     rt.dp.finish()
     for fn in rt.finalize_grads:

@@ -46,9 +46,9 @@ def session_values():
     """The state bytes of MICRO measured after an AdamW step (once per grading session)."""
     import torch
 
-    from parallel_lab.distributed.instruments import measure_state
     from parallel_lab.distributed.model.data import synthetic_batch
     from parallel_lab.distributed.model.model import build_model, loss_fn, make_optimizer
+    from parallel_lab.distributed.model.state import measure_state
     from parallel_lab.grading.micro import micro_plan
 
     torch.manual_seed(0)

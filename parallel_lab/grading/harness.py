@@ -13,9 +13,10 @@ launcher (fork, a free port, one torch thread per rank, a process-group timeout)
 A rank that raises, exits or hangs becomes a :class:`Fail` naming the rank and what it was doing: its last
 ``doing(grid, "...")`` note, and for a hang the line of the submission it was stuck on and the
 torch.distributed call it waited in (each rank dumps its stack shortly before the timeout).
-``record_collectives()`` patches ``torch.distributed``'s collectives inside a rank and records each call as
-``(kind, message_bytes, group_size)`` by the conventions' table, so a test can compare the submission's
-calls with ``parallel_lab.comm`` call by call. Submissions call collectives as ``dist.all_reduce(...)``.
+``record_collectives()`` observes ``torch.distributed``'s collectives inside a rank as the comm tracer does
+(``instruments/observe.py``) and records each call as ``(kind, message_bytes, group_size)`` by the
+conventions' table, so a test can compare the submission's calls with ``parallel_lab.comm`` call by call.
+Submissions call collectives as ``dist.all_reduce(...)``.
 """
 
 from __future__ import annotations
@@ -161,49 +162,30 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = RANK_TIME
 # Recording the submission's collectives
 # --------------------------------------------------------------------------------------------------
 
-_KINDS = {
-    "all_reduce": ("all_reduce", 0),
-    "all_gather_into_tensor": ("all_gather", 0),      # output first: the gathered tensor is the message
-    "all_gather_single": ("all_gather", 0),
-    "reduce_scatter_tensor": ("reduce_scatter", 1),   # input second: the full tensor is the message
-    "reduce_scatter_single": ("reduce_scatter", 1),
-    "send": ("send", 0),
-    "recv": ("recv", 0),
-    "isend": ("send", 0),
-    "irecv": ("recv", 0),
-    "broadcast": ("broadcast", 0),
-    "all_to_all_single": ("all_to_all", 1),
-}
+class _Recorder:
+    """An observer of ``instruments/observe.py`` that keeps ``(kind, message_bytes, group_size)``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+
+    def wrap(self, call: Any, run: Callable[[], Any]) -> Any:
+        self.calls.append((call.kind, call.message_bytes, call.group_size))
+        return run()
+
+    def wrap_batch(self, calls: list[Any], run: Callable[[], list[Any]]) -> list[Any]:
+        self.calls.extend((c.kind, c.message_bytes, c.group_size) for c in calls)
+        return run()
 
 
 @contextlib.contextmanager
 def record_collectives() -> Iterator[list[tuple[str, int, int]]]:
-    """Inside: every ``dist.<collective>`` call is appended as ``(kind, message_bytes, group_size)``."""
-    import torch.distributed as dist
+    """Inside: every ``dist.<collective>`` call is appended as ``(kind, message_bytes, group_size)``, seen
+    by the comm tracer's own mechanism (``distributed/instruments/observe.py``)."""
+    from parallel_lab.distributed.instruments.observe import observing
 
-    calls: list[tuple[str, int, int]] = []
-    saved = {}
-
-    def wrap(name: str, kind: str, pos: int, orig: Callable) -> Callable:
-        def traced(*a: Any, **kw: Any) -> Any:
-            t = a[pos] if len(a) > pos else next(iter(v for k, v in kw.items() if k in ("tensor", "input",
-                                                                                         "output")), None)
-            group = kw.get("group")
-            size = 2 if kind in ("send", "recv") else dist.get_world_size(group)
-            calls.append((kind, t.numel() * t.element_size() if t is not None else 0, size))
-            return orig(*a, **kw)
-        return traced
-
-    for name, (kind, pos) in _KINDS.items():
-        orig = getattr(dist, name, None)
-        if orig is not None:
-            saved[name] = orig
-            setattr(dist, name, wrap(name, kind, pos, orig))
-    try:
-        yield calls
-    finally:
-        for name, orig in saved.items():
-            setattr(dist, name, orig)
+    rec = _Recorder()
+    with observing(rec):
+        yield rec.calls
 
 
 def expected_calls(colls: Any) -> list[tuple[str, int, int]]:

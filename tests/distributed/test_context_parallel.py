@@ -62,7 +62,7 @@ def _attention_cases(grid):
     """Every (kind, causal, documents) case on this rank: errors against the full attention, the traced
     calls of the case by phase, and the kernel's computed query/key pairs (for the balance check)."""
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    grp = CPGroup(tracer, grid.ranks["cp"], grid.cp_rank, grid.groups["cp"])
+    grp = CPGroup(grid.ranks["cp"], grid.cp_rank, grid.groups["cp"])
     pos = torch.arange(S)
     out = []
     cases = [(kind, causal, packed, "zigzag") for kind in CP_KINDS for causal in (True, False)
@@ -76,9 +76,9 @@ def _attention_cases(grid):
         idx = cp.index(S, docs, causal)
         ql, kl, vl = (x[:, :, idx].clone().requires_grad_() for x in (q, k, v))
         n0 = len(tracer.events)
-        with tracer.phase_as("forward"):
+        with tracer.observe(), tracer.phase_as("forward"):
             o = ContextParallelAttention(cp)(ql, kl, vl, cp.local_context(pos, docs, causal))
-        with tracer.phase_as("backward"):
+        with tracer.observe(), tracer.phase_as("backward"):
             (o * w[:, :, idx]).sum().backward()
         errs = [float((a.detach() - r.detach()[:, :, idx]).abs().max()) for a, r in
                 ((o, ref), (ql.grad, qr.grad), (kl.grad, kr.grad), (vl.grad, vr.grad))]

@@ -13,10 +13,10 @@ from parallel_lab.distributed.instruments import (
     Timeline,
     TracedCall,
     compare_calls,
-    measure_state,
     memtracker_snapshot,
     payload_by_dim,
 )
+from parallel_lab.distributed.model.state import measure_state
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.specs import ModelSpec, Plan
 

@@ -26,12 +26,12 @@ import pytest
 import torch
 
 from parallel_lab import comm
-from parallel_lab.distributed.instruments import CommTracer, TracedCall, TracedWork, compare_calls
+from parallel_lab.distributed.instruments import TracedCall, TracedWork, compare_calls
+from parallel_lab.distributed.instruments.tracer import CommTracer, op_waits
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model, loss_fn, make_context
 from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import (
     layers_per_stage,
-    op_waits,
     stage_layout,
     weight_split_points,
 )

@@ -55,9 +55,10 @@ def one_step(grid, spec: ModelSpec, plan: Plan, schedule: Schedule) -> dict:
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
     rt = parallelize(model, grid, plan, tracer, schedule=schedule)
     micro = rt.micro_batches(synthetic_batch(spec, plan, 0, 0))
-    rt.dp.zero_grad()
-    loss = rt.forward_backward(rt, micro)
-    rt.dp.finish()
+    with tracer.observe():
+        rt.dp.zero_grad()
+        loss = rt.forward_backward(rt, micro)
+        rt.dp.finish()
     grads = {n: p.grad.detach().clone() for n, p in rt.model.named_parameters() if p.grad is not None}
     return {"rank": grid.rank, "coords": grid.coords, "loss": loss, "owns_loss": rt.owns_loss, "grads": grads,
             "events": [(e.dim, e.kind, e.message_bytes, e.group_size) for e in tracer.events],

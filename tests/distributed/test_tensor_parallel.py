@@ -176,16 +176,17 @@ def test_full_recompute_repeats_the_forward_collectives():
 def _ops_rank(grid) -> dict:
     """The four conjugate operators on a known tensor: forward values, backward values, traced calls."""
     tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    tp = TPGroup(tracer, grid.size("tp"), grid.tp_rank)
+    tp = TPGroup(grid.groups["tp"], grid.size("tp"), grid.tp_rank)
     t, r = tp.size, tp.rank
     x = (torch.arange(2 * 4 * 3, dtype=torch.float32).view(2, 4, 3) + 100 * r).requires_grad_()
     out = {}
     for name, fn in (("f", copy_to_tp), ("g", reduce_from_tp), ("gather", gather_from_sequence_parallel),
                      ("scatter", reduce_scatter_to_sequence_parallel)):
         xi = x.detach().clone().requires_grad_()
-        y = fn(xi * 1.0, tp)
-        weight = torch.arange(y.numel(), dtype=torch.float32).view_as(y) + 1000 * r
-        (y * weight).sum().backward()
+        with tracer.observe():
+            y = fn(xi * 1.0, tp)
+            weight = torch.arange(y.numel(), dtype=torch.float32).view_as(y) + 1000 * r
+            (y * weight).sum().backward()
         out[name] = (y.detach(), xi.grad, weight, [e.key() for e in tracer.events])
         tracer.clear()
     out["t"], out["r"] = t, r

@@ -33,6 +33,8 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from parallel_lab import sharding
+from parallel_lab.distributed import probe
+from parallel_lab.distributed.context_parallel import cp_communications as comm
 from parallel_lab.distributed.context_parallel.blockwise_attention import (
     DEFAULT_TILE,
     OnlineSoftmax,
@@ -43,8 +45,7 @@ from parallel_lab.distributed.context_parallel.blockwise_attention import (
     ungroup,
 )
 from parallel_lab.distributed.context_parallel.cp_balance import BALANCES, WORK_PIECES, rank_indices
-from parallel_lab.distributed.instruments import CommTracer, TracedWork
-from parallel_lab.distributed.instruments.cp_stats import OverlapStats, Timer
+from parallel_lab.distributed.context_parallel.cp_stats import OverlapStats, Timer
 from parallel_lab.distributed.model.data import Batch
 from parallel_lab.distributed.model.model import AttnContext, make_context, repeat_kv
 from parallel_lab.distributed.runtime.runtime import Runtime
@@ -57,14 +58,13 @@ from parallel_lab.specs import CP_KINDS, ModelSpec, Plan
 # --------------------------------------------------------------------------------------------------
 
 class CPGroup:
-    """This rank's context-parallel group: its members (global ranks), its index, the tracer.
+    """This rank's context-parallel group: its members (global ranks), its index, the process group.
 
     ``overlap=False`` waits for each transfer before computing (to measure what overlap saves).
     """
 
-    def __init__(self, tracer: CommTracer, ranks: Sequence[int], index: int, group: Any = None,
-                 overlap: bool = True):
-        self.tracer, self.ranks, self.index, self.group = tracer, list(ranks), index, group
+    def __init__(self, ranks: Sequence[int], index: int, group: Any = None, overlap: bool = True):
+        self.ranks, self.index, self.group = list(ranks), index, group
         self.overlap = overlap
         self.stats = OverlapStats()
 
@@ -80,19 +80,15 @@ class CPGroup:
     def prev(self) -> int:
         return self.ranks[(self.index - 1) % self.size]
 
-    def exchange(self, send: Tensor, recv: Tensor) -> list[TracedWork]:
-        """Send ``send`` to the next rank of the ring and receive ``recv`` from the previous one (posted
-        together, so that NCCL does not deadlock on a blocking pair)."""
-        return self.tracer.batch_isend_irecv([("send", send, self.next), ("recv", recv, self.prev)], "cp",
-                                             group=self.group)
+    def exchange(self, send: Tensor, recv: Tensor) -> list[comm.Transfer]:
+        """Send ``send`` to the next rank of the ring and receive ``recv`` from the previous one."""
+        return comm.exchange(send, recv, self.next, self.prev, self.group)
 
-    def wait(self, works: Sequence[TracedWork], phase: str) -> None:
-        """Wait for the transfers (each once: waiting twice on a gloo receive blocks until the next one)."""
+    def wait(self, works: Sequence[comm.Transfer], phase: str) -> None:
+        """Wait for the transfers (each once), timing the wait."""
         t0 = time.perf_counter()
         for w in works:
-            if not getattr(w, "waited", False):
-                w.wait()
-                w.waited = True
+            w.wait()
         self.stats.wait_s[phase] += time.perf_counter() - t0
 
     def timed(self, phase: str) -> Timer:
@@ -132,7 +128,7 @@ class RingAttention(torch.autograd.Function):
             works, nxt = [], None
             if t < n - 1:                                          # pass the block on while computing
                 nxt = torch.empty_like(kv)
-                grp.tracer.buffers.sample("cp", [None if kv is kv_local else kv, nxt])  # kv_local: saved
+                probe.sample("cp", [None if kv is kv_local else kv, nxt])  # kv_local: saved
                 works = grp.exchange(kv, nxt)
                 if not grp.overlap:
                     grp.wait(works, "forward")
@@ -163,7 +159,7 @@ class RingAttention(torch.autograd.Function):
             works, nxt = [], None
             if t < n - 1:                                          # K, V travel the ring again
                 nxt = torch.empty_like(kv)
-                grp.tracer.buffers.sample("cp", [None if kv is kv_local else kv, nxt, acc_in])
+                probe.sample("cp", [None if kv is kv_local else kv, nxt, acc_in])
                 works = grp.exchange(kv, nxt)
                 if not grp.overlap:
                     grp.wait(works, "backward")
@@ -184,7 +180,7 @@ class RingAttention(torch.autograd.Function):
                 # wire would be exact to fp32 and send twice the bytes
                 dkv = dkv.to(kv.dtype)
                 acc_in = torch.empty_like(dkv)                     # the last step receives my own block's
-                grp.tracer.buffers.sample("cp", [None if kv is kv_local else kv, nxt, dkv, acc_in])
+                probe.sample("cp", [None if kv is kv_local else kv, nxt, dkv, acc_in])
                 acc_works = grp.exchange(dkv, acc_in)
                 if not grp.overlap:
                     grp.wait(acc_works, "backward")
@@ -208,8 +204,8 @@ class AllGatherAttention(torch.autograd.Function):
         qg = group_queries(q, g, 1.0 / math.sqrt(d))
         kv_local = torch.stack([k, v])
         gathered = torch.empty((n, *kv_local.shape), dtype=kv_local.dtype, device=kv_local.device)
-        grp.tracer.buffers.sample("cp", [kv_local])          # the input; the gathered K, V are saved (activations)
-        work = grp.tracer.all_gather(gathered.flatten(0, 1), kv_local, "cp", group=grp.group, async_op=True)
+        probe.sample("cp", [kv_local])          # the input; the gathered K, V are saved (activations)
+        work = comm.all_gather(gathered.flatten(0, 1), kv_local, grp.group)
         if not grp.overlap:
             grp.wait([work], "forward")
         state = OnlineSoftmax(b, g, s, h // g, d, q.device)
@@ -244,8 +240,8 @@ class AllGatherAttention(torch.autograd.Function):
                                 causal, dqg, dkv_all[j, 0], dkv_all[j, 1])
         dkv_all = dkv_all.to(gathered.dtype)
         dkv = torch.empty(gathered.shape[1:], dtype=gathered.dtype, device=gathered.device)
-        grp.tracer.buffers.sample("cp", [dkv_all, dkv])      # every rank's dK, dV and this rank's sum
-        work = grp.tracer.reduce_scatter(dkv, dkv_all.flatten(0, 1), "cp", group=grp.group, async_op=True)
+        probe.sample("cp", [dkv_all, dkv])      # every rank's dK, dV and this rank's sum
+        work = comm.reduce_scatter(dkv, dkv_all.flatten(0, 1), grp.group)
         dq = ungroup(dqg * (1.0 / math.sqrt(d))).to(qg.dtype)     # while dK, dV are reduced
         grp.wait([work], "backward")
         return dq, dkv[0].to(gathered.dtype), dkv[1].to(gathered.dtype), None, None, None
@@ -268,8 +264,8 @@ class UlyssesAttention(torch.autograd.Function):
         send[:, :, hq:hq + hk] = k.reshape(b, n, hk, s, d).transpose(0, 1)
         send[:, :, hq + hk:] = v.reshape(b, n, hk, s, d).transpose(0, 1)
         recv = torch.empty_like(send)
-        grp.tracer.buffers.sample("cp", [send, recv])
-        grp.wait([grp.tracer.all_to_all(recv, send, "cp", group=grp.group, async_op=True)], "forward")
+        probe.sample("cp", [send, recv])
+        grp.wait([comm.all_to_all(recv, send, grp.group)], "forward")
         del send
         S, r = n * s, hq // hk                       # recv[i]: my heads for rank i's tokens
         qg = torch.empty(b, hk, S, r, d, dtype=q.dtype, device=q.device)
@@ -285,8 +281,8 @@ class UlyssesAttention(torch.autograd.Function):
         back = out_h.view(b, hk, n, s, r, d).permute(2, 0, 1, 4, 3, 5).reshape(n, b, hq, s, d)
         back = back.contiguous()
         got = torch.empty_like(back)                               # got[j]: head group j of my tokens
-        grp.tracer.buffers.sample("cp", [back, got])
-        grp.wait([grp.tracer.all_to_all(got, back, "cp", group=grp.group, async_op=True)], "forward")
+        probe.sample("cp", [back, got])
+        grp.wait([comm.all_to_all(got, back, grp.group)], "forward")
         ctx.save_for_backward(qg, kvh, out_h, lse)
         ctx.grp, ctx.seq, ctx.causal, ctx.f = grp, seq, causal, f
         return got.transpose(0, 1).reshape(b, h, s, d)
@@ -302,8 +298,8 @@ class UlyssesAttention(torch.autograd.Function):
         h = hq * n
         send = dout.reshape(b, n, hq, s, d).transpose(0, 1).contiguous()
         recv = torch.empty_like(send)
-        grp.tracer.buffers.sample("cp", [send, recv])
-        grp.wait([grp.tracer.all_to_all(recv, send, "cp", group=grp.group, async_op=True)], "backward")
+        probe.sample("cp", [send, recv])
+        grp.wait([comm.all_to_all(recv, send, grp.group)], "backward")
         dog = recv.reshape(n, b, hk, r, s, d).permute(1, 2, 0, 4, 3, 5).reshape(b, hk, S, r, d)
         del send, recv                                             # dog is a copy
         delta = (dog.float() * out_h.float()).sum(-1)
@@ -318,8 +314,8 @@ class UlyssesAttention(torch.autograd.Function):
         back[:, :, hq:] = dkv.to(qg.dtype).view(2, b, hk, n, s, d).permute(3, 1, 0, 2, 4, 5) \
             .reshape(n, b, 2 * hk, s, d)
         got = torch.empty_like(back)                               # got[j]: head group j of my tokens
-        grp.tracer.buffers.sample("cp", [back, got])
-        grp.wait([grp.tracer.all_to_all(got, back, "cp", group=grp.group, async_op=True)], "backward")
+        probe.sample("cp", [back, got])
+        grp.wait([comm.all_to_all(got, back, grp.group)], "backward")
         dq = got[:, :, :hq].transpose(0, 1).reshape(b, h, s, d)
         dk = got[:, :, hq:hq + hk].transpose(0, 1).reshape(b, n * hk, s, d)
         dv = got[:, :, hq + hk:].transpose(0, 1).reshape(b, n * hk, s, d)
@@ -436,7 +432,7 @@ def apply_cp(rt: Runtime) -> None:
     object the composition builds next (``Grid.grad_group``)."""
     plan, grid, model = rt.plan, rt.grid, rt.model
     check_cp(model.spec, plan)
-    grp = CPGroup(rt.tracer, grid.ranks["cp"], grid.cp_rank, grid.groups["cp"])
+    grp = CPGroup(grid.ranks["cp"], grid.cp_rank, grid.groups["cp"])
     cp = ContextParallel(plan.cp_kind, grp)
     for blk in model.blocks.values():
         blk.attn.core = ContextParallelAttention(cp)

@@ -11,7 +11,8 @@ Distributed")::
 At wrap time rank 0's parameters and buffers are broadcast to the group; after each ``backward`` the
 gradients are averaged (``no_sync()`` skips that, for accumulation). The library's own loop
 (``distributed/runtime/train.py``) drives the *same* classes through :class:`LocalGrads`, which adds the plan's
-optimizer, a comm tracer, and an explicit ``finish()`` instead of the end-of-backward callback.
+optimizer and an explicit ``finish()`` instead of the end-of-backward callback. The collectives are plain
+``torch.distributed`` calls (``dp_communications.py``), observed from outside when a run is measured.
 
 * :class:`NaiveDDP`: after backward, one all-reduce per gradient, in reverse registration order.
 * :class:`BucketedDDP`: gradients live in flat *buckets*; a post-accumulate-grad hook makes ``p.grad`` a
@@ -25,7 +26,7 @@ closes before it would exceed ``bucket_mb * 10**6`` bytes (torch counts MiB); at
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,8 +34,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from parallel_lab.distributed.instruments import CommTracer, TracedWork, measure_state, storage_bytes
+from parallel_lab.distributed import probe
+from parallel_lab.distributed.data_parallel.dp_communications import all_reduce_sum, broadcast_from_first
 from parallel_lab.distributed.model.model import make_optimizer
+from parallel_lab.distributed.model.state import measure_state, storage_bytes
 from parallel_lab.sharding import pack_buckets
 from parallel_lab.specs import Plan
 
@@ -44,15 +47,6 @@ Named = list[tuple[str, nn.Parameter]]
 def trainable(model: nn.Module) -> Named:
     """``(name, parameter)`` with ``requires_grad``, in registration order (a tied weight once)."""
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-def broadcast_from_first(tensors: Iterable[Tensor], group: Any = None) -> None:
-    """Copy the group's first rank's ``tensors`` to every rank of ``group`` (untraced: set-up, not a step).
-    What ``DistributedDataParallel`` does at wrap time, so that ranks started from different weights agree."""
-    src = dist.get_process_group_ranks(group)[0] if group is not None else 0
-    with torch.no_grad():
-        for t in tensors:
-            dist.broadcast(t.data, src=src, group=group)
 
 
 def queue_at_end_of_backward(fn: Any) -> None:
@@ -81,18 +75,16 @@ class NoSync:
 class DataParallel(NoSync, nn.Module):
     """What both DDP wrappers share: the wrapped module, the group, the hooks and the sync switch.
 
-    ``tracer``: the library's comm tracer (default: a pass-through one). ``finish_in_backward``: average
-    at the end of every synchronising backward (torch-style use); the library's loop passes False and
-    calls :meth:`finish` itself (a pipeline step runs several backward passes per micro-batch).
+    ``finish_in_backward``: average at the end of every synchronising backward (torch-style use); the
+    library's loop passes False and calls :meth:`finish` itself (a pipeline step runs several backward
+    passes per micro-batch).
     """
 
-    def __init__(self, module: nn.Module, group: Any = None, *, tracer: CommTracer | None = None,
-                 finish_in_backward: bool = True):
+    def __init__(self, module: nn.Module, group: Any = None, *, finish_in_backward: bool = True):
         super().__init__()
         self.module = module
         self.group = group
         self.group_size = dist.get_world_size(group)
-        self.tracer = tracer if tracer is not None else CommTracer(dist.get_rank(), {"dp": group}, False)
         # torch DDP's convention: names the module asks DDP to leave alone (expert parallelism's experts)
         ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
         self.named = [(n, p) for n, p in trainable(module) if n not in ignore]
@@ -139,7 +131,7 @@ class NaiveDDP(DataParallel):
         for p in reversed(self.params):
             if p.grad is None:                # unused on this step: contribute zeros, keep calls aligned
                 p.grad = torch.zeros_like(p)
-            self.tracer.all_reduce(p.grad, "dp", group=self.group)
+            all_reduce_sum(p.grad, self.group)
             p.grad.div_(self.group_size)
 
 
@@ -158,7 +150,7 @@ class Bucket:
             p.grad = self.views[-1]
             off += p.numel()
         self.ready: set[int] = set()
-        self.work: TracedWork | None = None
+        self.work: Any = None                            # the all-reduce in flight (a torch Work)
 
     def adopt(self, j: int) -> None:
         """Make parameter ``j``'s gradient the bucket's view: copy it in if it lives elsewhere (after
@@ -193,8 +185,8 @@ class BucketedDDP(DataParallel):
     backward has produced all its gradients (and all earlier buckets have started)."""
 
     def __init__(self, module: nn.Module, bucket_mb: float = 25.0, group: Any = None, *,
-                 tracer: CommTracer | None = None, finish_in_backward: bool = True):
-        super().__init__(module, group, tracer=tracer, finish_in_backward=finish_in_backward)
+                 finish_in_backward: bool = True):
+        super().__init__(module, group, finish_in_backward=finish_in_backward)
         dev = self.params[0].device if self.params else torch.device("cpu")
         dtype = self.params[0].dtype if self.params else torch.float32
         self.buckets = [Bucket(i, b, dev, dtype) for i, b in enumerate(bucket_plan(self.named, bucket_mb))]
@@ -220,7 +212,7 @@ class BucketedDDP(DataParallel):
             if j not in bucket.ready:
                 bucket.adopt(j)
         bucket.buffer.div_(self.group_size)            # average: divide first, then sum over the group
-        bucket.work = self.tracer.all_reduce(bucket.buffer, "dp", group=self.group, async_op=True)
+        bucket.work = all_reduce_sum(bucket.buffer, self.group, async_op=True)
         self._next += 1
 
     def _sync(self) -> None:
@@ -273,7 +265,7 @@ class LocalGrads:
             self.ddp.finish()
         self.sample_gradients()
         if self.buckets:              # what the buckets hold beyond the gradients (0: the gradients are views)
-            self.ddp.tracer.buffers.sample("ddp_buckets", nbytes=self.peak_held_bytes - self.peak_gradient_bytes)
+            probe.sample("gradient_buckets", nbytes=self.peak_held_bytes - self.peak_gradient_bytes)
 
     def step(self) -> None:
         self.optimizer.step()
@@ -295,16 +287,15 @@ class LocalGrads:
         return {n: masters.get(id(p), p).detach() for n, p in self.model.named_parameters()}
 
 
-def apply_dp(model: nn.Module, plan: Plan, tracer: CommTracer, group_size: int) -> LocalGrads:
-    """The data-parallel gradient handling of ``plan`` for ``model`` over the tracer's ``dp`` group (the
-    gradient group: dp, or dp x cp); ZeRO stages live in distributed/zero/zero.py."""
+def apply_dp(model: nn.Module, plan: Plan, group: Any, group_size: int) -> LocalGrads:
+    """The data-parallel gradient handling of ``plan`` for ``model`` over ``group`` (the gradient group:
+    dp, or dp x cp; ``group_size`` ranks); ZeRO stages live in distributed/zero/zero.py."""
     if group_size == 1:
         return LocalGrads(model, plan)
-    group = tracer.group("dp")
     if plan.dp_kind == "naive":
-        ddp: DataParallel = NaiveDDP(model, group, tracer=tracer, finish_in_backward=False)
+        ddp: DataParallel = NaiveDDP(model, group, finish_in_backward=False)
     else:
-        ddp = BucketedDDP(model, plan.bucket_mb, group, tracer=tracer, finish_in_backward=False)
+        ddp = BucketedDDP(model, plan.bucket_mb, group, finish_in_backward=False)
     return LocalGrads(model, plan, ddp)
 
 

@@ -13,7 +13,8 @@ Where ``ep`` sits (``mesh``): it borrows from data parallelism. Data-parallel co
 ``_ddp_params_and_buffers_to_ignore``); an expert's gradient, which already sums the tokens of its ep
 group, is summed over the ``dp / ep`` ranks that hold it (the ``edp`` group, one all-reduce per tensor) and
 divided by ``dp``. The model's code is unchanged: :func:`apply_ep` deletes the
-experts a rank does not hold and replaces the one seam ``moe.expert_layer``.
+experts a rank does not hold and replaces the one seam ``moe.expert_layer``. Collectives:
+``ep_communications.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from parallel_lab import mesh, sharding
-from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.expert_parallel.ep_communications import AllToAll, all_reduce_expert_grad
 from parallel_lab.distributed.model.moe import MoE, moe_layers, set_aux_grad_scale, token_counts
 from parallel_lab.distributed.runtime.runtime import Runtime
 from parallel_lab.errors import ParallelLabError
@@ -32,42 +33,21 @@ from parallel_lab.sharding import is_expert_param
 from parallel_lab.specs import ModelSpec, Plan
 
 
-class AllToAll(torch.autograd.Function):
-    """Equal-split ``all_to_all_single`` over the ``ep`` group, traced; backward: the same call on the gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, tracer: CommTracer, group: Any) -> Tensor:
-        ctx.tracer, ctx.group = tracer, group
-        out = torch.empty_like(x)
-        x = x.contiguous()
-        tracer.buffers.sample("ep", [x, out])                  # the slots going out and those arriving
-        tracer.all_to_all(out, x, "ep", group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        out = torch.empty_like(grad)
-        grad = grad.contiguous()
-        ctx.tracer.buffers.sample("ep", [grad, out])
-        ctx.tracer.all_to_all(out, grad, "ep", group=ctx.group)
-        return out, None, None
-
-
 class ExpertParallel:
     """``moe.expert_layer`` for expert rank ``ep_rank`` of ``ep``: dispatch, the local experts, combine."""
 
-    def __init__(self, moe: MoE, ep: int, ep_rank: int, tracer: CommTracer, group: Any):
-        self.moe, self.ep, self.tracer, self.group = moe, ep, tracer, group
+    def __init__(self, moe: MoE, ep: int, ep_rank: int, group: Any):
+        self.moe, self.ep, self.group = moe, ep, group
         self.local = list(sharding.local_experts(moe.n_experts, ep, ep_rank))
 
     def __call__(self, buf: Tensor) -> Tensor:
         n_exp, n, h = buf.shape                                                   # (E, b C, h)
         ep, n_local = self.ep, len(self.local)
-        recv = AllToAll.apply(buf.reshape(n_exp * n, h), self.tracer, self.group)  # chunk j: rank j's slots
+        recv = AllToAll.apply(buf.reshape(n_exp * n, h), self.group)      # chunk j: rank j's slots
         x = recv.view(ep, n_local, n, h).transpose(0, 1).reshape(n_local, ep * n, h)   # (E/ep, ep b C, h)
         y = torch.stack([self.moe.experts[str(e)](x[i]) for i, e in enumerate(self.local)])
         back = y.view(n_local, ep, n, h).transpose(0, 1).reshape(ep * n_local * n, h)  # chunk j: to rank j
-        return AllToAll.apply(back, self.tracer, self.group).view(n_exp, n, h)
+        return AllToAll.apply(back, self.group).view(n_exp, n, h)
 
 
 def check_ep(spec: ModelSpec, plan: Plan) -> None:
@@ -102,14 +82,14 @@ def apply_ep(rt: Runtime) -> None:
         for e in range(moe.n_experts):
             if e not in keep:
                 del moe.experts[str(e)]
-        moe.expert_layer = ExpertParallel(moe, plan.ep, ep_rank, rt.tracer, grid.groups["ep"])
+        moe.expert_layer = ExpertParallel(moe, plan.ep, ep_rank, grid.groups["ep"])
     rt.model._ddp_params_and_buffers_to_ignore = [n for n, _ in rt.model.named_parameters() if is_expert_param(n)]
     edp = grid.groups["edp"] if grid.size("edp") > 1 else None
-    rt.finalize_grads.append(lambda: _average_expert_grads(rt.model, rt.tracer, edp, plan.dp))
+    rt.finalize_grads.append(lambda: _average_expert_grads(rt.model, edp, plan.dp))
     rt.param_owner = rt.param_owner or (grid.dp_rank < plan.ep and grid.cp_rank == 0 and grid.tp_rank == 0)
 
 
-def _average_expert_grads(model: nn.Module, tracer: CommTracer, edp: Any, dp: int) -> None:
+def _average_expert_grads(model: nn.Module, edp: Any, dp: int) -> None:
     """The gradient of the global mean loss for each local expert tensor (reverse registration order).
 
     An expert's gradient on its owner already sums the contributions of the tokens of every rank of its ep
@@ -122,7 +102,7 @@ def _average_expert_grads(model: nn.Module, tracer: CommTracer, edp: Any, dp: in
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         if edp is not None:
-            tracer.all_reduce(p.grad, "dp", group=edp)
+            all_reduce_expert_grad(p.grad, edp)
         p.grad.div_(dp)
 
 

@@ -2,28 +2,23 @@
 
 Four tools, one module each:
 
-* ``tracer``: :class:`CommTracer`, the one door of every collective; a traced call is a
+* ``tracer``: :class:`CommTracer` observes the plain ``torch.distributed`` calls from outside
+  (``observe.py`` wraps them, the one tracing mechanism, the grader's too); a traced call is a
   ``comm.Collective`` plus timing (:class:`TracedCall`); :func:`compare_calls` and
   :func:`payload_by_dim` put traced and predicted calls side by side.
 * ``saved``: :class:`SavedTensorMeter`, activations as the storage bytes saved for backward (peak and
   per scope), the ledger's ``activations`` and ``logits_and_loss``.
-* ``memory``: :func:`measure_state`, parameters, gradients and optimizer states from the tensors (the
-  ledger's state categories, compared exactly); :class:`BufferMeter`, the communication buffers' peaks
-  by part (every ``CommTracer`` carries one, ``tracer.buffers``); :func:`memtracker_snapshot`, torch's opinion.
+* ``memory``: :class:`BufferMeter`, the communication buffers' peaks by part, sampled through
+  ``distributed/probe.py`` (every ``CommTracer`` carries one, ``tracer.buffers``);
+  :func:`memtracker_snapshot`, torch's opinion (the state itself: ``model/state.py``).
 * ``timeline``: :class:`Timeline`, per-rank intervals (``simulate.Interval``, the simulator's type) on
   a clock shared by the processes of one machine.
 
 Every name is importable from ``parallel_lab.distributed.instruments``.
 """
 
-from parallel_lab.distributed.instruments.memory import (
-    BufferMeter,
-    measure_state,
-    memtracker_snapshot,
-    optimizer_state_tensors,
-    storage_bytes,
-    storage_key,
-)
+from parallel_lab.distributed.instruments.memory import BufferMeter, memtracker_snapshot
+from parallel_lab.distributed.instruments.observe import nbytes
 from parallel_lab.distributed.instruments.saved import DEFAULT_SCOPES, SavedTensorMeter
 from parallel_lab.distributed.instruments.timeline import Timeline, align
 from parallel_lab.distributed.instruments.tracer import (
@@ -33,12 +28,10 @@ from parallel_lab.distributed.instruments.tracer import (
     collective_counts,
     compare_calls,
     event_counts,
-    nbytes,
     payload_by_dim,
 )
 from parallel_lab.simulate import Interval
 
 __all__ = ["DEFAULT_SCOPES", "BufferMeter", "CommTracer", "Interval", "SavedTensorMeter", "Timeline",
            "TracedCall", "TracedWork", "align", "collective_counts", "compare_calls",
-           "event_counts", "measure_state", "memtracker_snapshot", "nbytes", "optimizer_state_tensors",
-           "payload_by_dim", "storage_bytes", "storage_key"]
+           "event_counts", "memtracker_snapshot", "nbytes", "payload_by_dim"]

@@ -341,7 +341,7 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
             _register_state(tracker, rt)
             opt_before = tracker.current(_MemRefType.OPT)
             probe = _Probe(tracker, rt)
-            with tracker, _ValuesOfTheBatch():
+            with tracker, _ValuesOfTheBatch(), tracer.observe():
                 say(f"stage {stage}: forward and backward of {len(micro)} micro-batch(es) "
                     f"[{time.perf_counter() - t0:.0f} s]")
                 rt.dp.zero_grad()

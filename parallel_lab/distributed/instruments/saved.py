@@ -22,7 +22,8 @@ from typing import Any
 from torch import Tensor, nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from parallel_lab.distributed.instruments.memory import storage_key
+from parallel_lab.distributed import probe
+from parallel_lab.distributed.model.state import storage_key
 
 
 class _Saved:
@@ -56,7 +57,8 @@ class SavedTensorMeter:
     ``model``: its parameters are excluded (their storages are looked up again whenever a scope starts and
     at ``__enter__``, after the hooks of other plug-ins that gather parameters, so parameters
     re-materialised by ZeRO-3 are excluded too; looking them up at every save doubled a tiny model's
-    forward time); :meth:`exclude` adds other storages that are not activations. Scopes:
+    forward time); :meth:`exclude` adds other storages that are not activations (the implementations say so
+through ``probe.not_activations``: the meter listens to the probe until :meth:`remove`). Scopes:
     a module whose name is in ``scopes`` (exact, or a prefix ending in ".": ``"blocks."`` gives
     ``blocks.0``, ``blocks.1``...) starts a scope when its forward begins; the scope lasts until the next
     one starts. ``forward_bytes[scope]`` counts storages newly charged in that scope (first save wins);
@@ -78,6 +80,7 @@ class SavedTensorMeter:
         self._hooks: saved_tensors_hooks | None = None
         if model is not None:
             self.watch(model)
+        probe.install(self)
 
     # ---- scopes ----------------------------------------------------------------------------------
     def _category_of(self, name: str) -> str | None:
@@ -108,6 +111,10 @@ class SavedTensorMeter:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        probe.uninstall(self)
+
+    def sample(self, part: str, tensors: Any, nbytes: int | None) -> None:
+        """The probe's buffer samples are the comm tracer's."""
 
     # ---- exclusion -------------------------------------------------------------------------------
     def exclude(self, *tensors: Tensor) -> None:

@@ -1,24 +1,23 @@
 """The communication tracer: every collective of the implementations, as a ``comm.Collective`` plus timing.
 
-:class:`CommTracer` is the one door through which the step code's collectives and point-to-point calls
-go. Each method takes the accounting ``dim`` (``dp``, ``tp``, ``tp_vocab``, ``pp``, ``cp``) and records a
-:class:`TracedCall`: the rank, the call as the analytic core describes it (a ``comm.Collective`` with
-``count=1``: ``kind``, ``message_bytes``, ``group_size``, the ``phase`` the caller set, the ZeRO ``unit``
-if given) and when it started and ended. ``message_bytes`` is the payload (docs/conventions.md):
-
-    all_reduce: the tensor   all_gather: the gathered output   reduce_scatter: the full input
-    all_to_all: this rank's input   send / recv / broadcast: the tensor   (group_size 2 for send/recv)
+:class:`CommTracer` observes the plain ``torch.distributed`` calls of the step code from outside: while
+``with tracer.observe():`` is on (``Runtime.train_step`` enters it), ``instruments/observe.py`` wraps them
+and the tracer records each as a :class:`TracedCall`: the rank, the call as the analytic core describes it
+(a ``comm.Collective`` with ``count=1``: ``kind``, ``message_bytes``, ``group_size``, the ``phase`` the loop
+set, the ZeRO ``unit`` the probe names) and when it started and ended. The ``dim`` is the group's (the
+grid's ``groups_by_dim()`` inverted, the first dim of a shared group) unless the algorithm tags another
+(``probe.tagged(dim=...)``); ``message_bytes`` follows the conventions' table (``observe.py``).
 
 :func:`compare_calls` checks traced calls against predicted collectives call by call (a multiset of
 ``(dim, kind, message_bytes, group_size)`` with counts); :func:`payload_by_dim` sums either per dim.
-Reporting code (gathering results for a comparison) calls ``torch.distributed`` directly, untraced.
+Reporting code (gathering results for a comparison) runs outside ``observe``, untraced.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,16 +26,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from parallel_lab.comm import Collective
-from parallel_lab.distributed.instruments.memory import BufferMeter
-
-# ``all_gather_single`` / ``reduce_scatter_single`` are the 2.13 names; older torch has the *_tensor ones.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def nbytes(t: Tensor) -> int:
-    """Bytes of the tensor's elements (the payload of a call, not its storage)."""
-    return t.numel() * t.element_size()
+from parallel_lab.distributed import probe
+from parallel_lab.distributed.instruments.memory import STATE_PARTS, ZERO3_PEAKS, BufferMeter
+from parallel_lab.distributed.instruments.observe import Call, observing
 
 
 @dataclass
@@ -100,16 +92,44 @@ class TracedWork:
         return self.work is None or self.work.is_completed()
 
 
-class CommTracer:
-    """Every collective of the implementations, recorded as :class:`TracedCall`.
+class _OpWait:
+    """Completion of one posted op: waits the works its batch returned, then stamps its traced event."""
 
-    ``groups`` maps a dim label to its process group (``Grid.groups_by_dim()``); a call may also pass
-    ``group=`` explicitly. ``phase`` is the step phase the training loop sets with :meth:`phase_as`
-    ("forward", "backward", "step"; outside any, the ``phase`` given here: a ``Collective`` always has
-    one); ``enabled=False`` makes the tracer a pass-through (no events). ``on_action(text, waiting)``, if
-    set, hears of every call as it starts, blocks and ends (``diagnosis.ActionLog``: what a dead or hung
-    rank was doing, and how long it waited for its peers). ``buffers``: the rank's ``BufferMeter``, which the
-    implementations sample at their calls (the communication buffers' peaks by part).
+    def __init__(self, works: Sequence[TracedWork], own: TracedWork | None):
+        self.works, self.own = works, own
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+        if self.own is not None:
+            self.own.wait()
+
+
+def op_waits(works: Sequence[TracedWork], n_ops: int) -> list[_OpWait]:
+    """One completion per posted op of an observed ``dist.batch_isend_irecv`` (``works``: the batch's works
+    wrapped, then its traced events when the counts differ): gloo gives one work per op (each op waits its
+    own); NCCL coalesces the batch into one work (each op then waits it and stamps its own event)."""
+    if len(works) == n_ops and all(w.work is not None for w in works):
+        return [_OpWait([], w) for w in works]
+    batch = [w for w in works if w.work is not None]
+    events = [w for w in works if w.event is not None]
+    return [_OpWait(batch, events[j] if j < len(events) else None) for j in range(n_ops)]
+
+
+class CommTracer:
+    """Every observed collective, recorded as :class:`TracedCall` (module docstring).
+
+    ``groups`` maps a dim label to its process group (``Grid.groups_by_dim()``): a call's dim is the first
+    label of its group, unless ``probe.tagged(dim=...)`` says another. ``phase`` is the step phase the
+    training loop sets with :meth:`phase_as` ("forward", "backward", "step"; outside any, the ``phase``
+    given here: a ``Collective`` always has one); ``enabled=False`` records nothing. ``on_action(text,
+    waiting)``, if set, hears of every call as it starts, blocks and ends (``diagnosis.ActionLog``: what a
+    dead or hung rank was doing, and how long it waited for its peers). ``buffers``: the rank's
+    ``BufferMeter``, fed by the implementations' ``probe.sample`` while observing (``state``: the parts that
+    are model state, ``memory.STATE_PARTS``).
+
+    The methods ``all_reduce(tensor, dim, ...)`` and so on call ``torch.distributed`` on the dim's group
+    under that dim, observed (for tests and lessons that drive the tracer by hand).
     """
 
     def __init__(self, rank: int, groups: dict[str, Any] | None = None, enabled: bool = True,
@@ -120,13 +140,61 @@ class CommTracer:
         self.phase = phase
         self.events: list[TracedCall] = []
         self.buffers = BufferMeter()
+        self.state = BufferMeter()
         self.on_action: Callable[[str, bool], None] | None = None
+        self._depth = 0
 
     # ---- bookkeeping -----------------------------------------------------------------------------
     def group(self, dim: str, group: Any = None) -> Any:
         if group is not None:
             return group
         return self.groups.get(dim)
+
+    def dim_of(self, group: Any) -> str:
+        """The accounting dim of a call on ``group`` (None: the default group): the probe's tag, else the
+        first dim of :attr:`groups` that maps to this group."""
+        tag = probe.current("dim")
+        if tag is not None:
+            return tag
+        g = dist.group.WORLD if group is None else group
+        for dim, h in self.groups.items():
+            if h is g:
+                return dim
+        raise ValueError(f"a collective on a group of ranks {dist.get_process_group_ranks(g)} that no dim of "
+                         f"the tracer maps to (dims {sorted(self.groups)}); pass the group in "
+                         f"CommTracer(groups=...) or tag the call with probe.tagged(dim=...)")
+
+    @contextmanager
+    def observe(self) -> Iterator[None]:
+        """Record the ``torch.distributed`` calls made inside, and the probe's buffer samples (re-entrant)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._depth = 1
+        try:
+            with observing(self), probe.listening(self):
+                yield
+        finally:
+            self._depth = 0
+
+    def sample(self, part: str, tensors: Iterable[Tensor | None], nbytes: int | None) -> None:
+        """The probe's sample (``probe.sample``): to :attr:`state` or :attr:`buffers`."""
+        (self.state if part in STATE_PARTS else self.buffers).sample(part, tensors, nbytes)
+
+    def exclude(self, *tensors: Tensor) -> None:
+        """The probe's ``not_activations``: the saved-tensor meter's, not the tracer's."""
+
+    def include(self, *tensors: Tensor) -> None:
+        """The probe's ``activations_again``: the saved-tensor meter's."""
+
+    def zero3_peaks(self) -> dict[str, int]:
+        """ZeRO-3's peaks for its report (``memory.ZERO3_PEAKS``)."""
+        peaks = {**self.buffers.peaks, **self.state.peaks}
+        return {key: peaks.get(part, 0) for key, part in ZERO3_PEAKS.items()}
 
     @contextmanager
     def phase_as(self, phase: str) -> Iterator[None]:
@@ -141,13 +209,12 @@ class CommTracer:
     def clear(self) -> None:
         self.events.clear()
 
-    def _start(self, dim: str, kind: str, message_bytes: int, group: Any, peer: int | None = None,
-               group_size: int | None = None, unit: str | None = None) -> TracedCall | None:
+    def _start(self, call: Call) -> TracedCall | None:
         if not self.enabled:
             return None
-        n = group_size if group_size is not None else dist.get_world_size(group)
-        call = Collective(dim, kind, int(message_bytes), n, phase=self.phase, unit=unit)
-        ev = TracedCall(self.rank, call, time.perf_counter(), None, peer)
+        coll = Collective(self.dim_of(call.group), call.kind, int(call.message_bytes), call.group_size,
+                          phase=self.phase, unit=probe.current("unit"))
+        ev = TracedCall(self.rank, coll, time.perf_counter(), None, call.peer)
         self.events.append(ev)
         if self.on_action is not None:
             self.on_action(f"in {describe(ev)}", True)
@@ -162,84 +229,100 @@ class CommTracer:
             ev.t_end = time.perf_counter()
             if self.on_action is not None:
                 self.on_action(f"after {describe(ev)}", False)
-        return None
+        return work
 
-    # ---- collectives -----------------------------------------------------------------------------
+    # ---- the observer (observe.py) -----------------------------------------------------------------
+    def wrap(self, call: Call, run: Callable[[], Any]) -> Any:
+        ev = self._start(call)
+        return self._finish(run(), ev, call.async_op)
+
+    def wrap_batch(self, calls: list[Call], run: Callable[[], list[Any]]) -> list[_OpWait]:
+        """A batch of point-to-point ops (``dist.batch_isend_irecv``): one event per op, and one completion
+        per op (:func:`op_waits`) that stamps it. ``probe.tagged(phases=...)``: each op's phase."""
+        events = [self._start(c) for c in calls]
+        works = run() if calls else []
+        if self.on_action is not None and events and events[-1] is not None:
+            self.on_action(f"posted {len(events)} point-to-point ops ({describe(events[-1])})", False)
+        for ev, phase in zip(events, probe.current("phases") or (), strict=False):
+            if ev is not None:
+                ev.phase = phase
+        if len(works) != len(events):            # some backends return one work for the batch
+            wrapped = [TracedWork(w, None) for w in works] + [TracedWork(None, e, self.on_action) for e in events]
+        else:
+            wrapped = [TracedWork(w, e, self.on_action) for w, e in zip(works, events, strict=True)]
+        return op_waits(wrapped, len(calls))
+
+    # ---- calls by dim, observed --------------------------------------------------------------------
+    @contextmanager
+    def _as(self, dim: str, unit: str | None = None) -> Iterator[None]:
+        with self.observe(), probe.tagged(dim=dim, **({"unit": unit} if unit is not None else {})):
+            yield
+
     def all_reduce(self, tensor: Tensor, dim: str, op: Any = dist.ReduceOp.SUM, group: Any = None,
                    async_op: bool = False, unit: str | None = None) -> TracedWork | None:
         """In-place all-reduce; message = the tensor."""
-        g = self.group(dim, group)
-        ev = self._start(dim, "all_reduce", nbytes(tensor), g, unit=unit)
-        return self._finish(dist.all_reduce(tensor, op=op, group=g, async_op=async_op), ev, async_op)
+        with self._as(dim, unit):
+            return dist.all_reduce(tensor, op=op, group=self.group(dim, group), async_op=async_op)
 
     def all_gather(self, output: Tensor, input: Tensor, dim: str, group: Any = None,
                    async_op: bool = False, unit: str | None = None) -> TracedWork | None:
         """Gather equal shards into ``output`` (n x input); message = the gathered output."""
-        g = self.group(dim, group)
-        ev = self._start(dim, "all_gather", nbytes(output), g, unit=unit)
-        return self._finish(_all_gather(output, input, group=g, async_op=async_op), ev, async_op)
+        with self._as(dim, unit):
+            fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor    # 2.13's name first
+            return fn(output, input, group=self.group(dim, group), async_op=async_op)
 
     def reduce_scatter(self, output: Tensor, input: Tensor, dim: str, op: Any = dist.ReduceOp.SUM,
                        group: Any = None, async_op: bool = False, unit: str | None = None) -> TracedWork | None:
         """Reduce ``input`` (n x output) and keep this rank's shard; message = the full input."""
-        g = self.group(dim, group)
-        ev = self._start(dim, "reduce_scatter", nbytes(input), g, unit=unit)
-        return self._finish(_reduce_scatter(output, input, op=op, group=g, async_op=async_op), ev, async_op)
+        with self._as(dim, unit):
+            fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            return fn(output, input, op=op, group=self.group(dim, group), async_op=async_op)
 
     def all_to_all(self, output: Tensor, input: Tensor, dim: str, output_split_sizes: list[int] | None = None,
                    input_split_sizes: list[int] | None = None, group: Any = None,
                    async_op: bool = False) -> TracedWork | None:
         """``all_to_all_single``; message = this rank's input."""
-        g = self.group(dim, group)
-        ev = self._start(dim, "all_to_all", nbytes(input), g)
-        work = dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=g,
-                                      async_op=async_op)
-        return self._finish(work, ev, async_op)
+        with self._as(dim):
+            return dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                          group=self.group(dim, group), async_op=async_op)
 
     def broadcast(self, tensor: Tensor, src: int, dim: str, group: Any = None,
                   async_op: bool = False) -> TracedWork | None:
         """Broadcast from global rank ``src``; message = the tensor."""
-        g = self.group(dim, group)
-        ev = self._start(dim, "broadcast", nbytes(tensor), g)
-        return self._finish(dist.broadcast(tensor, src=src, group=g, async_op=async_op), ev, async_op)
+        with self._as(dim):
+            return dist.broadcast(tensor, src=src, group=self.group(dim, group), async_op=async_op)
 
     # ---- point to point (peers are global ranks) -------------------------------------------------
     def send(self, tensor: Tensor, peer: int, dim: str = "pp", group: Any = None) -> None:
-        ev = self._start(dim, "send", nbytes(tensor), None, peer, group_size=2)
-        dist.send(tensor, dst=peer, group=self.group(dim, group))
-        self._finish(None, ev, False)
+        with self._as(dim):
+            dist.send(tensor, dst=peer, group=self.group(dim, group))
 
     def recv(self, tensor: Tensor, peer: int, dim: str = "pp", group: Any = None) -> None:
-        ev = self._start(dim, "recv", nbytes(tensor), None, peer, group_size=2)
-        dist.recv(tensor, src=peer, group=self.group(dim, group))
-        self._finish(None, ev, False)
+        with self._as(dim):
+            dist.recv(tensor, src=peer, group=self.group(dim, group))
 
     def isend(self, tensor: Tensor, peer: int, dim: str = "pp", group: Any = None) -> TracedWork:
-        ev = self._start(dim, "send", nbytes(tensor), None, peer, group_size=2)
-        return self._finish(dist.isend(tensor, dst=peer, group=self.group(dim, group)), ev, True)
+        with self._as(dim):
+            return dist.isend(tensor, dst=peer, group=self.group(dim, group))
 
     def irecv(self, tensor: Tensor, peer: int, dim: str = "pp", group: Any = None) -> TracedWork:
-        ev = self._start(dim, "recv", nbytes(tensor), None, peer, group_size=2)
-        return self._finish(dist.irecv(tensor, src=peer, group=self.group(dim, group)), ev, True)
+        with self._as(dim):
+            return dist.irecv(tensor, src=peer, group=self.group(dim, group))
 
     def batch_isend_irecv(self, ops: Iterable[tuple[str, Tensor, int]], dim: str = "pp",
-                          group: Any = None) -> list[TracedWork]:
+                          group: Any = None) -> list[_OpWait]:
         """``ops``: ``("send" | "recv", tensor, peer)``; launched together (``dist.batch_isend_irecv``)."""
         ops = list(ops)
         g = self.group(dim, group)
-        p2p, events = [], []
-        for kind, tensor, peer in ops:
+        for kind, _, _ in ops:
             if kind not in ("send", "recv"):
                 raise ValueError(f"batch_isend_irecv op {kind!r}; use 'send' or 'recv'")
-            fn = dist.isend if kind == "send" else dist.irecv
-            p2p.append(dist.P2POp(fn, tensor, peer, group=g))
-            events.append(self._start(dim, kind, nbytes(tensor), None, peer, group_size=2))
-        works = dist.batch_isend_irecv(p2p) if p2p else []
-        if self.on_action is not None and events and events[-1] is not None:
-            self.on_action(f"posted {len(events)} point-to-point ops ({describe(events[-1])})", False)
-        if len(works) != len(events):            # some backends return one work for the batch
-            return [TracedWork(w, None) for w in works] + [TracedWork(None, e, self.on_action) for e in events]
-        return [TracedWork(w, e, self.on_action) for w, e in zip(works, events, strict=True)]
+        with self._as(dim):
+            if not ops:
+                return []
+            p2p = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t, peer, group=g)
+                   for kind, t, peer in ops]
+            return dist.batch_isend_irecv(p2p)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -59,14 +59,15 @@ step started and ended, and the peak number of in-flight ``(mb, chunk)`` pairs, 
 alive* (a ``WeakSet`` of the per-micro-batch graphs, so a leaked reference would show), beside the
 saved-tensor meter's live bytes; they reach the caller as ``RankResult.info["pp"]``, and
 ``pipeline_report.py`` reads them with the simulator's definitions. The messages each ``P2P``
-action posts together are the comm-buffer part ``pp`` of ``tracer.buffers`` (``ledger_buffers.comm_buffer_parts``).
+action posts together (``pp_communications.py``) are sampled through the probe as comm-buffer part ``pp``
+(``ledger_buffers.comm_buffer_parts``), each op tagged with the phase it belongs to.
 """
 
 from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,9 +75,10 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, Node
 
-from parallel_lab.distributed.instruments import TracedWork
+from parallel_lab.distributed import probe
 from parallel_lab.distributed.model.data import Batch
 from parallel_lab.distributed.model.model import AttnContext, make_context
+from parallel_lab.distributed.pipeline_parallel.pp_communications import post
 from parallel_lab.distributed.runtime.runtime import Runtime
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.schedules import (
@@ -274,30 +276,6 @@ class _InFlight:
             torch.autograd.backward(self.h0, self.x.grad)
 
 
-class _OpWait:
-    """Completion of one posted op: waits the works its batch returned, then stamps its traced event."""
-
-    def __init__(self, works: Sequence[TracedWork], own: TracedWork | None):
-        self.works, self.own = works, own
-
-    def wait(self) -> None:
-        for w in self.works:
-            w.wait()
-        if self.own is not None:
-            self.own.wait()
-
-
-def op_waits(works: Sequence[TracedWork], n_ops: int) -> list[_OpWait]:
-    """One completion per posted op from what ``CommTracer.batch_isend_irecv`` returned: gloo gives one work
-    per op (each op waits its own); NCCL coalesces the batch into one work, returned before the ops' traced
-    events (each op then waits the batch's work and stamps its own event)."""
-    if len(works) == n_ops and all(w.work is not None for w in works):
-        return [_OpWait([], w) for w in works]
-    batch = [w for w in works if w.work is not None]
-    events = [w for w in works if w.event is not None]
-    return [_OpWait(batch, events[j] if j < len(events) else None) for j in range(n_ops)]
-
-
 @dataclass(eq=False)
 class _Step:
     """The state of one step on one rank: posted receives and sends, outputs waiting to be sent, the
@@ -305,8 +283,8 @@ class _Step:
 
     micro_batches: list[Batch]
     params: list[Tensor]
-    recvs: dict[tuple[str, int, int], tuple[Tensor, _OpWait]] = field(default_factory=dict)
-    sends: list[tuple[_OpWait, Tensor]] = field(default_factory=list)
+    recvs: dict[tuple[str, int, int], tuple[Tensor, Any]] = field(default_factory=dict)    # (buffer, completion)
+    sends: list[tuple[Any, Tensor]] = field(default_factory=list)
     outbox: dict[tuple[str, int, int], Tensor] = field(default_factory=dict)   # (SEND_F|SEND_B, mb, chunk)
     local: dict[tuple[str, int, int], Tensor] = field(default_factory=dict)    # (F|B, mb, consumer chunk)
     live: dict[tuple[int, int], _InFlight] = field(default_factory=dict)
@@ -364,6 +342,7 @@ class PipelineExecutor:
         self.layout, self.actions, self.m = layout, actions, m
         self.split = split_backward(actions)
         self.pp_ranks = rt.grid.ranks["pp"]            # pipeline rank -> global rank
+        self.group = rt.grid.groups["pp"]
         grads = [i for i, a in enumerate(actions)
                  if a.kind == "W" or (a.kind == "B" and (a.microbatch, a.chunk) not in self.split)]
         self.last_grad_action = grads[-1] if grads else -1
@@ -403,7 +382,7 @@ class PipelineExecutor:
                     st.trace.append(len(st.alive))               # (mb, chunk) graphs alive after it
                     if rt.meter is not None:
                         st.live_peak = max(st.live_peak, int(rt.meter.live_total))
-            with rt.tracer.phase_as("backward"):
+            with rt.phase_as("backward"):
                 for done, _tensor in st.sends:                  # the step ends when all sends are done
                     done.wait()
         if st.live or st.recvs or st.outbox or st.local:
@@ -425,7 +404,7 @@ class PipelineExecutor:
         here = self.layout.local_neighbour(a.chunk, -1)        # the V's turn: input from this rank's chunk
         x = None if first else (st.local.pop(("F", a.microbatch, a.chunk)) if here is not None
                                 else st.take("RECV_F", a)).requires_grad_()
-        with rt.tracer.phase_as("forward"), self._span(rt, a):
+        with rt.phase_as("forward"), self._span(rt, a):
             ctx = st.contexts.get(a.microbatch)
             if ctx is None:              # one per micro-batch: its chunks share the rotary tables and mask
                 ctx = st.contexts[a.microbatch] = make_context(micro.positions, micro.doc_ids)
@@ -460,7 +439,7 @@ class PipelineExecutor:
             dy = st.take("RECV_B", a)
         rt.dp.set_sync(i == self.last_grad_action)
         item = st.live[key]
-        with rt.tracer.phase_as("backward"), self._span(rt, a):
+        with rt.phase_as("backward"), self._span(rt, a):
             if key in self.split:
                 self._input_grad_only(item, dy, st.params)
             else:
@@ -479,7 +458,7 @@ class PipelineExecutor:
         """W: the weight gradients a split B left, then the micro-batch's graph is freed."""
         rt.dp.set_sync(i == self.last_grad_action)
         item = st.live.pop((a.microbatch, a.chunk))
-        with rt.tracer.phase_as("backward"), self._span(rt, a):
+        with rt.phase_as("backward"), self._span(rt, a):
             item.weight_pass()
 
     def _input_grad_only(self, item: _InFlight, dy: Tensor | None, params: list[Tensor]) -> None:
@@ -505,11 +484,11 @@ class PipelineExecutor:
             else:
                 shape = self.activation_shape(rt, st.micro_batches[op.microbatch])
                 ops.append(("recv", torch.empty(shape, dtype=st.dtype, device=st.device), peer))
-        rt.tracer.buffers.sample("pp", [t for _, t, _ in ops])    # the messages one P2P action posts together
-        waits = op_waits(rt.tracer.batch_isend_irecv(ops, "pp"), len(ops))
+        probe.sample("pp", [t for _, t, _ in ops])               # the messages one P2P action posts together
+        phases = tuple("forward" if op.kind in ("SEND_F", "RECV_F") else "backward" for op in a.ops)
+        with probe.tagged(phases=phases):                        # one batch may carry both phases' messages
+            waits = post(ops, self.group)
         for op, (_, tensor, _peer), done in zip(a.ops, ops, waits, strict=True):
-            if done.own is not None and done.own.event is not None:
-                done.own.event.phase = "forward" if op.kind in ("SEND_F", "RECV_F") else "backward"
             if op.is_send:
                 st.sends.append((done, tensor))            # keep the tensor until the send is done
             else:

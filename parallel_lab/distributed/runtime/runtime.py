@@ -21,7 +21,7 @@ over the ``dp x cp`` gradient group, so the gradients equal those of the mean lo
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,20 +84,27 @@ class Runtime:
         """One optimizer step on this rank's micro-batches (module docstring); returns the local loss.
 
         ``before_step``: called once the gradients are final, before the optimizer step (a test reads
-        the synchronised gradients there). The saved-tensor meter, if any, watches forward and backward.
+        the synchronised gradients there). The saved-tensor meter, if any, watches forward and backward;
+        the comm tracer observes the whole step (``CommTracer.observe``).
         """
-        self.dp.zero_grad()
-        with self.meter if self.meter is not None else nullcontext():
-            loss = (self.forward_backward or sequential_forward_backward)(self, micro_batches)
-        with self.tracer.phase_as("backward"):
-            self.dp.finish()
-            for fn in self.finalize_grads:
-                fn()
-        if before_step is not None:
-            before_step()
-        with self.tracer.phase_as("step"), self.timeline.span("step"):
-            self.dp.step()
+        with self.tracer.observe():
+            self.dp.zero_grad()
+            with self.meter if self.meter is not None else nullcontext():
+                loss = (self.forward_backward or sequential_forward_backward)(self, micro_batches)
+            with self.phase_as("backward"):
+                self.dp.finish()
+                for fn in self.finalize_grads:
+                    fn()
+            if before_step is not None:
+                before_step()
+            with self.phase_as("step"), self.timeline.span("step"):
+                self.dp.step()
         return loss
+
+    def phase_as(self, phase: str) -> AbstractContextManager[None]:
+        """The step phase the calls inside belong to ("forward", "backward", "step"): the loop's, and a
+        pipeline executor's (it is the loop there)."""
+        return self.tracer.phase_as(phase)
 
     def full_parameters(self) -> dict[str, Tensor]:
         """This rank's parameters rebuilt to full tensors (``gather_full``: TP's untraced gathers; every rank
@@ -114,9 +121,9 @@ def sequential_forward_backward(rt: Runtime, micro_batches: list[Batch]) -> floa
     total = 0.0
     for i, mb in enumerate(micro_batches):
         rt.dp.set_sync(i == m - 1)
-        with rt.tracer.phase_as("forward"), rt.timeline.span("F", micro_batch=i):
+        with rt.phase_as("forward"), rt.timeline.span("F", micro_batch=i):
             loss = rt.loss(rt.model(mb.tokens, mb.positions, mb.doc_ids), mb) / m
-        with rt.tracer.phase_as("backward"), rt.timeline.span("B", micro_batch=i):
+        with rt.phase_as("backward"), rt.timeline.span("B", micro_batch=i):
             loss.backward()
         total += loss.item()
     return total

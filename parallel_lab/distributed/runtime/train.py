@@ -71,7 +71,7 @@ def parallelize(model: nn.Module, grid: Grid, plan: Plan, tracer: CommTracer, me
     if plan.zero:
         apply_zero(rt)
     else:
-        rt.dp = apply_dp(rt.model, plan, tracer, rt.grad_group_size)
+        rt.dp = apply_dp(rt.model, plan, grid.groups[grid.grad_group], rt.grad_group_size)
     if meter:
         rt.meter = SavedTensorMeter(rt.model)
     return rt
@@ -179,6 +179,9 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
     if return_params:
         full = rt.full_parameters()
         params = {n: t.detach().cpu().clone() for n, t in full.items()} if rt.param_owner else None
+    reports = {k: fn() for k, fn in rt.extras.get("reports", {}).items()}
+    if plan.zero == 3:                          # ZeRO-3's memory peaks, sampled through the probe
+        reports["zero"].update(tracer.zero3_peaks())
     return RankResult(grid.rank, grid.coords, losses, rt.owns_loss, list(tracer.events), memory, params,
                       rt.timeline.spans, step_times,
                       info={"buckets": [b.nbytes for b in getattr(rt.dp, "buckets", [])],
@@ -186,7 +189,7 @@ def train_rank(grid: Grid, spec: ModelSpec, plan: Plan, steps: int = 3, seed: in
                             "wait_s": list(actions.wait_s),
                             "node": {"node": grid.node, "ranks_per_node": grid.ranks_per_node,
                                      "crossing": grid.crossing()},
-                            **{k: fn() for k, fn in rt.extras.get("reports", {}).items()}})
+                            **reports})
 
 
 def merge_params(results: list[RankResult]) -> dict[str, Tensor]:

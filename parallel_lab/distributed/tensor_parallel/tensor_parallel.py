@@ -210,7 +210,7 @@ class TensorParallelState:
         params = dict(model.named_parameters())
         for names, group in ((self.replicated, None), (self.kv_shared, self.kv_group)):
             if getattr(dp, "stage", 0) >= 2:     # ZeRO-3 took the parameters out of the model: its units know
-                dp.complete_partial_grads(names, lambda flat, g=group: self.tp.tracer.all_reduce(flat, "tp", group=g))
+                dp.complete_partial_grads(names, lambda flat, g=group: self.tp.all_reduce(flat, "tp", group=g))
                 continue
             ps = [params[n] for n in names if n in params and params[n].requires_grad]
             if not ps:
@@ -219,7 +219,7 @@ class TensorParallelState:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             flat = torch.cat([p.grad.reshape(-1) for p in ps])
-            self.tp.tracer.all_reduce(flat, "tp", group=group)
+            self.tp.all_reduce(flat, "tp", group=group)
             off = 0
             for p in ps:
                 p.grad.copy_(flat[off:off + p.numel()].view_as(p))
@@ -278,7 +278,7 @@ def apply_tp(rt: Runtime) -> None:
     spec: ModelSpec = model.spec
     check_tp(spec, plan)
     t, r, sp = plan.tp, grid.tp_rank, plan.sp
-    tp = TPGroup(rt.tracer, t, r)
+    tp = TPGroup(grid.groups["tp"], t, r)
     state = TensorParallelState(tp, grid.groups["tp"], sp)
     if t > spec.kv_heads:                    # every rank creates every kv-sharing group, in the same order
         share = t // spec.kv_heads

@@ -10,10 +10,11 @@ other's transpose (Shoeybi et al. 2019; the sequence-parallel pair from Korthika
 
 An all-reduce is a reduce-scatter followed by an all-gather, so SP moves the same bytes as ``f``/``g``.
 SP's full-sequence tensors (the all-gather's output, the reduce-scatter's input) are communication buffers,
-sampled as part ``sp`` of ``tracer.buffers`` (``ledger_buffers.activation_buffer_parts``).
+sampled as part ``sp`` through ``distributed/probe.py`` (``ledger_buffers.activation_buffer_parts``).
 Activations are batch-first ``(b, s, ...)``; sequence parallelism shards dimension 1 (rank ``r`` holds
-tokens ``[r s/t, (r+1) s/t)``). Every call goes through the ``CommTracer`` under the label the caller
-gives (``tp`` in the blocks, ``tp_vocab`` for the embedding and the loss; docs/conventions.md).
+tokens ``[r s/t, (r+1) s/t)``). Every call is a plain ``torch.distributed`` call on the TP group; the one
+group serves two accounting dims, so each call is tagged with the label the caller gives (``tp`` in the
+blocks, ``tp_vocab`` for the embedding and the loss; docs/conventions.md).
 """
 
 from __future__ import annotations
@@ -25,34 +26,37 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed import probe
 
 
 @dataclass
 class TPGroup:
-    """This rank's tensor-parallel group: ``size`` ranks, this one at position ``rank``; every call is
-    traced under the accounting ``label`` given ("tp" inside the blocks, "tp_vocab" for the vocabulary).
+    """This rank's tensor-parallel group ``group``: ``size`` ranks, this one at position ``rank``; every call
+    counts under the accounting ``label`` given ("tp" inside the blocks, "tp_vocab" for the vocabulary).
 
     Activations are batch-first ``(b, s, ...)``; sequence parallelism shards dimension 1, rank ``r``
     holding tokens ``[r s/t, (r+1) s/t)``.
     """
 
-    tracer: CommTracer
+    group: Any
     size: int
     rank: int
 
-    def all_reduce(self, x: Tensor, label: str, op: Any = dist.ReduceOp.SUM) -> Tensor:
-        """Sum (or ``op``) ``x`` over the group, in place; message = ``x``."""
-        self.tracer.all_reduce(x, label, op=op)
+    def all_reduce(self, x: Tensor, label: str, op: Any = dist.ReduceOp.SUM, group: Any = None) -> Tensor:
+        """Sum (or ``op``) ``x`` over the group (or ``group``: GQA's kv-sharing ranks), in place; message = ``x``."""
+        with probe.tagged(dim=label):
+            dist.all_reduce(x, op=op, group=self.group if group is None else group)
         return x
 
     def gather_sequence(self, shard: Tensor, label: str) -> Tensor:
         """``(b, s/t, ...) -> (b, s, ...)``: all-gather of the sequence shards; message = the full output."""
         b, n, rest = shard.shape[0], shard.shape[1], shard.shape[2:]
         out = torch.empty((self.size * b, n, *rest), dtype=shard.dtype, device=shard.device)
-        self.tracer.all_gather(out, shard.contiguous(), label)      # rank k's shard: rows [k b, (k+1) b)
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # 2.13's name
+        with probe.tagged(dim=label):
+            all_gather(out, shard.contiguous(), group=self.group)      # rank k's shard: rows [k b, (k+1) b)
         full = out.view(self.size, b, n, *rest).transpose(0, 1).reshape(b, self.size * n, *rest)
-        self.tracer.buffers.sample("sp", [out, full])     # rank-major -> batch-first: a copy when b > 1
+        probe.sample("sp", [out, full])                   # rank-major -> batch-first: a copy when b > 1
         return full
 
     def reduce_scatter_sequence(self, full: Tensor, label: str) -> Tensor:
@@ -61,8 +65,10 @@ class TPGroup:
         n = s // self.size
         stacked = full.reshape(b, self.size, n, *rest).transpose(0, 1).reshape(self.size * b, n, *rest)
         out = torch.empty((b, n, *rest), dtype=full.dtype, device=full.device)
-        self.tracer.buffers.sample("sp", [full, stacked])  # the partial sums, reordered (a copy when b > 1)
-        self.tracer.reduce_scatter(out, stacked, label)
+        probe.sample("sp", [full, stacked])                # the partial sums, reordered (a copy when b > 1)
+        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        with probe.tagged(dim=label):
+            reduce_scatter(out, stacked, group=self.group)
         return out
 
 

@@ -28,12 +28,13 @@ gradient is added in and dropped at each micro-batch; ``info["peak_held_gradient
 ``ledger_buffers.zero3_held_gradient_bytes``), as FSDP2 under ``torch.distributed.pipelining`` (no gradient sync until
 the last backward) accumulates its unsharded gradients in ``reduce_dtype``.
 
-Memory. Peak parameter memory of ZeRO-3 (sampled from the storages at every gather and free): the
-shards, plus the gathered root unit and two gathered blocks (the one computing and the prefetched one),
-``ledger.state_bytes(...)["parameters"] + ledger_buffers.zero3_gathered_bytes(...)``; with root-only units the
-whole padded model. Gathered buffers are excluded from the saved-tensor meter (``rt.meter.exclude``).
-The gathered buffers, the gradient going to its reduce-scatter and the held gradients are the comm-buffer
-parts ``zero3_gathered``, ``zero3_reduce_input``, ``zero3_held_gradients`` of ``tracer.buffers``.
+Memory. Peak parameter memory of ZeRO-3 (sampled at every gather through ``distributed/probe.py``, part
+``parameters``): the shards, plus the gathered root unit and two gathered blocks (the one computing and the
+prefetched one), ``ledger.state_bytes(...)["parameters"] + ledger_buffers.zero3_gathered_bytes(...)``; with
+root-only units the whole padded model. Gathered buffers are not activations (``probe.not_activations``).
+The gathered buffers, the gradient going to its reduce-scatter and the held gradients are sampled as
+comm-buffer parts too (the ledger's ``zero3_gathered``, ``zero3_reduce_input``, ``zero3_held_gradients``).
+Collectives: ``zero_communications.py``.
 
 Mixed precision (ZeRO-3, ``optimizer="fsdp2-mixed"``, ``dtype="bf16"``; FSDP2's ``MixedPrecisionPolicy``
 with ``param_dtype=bf16, reduce_dtype=fp32``): fp32 shards, fp32 gradient shards and fp32 AdamW; each
@@ -43,13 +44,15 @@ bf16 flat gradient is cast to fp32 before the reduce-scatter.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from parallel_lab.distributed import probe
 from parallel_lab.distributed.data_parallel.data_parallel import trainable
-from parallel_lab.distributed.instruments import TracedWork, measure_state, storage_bytes
+from parallel_lab.distributed.model.state import measure_state, storage_bytes
 from parallel_lab.distributed.zero.units import (
     MIXED,
     build_units,
@@ -57,6 +60,7 @@ from parallel_lab.distributed.zero.units import (
     gather_shards,
     shard_optimizer,
 )
+from parallel_lab.distributed.zero.zero_communications import all_gather_flat, reduce_scatter_sum
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.specs import Plan
 
@@ -66,8 +70,8 @@ class _Zero:
 
     stage = 0
 
-    def __init__(self, model: nn.Module, plan: Plan, tracer: Any, group_size: int, index: int):
-        self.model, self.plan, self.tracer = model, plan, tracer
+    def __init__(self, model: nn.Module, plan: Plan, group: Any, group_size: int, index: int):
+        self.model, self.plan, self.group = model, plan, group
         self.group_size, self.index = group_size, index
         self.named = trainable(model)
         self.params = [p for _, p in self.named]
@@ -85,7 +89,7 @@ class _Zero:
         return cls(params, **defaults)
 
     def _gather_shards(self) -> dict[str, Tensor]:
-        return gather_shards(self.units, self.shards, self.tracer.group("dp"), self.device)
+        return gather_shards(self.units, self.shards, self.group, self.device)
 
 
 class RegatherBeforeBackward(torch.autograd.Function):
@@ -106,15 +110,16 @@ class RegatherBeforeBackward(torch.autograd.Function):
 class Zero3(_Zero):
     """ZeRO-3 / FSDP: parameters, gradients and optimizer states sharded; see the module docstring.
 
-    ``rt``: the Runtime (for its meter, created after ``apply_zero``). Hooks are installed on the model
+    ``group``: the gradient group. ``rt``: the Runtime (for its phases under a pipeline). Hooks are
+    installed on the model
     (root unit) and on each block with a unit (``zero_unit="block"``).
     """
 
     stage = 3
 
-    def __init__(self, model: nn.Module, plan: Plan, tracer: Any, group_size: int, index: int,
+    def __init__(self, model: nn.Module, plan: Plan, group: Any, group_size: int, index: int,
                  rt: Any = None):
-        super().__init__(model, plan, tracer, group_size, index)
+        super().__init__(model, plan, group, group_size, index)
         self.rt = rt
         mixed = plan.optimizer == MIXED and plan.dtype == "bf16"
         self.param_dtype = torch.bfloat16 if mixed else torch.float32
@@ -139,15 +144,11 @@ class Zero3(_Zero):
         n = len(self.units)
         self.leaf: list[Tensor | None] = [None] * n    # the gathered flat buffer of the current forward
         self.accumulated: list[Tensor | None] = [None] * n   # under a pipeline: fp32 sums over micro-batches
-        self.work: list[TracedWork | None] = [None] * n
+        self.work: list[Any] = [None] * n              # each unit's gather in flight (a torch Work)
         self.live = [False] * n                        # storage allocated (gathered or being gathered)
         self.fresh = [False] * n                       # the pending gather is a forward one (new leaf)
-        self._pending: tuple[int, Tensor, Tensor, TracedWork] | None = None
+        self._pending: tuple[int, Tensor, Tensor, Any] | None = None    # the reduce-scatter in flight
         self._reduced = [False] * n
-        self.peak_parameter_bytes = 0
-        self.info["peak_parameter_bytes"] = 0
-        self.info["peak_held_gradient_bytes"] = 0      # full gradients accumulating under a pipeline
-        self.info["peak_reduce_input_bytes"] = 0       # one unit's full gradient going to its reduce-scatter
         for i in range(n):                             # placeholders: views of an empty buffer
             self.leaf[i] = torch.empty(self.units[i].padded, dtype=self.param_dtype, device=self.device)
             self._install(i)
@@ -187,7 +188,7 @@ class Zero3(_Zero):
         src = self.shards[i].detach()
         if src.dtype != self.param_dtype:
             src = src.to(self.param_dtype)
-        self.work[i] = self.tracer.all_gather(self.leaf[i].data, src, "dp", async_op=True)
+        self.work[i] = all_gather_flat(self.leaf[i].data, src, self.group, async_op=True)
 
     def _wait_gather(self, i: int) -> None:
         """Wait for unit ``i``'s gather (starting it if needed); a forward gather installs new views."""
@@ -204,8 +205,7 @@ class Zero3(_Zero):
                 leaf.register_post_accumulate_grad_hook(lambda t, i=i: self._on_grad(i, t))
                 self._reduced[i] = False
             self._install(i)
-        if self.rt is not None and self.rt.meter is not None:
-            self.rt.meter.exclude(leaf)                # gathered parameters are not activations
+        probe.not_activations(leaf)                    # gathered parameters are not activations
 
     def _install(self, i: int) -> None:
         """Point the model's attributes at views of unit ``i``'s gathered buffer."""
@@ -220,19 +220,18 @@ class Zero3(_Zero):
             self.work[i].wait()
             self.work[i] = None
         leaf = self.leaf[i]
-        if self.rt is not None and self.rt.meter is not None:
-            self.rt.meter.include(leaf)                # before the address can be reused
+        probe.activations_again(leaf)                  # before the address can be reused
         leaf.untyped_storage().resize_(0)
         self.live[i] = False
 
     def _sample(self) -> None:
-        """Peak parameter bytes: shards + gathered buffers + any parameters the model still holds."""
+        """Parameter bytes now: shards + gathered buffers + any parameters the model still holds."""
+        if not probe.on():
+            return
         gathered = sum(self.leaf[i].untyped_storage().nbytes() for i in range(len(self.units)) if self.live[i])
-        self.tracer.buffers.sample("zero3_gathered", nbytes=gathered)
-        live = storage_bytes(self.shards) + storage_bytes(self.model.parameters()) + gathered
-        if live > self.peak_parameter_bytes:
-            self.peak_parameter_bytes = live
-            self.info["peak_parameter_bytes"] = live
+        probe.sample("gathered_units", nbytes=gathered)
+        probe.sample("parameters", nbytes=storage_bytes(self.shards) + storage_bytes(self.model.parameters())
+                     + gathered)
 
     # ---- hooks ---------------------------------------------------------------------------------------
     def _before_model(self, module: nn.Module, args: Any) -> None:
@@ -313,8 +312,7 @@ class Zero3(_Zero):
         if grad is not self.accumulated[i]:
             held += grad.untyped_storage().nbytes()
             leaf.grad = None
-        self.tracer.buffers.sample("zero3_held_gradients", nbytes=held)
-        self.info["peak_held_gradient_bytes"] = self.tracer.buffers.peaks["zero3_held_gradients"]
+        probe.sample("held_gradients", nbytes=held)
 
     def _reduce_scatter(self, i: int, grad: Tensor) -> None:
         self._complete()
@@ -322,12 +320,11 @@ class Zero3(_Zero):
         grad = grad.float() if grad.dtype != torch.float32 else grad     # reduce in fp32
         if not self.keep:                              # the unit's gradient and its fp32 copy, both alive
             inflight = full.untyped_storage().nbytes() + (grad.untyped_storage().nbytes() if grad is not full else 0)
-            self.tracer.buffers.sample("zero3_reduce_input", nbytes=inflight)
-            self.info["peak_reduce_input_bytes"] = self.tracer.buffers.peaks["zero3_reduce_input"]
+            probe.sample("reducing_gradients", nbytes=inflight)
         del full
         grad.div_(self.group_size)
         out = torch.empty(self.units[i].shard, dtype=torch.float32, device=self.device)
-        work = self.tracer.reduce_scatter(out, grad, "dp", async_op=True)
+        work = reduce_scatter_sum(out, grad, self.group, async_op=True)
         self._pending = (i, grad, out, work)
         self._reduced[i] = True
 
@@ -373,7 +370,7 @@ class Zero3(_Zero):
         for s in self.shards:
             s.grad = None
         if self.keep:                                  # gather the whole stage for this step
-            with self.tracer.phase_as("forward"):
+            with self.rt.phase_as("forward") if self.rt is not None else nullcontext():
                 for i in range(len(self.units)):
                     self._start_gather(i, fresh=True)
                 for i in range(len(self.units)):

@@ -27,9 +27,9 @@ padded flat buffers, ``g * S_u`` elements):
   ``zero1_reduce="all_reduce"`` (torch's ZeroRedundancyOptimizer under DDP: the whole gradient
   all-reduced, 1.5x the bytes); ``zero2_accumulate``: "unsharded" (earlier micro-batches accumulate in
   the full ``p.grad``, one reduce-scatter per step) or "sharded" (a reduce-scatter every micro-batch).
-* Comm buffers (``tracer.buffers``, ``ledger_buffers.comm_buffer_parts``): ``zero_reduce``, the unit's flat gradient
-  (with the reduce-scatter's output when it is a temporary), and ``zero_gather``, the step's gathered unit
-  with its input shard, sampled at each call.
+* Comm buffers (sampled through ``distributed/probe.py``; the ledger's ``zero_reduce`` and ``zero_gather``):
+  the unit's flat gradient (with the reduce-scatter's output when it is a temporary), and the step's
+  gathered unit with its input shard, sampled at each call. Collectives: ``zero_communications.py``.
 * **ZeRO-3** lives in ``fsdp.py`` (:class:`~parallel_lab.distributed.zero.fsdp.Zero3`).
 
 Mixed precision (ZeRO-1/2 with ``optimizer="adam-mixed"``, the ZeRO paper's layout,
@@ -47,20 +47,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from parallel_lab.distributed.data_parallel.data_parallel import (
-    Named,
-    NoSync,
-    broadcast_from_first,
-    queue_at_end_of_backward,
-    trainable,
-)
-from parallel_lab.distributed.instruments import (
-    CommTracer,
-    TracedWork,
-    measure_state,
-    optimizer_state_tensors,
-    storage_bytes,
-)
+from parallel_lab.distributed import probe
+from parallel_lab.distributed.data_parallel.data_parallel import Named, NoSync, queue_at_end_of_backward, trainable
+from parallel_lab.distributed.data_parallel.dp_communications import all_reduce_sum, broadcast_from_first
+from parallel_lab.distributed.model.state import measure_state, optimizer_state_tensors, storage_bytes
 from parallel_lab.distributed.zero.fsdp import Zero3
 from parallel_lab.distributed.zero.units import (
     MIXED,
@@ -71,6 +61,7 @@ from parallel_lab.distributed.zero.units import (
     group_units,
     shard_optimizer,
 )
+from parallel_lab.distributed.zero.zero_communications import all_gather_flat, reduce_scatter_sum
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.specs import Plan, check_zero_variants
 
@@ -112,13 +103,12 @@ class Zero12(NoSync, torch.optim.Optimizer):
     ``"all_reduce"`` (torch's ZeroRedundancyOptimizer under DDP). ``accumulate`` (ZeRO-2):
     ``"unsharded"`` (hold the full gradients until the last micro-batch) or ``"sharded"``
     (reduce-scatter every micro-batch). ``no_sync()`` marks accumulation passes. The library's loop
-    passes ``tracer`` and ``finish_in_backward=False`` and calls ``set_sync``/``finish`` itself.
+    passes ``finish_in_backward=False`` and calls ``set_sync``/``finish`` itself.
     """
 
     def __init__(self, params: Iterable[Any], optimizer_class: Any = torch.optim.AdamW, *, stage: int = 1,
                  group: Any = None, units: UnitsArg = None, reduce: str = "reduce_scatter",
-                 accumulate: str = "unsharded", tracer: CommTracer | None = None,
-                 finish_in_backward: bool = True, **defaults: Any):
+                 accumulate: str = "unsharded", finish_in_backward: bool = True, **defaults: Any):
         super().__init__(list(params), defaults)
         if len(self.param_groups) != 1:
             raise ParallelLabError(f"Zero12 takes one parameter group, got {len(self.param_groups)}; pass "
@@ -126,7 +116,6 @@ class Zero12(NoSync, torch.optim.Optimizer):
         check_zero12_options(stage, reduce, accumulate)
         self.stage, self.reduce, self.accumulate = stage, reduce, accumulate
         self.group, self.group_size, self.index = group, dist.get_world_size(group), group_index(group)
-        self.tracer = tracer if tracer is not None else CommTracer(dist.get_rank(), {"dp": group}, False)
         self.finish_in_backward = finish_in_backward
         self.params = [p for p in self.param_groups[0]["params"] if p.requires_grad]
         broadcast_from_first(self.param_groups[0]["params"], group)
@@ -153,7 +142,7 @@ class Zero12(NoSync, torch.optim.Optimizer):
         self._next = 0
         self._active = False                 # a reducing backward pass is under way
         self._synced = False                 # this step's gradients have been reduced at least once
-        self._pending: tuple[int, Tensor, Tensor | None, TracedWork] | None = None
+        self._pending: tuple[int, Tensor, Tensor | None, Any] | None = None     # the call in flight
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
 
     @property
@@ -190,16 +179,16 @@ class Zero12(NoSync, torch.optim.Optimizer):
         flat = u.flatten([p.grad for p in u.params], self.dtype, self.device)
         flat.div_(self.group_size)                     # average: divide first, then sum over the group
         if self.reduce == "all_reduce":
-            self.tracer.buffers.sample("zero_reduce", [flat])
-            work = self.tracer.all_reduce(flat, "dp", group=self.group, async_op=True)
+            probe.sample("flat_gradients", [flat])
+            work = all_reduce_sum(flat, self.group, async_op=True)
             self._pending = (i, flat, None, work)
             return
         out = torch.empty(u.shard, dtype=flat.dtype, device=self.device)
         # ZeRO-1's output is a temporary (written into p.grad); ZeRO-2's becomes the gradient shard, unless
         # one exists from an earlier micro-batch (then it is added to it)
         temp = self.stage == 1 or self.grad_shards[i] is not None
-        self.tracer.buffers.sample("zero_reduce", [flat, out] if temp else [flat])
-        work = self.tracer.reduce_scatter(out, flat, "dp", group=self.group, async_op=True)
+        probe.sample("flat_gradients", [flat, out] if temp else [flat])
+        work = reduce_scatter_sum(out, flat, self.group, async_op=True)
         if self.stage == 2:                            # ZeRO-2: the full gradient lives on in `flat` only
             for p in u.params:
                 p.grad = None
@@ -266,8 +255,8 @@ class Zero12(NoSync, torch.optim.Optimizer):
             self.optimizers[i].step()
             full = torch.empty(u.padded, dtype=self.dtype, device=self.device)
             src = shard.detach().to(self.dtype)        # fp32: the shard cut from the parameters; bf16: a copy
-            self.tracer.buffers.sample("zero_gather", [full, src])
-            self.tracer.all_gather(full, src, "dp", group=self.group)
+            probe.sample("gathered_parameters", [full, src])
+            all_gather_flat(full, src, self.group)
             for p, v in zip(u.params, u.split(full), strict=True):
                 p.copy_(v)
             shard.grad = None
@@ -353,15 +342,15 @@ def apply_zero(rt: Any) -> None:
     """Set ``rt.dp`` to the ZeRO stage of ``rt.plan`` over the gradient group (``dp``, or ``dp x cp``)."""
     plan, grid = rt.plan, rt.grid
     check_zero(None, plan)
-    g = rt.grad_group_size
+    g, group = rt.grad_group_size, grid.groups[grid.grad_group]
     if plan.zero == 3:
         index = grid.ranks[grid.grad_group].index(grid.rank)
-        zero: Any = Zero3(rt.model, plan, rt.tracer, g, index, rt)
+        zero: Any = Zero3(rt.model, plan, group, g, index, rt)
     else:
         cls, defaults = shard_optimizer(plan)
-        zero = Zero12(rt.model.parameters(), cls, stage=plan.zero, group=rt.tracer.group("dp"),
+        zero = Zero12(rt.model.parameters(), cls, stage=plan.zero, group=group,
                       units=group_units(trainable(rt.model), plan.zero_unit), reduce=plan.zero1_reduce,
-                      accumulate=plan.zero2_accumulate, tracer=rt.tracer, finish_in_backward=False, **defaults)
+                      accumulate=plan.zero2_accumulate, finish_in_backward=False, **defaults)
         zero.model = rt.model
     rt.dp = zero
     rt.extras.setdefault("reports", {})["zero"] = lambda: dict(zero.info)     # -> RankResult.info["zero"]

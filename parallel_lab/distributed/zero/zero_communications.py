@@ -1,0 +1,28 @@
+"""ZeRO's communication: plain ``torch.distributed`` calls on the gradient group, one per unit.
+
+Rajbhandari et al. 2020: a unit's flat gradient (``g S_u`` elements, padded) is reduce-scattered, each rank
+keeping the ``S_u`` it owns; after the step on the shard, the updated shards are all-gathered back into the
+full flat buffer (ZeRO-3 gathers before every forward and backward of the unit too). Messages: the
+reduce-scatter's full input, the all-gather's full output (docs/conventions.md). ZeRO-1's all-reduce
+variant is data parallelism's (``dp_communications.all_reduce_sum``). The comm tracer sees the calls from
+outside; the unit a call belongs to is not needed by the accounting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+from torch import Tensor
+
+
+def reduce_scatter_sum(output: Tensor, input: Tensor, group: Any = None, async_op: bool = False) -> Any:
+    """Sum ``input`` (``g`` shards) over ``group``; this rank's shard into ``output``."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor      # 2.13's name first
+    return fn(output, input, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+
+
+def all_gather_flat(output: Tensor, input: Tensor, group: Any = None, async_op: bool = False) -> Any:
+    """Every rank's shard ``input``, rank by rank, into ``output`` (``g`` shards)."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor        # 2.13's name first
+    return fn(output, input, group=group, async_op=async_op)
