@@ -18,7 +18,7 @@ import statistics
 import time
 
 from parallel_lab.planner import Constraints, _Fast, evaluate, plan_search
-from parallel_lab.schedules import build_schedule
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.simulate import Costs, bubble_formula, simulate
 from parallel_lab.specs import ClusterSpec, ModelSpec
 

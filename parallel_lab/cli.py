@@ -43,7 +43,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .schedules import SCHEDULE_NAMES, V_SCHEDULES
+from .schedules.generators import SCHEDULE_NAMES, V_SCHEDULES
 from .specs import (
     A100_PEAK_FLOPS,
     ATTENTION_KERNELS_A100,
@@ -580,7 +580,8 @@ BUBBLE_SIM_LIMIT = 2048
 
 
 def _bubble(args: argparse.Namespace) -> Output:
-    from .schedules import build_schedule, validate
+    from .schedules.checks import validate
+    from .schedules.generators import build_schedule
     from .simulate import Costs, bubble_closed_form, simulate, text_timeline
 
     costs = Costs(args.f, args.b, args.w, args.p2p)

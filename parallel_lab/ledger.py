@@ -54,7 +54,8 @@ from .layout import (  # noqa: F401  (LocalParam, local_parameters, is_frozen: r
     unit_sizes,
     vocab_local,
 )
-from .schedules import compute_orders, head_inflight, messages_at_once, peak_activation_units, split_backward
+from .schedules.generators import compute_orders
+from .schedules.inflight import head_inflight, messages_at_once, peak_activation_units, split_backward
 from .specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "logits_and_loss", "comm_buffers")
@@ -271,7 +272,7 @@ def inflight_microbatches(schedule: str, p: int, m: int, v: int = 1, stage: int 
 
     * no pipeline (``p == 1``): 1 (each micro-batch's backward follows its forward);
     * otherwise the count read off the schedule's own action lists,
-      :func:`parallel_lab.schedules.peak_activation_units` (closed forms checked against the lists):
+      :func:`parallel_lab.schedules.inflight.peak_activation_units` (closed forms checked against the lists):
       GPipe ``m``; 1F1B ``min(m, p - r)`` (Narayanan et al. 2021); ZB-H1 ``min(m, p)`` on every stage,
       counted until the W pass (Qi et al. 2023: the first stage's 1F1B peak, later stages hold more);
       interleaved 1F1B with ``v`` chunks ``min(m v, 2 (p - r - 1) + (v - 1) p + 1) / v``, for stage 0
@@ -348,7 +349,7 @@ def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") 
     and the two ``s b h`` inputs the final norm and the head keep: ``(s/cp) b (4 ceil(V/tp) + 2 h d)``.
     The logits in the compute dtype are not kept: the loss casts them to fp32 and log_softmax saves only
     its output (measured at full size in fake tensors, distributed/instruments/measure.py). Times the micro-batches
-    the last stage keeps at once (``schedules.head_inflight``: GPipe ``m``, ZB-H1 ``min(p, m)`` until the
+    the last stage keeps at once (``schedules.inflight.head_inflight``: GPipe ``m``, ZB-H1 ``min(p, m)`` until the
     delayed W, 1F1B and interleaved 1). Chunked cross-entropy (``plan.loss_chunk > 0``): the same inputs and an fp32
     log-sum-exp per token, ``(s/cp) b (4 + 2 h d)``; the one chunk of logits alive while it is computed,
     ``loss_chunk V 4``, is transient and not counted.
@@ -531,7 +532,7 @@ def activation_buffer_parts(model: ModelSpec, plan: Plan, stage: int = 0) -> dic
       activation formula stores only the sharded copy); with ``b > 1`` two, since the batch-first layout
       reorders the rank-major gathered shards into a copy (``tp_communications``);
     * ``pp``: the activations (``s b h``, split by tp with SP) that one P2P action of the stage's list
-      posts together at most, :func:`schedules.messages_at_once`: 1F1B's steady state a send and a receive,
+      posts together at most, :func:`schedules.inflight.messages_at_once`: 1F1B's steady state a send and a receive,
       GPipe's last stage one receive, interleaved 1F1B and DualPipeV up to four;
     * ``cp``: all-gather: backward's reduce-scatter of dK and dV, its input (every rank's blocks, ``seq``
       tokens: the gathered K and V forward are saved for backward, activations) and its output (this rank's

@@ -73,7 +73,7 @@ from typing import Any
 from . import comm as comm_mod
 from . import layout, ledger
 from .flops import flops_per_token, step_flops
-from .schedules import head_inflight, messages_at_once
+from .schedules.inflight import head_inflight, messages_at_once
 from .specs import (
     CP_KINDS,
     RECOMPUTE,

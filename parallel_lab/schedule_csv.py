@@ -13,7 +13,7 @@ skipped on reading.
 Our lists (:mod:`parallel_lab.schedules`) name *local* chunks; the stage index of a cell is
 ``placement.stage(rank, chunk)``, and reading a file infers the placement from which rank runs which
 stage (``Placement.from_stage_ranks``; chunk ``c`` of a rank is its ``c``-th smallest stage). Consecutive
-comm cells form one ``P2P`` batch. A compute-only file is lowered with ``schedules.with_p2p`` (receives
+comm cells form one ``P2P`` batch. A compute-only file is lowered with ``schedules.p2p.with_p2p`` (receives
 posted when the sender sends, as torch's ``_add_send_recv`` does). ``B`` is written ``I`` exactly when
 the list holds a ``W`` of the same micro-batch and chunk.
 
@@ -30,16 +30,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from .schedules import (
-    COMPUTE_KINDS,
-    P2P,
-    Action,
-    Placement,
-    Schedule,
-    split_backward,
-    validate,
-    with_p2p,
-)
+from .schedules.actions import COMPUTE_KINDS, P2P, Action, Placement, Schedule
+from .schedules.checks import validate
+from .schedules.inflight import split_backward
+from .schedules.p2p import with_p2p
 from .specs import ParallelLabError
 
 Format = Literal["compute_only", "compute_comms"]
@@ -58,7 +52,7 @@ def to_rows(schedule: list[list[Action]], fmt: Format = "compute_comms") -> list
     """One row of cells per rank: our lists in torch's action strings (see the module docstring)."""
     if fmt not in ("compute_only", "compute_comms"):
         raise ParallelLabError(f"format {fmt!r}: pick compute_only or compute_comms")
-    from .schedules import placement_of
+    from .schedules.actions import placement_of
 
     place = placement_of(schedule)
     overlapped = getattr(schedule, "overlapped", None) or [set() for _ in schedule]
@@ -240,10 +234,11 @@ def _compute_columns(schedule: Schedule, parsed: list) -> list[list[int]]:
 
 
 def _free_checks(schedule: Schedule) -> None:
-    from .schedules import _match_checks, _static_checks, execute
+    from .schedules.checks import match_checks, static_checks
+    from .schedules.execution import execute
 
-    _static_checks(schedule)
-    _match_checks(schedule)
+    static_checks(schedule)
+    match_checks(schedule)
     execute(schedule, {"F": 1.0, "B": 1.0, "W": 1.0})
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "parallel_lab"
-LAYER1 = sorted(PKG.glob("*.py"))
+LAYER1 = sorted(PKG.glob("*.py")) + sorted(PKG.glob("schedules/*.py"))     # layer-1 packages too
 FORBIDDEN = {"torch", "matplotlib", "ipywidgets", "numpy", "voila"}
 
 
@@ -50,7 +50,7 @@ def _function_scoped(tree: ast.AST) -> set[int]:
     return inside
 
 
-@pytest.mark.parametrize("path", LAYER1, ids=[p.name for p in LAYER1])
+@pytest.mark.parametrize("path", LAYER1, ids=[str(p.relative_to(PKG)) for p in LAYER1])
 def test_layer1_sources_import_no_heavy_packages(path):
     tree = ast.parse(path.read_text(), str(path))
     lazy = _function_scoped(tree)

@@ -8,7 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from parallel_lab import schedule_csv
-from parallel_lab.schedules import Placement, build_schedule, validate
+from parallel_lab.schedules.actions import Placement
+from parallel_lab.schedules.checks import validate
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.simulate import simulate
 from parallel_lab.specs import ParallelLabError
 

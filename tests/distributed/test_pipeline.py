@@ -39,7 +39,7 @@ from parallel_lab.distributed.pipeline_parallel.pipeline_report import handoffs,
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.distributed.runtime.run import predicted_activations, run
 from parallel_lab.distributed.runtime.train import CommTracer, parallelize
-from parallel_lab.schedules import build_schedule
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.simulate import Interval, simulate
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 

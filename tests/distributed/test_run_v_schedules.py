@@ -9,7 +9,7 @@ from conftest import run_cli
 
 from parallel_lab import placed
 from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, check_schedule, run
-from parallel_lab.schedules import build_schedule
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]

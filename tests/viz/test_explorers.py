@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from parallel_lab import comm, ledger
-from parallel_lab.schedules import build_schedule
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.specs import ClusterSpec, ModelSpec, ParallelLabError, Plan
 from parallel_lab.viz import plots as P
 from parallel_lab.viz.explorers import CommExplorer, MemoryExplorer, PipelineExplorer

@@ -78,16 +78,10 @@ from parallel_lab.distributed.instruments import TracedWork
 from parallel_lab.distributed.model.data import Batch
 from parallel_lab.distributed.model.model import AttnContext, make_context
 from parallel_lab.distributed.runtime.runtime import Runtime
-from parallel_lab.schedules import (
-    Action,
-    Placement,
-    Schedule,
-    build_schedule,
-    num_microbatches,
-    placement_of,
-    split_backward,
-    validate,
-)
+from parallel_lab.schedules.actions import Action, Placement, Schedule, num_microbatches, placement_of
+from parallel_lab.schedules.checks import validate
+from parallel_lab.schedules.generators import build_schedule
+from parallel_lab.schedules.inflight import split_backward
 from parallel_lab.specs import ModelSpec, ParallelLabError, Plan, chunk_layers
 
 # --------------------------------------------------------------------------------------------------
