@@ -83,9 +83,8 @@ def with_p2p(orders: list[list[Action]], v: int = 1, groups: list[list[int]] | N
                 sent[(r, op.peer)].append(("RECV_F" if a.kind == "F" else "RECV_B", a.microbatch, nb[1]))
     out = Schedule([], place)
     for r, cut in enumerate(cuts):
-        actions: list[Action] = []
-        pending: list[Action] = []
         posted: dict[int, int] = defaultdict(int)        # peer -> receives from it posted so far
+        before: list[list[Action]] = []                  # per group, the receives posted just before it
         for group in cut:
             recvs: list[Action] = []
             for op in (op for a in group for op in _ops_before(a, r, place)):
@@ -99,13 +98,8 @@ def with_p2p(orders: list[list[Action]], v: int = 1, groups: list[list[int]] | N
                 upto = seq.index(key, posted[op.peer]) + 1
                 recvs += [Action(k, mb, c, op.peer) for k, mb, c in seq[posted[op.peer]:upto]]
                 posted[op.peer] = upto
-            if pending or recvs:
-                actions.append(P2P(*(pending + recvs)))
-            actions.extend(group)
-            pending = [op for a in group for op in _ops_after(a, r, place)]
-        if pending:
-            actions.append(P2P(*pending))
-        out.append(actions)
+            before.append(recvs)
+        out.append(_batched(cut, before, r, place))
     out.overlapped = [set(x) for x in overlapped] if overlapped is not None else [set() for _ in range(p)]
     return out if recv_at == "consumer" else _receives_when_sent(out, cuts)
 
@@ -136,17 +130,23 @@ def _receives_when_sent(schedule: Schedule, cuts: list[list[list[Action]]]) -> S
             g = max(min(g, consumer[key]), last[op.peer])
             last[op.peer] = g
             at[g].append(op)
-        actions: list[Action] = []
-        pending: list[Action] = []
-        for g, group in enumerate(cut):
-            if pending or at[g]:
-                actions.append(P2P(*(pending + at[g])))
-            actions.extend(group)
-            pending = [op for a in group for op in _ops_after(a, r, place)]
-        if pending:
-            actions.append(P2P(*pending))
-        out.append(actions)
+        out.append(_batched(cut, [at[g] for g in range(len(cut))], r, place))
     return out
+
+
+def _batched(cut: list[list[Action]], before: list[list[Action]], rank: int, place: Placement) -> list[Action]:
+    """Rank ``rank``'s list: before each group one ``P2P`` with the previous group's sends and the receives
+    ``before`` it (none when both are empty), after the last group one with its sends."""
+    actions: list[Action] = []
+    pending: list[Action] = []
+    for group, recvs in zip(cut, before, strict=True):
+        if pending or recvs:
+            actions.append(P2P(*(pending + recvs)))
+        actions.extend(group)
+        pending = [op for a in group for op in _ops_after(a, rank, place)]
+    if pending:
+        actions.append(P2P(*pending))
+    return actions
 
 
 def input_recv(a: Action, rank: int, p: int, v: int = 1,
