@@ -12,6 +12,7 @@ Report", section 3.2.1) in its V form, DualPipeV. The V lists equal, action for 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from ..specs import ParallelLabError
 from .actions import Action, B, F, W
@@ -33,22 +34,24 @@ def one_f_one_b_order(p: int, m: int) -> list[list[Action]]:
     """1F1B (PipeDream-Flush): rank ``r`` runs ``min(p - r - 1, m)`` warm-up forwards, then alternates
     one forward and one backward, then drains the remaining backwards."""
     check_pm("1f1b", p, m)
-    orders = []
-    for r in range(p):
-        w = min(p - r - 1, m)
-        order = [F(i) for i in range(w)]
-        for i in range(m - w):
-            order += [F(w + i), B(i)]
-        order += [B(i) for i in range(m - w, m)]
-        orders.append(order)
-    return orders
+    return [_warmup_steady_drain(min(p - r - 1, m), m, F, B) for r in range(p)]
+
+
+def _warmup_steady_drain(warm: int, total: int, fwd: Callable[[int], Action],
+                         bwd: Callable[[int], Action]) -> list[Action]:
+    """One rank's 1F1B list: forwards ``0..warm-1``; then forward ``warm + k`` and backward ``k`` in turn;
+    then the remaining backwards. ``fwd(k)``/``bwd(k)``: the rank's ``k``-th forward / backward."""
+    order = [fwd(k) for k in range(warm)]
+    for k in range(total - warm):
+        order += [fwd(warm + k), bwd(k)]
+    return order + [bwd(k) for k in range(total - warm, total)]
 
 
 def interleaved_warmup(p: int, m: int, v: int, r: int) -> int:
     """Megatron's warm-up forwards on rank ``r``: ``2 (p - r - 1) + (v - 1) p``, at most ``m v``.
 
     (Megatron runs all ``m v`` forwards first when ``m == p``, for its blocking exchanges; these lists
-    do not need that, :func:`validate` proves them deadlock-free, and it saves memory on later ranks.)
+    do not need that, :func:`.checks.validate` proves them deadlock-free, and it saves memory on later ranks.)
     """
     return min(m * v, 2 * (p - r - 1) + (v - 1) * p)
 
@@ -84,15 +87,7 @@ def interleaved_order(p: int, m: int, v: int) -> list[list[Action]]:
     def bwd(k: int) -> Action:
         return B((k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
 
-    orders = []
-    for r in range(p):
-        warm = interleaved_warmup(p, m, v, r)
-        order = [fwd(k) for k in range(warm)]
-        for k in range(total - warm):
-            order += [fwd(warm + k), bwd(k)]
-        order += [bwd(k) for k in range(total - warm, total)]
-        orders.append(order)
-    return orders
+    return [_warmup_steady_drain(interleaved_warmup(p, m, v, r), total, fwd, bwd) for r in range(p)]
 
 
 def zb_h1_order(p: int, m: int) -> list[list[Action]]:
