@@ -21,7 +21,7 @@ from parallel_lab.hardware import ClusterSpec
 from parallel_lab.planner import evaluate, plan_search
 from parallel_lab.planner_constraints import Constraints
 from parallel_lab.planner_fast import FastPath
-from parallel_lab.schedules import build_schedule
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.simulate import Costs, bubble_formula, simulate
 from parallel_lab.specs import ModelSpec
 

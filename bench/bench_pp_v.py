@@ -23,7 +23,8 @@ from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import keep_st
 from parallel_lab.distributed.runtime.grid import Grid
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.distributed.runtime.train import parallelize
-from parallel_lab.schedules import Placement, build_schedule
+from parallel_lab.schedules.actions import Placement
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.specs import ModelSpec, Plan
 
 SPEC = ModelSpec.preset("tiny-llama")

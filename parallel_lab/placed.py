@@ -21,7 +21,8 @@ from __future__ import annotations
 from .activations import per_op_bytes
 from .comm import Collective
 from .errors import ParallelLabError
-from .schedules import Schedule, placement_of, split_backward
+from .schedules.actions import Schedule, placement_of
+from .schedules.inflight import split_backward
 from .sharding import _local, chunk_layers
 from .specs import ModelSpec, Plan
 

@@ -36,7 +36,7 @@ from .planner_constraints import Constraints, global_batch_sequences
 from .planner_fast import FastPath, stage_compute, tp_overlap
 from .planner_result import Estimate, PlannerResult
 from .rank_view import block_inflight
-from .schedules import head_inflight
+from .schedules.inflight import head_inflight
 from .specs import ModelSpec, Plan
 from .steptime import (
     DpTimes,

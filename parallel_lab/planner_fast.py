@@ -20,7 +20,7 @@ from .errors import ParallelLabError
 from .hardware import ClusterSpec, LinkTier
 from .planner_constraints import Constraints
 from .rank_view import grads_stay_sharded, rank_view
-from .schedules import messages_at_once
+from .schedules.inflight import messages_at_once
 from .specs import ModelSpec, Plan
 from .steptime import NO_DP, DpTimes, StageFlops, StageTimes, dp_times, roofline_stage
 

@@ -17,7 +17,8 @@ import functools
 from functools import cached_property
 
 from .errors import ParallelLabError
-from .schedules import compute_orders, head_inflight, messages_at_once, peak_activation_units, split_backward
+from .schedules.generators import compute_orders
+from .schedules.inflight import head_inflight, messages_at_once, peak_activation_units, split_backward
 from .sharding import (
     LocalParam,
     chunk_layers,

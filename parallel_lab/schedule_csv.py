@@ -20,16 +20,10 @@ from typing import Literal
 
 from .errors import ParallelLabError
 from .inputs import read_text
-from .schedules import (
-    COMPUTE_KINDS,
-    P2P,
-    Action,
-    Placement,
-    Schedule,
-    split_backward,
-    validate,
-    with_p2p,
-)
+from .schedules.actions import COMPUTE_KINDS, P2P, Action, Placement, Schedule
+from .schedules.checks import validate
+from .schedules.inflight import split_backward
+from .schedules.p2p import with_p2p
 
 Format = Literal["compute_only", "compute_comms"]
 
@@ -49,7 +43,7 @@ def to_rows(schedule: list[list[Action]], fmt: Format = "compute_comms") -> list
     """One row of cells per rank: our lists in torch's action strings (see the module docstring)."""
     if fmt not in ("compute_only", "compute_comms"):
         raise ParallelLabError(f"format {fmt!r}: pick compute_only or compute_comms")
-    from .schedules import placement_of
+    from .schedules.actions import placement_of
 
     place = placement_of(schedule)
     overlapped = getattr(schedule, "overlapped", None) or [set() for _ in schedule]
@@ -231,10 +225,11 @@ def _compute_columns(schedule: Schedule, parsed: list) -> list[list[int]]:
 
 
 def _free_checks(schedule: Schedule) -> None:
-    from .schedules import _match_checks, _static_checks, execute
+    from .schedules.checks import match_checks, static_checks
+    from .schedules.execution import execute
 
-    _static_checks(schedule)
-    _match_checks(schedule)
+    static_checks(schedule)
+    match_checks(schedule)
     execute(schedule, {"F": 1.0, "B": 1.0, "W": 1.0})
 
 

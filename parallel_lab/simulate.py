@@ -22,17 +22,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .errors import ParallelLabError
-from .schedules import (
-    SCHEDULE_NAMES,
-    Action,
-    Schedule,
-    build_schedule,
-    execute,
-    num_chunks,
-    peak_inflight_of,
-    placement_of,
-    split_backward,
-)
+from .schedules.actions import Action, Schedule, num_chunks, placement_of
+from .schedules.execution import execute
+from .schedules.generators import SCHEDULE_NAMES, build_schedule
+from .schedules.inflight import peak_inflight_of, split_backward
 
 BUBBLE_DEFINITIONS: dict[str, str] = {
     "bubble_ratio": "bubble time / ideal compute time of the busiest rank",

@@ -176,7 +176,7 @@ def stages_to_check(pp: int, split: str = "layers") -> list[int]:
       micro-batches: a middle stage sends and receives on both sides, twice stage 0's P2P time. With
       ``split="embed-head"`` stage 0 also gives a block slot to the embedding.
     * Interleaved 1F1B with ``m = p``: the ranks from ``ceil(p / 2)`` on post two more P2P messages
-      (``schedules.messages_at_once``), which under full recomputation with a layer per chunk can outweigh
+      (``schedules.inflight.messages_at_once``), which under full recomputation with a layer per chunk can outweigh
       the in-flight micro-batches they hold fewer of: ``ceil(p / 2)``, and ``(p - 1) / 2`` (three messages)
       for an odd ``p``.
     """

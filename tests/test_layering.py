@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "parallel_lab"
-LAYER1 = sorted(PKG.glob("*.py")) + sorted((PKG / "cli").glob("*.py"))      # the CLI package is layer 1 too
+LAYER1 = sorted(PKG.glob("*.py")) + sorted((PKG / "cli").glob("*.py")) + sorted(PKG.glob("schedules/*.py"))  # packages
 FORBIDDEN = {"torch", "matplotlib", "ipywidgets", "numpy", "voila"}
 
 

@@ -5,23 +5,19 @@ from __future__ import annotations
 import pytest
 
 from parallel_lab.errors import ParallelLabError
-from parallel_lab.schedules import (
-    P2P,
-    Action,
-    B,
-    F,
-    W,
-    build_schedule,
-    execute,
+from parallel_lab.schedules.actions import P2P, Action, B, F, W
+from parallel_lab.schedules.checks import validate
+from parallel_lab.schedules.execution import execute
+from parallel_lab.schedules.generators import build_schedule
+from parallel_lab.schedules.inflight import (
     head_inflight,
     inflight_trace,
-    interleaved_order,
     peak_activation_units,
     peak_inflight,
     peak_inflight_of,
-    validate,
-    with_p2p,
 )
+from parallel_lab.schedules.orders import interleaved_order
+from parallel_lab.schedules.p2p import with_p2p
 
 PS = (2, 3, 4, 8)
 MS = tuple(range(1, 17)) + (32, 64)
@@ -246,7 +242,7 @@ def test_ledger_inflight_count_agrees_with_the_lists():
 def test_input_recv_names_the_posted_receive():
     # the executor waits, before each compute action, for the receive input_recv() names; an earlier P2P of
     # the same rank posted it, and every posted receive is consumed exactly once
-    from parallel_lab.schedules import input_recv
+    from parallel_lab.schedules.p2p import input_recv
 
     cases = [("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2), ("zb-h1", 3, 5, 1), ("gpipe", 2, 3, 1)]
     for name, p, m, v in cases:
@@ -281,7 +277,7 @@ def test_head_inflight_equals_the_last_chunk_of_the_lists(name):
                                         ("interleaved", 3, 6, 1), ("interleaved", 16, 16, 8), ("zb-h1", 4, 6, 1),
                                         ("zb-v", 3, 7, 1), ("dualpipev", 2, 8, 1)])
 def test_compute_orders_are_the_compute_actions_of_build_schedule(name, p, m, v):
-    from parallel_lab.schedules import compute_orders
+    from parallel_lab.schedules.generators import compute_orders
     full = build_schedule(name, p, m, v)
     assert [list(o) for o in compute_orders(name, p, m, v)] == [[a for a in r if a.is_compute] for r in full]
     with pytest.raises(ParallelLabError, match="needs schedule 'interleaved'"):
@@ -293,7 +289,7 @@ def test_messages_at_once_is_counted_on_the_full_list():
     micro-batches) against the count on the full list of every valid ``m`` up to ``4p``, and on Meta's
     16 x 16 x 8 and a 16 x 32 x 8 interleaving; the executor measures the same counts
     (tests/distributed/test_comm_buffers.py)."""
-    from parallel_lab.schedules import messages_at_once
+    from parallel_lab.schedules.inflight import messages_at_once
 
     def counted(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
         return tuple(max((len(a.ops) for a in r if a.kind == "P2P"), default=0)

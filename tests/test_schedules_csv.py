@@ -9,7 +9,9 @@ import pytest
 
 from parallel_lab import schedule_csv
 from parallel_lab.errors import ParallelLabError
-from parallel_lab.schedules import Placement, build_schedule, validate
+from parallel_lab.schedules.actions import Placement
+from parallel_lab.schedules.checks import validate
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.simulate import simulate
 
 T = pytest.importorskip("torch.distributed.pipelining.schedules")

@@ -13,26 +13,20 @@ from types import SimpleNamespace
 import pytest
 
 from parallel_lab.errors import ParallelLabError
-from parallel_lab.schedules import (
-    P2P,
-    Action,
-    Placement,
-    Schedule,
-    build_schedule,
-    dualpipev_order,
-    execute,
+from parallel_lab.schedules.actions import P2P, Action, Placement, Schedule
+from parallel_lab.schedules.checks import validate
+from parallel_lab.schedules.execution import execute
+from parallel_lab.schedules.generators import build_schedule
+from parallel_lab.schedules.inflight import (
     head_inflight,
     inflight_trace,
-    input_recv,
-    local_input,
     peak_activation_units,
     peak_inflight,
     peak_inflight_of,
     split_backward,
-    validate,
-    with_p2p,
-    zb_v_order,
 )
+from parallel_lab.schedules.orders import dualpipev_order, zb_v_order
+from parallel_lab.schedules.p2p import input_recv, local_input, with_p2p
 from parallel_lab.simulate import Costs, bubble_formula, simulate
 
 PS = (1, 2, 3, 4, 8)

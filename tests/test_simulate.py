@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from parallel_lab.errors import ParallelLabError
-from parallel_lab.schedules import build_schedule
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.simulate import Costs, Interval, bubble_formula, simulate, text_timeline, timeline_stats
 
 PS = (2, 3, 4, 8)

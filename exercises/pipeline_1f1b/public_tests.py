@@ -7,7 +7,8 @@ from parallel_lab.grading.harness import Fail, points, require
 
 
 def built(sub, p, m):
-    from parallel_lab.schedules import validate, with_p2p
+    from parallel_lab.schedules.checks import validate
+    from parallel_lab.schedules.p2p import with_p2p
 
     (fn,) = require(sub, "one_f_one_b")
     orders = fn(p, m)

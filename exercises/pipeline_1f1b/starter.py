@@ -9,7 +9,7 @@ micro-batches: it runs a few warm-up forwards (how many?), then alternates one f
 then drains the remaining backwards.
 
 Implement ``one_f_one_b(p, m)`` returning ``p`` lists of ``F``/``B`` actions (no sends or receives: the
-grader inserts them with ``schedules.with_p2p``). Graded: the schedule passes the library's validator
+grader inserts them with ``schedules.p2p.with_p2p``). Graded: the schedule passes the library's validator
 (every backward after its forward, every receive matched, no deadlock); its simulated bubble is
 ``(p - 1) / m`` (tolerance 1e-9) and stage ``r``'s peak in-flight count is ``min(p - r, m)`` for several
 ``(p, m)``; the library's pipeline executor runs it on 2 CPU ranks (a 2-stage model, 4 micro-batches)
@@ -20,7 +20,7 @@ Check: ``parallel-lab grade pipeline_1f1b exercises/pipeline_1f1b/starter.py``.
 
 from __future__ import annotations
 
-from parallel_lab.schedules import Action, B, F
+from parallel_lab.schedules.actions import Action, B, F
 
 
 def one_f_one_b(p: int, m: int) -> list[list[Action]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from parallel_lab.grading.feedback import check
 from parallel_lab.grading.harness import Fail, points
-from parallel_lab.schedules import build_schedule
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.simulate import bubble_formula, simulate
 
 CASES = [("gpipe", 4, 8, 1), ("1f1b", 2, 3, 1), ("1f1b", 8, 16, 1), ("interleaved", 4, 8, 2),

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import ParallelLabError
 from ..plan_flags import Output, float_in, int_in, positive_float, subcommand
-from ..schedules import SCHEDULE_NAMES
+from ..schedules.generators import SCHEDULE_NAMES
 
 BUBBLE_HELP = (
     "Simulate one pipeline schedule (the action lists the executor runs) and print its bubble ratio, idle "
@@ -44,7 +44,8 @@ BUBBLE_SIM_LIMIT = 2048
 
 
 def handle(args: argparse.Namespace) -> Output:
-    from ..schedules import build_schedule, validate
+    from ..schedules.checks import validate
+    from ..schedules.generators import build_schedule
     from ..simulate import Costs, bubble_closed_form, simulate, text_timeline
 
     costs = Costs(args.f, args.b, args.w, args.p2p)

@@ -24,7 +24,7 @@ from ..plan_flags import (
     positive_float,
     subcommand,
 )
-from ..schedules import V_SCHEDULES
+from ..schedules.generators import V_SCHEDULES
 from ..specs import RUN_DEFAULTS, SCHEDULES, ModelSpec, Plan
 from .output import EXIT_RUN_TIMEOUT, PROG, RunFailed, rank_failed
 

@@ -40,7 +40,7 @@ from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.distributed.runtime.run import predicted_activations, run
 from parallel_lab.distributed.runtime.train import parallelize
 from parallel_lab.errors import ParallelLabError
-from parallel_lab.schedules import build_schedule
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.simulate import Interval, simulate
 from parallel_lab.specs import ModelSpec, Plan
 

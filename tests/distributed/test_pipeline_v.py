@@ -21,7 +21,8 @@ from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import stage_l
 from parallel_lab.distributed.pipeline_parallel.pipeline_report import measured_step, replay
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.distributed.runtime.train import parallelize
-from parallel_lab.schedules import Placement, Schedule, build_schedule
+from parallel_lab.schedules.actions import Placement, Schedule
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.simulate import simulate
 from parallel_lab.specs import ModelSpec, Plan
 

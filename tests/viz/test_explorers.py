@@ -9,7 +9,7 @@ import pytest
 from parallel_lab import comm, ledger
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.hardware import ClusterSpec
-from parallel_lab.schedules import build_schedule
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.viz import plots as P
 from parallel_lab.viz.explorers import CommExplorer, MemoryExplorer, PipelineExplorer

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from parallel_lab.schedules import Action, B, F
+from parallel_lab.schedules.actions import Action, B, F
 
 
 def one_f_one_b(p: int, m: int) -> list[list[Action]]:

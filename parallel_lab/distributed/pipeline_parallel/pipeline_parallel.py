@@ -1,7 +1,7 @@
 """Pipeline parallelism: cut the model into stages and run a schedule's action lists on them.
 
 One executor, no schedule logic. :func:`apply_pp` gives each pipeline rank its pieces of the model and
-its own list from ``parallel_lab.schedules.build_schedule(plan.schedule, p, m, v)``; the
+its own list from ``schedules.generators.build_schedule(plan.schedule, p, m, v)``; the
 :class:`PipelineExecutor` then runs that list action by action. GPipe, 1F1B, interleaved 1F1B and ZB-H1
 differ only in the lists; adding a schedule means adding a generator in ``schedules.py``.
 
@@ -81,16 +81,10 @@ from parallel_lab.distributed.model.model import AttnContext, make_context
 from parallel_lab.distributed.pipeline_parallel.pp_communications import post
 from parallel_lab.distributed.runtime.runtime import Runtime
 from parallel_lab.errors import ParallelLabError
-from parallel_lab.schedules import (
-    Action,
-    Placement,
-    Schedule,
-    build_schedule,
-    num_microbatches,
-    placement_of,
-    split_backward,
-    validate,
-)
+from parallel_lab.schedules.actions import Action, Placement, Schedule, num_microbatches, placement_of
+from parallel_lab.schedules.checks import validate
+from parallel_lab.schedules.generators import build_schedule
+from parallel_lab.schedules.inflight import split_backward
 from parallel_lab.sharding import chunk_layers
 from parallel_lab.specs import ModelSpec, Plan
 

@@ -21,7 +21,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import stage_layout
-from parallel_lab.schedules import Action, build_schedule, execute, placement_of
+from parallel_lab.schedules.actions import Action, placement_of
+from parallel_lab.schedules.execution import execute
+from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.simulate import Costs, Interval, simulate, timeline_stats
 from parallel_lab.specs import ModelSpec, Plan
 

@@ -58,7 +58,8 @@ from parallel_lab.distributed.runtime.train import (
     train_rank,
 )
 from parallel_lab.errors import ParallelLabError
-from parallel_lab.schedules import V_SCHEDULES, build_schedule, validate
+from parallel_lab.schedules.checks import validate
+from parallel_lab.schedules.generators import V_SCHEDULES, build_schedule
 from parallel_lab.specs import SCHEDULES, ModelSpec, Plan
 
 STATE = ("parameters", "gradients", "optimizer_states")

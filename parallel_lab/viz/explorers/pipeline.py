@@ -15,8 +15,8 @@ import ipywidgets as W
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ... import schedules as schedules_mod
 from ... import simulate as simulate_mod
+from ...schedules.generators import build_schedule
 from ...specs import SCHEDULES
 from .. import plots as P
 from .base import DESC, ROW_ITEM, Explorer, int_slider, labelled, status_line, toggles
@@ -74,7 +74,7 @@ class PipelineExplorer(Explorer):
         name = v["schedule"]
         vv = v["interleave"] if name == "interleaved" else 1
         costs = simulate_mod.Costs(f=v["f"], b=v["b"], w=v["w"], p2p=v["p2p"])
-        sched = schedules_mod.build_schedule(name, v["stages"], v["microbatches"], vv)
+        sched = build_schedule(name, v["stages"], v["microbatches"], vv)
         sim = simulate_mod.simulate(sched, costs)
         formula = (simulate_mod.bubble_formula(name, v["stages"], v["microbatches"], vv, costs)
                    if v["p2p"] == 0 else None)

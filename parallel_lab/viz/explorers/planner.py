@@ -18,11 +18,11 @@ from matplotlib.figure import Figure
 
 from ... import comm as comm_mod
 from ... import ledger as ledger_mod
-from ... import schedules as schedules_mod
 from ... import simulate as simulate_mod
 from ... import steptime as steptime_mod
 from ...errors import ParallelLabError
 from ...hardware import CLUSTER_PRESETS, ClusterSpec
+from ...schedules.generators import build_schedule
 from .. import plots as P
 from .base import (
     DESC,
@@ -142,7 +142,7 @@ class PlannerExplorer(Explorer):
                 costs = steptime_mod.costs(plan.recompute)          # the planner's own F : B : W
                 key = (plan.schedule, plan.pp, plan.microbatches, plan.interleave, costs)
                 if key not in self._schedules:
-                    actions = schedules_mod.build_schedule(plan.schedule, plan.pp, plan.microbatches,
+                    actions = build_schedule(plan.schedule, plan.pp, plan.microbatches,
                                                            plan.interleave)
                     self._schedules[key] = simulate_mod.simulate(actions, costs)
                 sim = self._schedules[key]
