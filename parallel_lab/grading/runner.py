@@ -1,32 +1,17 @@
 """The grader: each submission in a fresh, limited process; every test a line of points and feedback.
 
 ``grade(exercise, path, bundle=...)`` grades one submission; ``grade_batch(dir, bundle=...)`` a class
-(``DIR/LEARNER/EXERCISE.py``, or ``.yaml`` for a plan file), written to a CSV by ``write_csv``. The CLI is
-``parallel-lab grade EXERCISE [PATH] [--bundle DIR] [--json]`` and ``parallel-lab grade --batch DIR --out
-grades.csv``. Without a bundle only the public tests run (the learner's loop).
+(``DIR/LEARNER/EXERCISE.py``, or ``.yaml`` for a plan file), written to a CSV by ``write_csv``; the CLI is
+``parallel-lab grade``. Without a bundle only the public tests run (the learner's loop).
 
-Isolation, per submission. The grader imports torch once, then forks a child per submission (the parent runs no
-submission code). The child starts a new session, lowers its limits (``RLIMIT_AS``, ``RLIMIT_CPU``, no core
-files), loads the tests (hidden ones from the text the grader read), enters namespaces that hide the bundle and
-close the network where Linux allows (:func:`contain.isolate`; ``PARALLEL_LAB_GRADE_NAMESPACES=0`` turns them
-off), installs :func:`contain.guard_hook` (no fixed port, no program, no remote host), imports a copy of the
-submission as ``submission.py`` in a new temporary directory and runs the tests in order. Each event is a signed
-line on a pipe: a line the grader did not sign, in order, fails every test left. Its stdout and stderr go to a
-pipe the grader drains (over 1 MB stops it); a test that overruns its wall-clock limit, or a child that dies, is
-killed with its process group and a new child carries on; then every descendant left (``setsid`` included: the
-grader is their subreaper) is killed. Feedback is bounded and never quotes a hidden file. Distributed tests run
-ranks through :func:`parallel_lab.grading.harness.run_ranks`, which names the rank that raised, exited or hung.
-Tests run inside the submission's process, so this is not a security boundary (see
-:mod:`parallel_lab.grading.contain`); grade untrusted code inside a container as well, for example::
-
-    docker run --rm --network none --memory 4g --cpus 2 -v $PWD:/lab:ro -w /lab IMAGE \\
-        parallel-lab grade --batch /lab/submissions --bundle /lab/instructor --out /tmp/grades.csv
-
-Determinism: tests seed their data and state their tolerances; the same submission gets the same grade.
-A test file may define ``session_values()``: references and measurements that do not depend on the
-submission (a one-process training run, the bytes measured on ranks running the library's code). The
-grader computes them once per session, before it forks any submission's process, and each test module
-sees them as ``SESSION``; so a class of 100 submissions pays for them once.
+Per submission the grader forks a child (the parent runs no submission code) that starts a new session,
+lowers its limits, loads the tests (hidden ones from text the grader read), enters namespaces that hide the
+bundle and close the network where Linux allows (:mod:`parallel_lab.grading.contain`), and runs the tests
+in order, each event a signed line on a pipe; its output is drained and capped, a test past its limit is
+killed with its process group, and every descendant left is killed after it. Feedback is bounded and never
+quotes a hidden file. Tests run inside the submission's process, so this is not a security boundary: grade
+untrusted code inside a container as well. A test file's ``session_values()`` (references that do not
+depend on the submission) are computed once per session. Details: docs/grading.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """PNG frames of a figure that changes a little at a time: what makes an explorer's redraw cheap.
 
-Matplotlib draws a figure from scratch on every ``savefig``, and most of that time goes into text (tick
-labels, titles, legends: every glyph laid out and rasterised again). An explorer's update changes a few
-bars and numbers, so :class:`Frames` does the classic animation trick (blitting) with Agg:
-
-1. the charts of :mod:`parallel_lab.viz.plots` say which of their artists an update moves
-   (``Chart.dynamic``: bars, value labels, timeline boxes);
-2. the rest (the *background*: axes, ticks, titles, legends) is drawn once and kept in pieces, the figure
-   without its axes and one tile per axes, each under a key of what it shows (:func:`figure_key`,
-   :func:`axes_key`: limits, tick locator and labels, texts, legends...). A change of one axes' limits
-   redraws that tile only, and the last few tiles per axes are kept, so going back to an earlier
-   setting costs no background drawing at all;
-3. a frame is the background with the dynamic artists drawn over it in z-order, encoded as PNG.
-
-A frame with fresh pieces and one with cached pieces are made the same way, so they are the same picture
-pixel for pixel; ``tests/viz/test_frames.py`` checks that after series of changes, and that the frames
-match matplotlib's own drawing of the figure. The keys see what the charts change between updates; an
-artist changed in place outside that (say, a static text's alignment) needs a new chart or
-:meth:`Frames.invalidate`. A static artist must not lie over a dynamic one of lower z-order (the
-dynamic one would be drawn over it): the charts keep legends out of the way of what they redraw.
-
-Text that is drawn again looks the same, so :class:`TextStampRenderer` renders each distinct text (string,
-font, size, colour, angle) once and stamps its pixels afterwards, at whole-pixel positions (at most half
-a pixel from where Agg would put it): drawing a background then costs about half as much.
+Matplotlib draws a figure from scratch on every ``savefig``, most of it text. An explorer's update changes a
+few bars and numbers, so :class:`Frames` blits with Agg: the charts say which artists an update moves
+(``Chart.dynamic``); the rest (the *background*: axes, ticks, titles, legends) is drawn once and kept in
+tiles keyed by what they show (:func:`figure_key`, :func:`axes_key`), and a frame is the background with
+the dynamic artists drawn over it, encoded as PNG. Fresh and cached frames are made the same way, so they
+are the same picture pixel for pixel (``tests/viz/test_frames.py`` also checks them against matplotlib's
+own drawing). :class:`TextStampRenderer` renders each distinct text once and stamps its pixels, at most
+half a pixel from where Agg would put it. The rules a chart must follow: docs/app.md.
 """
 
 from __future__ import annotations

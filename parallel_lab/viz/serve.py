@@ -1,30 +1,18 @@
 """Serve the explorers as a web app with Voila: ``python -m parallel_lab.viz.serve [--port N]``.
 
-``make app`` and the browser tests both build their command line here (:func:`voila_argv`), so what the
-tests check is what a learner runs. Voila runs in a child process, with:
+``make app`` and the browser tests both build their command line here (:func:`voila_argv`), so what the tests
+check is what a learner runs: Voila on 127.0.0.1 only, on exactly the port asked for, with an offline
+template (no CDN), a preheated kernel, and idle kernels culled after two minutes. Three guards Voila lacks
+are installed on every handler it registers (:func:`run_voila`):
 
-* ``--Voila.ip=127.0.0.1`` and ``--Voila.port_retries=0``: local only, on exactly the port asked for;
-* ``--template=parallel-lab``: Voila's lab template without its Font Awesome links to a CDN (found under
-  ``notebooks/share/jupyter``, which is put on ``JUPYTER_PATH``), so the page needs no external host;
-* ``--preheat_kernel=True``: a kernel runs the notebook before the first visitor arrives;
-* ``--MappingKernelManager.cull_idle_timeout=120`` and ``cull_interval=30``: a closed tab's kernel is
-  stopped after two idle minutes (Voila cannot shut it down itself: the request lacks an _xsrf cookie).
+* a Host check (only 127.0.0.1, ::1 and localhost; ``--allow-remote`` behind a proxy you trust);
+* one kernel per page session: a signed, HttpOnly session cookie, and every route addressed by a kernel id
+  (:data:`KERNEL_ROUTES`, Voila's shutdown route included) answers only the session that owns the kernel;
+* a cap on live kernels (``--max-kernels``, default :data:`MAX_KERNELS`), a slot taken before the kernel
+  starts, past which the page is a short 503 that says what to do.
 
-and three guards that Voila lacks, installed on every handler it registers (:func:`run_voila`):
-
-* Host check: a request whose ``Host`` is not 127.0.0.1, ::1 or localhost is refused (403); Voila itself
-  allows any Host, so a foreign name that resolves here (DNS rebinding) would get a page and a kernel.
-  ``--allow-remote`` turns the check off (behind a proxy you trust).
-* One kernel per page session: the page sets a random, signed, HttpOnly session cookie and records which
-  kernel it started for that session; every route addressed by a kernel id (:data:`KERNEL_ROUTES`: the
-  kernel's websocket, its REST handler, Voila's shutdown and query handlers) answers only that session
-  (403 for anyone else, even one who knows the kernel's id and sends a matching ``_xsrf`` pair).
-* A cap on live kernels (``--max-kernels``, default :data:`MAX_KERNELS`; each is ~125 MB), a slot taken
-  before the kernel starts (so concurrent loads cannot overshoot it): past it the page is a short 503
-  that says so and what to do, instead of one more kernel.
-
-``main`` prints the URL once the server answers (not before), then waits; Ctrl-C or SIGTERM stop Voila
-and its kernels cleanly.
+``main`` prints the URL once the server answers, then waits; Ctrl-C or SIGTERM stop Voila and its kernels.
+Each option and guard, and why: docs/app.md.
 """
 
 from __future__ import annotations
