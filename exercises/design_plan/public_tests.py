@@ -7,13 +7,18 @@ from parallel_lab.grading.harness import Fail, points
 MODEL, CLUSTER, GPUS, SEQ, BATCH, TARGET_S = "llama3-8b", "h100-sxm", 16, 8192, 64, 4.5
 
 
+def load_path(sub):
+    path = getattr(sub, "PATH", None)
+    if path is None:
+        raise Fail("submit a plan file (.yaml), e.g. the output of `parallel-lab plan ... --save plan.yaml`")
+    return path
+
+
 def load(sub):
     from parallel_lab.errors import ParallelLabError
     from parallel_lab.planfile import load_plan
 
-    path = getattr(sub, "PATH", None)
-    if path is None:
-        raise Fail("submit a plan file (.yaml), e.g. the output of `parallel-lab plan ... --save plan.yaml`")
+    path = load_path(sub)
     try:
         return load_plan(path)
     except ParallelLabError as e:
@@ -42,3 +47,13 @@ def test_fits(sub):
         raise Fail(f"{led.total_bytes / 1e9:.1f} GB per GPU does not fit in {pf.cluster.hbm_bytes * 0.9 / 1e9:.1f} GB; "
                    f"the largest category is {top} ({led.per_gpu_bytes[top] / 1e9:.1f} GB): what shards or recomputes "
                    "it?")
+
+
+@points(0)
+def test_written_answer(sub):
+    """Ungraded: your teacher reads the `# why:` lines of your plan file; this test only reminds you to write them."""
+    from parallel_lab.grading.catalog import missing_answer
+
+    msg = missing_answer("design_plan", load_path(sub))
+    if msg:
+        raise Fail(msg)

@@ -38,3 +38,13 @@ def test_schedules_against_simulation(sub):
         fb = check(fn(name, p, m, v), sim, rtol=1e-9, name=f"{name} p={p} m={m} v={v} bubble")
         if not fb:
             raise Fail(fb.message)
+
+
+@points(0)
+def test_written_answer(sub):
+    """Ungraded: your teacher reads BUBBLE_VS_MEMORY; this test only reminds you to write it."""
+    from parallel_lab.grading.catalog import missing_answer
+
+    msg = missing_answer("predict_bubble", sub.__file__)
+    if msg:
+        raise Fail(msg)

@@ -20,6 +20,7 @@ Implement ``bubble_ratio(schedule, p, m, v=1)`` for ``schedule`` in ``gpipe``, `
 ``zb-h1`` (``m >= p``), and ``peak_inflight(schedule, p, m, stage)`` for ``gpipe`` and ``1f1b``. Graded
 (1e-9): against the library's closed forms and against the simulated timelines of the executable action
 lists (``parallel_lab.simulate``), for many ``(p, m, v)``.
+Written answer (ungraded, read by your teacher; the batch CSV carries it): ``BUBBLE_VS_MEMORY`` below.
 Check: ``parallel-lab grade predict_bubble exercises/predict_bubble/starter.py``.
 """
 
@@ -34,3 +35,9 @@ def bubble_ratio(schedule: str, p: int, m: int, v: int = 1) -> float:
 def peak_inflight(schedule: str, p: int, m: int, stage: int) -> int:
     # TODO
     raise NotImplementedError("peak_inflight")
+
+
+#: 1F1B has the bubble of GPipe; interleaving divides it by v and ZB-H1 shrinks it further. What does each of them
+#: cost in activation memory or in messages, and when would you accept the larger bubble? (a few sentences)
+BUBBLE_VS_MEMORY = """
+"""
