@@ -2,7 +2,7 @@
 
 ``EXERCISES`` lists them in the handout's order (``exercises/README.md``); ``parallel-lab grade --list``
 prints it as a table. ``points`` is the total of the public and the hidden tests (``@points(n)`` of each
-``test_`` function, 1 unless stated; ``tests/grading/test_catalog.py`` counts them); ``minutes`` is a
+``test_`` function, 1 unless stated; ``tests/grading/test_catalog.py`` counts them); ``minutes`` is an
 estimate for a learner who has read the lesson. ``questions`` are the written answers an exercise asks
 for (ungraded): a ``.py`` submission holds each as a module-level string named after the key in upper
 case, a ``.yaml`` one as comment lines ``# key: text``. ``written_answers(exercise, path)`` reads them

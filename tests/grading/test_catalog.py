@@ -68,3 +68,35 @@ def test_grade_list_shows_time_and_points():
     assert out["exercises"] == sorted(BY_NAME)
     assert [r["exercise"] for r in out["details"]] == [e.name for e in EXERCISES]
     assert all(r["minutes"] and r["points"] for r in out["details"])
+
+
+def test_every_graded_public_test_names_its_property_and_a_hint():
+    for path in sorted((REPO / "exercises").glob("*/public_tests.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                calls = {getattr(d.func, "id", ""): d for d in node.decorator_list if isinstance(d, ast.Call)}
+                if "points" in calls and calls["points"].args[0].value == 0:
+                    continue                   # an ungraded reminder (a written answer)
+                assert "checks" in calls, f"{path.parent.name}.{node.name} has no @checks(property, hint)"
+
+
+def test_checks_appends_the_property_and_the_hint_to_a_failure_only():
+    import pytest
+
+    from parallel_lab.grading.harness import Fail, checks, points
+
+    @points(3)
+    @checks("the answer is 42", "count again")
+    def test_x(sub):
+        if sub == "assert":
+            raise Fail("you gave 41")
+        if sub == "raise":
+            raise NotImplementedError("TODO")
+        return "ok"
+
+    assert test_x.points == 3 and test_x.checks == "the answer is 42" and test_x("fine") == "ok"
+    with pytest.raises(Fail) as e:
+        test_x("assert")
+    assert str(e.value) == "you gave 41\n  checks: the answer is 42\n  hint: count again"
+    with pytest.raises(NotImplementedError):      # the submission's own error: the grader reports where it was
+        test_x("raise")
