@@ -60,7 +60,7 @@ BY_NAME = {e.name: e for e in EXERCISES}
 
 def listing(names: list[str]) -> tuple[list[dict], str]:
     """The exercises found on disk, in the handout's order (unknown ones last): rows for ``--json`` and a table."""
-    known = [BY_NAME[n] for n in sorted(names, key=lambda n: [e.name for e in EXERCISES].index(n)) if n in BY_NAME]
+    known = [e for e in EXERCISES if e.name in names]
     rows = [{"exercise": e.name, "kind": e.kind, "lesson": e.lesson, "minutes": e.minutes, "points": e.points,
              "topic": e.topic} for e in known]
     rows += [{"exercise": n, "kind": "", "lesson": "", "minutes": None, "points": None, "topic": ""}

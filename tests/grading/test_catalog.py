@@ -70,6 +70,14 @@ def test_grade_list_shows_time_and_points():
     assert all(r["minutes"] and r["points"] for r in out["details"])
 
 
+def test_listing_keeps_an_exercise_the_catalog_does_not_know_yet():
+    from parallel_lab.grading.catalog import listing
+
+    rows, table = listing(["zigzag", "new_one", "predict_ledger"])
+    assert [r["exercise"] for r in rows] == ["predict_ledger", "zigzag", "new_one"]
+    assert table.splitlines()[3].split()[:2] == ["3", "new_one"] and "3 exercises" in table
+
+
 def test_every_graded_public_test_names_its_property_and_a_hint():
     for path in sorted((REPO / "exercises").glob("*/public_tests.py")):
         for node in ast.parse(path.read_text()).body:
