@@ -18,5 +18,5 @@ from __future__ import annotations
 
 
 def rank_groups(dp: int, pp: int, cp: int, tp: int, dim: str) -> list[list[int]]:
-    # TODO: rank = ((d * pp + p) * cp + c) * tp + t
+    # TODO: which rank sits at coordinates (d, p, c, t)? Then vary one coordinate, the others fixed
     raise NotImplementedError("rank_groups")

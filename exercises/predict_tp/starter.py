@@ -1,11 +1,16 @@
 """Exercise predict_tp (predict): tensor parallelism's bytes and time on a given link.
 
-Megatron tensor parallelism over ``t`` ranks (no sequence parallelism) all-reduces one activation tensor
-of ``s b h`` elements (``d`` bytes each) twice per layer in forward (the ``g`` operator after attention
-and after the MLP) and twice in backward (``f``), per micro-batch. A ring all-reduce of ``M`` bytes over
-``t`` ranks makes each rank send ``2 (t - 1) / t M`` and takes ``2 (t - 1)`` latency-bound steps; on a link
-of bandwidth ``B`` (bytes/s per GPU per direction) and latency ``alpha`` one call takes
-``2 (t - 1) alpha + 2 (t - 1) / t M / B`` (the alpha-beta model).
+Megatron tensor parallelism over ``t`` ranks (no sequence parallelism) glues each block's attention and
+MLP with two operators: ``f`` before a column-parallel layer (identity in forward, all-reduce in backward)
+and ``g`` after a row-parallel one (all-reduce in forward, identity in backward); every all-reduce carries
+one activation tensor of ``s b h`` elements, ``d`` bytes each. How many all-reduces does a layer make per
+micro-batch, in forward and in backward?
+
+The collectives are ring algorithms (lesson 02; ``docs/conventions.md``, "Collectives"). Work out, for an
+all-reduce of ``M`` bytes over ``t`` ranks, how many bytes each rank sends and in how many steps (each step
+waits for one message from a neighbour). Time one call with the alpha-beta model: every step pays the
+link's latency ``alpha`` once, and the bytes a rank sends flow at the link's bandwidth ``B`` (bytes/s per GPU
+per direction).
 
 Implement ``tp_message_bytes(s, b, h, d)`` (one all-reduce), ``tp_bytes_per_step(layers, s, b, h, t, d, m)``
 (bytes one GPU sends in the blocks per optimizer step of ``m`` micro-batches) and ``tp_time_per_step(layers,

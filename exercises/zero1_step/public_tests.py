@@ -1,8 +1,11 @@
-"""Public tests of zero1_step: one step on 2 ranks gives one process's parameters (1e-5)."""
+"""Public tests of zero1_step: one step on 2 ranks gives one process's parameters (1e-5), and each rank keeps
+AdamW state for its shard only."""
 
 from __future__ import annotations
 
-from parallel_lab.grading.harness import Fail, doing, points, require, run_ranks
+import functools
+
+from parallel_lab.grading.harness import Fail, checks, doing, points, require, run_ranks
 from parallel_lab.grading.micro import MICRO, micro_plan
 
 
@@ -50,7 +53,32 @@ def check_params(results, steps):
                            f"{err:.2e} (averaged gradients? every shard gathered back on every rank?)")
 
 
+@functools.cache
+def one_step(sub):
+    """The 2 ranks' parameters, calls and optimizer-state bytes after one step, run once."""
+    return run_ranks(train, 2, sub, 1)
+
+
 @points(3)
+@checks("one ZeRO-1 step equals one process's AdamW step on the full batch", "each rank steps only its shard: "
+        "with the average gradient of that shard, and then every rank needs every updated shard")
 def test_one_step_equals_one_process(sub):
     require(sub, "Zero1")
-    check_params(run_ranks(train, 2, sub, 1), 1)
+    check_params(one_step(sub), 1)
+
+
+@points(1)
+@checks("ZeRO-1's saving: each rank's AdamW keeps state for its shard of ceil(n / g) elements only",
+        "what does torch.optim.AdamW allocate state for? Give it a parameter of S elements")
+def test_optimizer_state_is_a_shard(sub):
+    import math
+
+    from parallel_lab.distributed.model.model import build_model
+
+    require(sub, "Zero1")
+    n = sum(p.numel() for p in build_model(MICRO, seed=0).parameters() if p.requires_grad)
+    most = 2 * 4 * math.ceil(n / 2)           # two fp32 moments of the shard (and AdamW's step counter)
+    for r, (_, _, state) in enumerate(one_step(sub)):
+        if not 0 < state <= most + 64:
+            raise Fail(f"rank {r}: the optimizer keeps {state:,} B of state; two fp32 moments of {n:,} / 2 elements "
+                       f"are {most:,} B")

@@ -3,10 +3,12 @@ the layout."""
 
 from __future__ import annotations
 
-from parallel_lab.grading.harness import Fail, points, require
+from parallel_lab.grading.harness import Fail, checks, points, require
 
 
 @points(2)
+@checks("the zigzag layout: rank r holds chunk r and its mirror, in increasing order", "cut 16 positions "
+        "into 4 chunks and pair the first with the last")
 def test_layout_seq16_cp2(sub):
     (fn,) = require(sub, "zigzag_indices")
     want = {0: [0, 1, 2, 3, 12, 13, 14, 15], 1: [4, 5, 6, 7, 8, 9, 10, 11]}
@@ -17,6 +19,8 @@ def test_layout_seq16_cp2(sub):
 
 
 @points(1)
+@checks("the causal work of a list of query positions", "how many keys may the query at position i attend, "
+        "itself included?")
 def test_work_of_fixed_positions(sub):
     (work,) = require(sub, "causal_work")
     cases = (
@@ -31,6 +35,8 @@ def test_work_of_fixed_positions(sub):
 
 
 @points(1)
+@checks("the layout balances the causal work over the ranks", "an early chunk does little work and a late one "
+        "much: do the two chunks of every rank add up to the same?")
 def test_work_is_balanced_seq16_cp2(sub):
     fn, work = require(sub, "zigzag_indices", "causal_work")
     got = [work(fn(16, 2, r)) for r in range(2)]

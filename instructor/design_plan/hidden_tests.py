@@ -1,4 +1,4 @@
-"""Hidden tests of design_plan: step time, the expected block, and a scaled-down run on CPU ranks."""
+"""Hidden tests of design_plan: the expected block, and a scaled-down run on CPU ranks."""
 
 from __future__ import annotations
 
@@ -11,19 +11,6 @@ def _pub():
     import public_tests
 
     return public_tests
-
-
-@points(2)
-def test_beats_the_step_time(sub):
-    from parallel_lab import planner
-
-    pf = _pub().load(sub)
-    est = planner.evaluate(pf.model, pf.cluster, pf.plan)
-    if est.step_time_s >= _pub().TARGET_S:
-        worst = max(est.exposed_s, key=est.exposed_s.get) if est.exposed_s else "none"
-        raise Fail(f"estimated step time {est.step_time_s:.2f} s is not under {_pub().TARGET_S} s (compute "
-                   f"{est.compute_s:.2f} s, bubble ratio {est.bubble_ratio:.3f}, most exposed communication: "
-                   f"{worst}); what does your plan spend time on that another would not?")
 
 
 @points(1)

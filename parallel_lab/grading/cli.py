@@ -20,13 +20,14 @@ from parallel_lab.plan_flags import Output, subcommand
 
 def _handle(args: argparse.Namespace) -> Any:
     from parallel_lab.errors import ParallelLabError
-    from parallel_lab.grading import runner
+    from parallel_lab.grading import catalog, runner
 
     exercises_dir = runner.Path(args.exercises) if args.exercises else runner.default_exercises_dir()
     limits = runner.Limits(memory_mb=args.memory_mb, cpu_s=args.cpu_s, scale=args.time_scale)
     if args.list:
         names = runner.list_exercises(exercises_dir)
-        return Output({"exercises": names}, "\n".join(names))
+        rows, table = catalog.listing(names)
+        return Output({"exercises": names, "details": rows}, table)
     if args.batch:
         if args.exercise or args.path:
             raise ParallelLabError("--batch grades a directory; drop EXERCISE and PATH")
@@ -69,7 +70,7 @@ def add_grade(sub: Any) -> None:
     p.add_argument("--batch", metavar="DIR", help="grade DIR/LEARNER/EXERCISE.py for every learner")
     p.add_argument("--out", metavar="CSV", help="with --batch: where to write the grades")
     p.add_argument("--exercises", metavar="DIR", help="the exercises directory (default ./exercises)")
-    p.add_argument("--list", action="store_true", help="list the exercises")
+    p.add_argument("--list", action="store_true", help="list the exercises: order, lesson, time, points")
     p.add_argument("--memory-mb", type=int, default=3072, help="address-space limit per process (3072)")
     p.add_argument("--cpu-s", type=int, default=300, help="CPU-seconds limit per process (300)")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply every test's time limit (1.0)")

@@ -4,7 +4,8 @@ instead of hanging.
 A test is a function ``test_NAME(sub)`` in an exercise's ``public_tests.py`` (shipped to learners) or
 ``hidden_tests.py`` (instructor bundle only); ``sub`` is the learner's submission, imported as a module
 named ``submission``. ``@points(n)`` and ``@limit(seconds)`` set what a test is worth and its wall-clock
-limit; a test passes when it returns and fails when it raises. Raise :class:`Fail` (or ``assert cond,
+limit; ``@checks(property, hint)`` names the property a public test checks and a hint, both appended to its
+failure message. A test passes when it returns and fails when it raises. Raise :class:`Fail` (or ``assert cond,
 "message"``) with a message that says what is wrong and how to look for it: that message is all a learner
 sees of a hidden test (never its source).
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import os
 import re
 import tempfile
@@ -52,6 +54,21 @@ def limit(seconds: float) -> Callable[[Callable], Callable]:
     def mark(fn: Callable) -> Callable:
         fn.limit_s = seconds
         return fn
+    return mark
+
+
+def checks(prop: str, hint: str) -> Callable[[Callable], Callable]:
+    """Name the property a test checks and a hint; a failed check's message ends with both (the learner sees
+    the message, never the test's code). Errors the submission raises are left to the grader to report."""
+    def mark(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def run(sub: Any) -> Any:
+            try:
+                return fn(sub)
+            except AssertionError as e:
+                raise Fail(f"{str(e) or 'a check failed'}\n  checks: {prop}\n  hint: {hint}") from None
+        run.checks, run.hint = prop, hint
+        return run
     return mark
 
 

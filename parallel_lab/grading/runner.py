@@ -41,6 +41,7 @@ from typing import Any
 
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.grading import contain, harness
+from parallel_lab.grading.catalog import answers_text
 from parallel_lab.grading.harness import DEFAULT_LIMIT_S, DEFAULT_POINTS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -562,7 +563,7 @@ def grade_batch(directory: str | Path, *, bundle: str | Path | None = None, exer
     return out
 
 
-CSV_FIELDS = ("learner", "exercise", "points", "max_points", "failed_tests", "feedback")
+CSV_FIELDS = ("learner", "exercise", "points", "max_points", "failed_tests", "feedback", "written_answers")
 
 
 def write_csv(rows: list[tuple[str, Grade]], path: str | Path) -> None:
@@ -572,4 +573,4 @@ def write_csv(rows: list[tuple[str, Grade]], path: str | Path) -> None:
         for learner, g in rows:
             failed = [r for r in g.results if not r.passed]
             w.writerow([learner, g.exercise, f"{g.points:g}", g.max_points, " ".join(r.name for r in failed),
-                        " | ".join(f"{r.name}: {r.message}" for r in failed)])
+                        " | ".join(f"{r.name}: {r.message}" for r in failed), answers_text(g.exercise, g.submission)])
