@@ -51,7 +51,9 @@ def main() -> None:
     except RuntimeError as e:
         print(f"import torch: not available ({e})")
 
-    from parallel_lab import ModelSpec, Plan, memory, report
+    from parallel_lab.comm import report
+    from parallel_lab.ledger import memory
+    from parallel_lab.specs import ModelSpec, Plan
 
     model = ModelSpec.preset("llama3-70b")
     plan = Plan(dp=8, tp=8, pp=4, grad_accum=16, seq=8192, zero=1, sp=True)

@@ -24,7 +24,7 @@ def test_seed_figure(sub):
         "and what selective recomputation drops (the attention scores)", "which activations lie between f and "
         "g, and which before f or after g? Which terms grow with s^2?")
 def test_tp_sp_and_selective(sub):
-    from parallel_lab import ledger
+    from parallel_lab import ledger_activations
     from parallel_lab.specs import ModelSpec, Plan
 
     (fn,) = require(sub, "activations_per_layer")
@@ -34,8 +34,9 @@ def test_tp_sp_and_selective(sub):
     for sp in (False, True):
         for rec in ("none", "selective"):
             plan = Plan(tp=4, sp=sp, seq=s, recompute=rec, dtype="bf16")
-            fb = check(fn(s, 1, h, a, 4, sp, rec, 2, True), ledger.activation_bytes_per_layer(spec, plan), rtol=1e-9,
-                       unit="B", terms=ledger.activation_terms(spec, plan),
+            want = ledger_activations.activation_bytes_per_layer(spec, plan)
+            fb = check(fn(s, 1, h, a, 4, sp, rec, 2, True), want, rtol=1e-9,
+                       unit="B", terms=ledger_activations.activation_terms(spec, plan),
                        name=f"h={h} a={a} s={s} t=4 sp={sp} recompute={rec} bf16 dropout")
             if not fb:
                 raise Fail(fb.message)

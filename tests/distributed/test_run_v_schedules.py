@@ -8,10 +8,10 @@ import pytest
 from conftest import run_cli
 
 from parallel_lab import placed
-from parallel_lab.distributed.runtime.run import RUN_DEFAULTS, check_schedule, run
+from parallel_lab.distributed.runtime.run import check_schedule, run
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.schedules.generators import build_schedule
-from parallel_lab.specs import ModelSpec, Plan
+from parallel_lab.specs import RUN_DEFAULTS, ModelSpec, Plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 
