@@ -33,9 +33,11 @@ ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 # The app links the lessons to this port (parallel_lab/viz/explorers/lessons.py LAB_PORT); no silent move.
 LAB_PORT ?= 8888
+# The URL it prints opens the first lesson (the file browser shows the others).
+FIRST_LESSON ?= 01_memory_ledger
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks --no-browser --ServerApp.ip=127.0.0.1 --port=$(LAB_PORT) \
-		--ServerApp.port_retries=0 $(ALLOW_ROOT)
+		--ServerApp.port_retries=0 --LabApp.default_url=/lab/tree/$(FIRST_LESSON).ipynb $(ALLOW_ROOT)
 
 # The course as a static site in site/ (mkdocs.yml): the lessons executed, every page offline; open
 # site/index.html. tests/test_docs_site.py builds it too and checks its links.
