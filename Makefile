@@ -8,14 +8,14 @@ TORCH_SPEC ?= torch==2.13.0
 PORT ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test app lab bench gpu-check lint clean
+.PHONY: install test app lab docs bench gpu-check lint clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install -e ".[dev,docs]"
 	@$(BIN)/python -c "import matplotlib.pyplot"   # build the font cache once, not on the first page view
 	@touch $(STAMP)
 
@@ -33,9 +33,16 @@ ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 # The app links the lessons to this port (parallel_lab/viz/explorers/lessons.py LAB_PORT); no silent move.
 LAB_PORT ?= 8888
+# The URL it prints opens the first lesson (the file browser shows the others).
+FIRST_LESSON ?= 01_memory_ledger
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks --no-browser --ServerApp.ip=127.0.0.1 --port=$(LAB_PORT) \
-		--ServerApp.port_retries=0 $(ALLOW_ROOT)
+		--ServerApp.port_retries=0 --LabApp.default_url=/lab/tree/$(FIRST_LESSON).ipynb $(ALLOW_ROOT)
+
+# The course as a static site in site/ (mkdocs.yml): the lessons executed, every page offline; open
+# site/index.html. tests/test_docs_site.py builds it too and checks its links.
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
@@ -49,4 +56,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .ruff_cache

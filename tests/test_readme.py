@@ -1,17 +1,16 @@
-"""The README's ``$ parallel-lab ...`` examples print what the README says they print.
+"""The ``$ parallel-lab ...`` examples of the README and of every ``docs/*.md`` page print what they say.
 
-Each fenced block that starts with ``$ parallel-lab`` is run in a scratch directory holding a copy of
-``examples/`` (some write a profile or a plan file). A block shown whole must come out line for line; a block
-that is an excerpt (it leaves out lines, or marks a cut with ``...``) must have each of its lines in the
-output. Lines that carry a wall-clock time (``searched in``) and the micro-benchmark's timings are not
-compared: they are measurements of this machine; a run's parameter difference from its reference must be
-round-off on both sides.
+Each block fenced by a bare ``` (not ```console) that starts with ``$ parallel-lab`` is run in a scratch
+directory holding a copy of ``examples/`` (some write a profile or a plan file). A block shown whole must
+come out line for line; a block that is an excerpt (it leaves out lines, or marks a cut with ``...``) must
+have each of its lines in the output. Lines that carry a wall-clock time (``searched in``) and the
+micro-benchmark's timings are not compared: they are measurements of this machine; a run's parameter
+difference from its reference must be round-off on both sides.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+#: the pages whose examples are run: the README and every page of the site's docs/
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 #: blocks whose numbers are timings of the machine that runs them
 MEASURED = ("--microbench",)
 #: blocks the README shows as excerpts of a longer output (a table's top rows, a run's comparison lines)
@@ -28,11 +29,32 @@ EXCERPTS = ("parallel-lab plan ", "parallel-lab run ", "parallel-lab launch ")
 ROUND_OFF = "largest parameter difference after"
 
 
+def fenced_blocks(text: str) -> list[str]:
+    """The text of every block fenced by a bare ```: a fence with an info string (```console for an
+    illustration the scratch directory cannot run, such as a learner's submission; ```python, ```yaml) is
+    skipped whole."""
+    blocks, current, skipping = [], None, False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("```"):
+            if current is not None:
+                blocks.append("".join(current))
+                current = None
+            elif skipping:
+                skipping = False
+            elif line.strip() == "```":
+                current = []
+            else:
+                skipping = True
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
 def readme_examples() -> list[tuple[list[str], list[str]]]:
-    """``(commands, expected lines)`` for every block that starts with ``$ parallel-lab``; continuation
-    lines (a trailing backslash) are joined."""
+    """``(commands, expected lines)`` for every block of ``PAGES`` that starts with ``$ parallel-lab``;
+    continuation lines (a trailing backslash) are joined."""
     out = []
-    for block in re.findall(r"```\n(.*?)```", (REPO / "README.md").read_text(), re.S):
+    for block in [b for page in PAGES for b in fenced_blocks(page.read_text())]:
         lines = block.splitlines()
         if not lines or not lines[0].startswith("$ parallel-lab"):
             continue

@@ -28,7 +28,7 @@ def add(sub: Any) -> None:
     p = subcommand(sub, "calibrate", handle, "fit the step-time model to measured runs; write a profile",
                    description="Fit the roofline step-time model (matmul efficiency; with runs of several token "
                                "counts also the per-micro-batch overhead) to runs measured on a cluster, or with "
-                               "--microbench to GEMMs and all-reduces timed on this machine, and write a profile "
+                               "--microbench to GEMMs and all-reduces timed on the local machine, and write a profile "
                                "file that --cluster PROFILE.json gives to plan and the other commands.")
     p.add_argument("--runs", metavar="FILE",
                    help="CSV or YAML of runs (see parallel_lab/calibrate.py)")
@@ -124,7 +124,7 @@ def _write_profile(path: str | None, data: dict[str, Any]) -> None:
 
 
 def _calibrate_microbench(args: argparse.Namespace) -> Output:
-    """``calibrate --microbench``: time GEMMs and all-reduces on this machine, fit, print, write the profile."""
+    """``calibrate --microbench``: time GEMMs and all-reduces on the local machine, fit, print, write the profile."""
     if args.runs or args.no_fit or args.flops_convention or args.attention_kernel or args.fit_on is not None:
         raise ParallelLabError("--microbench measures here: drop --runs, --fit-on, --no-fit, --flops-convention "
                                "and --attention-kernel")

@@ -2,7 +2,7 @@
 
 * :func:`serve_app`: Voila on a free port of 127.0.0.1, started the way ``make app`` starts it
   (:func:`parallel_lab.viz.serve.voila_argv`), ready when ``/voila/static/voila.js`` answers, stopped by
-  SIGTERM (its kernels with it, as ``shared/reference/voila_browser_notes.md`` measured).
+  SIGTERM (its kernels with it: Voila stops them on SIGTERM, measured with Voila 0.5).
 * :func:`open_page`: a page whose requests to anything but the app are aborted and recorded
   (``page.external_requests``), JavaScript errors recorded (``page.page_errors``).
 * :class:`ImageTimer`: the time from an input event (key press, click, change) to the next change of a

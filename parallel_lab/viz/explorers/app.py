@@ -41,7 +41,7 @@ INTROS = {
             "link tier carries.",
     "Ring attention": "Context parallelism step by step: which key/value block each rank holds, which "
                       "tiles of the causal mask it computes, and why zigzag chunks balance the work.",
-    "Run": "Train the tiny model under a plan on this machine's CPU ranks (the code `parallel-lab run` "
+    "Run": "Train the tiny model under a plan on the local machine's CPU ranks (the code `parallel-lab run` "
            "runs) and see what was measured beside what was predicted: memory per category, bytes per "
            "collective, the pipeline's timeline and the losses against one process.",
     "ZeRO/FSDP": "Which rank owns which shard of which unit, and when ZeRO-3 gathers a unit's parameters "
@@ -57,7 +57,7 @@ INTROS = {
 
 class Explorers(Mapping[str, W.Widget]):
     """Tab name -> explorer, each built the first time it is asked for (its tab opened, a plan shown in
-    every tab, a test reading it): the page is ready once the first tab is built, not all nine."""
+    every tab, a test reading it): the page is ready once the first tab is built, not all ten."""
 
     def __init__(self, makers: dict[str, Callable[[], W.Widget]], on_build: Callable[[str, W.Widget], None]):
         self._makers, self._on_build = makers, on_build

@@ -10,7 +10,7 @@ cached background (blitting).
 
 Why an Image widget rather than ipympl: matplotlib renders the figure either way (ipympl sends Agg's
 PNGs too), but an Image needs no front-end extension and cannot hit ipympl 0.10's blank canvas when
-the notebook draws while Voila still executes it (``shared/reference/voila_browser_notes.md``).
+the notebook draws while Voila still executes it (seen with ipympl 0.10 under Voila 0.5).
 Figures are ``matplotlib.figure.Figure``, never pyplot: no figure is left open.
 
 Invalid input: the core raises :class:`ParallelLabError`; the explorer shows its message (the bad value

@@ -55,7 +55,7 @@ class CommExplorer(Explorer):
     """Bytes per GPU per step by dimension and collective, and their time on each link tier.
 
     The toggle "TP across nodes" times the tensor-parallel collectives on the inter-node link instead of
-    NVLink, as if the TP group straddled the node boundary: the seed's 7.5 GB per step goes from
+    NVLink, as if the TP group straddled the node boundary: the four-parallelisms tutorial's 7.5 GB per step goes from
     milliseconds to about 150 ms.
     """
 

@@ -4,7 +4,7 @@ A run is ``parallel-lab run ... --json`` in a child process (:class:`RunJob`, a 
 the same code and the same numbers as the command line, and the kernel's event loop never waits for it (a
 reader thread follows the child's progress bar on stderr and hands every update back to the loop). Cancel
 stops the child's whole process group (the launcher and its ranks). Before anything starts, the plan is
-validated and checked against this machine's memory by the command line's own guard
+validated and checked against the local machine's memory by the command line's own guard
 (``plan_flags.check_fits_this_machine``: the ledger's bytes of the fullest rank for every rank plus the
 one-process reference); a refusal is its message, and no process starts.
 
