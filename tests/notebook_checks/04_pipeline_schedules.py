@@ -1,4 +1,4 @@
-"""Lesson 04: the seed's bubble table, both bubble definitions, in-flight counts, and the measured pipeline runs."""
+"""Lesson 04: the (p-1)/m bubble table, both bubble definitions, in-flight counts, and the measured pipeline runs."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from notebook_checks import assert_no_answer_everywhere
 
 
 def check(text: str, nb) -> None:
-    # the seed's (p-1)/m for p=8 and m = 8, 16, 32, 64 (its 175% at m=4 is lesson 04's table too: same formula)
-    assert re.search(r"seed's \(p-1\)/m\s+87\.5%\s+43\.8%\s+21\.9%\s+10\.9%", text)
+    # the closed form (p-1)/m for p=8 and m = 8, 16, 32, 64 (its 175% at m=4 is lesson 04's table too: same formula)
+    assert re.search(r"\(p-1\)/m\s+87\.5%\s+43\.8%\s+21\.9%\s+10\.9%", text)
     # GPipe and 1F1B simulated: bubble ratio (p-1)/m and idle fraction (p-1)/(m+p-1)
     for name in ("gpipe", "1f1b"):
         assert re.search(name + r"\s+87\.5% / 46\.7%\s+43\.8% / 30\.4%\s+21\.9% / 17\.9%\s+10\.9% /  9\.9%", text), name
