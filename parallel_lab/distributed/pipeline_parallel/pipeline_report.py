@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import stage_layout
+from parallel_lab.distributed.pipeline_parallel.stages import stage_layout
 from parallel_lab.schedules import Action, build_schedule, execute, placement_of
 from parallel_lab.simulate import Costs, Interval, simulate, timeline_stats
 from parallel_lab.specs import ModelSpec, Plan
