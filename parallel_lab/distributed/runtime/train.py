@@ -43,7 +43,7 @@ from parallel_lab.distributed.runtime.diagnosis import ActionLog, FiniteWatch
 from parallel_lab.distributed.runtime.faults import Fault, FaultInjector
 from parallel_lab.distributed.runtime.grid import Grid
 from parallel_lab.distributed.runtime.runtime import Runtime
-from parallel_lab.distributed.tensor_parallel.tensor_parallel import apply_tp, check_tp
+from parallel_lab.distributed.tensor_parallel.tp_model import apply_tp, check_tp
 from parallel_lab.distributed.zero.zero import apply_zero, check_zero
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.specs import ModelSpec, Plan
