@@ -28,12 +28,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from parallel_lab.distributed.context_parallel.blockwise_attention import DEFAULT_TILE
-from parallel_lab.distributed.context_parallel.context_parallel import (
-    ContextParallel,
-    ContextParallelAttention,
-    CPGroup,
-)
+from parallel_lab.distributed.context_parallel.context_parallel import ContextParallel, ContextParallelAttention
 from parallel_lab.distributed.context_parallel.cp_balance import work_per_rank
+from parallel_lab.distributed.context_parallel.ring_attention import CPGroup
 from parallel_lab.distributed.runtime.grid import Grid
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.specs import ModelSpec, Plan

@@ -1,24 +1,14 @@
 """Fit the step-time model's parameters to measured runs, and save them as a cluster profile.
 
-A *run* is a plan someone trained on their cluster and the throughput they measured: the plan's fields
-(``dp tp pp cp seq micro_batch grad_accum schedule interleave sp zero recompute ...``), the model (a preset
-name), and either ``tflops_per_gpu`` (per GPU per second, counted as its ``flops_convention`` column says,
-:data:`RUN_COUNTS`: model FLOPs ``palm`` by default or ``causal``, or ``hardware``) or ``step_time_s``.
-Runs come from a small CSV (one run per row, a header naming the columns; ``max_positions`` lengthens a
-preset's learned position table for a run at a longer context) or YAML (a list of mappings, or
-``{runs: [...]}``); values within a plan file's ranges, at most :data:`MAX_RUNS` runs, :data:`MAX_RUNS_BYTES`.
-
-The fit (:func:`fit_profile`): the roofline of ``steptime`` ("Roofline compute") with the profile's
-``matmul_efficiency`` ``e_max`` chosen to minimise ``sum (log predicted - log measured)^2`` over the runs
-(one run: matched exactly); with runs of at least two different ``micro_batch * seq / cp`` token counts
-``overhead_s`` (seconds per micro-batch and chunk) is fitted too. The other parameters keep their priors
-(``hardware.StepProfile``). Predicted step times are :func:`parallel_lab.planner.evaluate`'s, the same code
-the planner ranks with, so a profile written by ``parallel-lab calibrate`` and given back as ``--cluster
-PROFILE.json`` changes the planner's ranking and nothing else.
-
-Micro-benchmarks (:func:`fit_microbench`, ``parallel-lab calibrate --microbench``): timed GEMMs give
-``e_max`` and ``d_half`` against a given peak, timed all-reduces the intra-node tier's latency and bus
-bandwidth (``parallel_lab.microfit``); the same profile file then also holds that peak and that tier.
+A *run* is a plan trained on a cluster and its measured throughput (``tflops_per_gpu``, counted as
+:data:`RUN_COUNTS` says, or ``step_time_s``), read from a small CSV or YAML file (at most :data:`MAX_RUNS`
+runs, :data:`MAX_RUNS_BYTES`). :func:`fit_profile` chooses the roofline's ``matmul_efficiency`` ``e_max``
+(``steptime``, "Roofline compute") to minimise ``sum (log predicted - log measured)^2`` over the runs, and
+fits ``overhead_s`` too when the runs have two token counts ``micro_batch * seq / cp``; the other
+parameters keep their priors (``hardware.StepProfile``). Predictions are
+:func:`parallel_lab.planner.evaluate`'s, so a profile given back as ``--cluster PROFILE.json`` changes the
+planner's ranking and nothing else. :func:`fit_microbench` fits ``e_max``, ``d_half`` and the intra-node
+tier from timed GEMMs and all-reduces (``parallel_lab.microfit``). The full contract: docs/calibrate.md.
 """
 
 from __future__ import annotations

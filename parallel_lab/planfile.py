@@ -1,38 +1,15 @@
 """Plan files: one training phase's plan as a small, versioned YAML document.
 
-A plan file records what was decided and what it is expected to cost, so that a run can be checked
-against it and a change of circumstances noticed::
-
-    schema_version: 1
-    phase: pretrain-8k                  # a name: pretrain-8k, long-context-131k, ...
-    model: llama3-405b                  # a preset name, or a mapping of ModelSpec fields
-    cluster: h100-sxm                   # a preset name, or a mapping of ClusterSpec fields
-    gpus: 16384
-    plan: {dp: 128, tp: 8, pp: 16, ...} # every Plan field
-    expected:                           # what the analytic core predicts for this plan
-      memory_bytes_per_gpu: {parameters: ..., ..., total: ...}   # ledger, the fullest stage
-      memory_stage: 0
-      fits: true
-      bytes_per_step: {dp: ..., tp: ..., pp: ...}   # wire bytes one GPU sends per step, by dim (comm)
-      bubble_ratio: 0.117                           # planner.plan_bubble (simulate.bubble_formula)
-      step_time_s: 6.99                             # planner.evaluate (its stated model)
-      mfu: 0.389
-    replan_when:                        # conditions under which this plan no longer holds, as data
-      - {field: seq, value: 8192, reason: ...}
-
-:func:`save_plan` writes one (computing ``expected`` from the ledger, the comm module and the planner's
-time model when not given) atomically: a temporary file in the same folder, renamed over the target, so
-an interrupted save never leaves a truncated plan. :func:`load_plan` reads it back into a
-:class:`PlanFile` and validates it against the schema (:data:`SCHEMA`): the version must be known (an
-integer), every field is required unless the schema gives its default (``replan_when: []``,
-``expected.step_time_s`` and ``expected.mfu``: null), every value has its type and range (the command
-line's, ``inputs.PLAN_FILE_LIMITS``), the plan is valid for the model on ``gpus`` GPUs of the cluster and
-``replan_when`` agrees with the file. The file (a regular file, ``inputs.read_bounded``) is parsed safely
-and bounded before anything is built: at most :data:`MAX_FILE_BYTES`, UTF-8, nesting at
-most :data:`MAX_DEPTH` deep, no anchors or aliases (``&a`` / ``*a``: a few lines of them expand to
-gigabytes), no key twice, integers within +-2^53; its last line is :data:`END_LINE` (a truncated file
-can still be valid YAML). Every problem raises :class:`ParallelLabError` naming the file, the
-field and the fix. ``parallel-lab run --plan FILE`` takes such a file.
+A plan file records what was decided (``schema_version``, ``phase``, ``model``, ``cluster``, ``gpus``,
+``plan``), what it is expected to cost (``expected``: memory per GPU from the ledger, bytes per step by
+dim from ``comm``, ``bubble_ratio`` from ``simulate.bubble_formula``, ``step_time_s`` and ``mfu`` from
+``planner.evaluate``) and ``replan_when``, the conditions under which it no longer holds.
+:func:`save_plan` writes one atomically (a temporary file renamed over the target); :func:`load_plan` reads
+it into a :class:`PlanFile` and validates it against :data:`SCHEMA` (a known version, the types and ranges
+of ``inputs.PLAN_FILE_LIMITS``, a plan valid for the model and cluster). The file is parsed safely and
+bounded first: at most :data:`MAX_FILE_BYTES`, nesting at most :data:`MAX_DEPTH`, no anchors or aliases,
+no key twice, integers within +-2^53, last line :data:`END_LINE`. Every problem raises
+:class:`ParallelLabError` naming the file, the field and the fix. The format in full: docs/planfile.md.
 """
 
 from __future__ import annotations

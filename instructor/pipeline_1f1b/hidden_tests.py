@@ -42,7 +42,8 @@ def _train(grid, sub):
     from parallel_lab.distributed.instruments import CommTracer
     from parallel_lab.distributed.model.data import synthetic_batch
     from parallel_lab.distributed.model.model import build_model
-    from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import PipelineExecutor, stage_layout
+    from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import PipelineExecutor
+    from parallel_lab.distributed.pipeline_parallel.stages import stage_layout
     from parallel_lab.distributed.runtime.train import parallelize
 
     plan = micro_plan(pp=2, grad_accum=4, micro_batch=1)

@@ -21,12 +21,9 @@ import torch
 
 from parallel_lab import comm
 from parallel_lab.distributed.context_parallel.blockwise_attention import local_attention
-from parallel_lab.distributed.context_parallel.context_parallel import (
-    ContextParallel,
-    ContextParallelAttention,
-    CPGroup,
-)
+from parallel_lab.distributed.context_parallel.context_parallel import ContextParallel, ContextParallelAttention
 from parallel_lab.distributed.context_parallel.cp_balance import rank_index, rank_indices, work_per_rank
+from parallel_lab.distributed.context_parallel.ring_attention import CPGroup
 from parallel_lab.distributed.instruments import CommTracer, compare_calls
 from parallel_lab.distributed.model.data import SyntheticData
 from parallel_lab.distributed.model.model import DotProductAttention, make_context

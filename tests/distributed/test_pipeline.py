@@ -30,12 +30,9 @@ from parallel_lab.distributed.instruments import TracedCall, TracedWork, compare
 from parallel_lab.distributed.instruments.tracer import CommTracer, op_waits
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model, loss_fn, make_context
-from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import (
-    layers_per_stage,
-    stage_layout,
-    weight_split_points,
-)
 from parallel_lab.distributed.pipeline_parallel.pipeline_report import handoffs, measured_step, replay
+from parallel_lab.distributed.pipeline_parallel.stages import layers_per_stage, stage_layout
+from parallel_lab.distributed.pipeline_parallel.zero_bubble import weight_split_points
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.distributed.runtime.run import predicted_activations, run
 from parallel_lab.distributed.runtime.train import parallelize

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from parallel_lab import rank_view
-from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import layers_per_stage, stage_layout
+from parallel_lab.distributed.pipeline_parallel.stages import layers_per_stage, stage_layout
 from parallel_lab.distributed.runtime.run import run
 from parallel_lab.specs import RUN_DEFAULTS, ModelSpec, Plan
 

@@ -17,8 +17,8 @@ import pytest
 from parallel_lab.distributed.instruments import CommTracer
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model, loss_fn
-from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import stage_layout
 from parallel_lab.distributed.pipeline_parallel.pipeline_report import measured_step, replay
+from parallel_lab.distributed.pipeline_parallel.stages import stage_layout
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.distributed.runtime.train import parallelize
 from parallel_lab.schedules.actions import Placement, Schedule

@@ -33,7 +33,7 @@ def test_saved_key_value_bytes_equal_the_prediction(spec, tp, micro_batch):
 
 
 def test_the_runnable_tp_refuses_what_the_plan_refuses():
-    from parallel_lab.distributed.tensor_parallel.tensor_parallel import check_tp
+    from parallel_lab.distributed.tensor_parallel.tp_model import check_tp
     from parallel_lab.errors import ParallelLabError
 
     model = ModelSpec(layers=2, hidden=96, heads=12, kv_heads=6, flavour="llama")

@@ -23,7 +23,6 @@ from parallel_lab.distributed.model.reference import reference_train
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.distributed.runtime.run import predicted_activations
 from parallel_lab.distributed.runtime.train import parallelize
-from parallel_lab.distributed.tensor_parallel.tensor_parallel import check_tp
 from parallel_lab.distributed.tensor_parallel.tp_communications import (
     TPGroup,
     copy_to_tp,
@@ -31,6 +30,7 @@ from parallel_lab.distributed.tensor_parallel.tp_communications import (
     reduce_from_tp,
     reduce_scatter_to_sequence_parallel,
 )
+from parallel_lab.distributed.tensor_parallel.tp_model import check_tp
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.specs import ModelSpec, Plan
 

@@ -1,2 +1,2 @@
-"""Context parallelism: ring, all-gather and Ulysses attention over a sequence split across ranks, the
-blockwise (online-softmax) kernel they compute with, and the zigzag/document load balance."""
+"""Context parallelism: ring (``ring_attention.py``), all-gather and Ulysses attention over a sequence split
+across ranks, the blockwise (online-softmax) kernel they compute with, and the zigzag/document load balance."""

@@ -1,27 +1,19 @@
 """Data parallelism: every rank holds the whole model, trains on its slice of the batch, and the ranks
-average their gradients before the optimizer step (the gradients of the mean loss over the global batch).
-
-The wrappers are used the way torch's ``DistributedDataParallel`` is (Li et al. 2020, "PyTorch
-Distributed")::
+average their gradients before the optimizer step, ``g = (1/n) sum_r g_r`` (Li et al. 2020, "PyTorch
+Distributed"). Used the way torch's ``DistributedDataParallel`` is::
 
     model = BucketedDDP(model, bucket_mb=25)      # or NaiveDDP(model); group=None: the default group
     opt = torch.optim.AdamW(model.parameters())   # any torch optimizer
     opt.zero_grad(); model(x).sum().backward(); opt.step()
 
-At wrap time rank 0's parameters and buffers are broadcast to the group; after each ``backward`` the
-gradients are averaged (``no_sync()`` skips that, for accumulation). The library's own loop
-(``distributed/runtime/train.py``) drives the *same* classes through :class:`LocalGrads`, which adds the plan's
-optimizer and an explicit ``finish()`` instead of the end-of-backward callback. The collectives are plain
-``torch.distributed`` calls (``dp_communications.py``), observed from outside when a run is measured.
-
 * :class:`NaiveDDP`: after backward, one all-reduce per gradient, in reverse registration order.
-* :class:`BucketedDDP`: gradients live in flat *buckets*; a post-accumulate-grad hook makes ``p.grad`` a
-  view into its bucket (copying it in when ``zero_grad(set_to_none=True)`` dropped the view; also in the
-  accumulating passes, so the buckets never hold a second copy: torch's ``gradient_as_bucket_view=True``)
-  and marks it ready; a complete bucket's async all-reduce starts at once, overlapping the rest of backward.
+* :class:`BucketedDDP`: gradients live in flat buckets (``p.grad`` a view into its bucket, torch's
+  ``gradient_as_bucket_view=True``); a complete bucket's async all-reduce starts at once, overlapping
+  the rest of backward. Buckets (``sharding.pack_buckets``): reverse registration order, closed before
+  exceeding ``bucket_mb * 10**6`` bytes, at least one gradient each.
 
-Bucket rule (``sharding.pack_buckets``, which the prediction uses): reverse registration order; a bucket
-closes before it would exceed ``bucket_mb * 10**6`` bytes (torch counts MiB); at least one gradient each.
+The library's loop drives the same classes through :class:`LocalGrads`; the collectives are plain
+``torch.distributed`` calls (``dp_communications.py``). Details: docs/data_parallel.md.
 """
 
 from __future__ import annotations

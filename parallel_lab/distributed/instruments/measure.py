@@ -1,32 +1,15 @@
 """Memory of one rank of a real-scale plan, measured without allocating it: fake tensors and torch's tracker.
 
-The ledger (``parallel_lab.ledger.memory``) is checked against real tensors only on tiny models. At 8B-405B
-the same runnable code can still be *executed* if no tensor holds data: under
-``torch._subclasses.fake_tensor.FakeTensorMode`` every tensor has its shape, dtype and storage size but no
-memory, and a fake process group (``init_process_group("fake")``, torch's testing backend) answers every
-collective at once. So :func:`measure_stage` builds ``distributed.model.model.Transformer`` at full size, applies
-the plan for one rank with our own parallelisms (``distributed.runtime.train.parallelize``: TP, CP, PP, ZeRO or
-DDP, exactly as ``parallel-lab run`` does), runs one training step (forward and backward of every
-micro-batch, gradient sync, optimizer step) and reads:
-
-* ``parameters``, ``gradients``, ``optimizer_states``: the implementation's own ``measure_state()`` after
-  the step (the tensors it keeps: shards, master copies, moments);
-* ``activations`` and ``logits_and_loss``: torch's ``MemTracker`` (``torch.distributed._tools``), the
-  bytes created in forward and still alive, read after each block's forward (minus its output) and around
-  the head and the loss; the maximum over the step (a pipeline stage holds several micro-batches);
-* ``comm_buffers``: the parts the implementations sample at their calls (``tracer.buffers``, the same code
-  as ``parallel-lab run``), each at its own peak: ZeRO-1/2's flat gradient and gathered unit, ZeRO-3's
-  gathered units and full gradients on their way to the reduce-scatter, SP's full-sequence tensors, the
-  messages of one pipeline P2P action; beside ``ledger_buffers.comm_buffer_parts`` (``comm_parts``);
-* ``peak``: the tracker's peak of everything it saw during the step, against the ledger's total (the sum
-  of per-category peaks) and against ``ledger_peak.peak_moments`` (the bytes alive at one moment, row
-  ``peak (one moment)``).
-
-Scalars a fake tensor cannot give (the loss value, Adam's step counter) read as 1. The rank's batch is real
-(token ids and positions, int64: its micro-batches and CP chunks, a few MB): the flash and context-parallel
-kernels cut their tiles from the positions' values; nothing else depends on values. The model is built
-with the compute dtype as torch's default dtype (``module.to(bf16)`` fails on fake parameters). The
-comparison with the ledger and where it differs: README, "Measured at real scale".
+Under ``FakeTensorMode`` every tensor has its shape, dtype and storage size but no memory, and a fake
+process group (``init_process_group("fake")``) answers every collective at once. :func:`measure_stage`
+builds the full-size model, applies the plan for one rank with the library's own parallelisms
+(``runtime.train.parallelize``, as ``parallel-lab run`` does), runs one training step and reads
+``parameters``, ``gradients``, ``optimizer_states`` (the implementation's ``measure_state()``),
+``activations`` and ``logits_and_loss`` (torch's ``MemTracker``: bytes created in forward and still alive,
+the maximum over the step), ``comm_buffers`` (the parts sampled at the calls, each at its peak, beside
+``ledger_buffers.comm_buffer_parts``) and ``peak`` (the tracker's, against the ledger's total and
+``ledger_peak.peak_moments``). Scalars a fake tensor cannot give read as 1; the rank's batch is real.
+Details: docs/measure.md; the comparison with the ledger: README, "Measured at real scale".
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import stage_layout
+from parallel_lab.distributed.pipeline_parallel.stages import stage_layout
 from parallel_lab.schedules.actions import Action, placement_of
 from parallel_lab.schedules.execution import execute
 from parallel_lab.schedules.generators import build_schedule

@@ -1,33 +1,14 @@
 """``parallel-lab run``: train the tiny model under a plan on real ranks; measurement beside prediction.
 
-:func:`run` launches :func:`~parallel_lab.distributed.runtime.train.train_rank` on ``plan.world`` ranks (CPU processes
-with gloo here, GPUs with nccl where present), trains the same steps in one process
-(:func:`~parallel_lab.distributed.model.reference.reference_train`), and reports:
-
-* ``losses`` (the mean over the ranks that own a loss) and ``reference_losses`` (``adam-mixed``: the
-  single-process run with the same bf16 arithmetic, ``reference_train(..., mixed=True)``);
-* ``max_abs_param_diff``: the largest difference between the parallel run's final parameters (rebuilt
-  from the ranks, untraced) and the reference's;
-* ``comm[dim]``: ``measured_bytes``, the payload (``message_bytes``) of every traced call summed over ranks
-  and steps, and ``predicted_bytes``, the same sum over ``comm.collectives`` of every rank's stage;
-* ``memory[category]`` per rank (the largest rank): ``parameters``, ``gradients`` and
-  ``optimizer_states`` measured from the tensors against ``ledger.state_bytes`` (equal exactly), and
-  ``activations``, the peak bytes saved for backward against :func:`predicted_activations` (within 2%);
-  ``comm_buffers`` (every part sampled where it is alive): each rank's parts
-  (``RankResult.info["comm_buffers"]``, ``tracer.buffers``) summed, against ``ledger_buffers.comm_buffer_parts``
-  of its stage (equal exactly);
-* ``moe`` (a mixture-of-experts model, ``expert_parallel.moe_report``): tokens per expert routed and kept,
-  per expert rank, the imbalance, the fraction dropped over capacity and the mean aux loss;
-* ``run(..., schedule="zb-v" | "dualpipev")``: the V schedules as action lists (a pipeline alone), with the
-  predictions of ``parallel_lab.placed`` (state, point-to-point bytes, activations read off the lists);
-* ``wall_s``: seconds from launching the ranks to having all their results;
-* ``step_times``: per rank its compute and wait (blocked on peers) seconds, and the straggler named if one
-  computes much longer than the others (``distributed.runtime.diagnosis.step_time_report``);
-* ``nodes`` (several nodes under torchrun, nodes of ``LOCAL_WORLD_SIZE`` ranks): which groups crossed a node,
-  seen by the ranks and predicted by ``mesh.crossing_groups``;
-* ``pipeline`` (``pp > 1``, ``distributed.pipeline_parallel.pipeline_report.pipeline_report``): bubble ratio and idle
-  fraction predicted by the simulator and measured from the last step's timeline, peak in-flight micro-batches per stage
-  measured against simulated, blocks per stage, mean F/B/W times and the measured timeline rows.
+:func:`run` launches :func:`~parallel_lab.distributed.runtime.train.train_rank` on ``plan.world`` ranks
+(gloo on CPU, nccl on GPUs), trains the same steps in one process (``reference.reference_train``) and
+reports ``losses`` against ``reference_losses``, ``max_abs_param_diff``, ``comm[dim]`` (measured against
+predicted bytes, summed over ranks and steps), ``memory[category]`` (state equal to ``ledger.state_bytes``
+exactly, activations within 2% of :func:`predicted_activations`, comm buffers equal to
+``ledger_buffers.comm_buffer_parts``), ``moe``, the V schedules' predictions (``parallel_lab.placed``),
+``wall_s``, ``step_times`` (compute and wait per rank, the straggler), ``nodes`` (groups crossing a node)
+and ``pipeline`` (bubble and idle fraction predicted and measured, ``pipeline_report``). Each field in
+full: docs/runtime.md.
 """
 
 from __future__ import annotations

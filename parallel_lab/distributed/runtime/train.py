@@ -1,17 +1,9 @@
 """One rank's training loop, and the composition of the parallelisms of a Plan.
 
-:func:`train_rank` is what :func:`~parallel_lab.distributed.runtime.launch.launch` runs on every rank::
-
-    results = launch(train_rank, plan, spec, plan, steps=3, seed=0)
-
-It builds the model from the full weights (``model.build_model``: the same on every rank), hands it to
-:func:`parallelize`, runs ``steps`` optimizer steps (``Runtime.train_step``) on the rank's share of each
-global batch, and returns a :class:`RankResult`: local losses, the traced calls, measured memory, the
-timeline, and (untraced) the full parameters this rank can contribute, for the comparison with the
-single-process reference (``reference.reference_train``).
-
-Composition, innermost first, as torchtitan's ``parallelize`` writes it (each ``apply_*`` edits the
-:class:`~parallel_lab.distributed.runtime.runtime.Runtime`; docs/conventions.md lists the fields)::
+:func:`train_rank` (what ``launch`` runs on every rank) builds the model from the full weights, hands it to
+:func:`parallelize`, runs ``steps`` optimizer steps and returns a :class:`RankResult` (losses, traced
+calls, memory, timeline, full parameters for the comparison with ``reference.reference_train``).
+Composition, innermost first, as torchtitan's ``parallelize`` writes it::
 
     if plan.tp > 1: apply_tp(rt)      # column/row-parallel linears, vocab-parallel embedding and loss
     if plan.cp > 1: apply_cp(rt)      # context-parallel attention core, sequence chunks per rank
@@ -20,6 +12,7 @@ Composition, innermost first, as torchtitan's ``parallelize`` writes it (each ``
     rt.dp = apply_zero(...) if plan.zero else apply_dp(...)   # gradient sync over dp (x cp)
 
 :func:`check_runnable` refuses, before any process starts, every plan one of them cannot run.
+Details: docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -43,7 +36,7 @@ from parallel_lab.distributed.runtime.diagnosis import ActionLog, FiniteWatch
 from parallel_lab.distributed.runtime.faults import Fault, FaultInjector
 from parallel_lab.distributed.runtime.grid import Grid
 from parallel_lab.distributed.runtime.runtime import Runtime
-from parallel_lab.distributed.tensor_parallel.tensor_parallel import apply_tp, check_tp
+from parallel_lab.distributed.tensor_parallel.tp_model import apply_tp, check_tp
 from parallel_lab.distributed.zero.zero import apply_zero, check_zero
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.specs import ModelSpec, Plan

@@ -1,45 +1,15 @@
 """ZeRO-3 / FSDP: parameters, gradients and optimizer states sharded over the gradient group.
 
-Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel"; Rajbhandari et al.
-2020 (ZeRO stage 3). Per rank ``(4 + 4 + 8) Psi / g`` bytes of fp32 AdamW state, plus the units gathered
-now. Units: ``units.py``. The collectives are those of ``comm._zero_collectives`` (each unit gathered
-before its forward and again before its backward, the root unit once; one reduce-scatter per unit and
-micro-batch).
-
-How (:class:`Zero3`). Only the owned shard of each unit persists (an ``nn.Parameter`` of
-``S_u`` elements, what the optimizer steps). The model's parameters are replaced by views into a
-gathered flat buffer (an autograd leaf), as FSDP1 does with ``use_orig_params=False``. Per micro-batch:
-the root unit is all-gathered when the model's forward starts and kept until its gradient is complete
-(the end of backward); a block unit is all-gathered before the block's forward (the next block's
-gather is launched asynchronously while this one computes: prefetch), freed after it; all-gathered
-again when the gradient reaches the block's output (a custom autograd function around the block,
-:class:`RegatherBeforeBackward`, which also prefetches the previous block), and when the leaf's
-gradient is complete (a post-accumulate-grad hook) the buffer is freed and the flat gradient is
-reduce-scattered into the gradient shard (one reduce-scatter in flight). "Free" resizes the buffer's
-storage to 0 bytes; the tensors autograd saved stay valid and see the data again after the re-gather,
-which writes through ``leaf.data`` (its own version counter, so autograd's saved-tensor checks pass).
-With ``zero_unit="root"`` the single unit behaves like the root unit: the whole model is gathered at
-once and the peak saving disappears (the seed's failure mode; ``info["peak_parameter_bytes"]``). Under a
-pipeline (``pp > 1``) a stage's micro-batches are in flight together and the executor calls the blocks
-itself: the stage's units are gathered once per step (at ``zero_grad``), kept through every micro-batch and
-reduce-scattered once in ``finish`` (FSDP's ``reshard_after_forward=False``, torchtitan's choice with PP);
-meanwhile every unit's full gradient is summed over the micro-batches in an fp32 accumulator (the compute-dtype
-gradient is added in and dropped at each micro-batch; ``info["peak_held_gradient_bytes"]``,
-``ledger_buffers.zero3_held_gradient_bytes``), as FSDP2 under ``torch.distributed.pipelining`` (no gradient sync until
-the last backward) accumulates its unsharded gradients in ``reduce_dtype``.
-
-Memory. Peak parameter memory of ZeRO-3 (sampled at every gather through ``distributed/probe.py``, part
-``parameters``): the shards, plus the gathered root unit and two gathered blocks (the one computing and the
-prefetched one), ``ledger.state_bytes(...)["parameters"] + ledger_buffers.zero3_gathered_bytes(...)``; with
-root-only units the whole padded model. Gathered buffers are not activations (``probe.not_activations``).
-The gathered buffers, the gradient going to its reduce-scatter and the held gradients are sampled as
-comm-buffer parts too (the ledger's ``zero3_gathered``, ``zero3_reduce_input``, ``zero3_held_gradients``).
-Collectives: ``zero_communications.py``.
-
-Mixed precision (ZeRO-3, ``optimizer="fsdp2-mixed"``, ``dtype="bf16"``; FSDP2's ``MixedPrecisionPolicy``
-with ``param_dtype=bf16, reduce_dtype=fp32``): fp32 shards, fp32 gradient shards and fp32 AdamW; each
-unit is cast to bf16 and gathered in bf16 (2 bytes per element), the block computes in bf16, and its
-bf16 flat gradient is cast to fp32 before the reduce-scatter.
+Zhao et al. 2023, "PyTorch FSDP"; Rajbhandari et al. 2020 (ZeRO stage 3). Per rank ``(4 + 4 + 8) Psi / g``
+bytes of fp32 AdamW state, plus the units gathered now (``ledger_buffers.zero3_gathered_bytes``: the root
+unit and two blocks). :class:`Zero3` keeps only each unit's owned shard (``S_u`` elements); the model's
+parameters are views into a gathered flat buffer (FSDP1's ``use_orig_params=False``). Per micro-batch a
+block unit is all-gathered before its forward (the next one prefetched), freed after it, all-gathered
+again before its backward (:class:`RegatherBeforeBackward`), and its flat gradient reduce-scattered into
+the gradient shard; the root unit is gathered once and kept until its gradient is complete. Under a
+pipeline the stage's units are gathered once per step and reduce-scattered once
+(``reshard_after_forward=False``). Units: ``units.py``; the collectives (``comm._zero_collectives``):
+``zero_communications.py``. The full mechanism, memory and mixed precision: docs/zero.md.
 """
 
 from __future__ import annotations

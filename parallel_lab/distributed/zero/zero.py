@@ -1,41 +1,19 @@
 """ZeRO-1, ZeRO-2 and ZeRO-3 (FSDP-style): data parallelism that shards the model state over the ranks.
 
-Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models";
-Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel". Every rank still
-trains on its own slice of the batch; what changes is who keeps which part of the model state. With
-``g`` ranks in the gradient group (``dp``, or ``dp x cp`` with context parallelism) and ``Psi``
-trainable parameters, per rank (fp32 AdamW: 4 + 4 + 8 bytes per parameter)::
+Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models". With
+``g`` ranks in the gradient group and ``Psi`` trainable parameters, per rank (fp32 AdamW: 4 + 4 + 8 bytes
+per parameter)::
 
     stage 1  optimizer states sharded      4 Psi +  4 Psi     + 8 Psi / g
     stage 2  + gradients sharded           4 Psi + (4 + 8) Psi / g
     stage 3  + parameters sharded                 (4 + 4 + 8) Psi / g   (+ the units gathered now)
 
-Units and flat buffers: ``units.py`` (a sharded category costs ``sum_u ceil(n_u / g) * bytes`` on every
-rank, exactly what ``ledger.state_bytes`` predicts).
-
-The collectives, one per unit, are exactly those of ``parallel_lab.comm._zero_collectives`` (messages are
-padded flat buffers, ``g * S_u`` elements):
-
-* **ZeRO-1 / ZeRO-2** (:class:`Zero12`, an optimizer with torch's ``ZeroRedundancyOptimizer(params,
-  optimizer_class=..., **defaults)`` convention, usable in a plain torch loop without a DDP wrapper):
-  during the step's last backward, as soon as a unit's gradients are complete, its flat gradient is
-  reduce-scattered (asynchronously, overlapping the rest of backward; averaged): each rank receives the
-  ``S_u`` elements it owns. ZeRO-1 keeps the full ``p.grad`` (the owned slice overwritten with the
-  average); ZeRO-2 frees the unit's ``p.grad`` at once and accumulates into a gradient shard. The step:
-  unit by unit, each rank runs the inner optimizer on its owned shard only (states of ``S_u`` elements),
-  then the updated parameters are all-gathered and copied back into the full parameters. Variants:
-  ``zero1_reduce="all_reduce"`` (torch's ZeroRedundancyOptimizer under DDP: the whole gradient
-  all-reduced, 1.5x the bytes); ``zero2_accumulate``: "unsharded" (earlier micro-batches accumulate in
-  the full ``p.grad``, one reduce-scatter per step) or "sharded" (a reduce-scatter every micro-batch).
-* Comm buffers (sampled through ``distributed/probe.py``; the ledger's ``zero_reduce`` and ``zero_gather``):
-  the unit's flat gradient (with the reduce-scatter's output when it is a temporary), and the step's
-  gathered unit with its input shard, sampled at each call. Collectives: ``zero_communications.py``.
-* **ZeRO-3** lives in ``fsdp.py`` (:class:`~parallel_lab.distributed.zero.fsdp.Zero3`).
-
-Mixed precision (ZeRO-1/2 with ``optimizer="adam-mixed"``, the ZeRO paper's layout,
-``dist/mixed_precision.py``; any bf16 parameters in the torch-style use): bf16 parameters and gradients
-(bf16 reduce-scatter and all-gather), a persistent fp32 master shard per unit (``Zero12.shards``) and an
-fp32 inner optimizer.
+:class:`Zero12` (torch's ``ZeroRedundancyOptimizer`` convention): as soon as a unit's gradients are
+complete in the step's last backward, its flat gradient is reduce-scattered (asynchronously, averaged);
+each rank steps its owned shard of ``S_u`` elements, then the updated parameters are all-gathered. ZeRO-1
+keeps the full ``p.grad``, ZeRO-2 frees it and keeps a gradient shard. ZeRO-3 lives in ``fsdp.py``. Units:
+``units.py``; the collectives, one per unit (``comm._zero_collectives``): ``zero_communications.py``.
+Variants, comm buffers and mixed precision: docs/zero.md.
 """
 
 from __future__ import annotations
