@@ -212,3 +212,18 @@ def test_parallelisms_import_no_instruments(path):
     modules = {_module_name(p) for p in PKG.rglob("*.py")}
     bad = sorted(m for m in _imports(path, modules) if m.startswith(NOT_FROM))
     assert not bad, f"{path.parent.name}/{path.name} imports {bad}; measure from outside (distributed/probe.py)"
+
+
+# ---- small modules with short docstrings ----------------------------------------------------------------
+
+ALL_MODULES = sorted(PKG.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", ALL_MODULES, ids=lambda p: str(p.relative_to(PKG.parent)))
+def test_modules_are_small_and_their_docstrings_short(path):
+    """A module a reader holds in their head: at most 600 lines, and a docstring of at most 20 lines naming the
+    formula and its source (derivations live in docs/)."""
+    text = path.read_text()
+    doc = ast.get_docstring(ast.parse(text), clean=False) or ""
+    assert len(text.splitlines()) <= 600, f"{path.relative_to(PKG.parent)}: {len(text.splitlines())} lines"
+    assert len(doc.splitlines()) <= 20, f"{path.relative_to(PKG.parent)}: a {len(doc.splitlines())}-line docstring"
