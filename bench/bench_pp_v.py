@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from bench.common import side_by_side, slowest_rank_median
-from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.instruments.tracer import CommTracer
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model, loss_fn, make_context, make_optimizer
 from parallel_lab.distributed.pipeline_parallel.stages import keep_stage, stage_layout

@@ -51,7 +51,10 @@ def _cycle(pairs: list[tuple[str, Any]], n: int = CHANGES) -> list[tuple[str, An
 
 
 def cases() -> list[tuple[str, Callable[[], Any], list[tuple[str, Any]]]]:
-    from parallel_lab.viz.explorers import CommExplorer, MemoryExplorer, PipelineExplorer, PlannerExplorer
+    from parallel_lab.viz.explorers.comm import CommExplorer
+    from parallel_lab.viz.explorers.memory import MemoryExplorer
+    from parallel_lab.viz.explorers.pipeline import PipelineExplorer
+    from parallel_lab.viz.explorers.planner import PlannerExplorer
 
     return [
         ("MemoryExplorer (ZeRO view)", lambda: MemoryExplorer(sweep="ZeRO stage"),

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.instruments.tracer import CommTracer
 from parallel_lab.distributed.model.data import Batch
 from parallel_lab.distributed.model.model import build_model
 from parallel_lab.distributed.runtime.grid import Grid

@@ -77,7 +77,7 @@ class SdpaFlashCore(torch.nn.Module):
 def saved_activations(spec: ModelSpec, plan: Plan, device: torch.device, sdpa_flash: bool) -> int:
     """Peak bytes saved for backward by one forward + backward of ``plan``'s micro-batch (saved-tensor meter);
     ``sdpa_flash``: the attention core is torch's SDPA flash kernel (CUDA's on a GPU, the CPU one here)."""
-    from parallel_lab.distributed.instruments import SavedTensorMeter
+    from parallel_lab.distributed.instruments.saved import SavedTensorMeter
     from parallel_lab.distributed.model.data import synthetic_batch
     from parallel_lab.distributed.model.mixed_precision import to_compute_dtype
     from parallel_lab.distributed.model.model import build_model, loss_fn
@@ -98,7 +98,7 @@ def saved_activations(spec: ModelSpec, plan: Plan, device: torch.device, sdpa_fl
 
 def _one_gpu_rank(grid: Any, spec: ModelSpec, plan: Plan, kernel_plans: list[Plan]) -> dict[str, Any]:
     """Check 1 (memory, step times of ``plan``) and check 2 (activations of each of ``kernel_plans``)."""
-    from parallel_lab.distributed.instruments import CommTracer
+    from parallel_lab.distributed.instruments.tracer import CommTracer
     from parallel_lab.distributed.model.data import synthetic_batch
     from parallel_lab.distributed.model.mixed_precision import to_compute_dtype
     from parallel_lab.distributed.model.model import build_model

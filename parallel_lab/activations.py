@@ -3,7 +3,7 @@
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Sec. 4.1) count
 ``s b h (34 + 5 a s / h)`` bytes per transformer layer for 2-byte activations. This module derives the same
 figure op by op, for the runnable model (``parallel_lab.distributed.model.model``) exactly as torch stores
-it, so that the measured bytes (``distributed.instruments.SavedTensorMeter``) can be compared with the
+it, so that the measured bytes (``distributed.instruments.saved.SavedTensorMeter``) can be compared with the
 prediction tensor by tensor. Every entry is one *storage* kept alive for backward, listed once under the
 first op that saves it; parameters are not activations.
 

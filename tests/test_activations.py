@@ -84,7 +84,7 @@ CASES = [(name, rec, drop, b, s)
 @pytest.mark.parametrize("name, recompute, dropout, b, s", CASES)
 def test_per_op_model_equals_the_bytes_torch_saves(name, recompute, dropout, b, s):
     torch = pytest.importorskip("torch")
-    from parallel_lab.distributed.instruments import SavedTensorMeter
+    from parallel_lab.distributed.instruments.saved import SavedTensorMeter
     from parallel_lab.distributed.model.data import synthetic_batch
     from parallel_lab.distributed.model.model import build_model, loss_fn
 
@@ -108,7 +108,7 @@ def test_per_op_model_equals_the_bytes_torch_saves(name, recompute, dropout, b, 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt"])
 def test_bf16_on_cpu_is_exact_with_cpu_layernorm_statistics(name):
     torch = pytest.importorskip("torch")
-    from parallel_lab.distributed.instruments import SavedTensorMeter
+    from parallel_lab.distributed.instruments.saved import SavedTensorMeter
     from parallel_lab.distributed.model.data import synthetic_batch
     from parallel_lab.distributed.model.model import build_model, loss_fn
 

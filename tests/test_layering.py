@@ -151,8 +151,7 @@ def test_the_app_and_the_grader_never_import_the_cli():
 #: Package ``__init__.py`` files that still gather their submodules' names (the public shorthand of the app,
 #: the plots and the instruments); each is to become a docstring, its callers importing from the home module.
 #: The list only shrinks.
-INIT_REEXPORTS_PENDING = {"parallel_lab/viz/plots/__init__.py", "parallel_lab/viz/explorers/__init__.py",
-                          "parallel_lab/distributed/instruments/__init__.py"}
+INIT_REEXPORTS_PENDING: set[str] = set()
 
 
 def _module_level_imports(tree: ast.Module) -> list[tuple[ast.stmt, str]]:
@@ -195,6 +194,32 @@ def test_no_module_imports_a_name_it_does_not_use(path):
     used = _used_names(tree)
     unused = [f"{name} (line {stmt.lineno})" for stmt, name in _module_level_imports(tree) if name not in used]
     assert not unused, f"{rel} imports {unused} and never uses them; their callers should import them from home"
+
+
+def _lazy_getattr(tree: ast.Module) -> ast.FunctionDef | None:
+    """A module-level ``__getattr__`` (PEP 562) that imports: names handed on lazily, a hidden re-export."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            for n in ast.walk(node):
+                if isinstance(n, (ast.Import, ast.ImportFrom)):
+                    return node
+                if isinstance(n, ast.Call):
+                    f = n.func
+                    name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                    if name in ("import_module", "__import__", "find_spec", "module_from_spec"):
+                        return node
+    return None
+
+
+@pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: str(p.relative_to(PKG.parent)))
+def test_no_module_hands_on_names_lazily(path):
+    """A module-level ``__getattr__`` that imports submodules (``importlib.import_module``) re-exports their
+    names out of sight of the test above: callers import each name from its home module instead."""
+    tree = ast.parse(path.read_text(), str(path))
+    rel = str(path.relative_to(PKG.parent))
+    node = _lazy_getattr(tree)
+    assert node is None, (f"{rel} defines __getattr__ (line {node.lineno}) that imports lazily; "
+                          "remove it and import each name from its home module")
 
 
 # ---- the parallelisms are measured from outside -------------------------------------------------------------

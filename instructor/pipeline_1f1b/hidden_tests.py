@@ -39,7 +39,7 @@ def test_inflight_peaks(sub):
 
 
 def _train(grid, sub):
-    from parallel_lab.distributed.instruments import CommTracer
+    from parallel_lab.distributed.instruments.tracer import CommTracer
     from parallel_lab.distributed.model.data import synthetic_batch
     from parallel_lab.distributed.model.model import build_model
     from parallel_lab.distributed.pipeline_parallel.pipeline_parallel import PipelineExecutor

@@ -6,22 +6,6 @@
   plots, each usable in one line (``MemoryExplorer()``), each a widget itself.
 * :mod:`parallel_lab.viz.serve`: the Voila command line behind ``make app``.
 
-Names are imported lazily, so ``python -m parallel_lab.viz.serve`` does not load matplotlib.
+Each name is imported from its module (``from parallel_lab.viz.explorers.app import App``); this package
+imports nothing, so ``python -m parallel_lab.viz.serve`` does not load matplotlib.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-_EXPLORERS = ("MemoryExplorer", "CommExplorer", "PipelineExplorer", "PlannerExplorer", "App")
-
-__all__ = list(_EXPLORERS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPLORERS:
-        return getattr(importlib.import_module("parallel_lab.viz.explorers"), name)
-    if name in ("plots", "explorers", "serve"):
-        return importlib.import_module(f"parallel_lab.viz.{name}")
-    raise AttributeError(f"module 'parallel_lab.viz' has no attribute {name!r}")

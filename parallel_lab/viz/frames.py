@@ -33,7 +33,7 @@ from matplotlib.spines import Spine
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from .plots import CHART_ATTR
+from .plots.base import CHART_ATTR
 
 #: Rendered texts kept per figure (each a few kB).
 TEXT_STAMPS = 2048

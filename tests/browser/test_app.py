@@ -80,7 +80,7 @@ def changed_screenshot(locator, before: bytes, timeout_s: float = 15) -> bytes:
 
 def per_gpu_bytes(text: str) -> float:
     """The bytes of the status line's "26.25 GB per GPU" (any unit: B, kB, MB, GB)."""
-    from parallel_lab.viz.plots import BYTE_UNITS
+    from parallel_lab.quantities import BYTE_UNITS
 
     value, unit = re.search(r"([\d.]+) (\w+) per GPU", text).groups()
     return float(value) * dict(BYTE_UNITS)[unit]
@@ -162,7 +162,7 @@ def test_inputs_show_their_tooltips_not_null(page):
 
 
 def test_a_degree_change_updates_gpus_and_the_chart(page):
-    from parallel_lab.viz.plots import fmt_bytes
+    from parallel_lab.quantities import fmt_bytes
 
     status = page.locator(".pl-status:visible").first
     sync_api.expect(status).to_contain_text("per GPU")
@@ -180,7 +180,7 @@ def test_a_degree_change_updates_gpus_and_the_chart(page):
 
 
 def test_grid_tab_colours_groups_and_counts_the_crossing_ones(page):
-    from parallel_lab.viz.explorers import grid_groups
+    from parallel_lab.viz.explorers.grid import grid_groups
 
     page.locator(".lm-TabBar-tab", has_text="Grid").click()
     status = page.locator(".pl-status:visible").first
@@ -201,7 +201,7 @@ def test_grid_tab_colours_groups_and_counts_the_crossing_ones(page):
 
 def test_a_plan_from_the_planner_opens_in_the_memory_tab(page):
     from parallel_lab.planner import plan_search
-    from parallel_lab.viz.plots import fmt_bytes
+    from parallel_lab.quantities import fmt_bytes
 
     page.locator(".lm-TabBar-tab", has_text="Planner").click()
     sync_api.expect(page.locator(".pl-status:visible").first).to_contain_text("that fit", timeout=30_000)
@@ -275,7 +275,7 @@ def test_run_tab_trains_on_cpu_ranks_and_shows_measured_beside_the_ledger(page):
 
 def test_zero_tab_shows_shards_and_the_peak_rising_with_one_root_unit(page):
     from parallel_lab.ledger_buffers import zero3_gathered_bytes
-    from parallel_lab.viz.plots import fmt_bytes
+    from parallel_lab.quantities import fmt_bytes
 
     page.locator(".lm-TabBar-tab", has_text="ZeRO/FSDP").click()
     status = page.locator(".pl-status:visible").first
@@ -298,7 +298,7 @@ def test_zero_tab_shows_shards_and_the_peak_rising_with_one_root_unit(page):
 
 def test_tp_tab_splits_the_weights_and_walks_the_ring_all_reduce(page):
     from parallel_lab.comm import tp_layer_collectives
-    from parallel_lab.viz.plots import fmt_bytes
+    from parallel_lab.quantities import fmt_bytes
 
     page.locator(".lm-TabBar-tab", has_text="Tensor parallel").click()
     status = page.locator(".pl-status:visible").first
@@ -321,7 +321,7 @@ def test_tp_tab_splits_the_weights_and_walks_the_ring_all_reduce(page):
 
 
 def test_lesson_links_stay_on_127_0_0_1(page):
-    from parallel_lab.viz.explorers import LESSONS, lesson_url
+    from parallel_lab.viz.explorers.lessons import LESSONS, lesson_url
 
     hrefs = page.evaluate("() => [...document.querySelectorAll('a.pl-lesson')].map(a => a.href)")
     assert set(hrefs) >= {lesson_url(s) for s in LESSONS}
@@ -345,7 +345,7 @@ def measure_table(page) -> dict[str, dict[str, int | None]]:
 @pytest.mark.timeout(120)
 def test_memory_tab_measures_the_plan_shown_in_fake_tensors(page):
     from parallel_lab import ledger
-    from parallel_lab.viz.plots import fmt_bytes
+    from parallel_lab.quantities import fmt_bytes
 
     status = page.locator(".pl-status:visible").first
     sync_api.expect(status).to_contain_text("per GPU")

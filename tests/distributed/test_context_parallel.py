@@ -24,7 +24,7 @@ from parallel_lab.distributed.context_parallel.blockwise_attention import local_
 from parallel_lab.distributed.context_parallel.context_parallel import ContextParallel, ContextParallelAttention
 from parallel_lab.distributed.context_parallel.cp_balance import rank_index, rank_indices, work_per_rank
 from parallel_lab.distributed.context_parallel.ring_attention import CPGroup
-from parallel_lab.distributed.instruments import CommTracer, compare_calls
+from parallel_lab.distributed.instruments.tracer import CommTracer, compare_calls
 from parallel_lab.distributed.model.data import SyntheticData
 from parallel_lab.distributed.model.model import DotProductAttention, make_context
 from parallel_lab.distributed.model.reference import reference_train

@@ -14,7 +14,7 @@ import torch
 
 from parallel_lab import comm, ledger, sharding
 from parallel_lab.distributed.data_parallel.data_parallel import bucket_plan
-from parallel_lab.distributed.instruments import compare_calls
+from parallel_lab.distributed.instruments.tracer import compare_calls
 from parallel_lab.distributed.model.model import build_model
 from parallel_lab.distributed.model.reference import reference_train
 from parallel_lab.distributed.runtime.launch import launch

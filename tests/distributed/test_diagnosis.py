@@ -82,7 +82,7 @@ def test_finite_watch_names_the_innermost_module_whose_output_went_bad():
 
 
 def test_finite_watch_adds_nothing_to_the_activations_the_meter_measures():
-    from parallel_lab.distributed.instruments import SavedTensorMeter
+    from parallel_lab.distributed.instruments.saved import SavedTensorMeter
     from parallel_lab.distributed.model.data import synthetic_batch
     from parallel_lab.distributed.model.model import build_model, loss_fn
 

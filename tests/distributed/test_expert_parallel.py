@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from parallel_lab import comm
-from parallel_lab.distributed.instruments import collective_counts, event_counts
+from parallel_lab.distributed.instruments.tracer import collective_counts, event_counts
 from parallel_lab.distributed.model.model import build_model, loss_fn
 from parallel_lab.distributed.model.moe import route, token_counts
 from parallel_lab.distributed.runtime import train

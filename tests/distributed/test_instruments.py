@@ -7,15 +7,10 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab.comm import Collective
-from parallel_lab.distributed.instruments import (
-    CommTracer,
-    SavedTensorMeter,
-    Timeline,
-    TracedCall,
-    compare_calls,
-    memtracker_snapshot,
-    payload_by_dim,
-)
+from parallel_lab.distributed.instruments.memory import memtracker_snapshot
+from parallel_lab.distributed.instruments.saved import SavedTensorMeter
+from parallel_lab.distributed.instruments.timeline import Timeline
+from parallel_lab.distributed.instruments.tracer import CommTracer, TracedCall, compare_calls, payload_by_dim
 from parallel_lab.distributed.model.state import measure_state
 from parallel_lab.distributed.runtime.launch import launch
 from parallel_lab.specs import ModelSpec, Plan

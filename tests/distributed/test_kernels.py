@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from parallel_lab import activations, ledger_activations  # noqa: E402
-from parallel_lab.distributed.instruments import SavedTensorMeter  # noqa: E402
+from parallel_lab.distributed.instruments.saved import SavedTensorMeter  # noqa: E402
 from parallel_lab.distributed.model.data import synthetic_batch  # noqa: E402
 from parallel_lab.distributed.model.model import build_model, loss_fn  # noqa: E402
 from parallel_lab.errors import ParallelLabError  # noqa: E402

@@ -26,8 +26,7 @@ import pytest
 import torch
 
 from parallel_lab import comm
-from parallel_lab.distributed.instruments import TracedCall, TracedWork, compare_calls
-from parallel_lab.distributed.instruments.tracer import CommTracer, op_waits
+from parallel_lab.distributed.instruments.tracer import CommTracer, TracedCall, TracedWork, compare_calls, op_waits
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model, loss_fn, make_context
 from parallel_lab.distributed.pipeline_parallel.pipeline_report import handoffs, measured_step, replay
@@ -293,7 +292,7 @@ def test_measured_timelines_are_read_with_the_simulators_definitions():
 # --------------------------------------------------------------------------------------------------
 
 def test_run_pp4_1f1b_reports_bubble_and_draws_the_timelines():
-    from parallel_lab.viz.plots import pipeline_timelines_figure
+    from parallel_lab.viz.plots.timeline import pipeline_timelines_figure
 
     plan = make_plan(pp=4, schedule="1f1b", grad_accum=8)
     rep = run(LLAMA, plan, steps=2)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.instruments.tracer import CommTracer
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model, loss_fn
 from parallel_lab.distributed.pipeline_parallel.pipeline_report import measured_step, replay
@@ -118,7 +118,7 @@ def test_four_stages(name):
     assert [r["pp"]["chunks"] for r in sorted(res, key=lambda r: r["rank"])] == [[[0], [7]], [[1], [6]],
                                                                                    [[2], [5]], [[3], [4]]]
     # the simulated and the measured timeline drawn together (the same figure parallel-lab run draws)
-    from parallel_lab.viz.plots import pipeline_timelines_figure
+    from parallel_lab.viz.plots.timeline import pipeline_timelines_figure
 
     meas = measured_step([r["pp"]["steps"][-1] for r in sorted(res, key=lambda r: r["coords"]["pp"])])
     sim = simulate(build_schedule(name, 4, 8))

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab import comm, ledger, ledger_activations
-from parallel_lab.distributed.instruments import CommTracer, compare_calls
+from parallel_lab.distributed.instruments.tracer import CommTracer, compare_calls
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model, loss_fn
 from parallel_lab.distributed.model.reference import reference_train

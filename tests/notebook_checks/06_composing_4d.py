@@ -8,8 +8,8 @@ import re
 from notebook_checks import assert_no_answer_everywhere, markdown_of
 from parallel_lab import planner
 from parallel_lab.hardware import ClusterSpec
+from parallel_lab.quantities import fmt_seconds
 from parallel_lab.specs import ModelSpec, Plan
-from parallel_lab.viz.plots import fmt_seconds
 
 #: Meta's settings, as in tests/test_llama3_published.py (the lesson builds its 8K and 131K plans from them)
 META = dict(tp=8, pp=16, sp=True, zero=2, zero2_accumulate="sharded", optimizer="adam-mixed-fp32-grad",

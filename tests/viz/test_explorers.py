@@ -11,8 +11,11 @@ from parallel_lab.errors import ParallelLabError
 from parallel_lab.hardware import ClusterSpec
 from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.specs import ModelSpec, Plan
-from parallel_lab.viz import plots as P
-from parallel_lab.viz.explorers import CommExplorer, MemoryExplorer, PipelineExplorer
+from parallel_lab.viz.explorers.comm import CommExplorer
+from parallel_lab.viz.explorers.memory import MemoryExplorer
+from parallel_lab.viz.explorers.pipeline import PipelineExplorer
+from parallel_lab.viz.plots.planner import plan_label
+from parallel_lab.viz.plots.timeline import n_boxes
 
 GB = 1e9
 H100 = ClusterSpec.preset("h100-sxm")
@@ -181,7 +184,7 @@ def _boxes(ax) -> dict[str, int]:
     for c in ax.collections:
         gid = c.get_gid() or ""
         if not gid.startswith(("idle", "microbatch-labels")):
-            out[gid[0]] = out.get(gid[0], 0) + P.n_boxes(c)
+            out[gid[0]] = out.get(gid[0], 0) + n_boxes(c)
     return out
 
 
@@ -231,7 +234,7 @@ def test_pipeline_measured_timeline_beside_the_simulated_one():
 def test_planner_table_chosen_plan_and_bubble():
     from parallel_lab.planner import plan_search
     from parallel_lab.simulate import Costs, bubble_formula
-    from parallel_lab.viz.explorers import PlannerExplorer
+    from parallel_lab.viz.explorers.planner import PlannerExplorer
 
     ex = PlannerExplorer(model="llama2-70b", gpus=32, seq=4096, batch_tokens="1M")
     assert_shows_figure(ex)
@@ -253,7 +256,7 @@ def test_planner_table_chosen_plan_and_bubble():
     ex.widgets["chosen"].value = idx + 1
     assert ex.result["result"] is res
     est = listed[idx]
-    assert ex.verdict == P.plan_label(est.plan)
+    assert ex.verdict == plan_label(est.plan)
     led = ledger.memory(model, est.plan, H100)
     for cat, b in led.per_gpu_bytes.items():
         assert heights(ex.figure.axes[0], cat) == [pytest.approx(b / GB)]
@@ -271,7 +274,7 @@ def test_planner_table_chosen_plan_and_bubble():
 
 def test_planner_no_plan_and_saving(tmp_path):
     from parallel_lab.planfile import load_plan
-    from parallel_lab.viz.explorers import PlannerExplorer
+    from parallel_lab.viz.explorers.planner import PlannerExplorer
 
     ex = PlannerExplorer(model="llama2-7b", gpus=8, seq=4096, batch_tokens="512K")
     ex.path.value = str(tmp_path / "plans" / "7b.yaml")
@@ -314,7 +317,7 @@ def test_a_bug_in_the_core_is_shown_without_a_traceback(monkeypatch):
 
 
 def test_every_input_has_a_tooltip_with_meaning_and_unit():
-    from parallel_lab.viz.explorers import App
+    from parallel_lab.viz.explorers.app import App
     from parallel_lab.viz.explorers.help import GLOSSARY, TOOLTIPS
 
     app = App(freeze_gc=False)          # a test process is not the app's kernel
@@ -342,8 +345,7 @@ def test_an_input_without_a_tooltip_is_refused():
 def test_planner_step_breakdown_adds_up_to_the_step_time():
     import re
 
-    from parallel_lab.viz.explorers import PlannerExplorer
-    from parallel_lab.viz.explorers.planner import step_breakdown
+    from parallel_lab.viz.explorers.planner import PlannerExplorer, step_breakdown
 
     ex = PlannerExplorer(model="llama2-70b", gpus=64, seq=4096, batch_tokens="1M")
     est = ex.result["estimate"]
@@ -357,7 +359,7 @@ def test_planner_step_breakdown_adds_up_to_the_step_time():
 
 def test_planner_slider_ends_at_the_plans_shown_and_says_it_is_searching(monkeypatch):
     from parallel_lab import planner
-    from parallel_lab.viz.explorers import PlannerExplorer
+    from parallel_lab.viz.explorers.planner import PlannerExplorer
 
     ex = PlannerExplorer(model="llama2-7b", gpus=16)
     assert ex.widgets["chosen"].max == min(ex.widgets["top"].value, len(ex.result["result"].estimates))
@@ -372,8 +374,7 @@ def test_planner_slider_ends_at_the_plans_shown_and_says_it_is_searching(monkeyp
 
 
 def test_planner_warns_when_even_the_best_plan_is_poor():
-    from parallel_lab.viz.explorers import PlannerExplorer
-    from parallel_lab.viz.explorers.planner import POOR_MFU
+    from parallel_lab.viz.explorers.planner import POOR_MFU, PlannerExplorer
 
     ex = PlannerExplorer(model="llama2-7b", gpus=16384, seq=4096, batch_tokens="1M")   # 64 tokens per GPU-step
     best = ex.result["result"].estimates[0]
@@ -387,7 +388,7 @@ def test_planner_warns_when_even_the_best_plan_is_poor():
 # --------------------------------------------------------------------------------------------------
 
 def test_a_plan_picked_in_the_planner_opens_in_every_tab():
-    from parallel_lab.viz.explorers import App
+    from parallel_lab.viz.explorers.app import App
 
     app = App(freeze_gc=False)          # a test process is not the app's kernel
     planner_ex = app.explorers["Planner"]
@@ -412,7 +413,7 @@ def test_a_plan_picked_in_the_planner_opens_in_every_tab():
 
 def test_a_plan_file_opens_in_every_tab_and_a_bad_path_is_a_file_error(tmp_path):
     from parallel_lab.planfile import save_plan
-    from parallel_lab.viz.explorers import App
+    from parallel_lab.viz.explorers.app import App
 
     model, plan = ModelSpec.preset("llama2-13b"), Plan(dp=4, tp=2, pp=1, zero=1, seq=4096)
     target = tmp_path / "13b.yaml"

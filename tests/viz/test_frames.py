@@ -11,9 +11,12 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from PIL import Image
 
-from parallel_lab.viz import plots as P
-from parallel_lab.viz.explorers import CommExplorer, MemoryExplorer, PipelineExplorer, PlannerExplorer
+from parallel_lab.viz.explorers.comm import CommExplorer
+from parallel_lab.viz.explorers.memory import MemoryExplorer
+from parallel_lab.viz.explorers.pipeline import PipelineExplorer
+from parallel_lab.viz.explorers.planner import PlannerExplorer
 from parallel_lab.viz.frames import png_bytes
+from parallel_lab.viz.plots.base import to_png
 
 
 def pixels(png: bytes) -> np.ndarray:
@@ -84,7 +87,7 @@ def test_frames_draw_what_matplotlib_draws():
     for ex in (MemoryExplorer(), CommExplorer(), PipelineExplorer()):
         ours = pixels(bytes(ex.image.value))
         FigureCanvasAgg(ex.figure)                        # matplotlib's own Agg canvas, no text stamps
-        theirs = pixels(P.to_png(ex.figure))
+        theirs = pixels(to_png(ex.figure))
         assert ours.shape == theirs.shape
         differ = (np.abs(ours - theirs).max(axis=2) > 96).mean()
         assert differ < 0.01, f"{type(ex).__name__}: {differ:.2%} of the pixels differ"

@@ -9,7 +9,7 @@ from parallel_lab import comm, mesh
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.hardware import ClusterSpec
 from parallel_lab.specs import ModelSpec, Plan
-from parallel_lab.viz.explorers import GridExplorer, grid_coords, grid_groups
+from parallel_lab.viz.explorers.grid import GridExplorer, grid_coords, grid_groups
 
 H100 = ClusterSpec.preset("h100-sxm")
 

@@ -13,9 +13,9 @@ import pytest
 from parallel_lab import ledger
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.specs import ModelSpec, Plan
-from parallel_lab.viz.explorers import MemoryExplorer
 from parallel_lab.viz.explorers.base import model_from
 from parallel_lab.viz.explorers.jobs import check_spelled, cli_argv, group_gone
+from parallel_lab.viz.explorers.memory import MemoryExplorer
 from parallel_lab.viz.explorers.memory_measure import ROWS, measure_argv
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_lab.viz.explorers import RingExplorer
+from parallel_lab.viz.explorers.ring import RingExplorer
 from parallel_lab.viz.plots.ring import rank_chunks, ring_tiles, work_per_rank
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from parallel_lab import comm, ledger
 from parallel_lab.specs import ModelSpec, Plan
-from parallel_lab.viz.explorers import RunExplorer, run_plan
 from parallel_lab.viz.explorers.jobs import group_gone
+from parallel_lab.viz.explorers.run import RunExplorer, run_plan
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -74,7 +74,7 @@ def test_cancel_stops_every_rank():
 
 
 def test_the_command_is_parallel_lab_run():
-    from parallel_lab.viz.explorers import run_argv
+    from parallel_lab.viz.explorers.run import run_argv
 
     model, plan = ModelSpec.preset("tiny-llama"), Plan(dp=2, tp=2, seq=64)
     argv = run_argv(model, plan, 2, python="python")

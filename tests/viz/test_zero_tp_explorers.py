@@ -13,7 +13,8 @@ from parallel_lab import comm, ledger, ledger_buffers
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.sharding import kv_replicas, padded, q_width_local, shard_group, unit_sizes
 from parallel_lab.specs import ModelSpec, Plan
-from parallel_lab.viz.explorers import TPExplorer, ZeroExplorer, block_splits
+from parallel_lab.viz.explorers.tp import TPExplorer, block_splits
+from parallel_lab.viz.explorers.zero import ZeroExplorer
 from parallel_lab.viz.plots.tp import ring_allreduce_states, ring_sent_chunks
 from parallel_lab.viz.plots.zero import gather_timeline
 
@@ -59,7 +60,7 @@ def test_zero_explorer_draws_every_rank_s_shard_and_the_ledger_numbers():
     widths = [p.get_width() for p in root]
     assert widths == pytest.approx([math.ceil(units["root"] / 4) / 1e6] * 4)      # M elements each
     st = ledger.state_bytes(model, plan)
-    from parallel_lab.viz.plots import fmt_bytes
+    from parallel_lab.quantities import fmt_bytes
 
     assert f"parameters {fmt_bytes(st['parameters'])}" in ex.status.value
     peaks = {u: ledger_buffers.zero3_gathered_bytes(model, plan.with_(zero_unit=u)) for u in ("block", "root")}
@@ -102,7 +103,7 @@ def test_tp_split_follows_layout_and_the_status_lists_comm_calls():
     assert mlp[0].shape == (model.hidden, 2 * model.ffn) and mlp[1].shape == (model.ffn, model.hidden)
     ex = TPExplorer(model="tiny-llama", tp=4, seq=1024)
     calls = comm.tp_layer_collectives(model, Plan(tp=4, seq=1024))
-    from parallel_lab.viz.plots import fmt_bytes
+    from parallel_lab.quantities import fmt_bytes
 
     for c in calls:
         assert f"{c.count} x {c.kind.replace('_', '-')} of {fmt_bytes(c.message_bytes)}" in ex.status.value
@@ -129,7 +130,8 @@ def test_tp_explorer_shows_the_library_s_refusal():
 # --------------------------------------------------------------------------------------------------
 
 def test_every_tab_links_to_its_lesson_on_127_0_0_1():
-    from parallel_lab.viz.explorers import EXPLAINED_BY, App, lesson_url
+    from parallel_lab.viz.explorers.app import App
+    from parallel_lab.viz.explorers.lessons import EXPLAINED_BY, lesson_url
 
     app = App(freeze_gc=False)          # a test process is not the app's kernel
     for tab, ex in app.explorers.items():
@@ -141,14 +143,15 @@ def test_every_tab_links_to_its_lesson_on_127_0_0_1():
 
 def test_every_linked_lesson_exists():
     """Fails until every lesson the app links to is in notebooks/ (lessons 02-09 are written in parallel)."""
-    from parallel_lab.viz.explorers import EXPLAINED_BY, LESSONS
+    from parallel_lab.viz.explorers.lessons import EXPLAINED_BY, LESSONS
 
     missing = [f"{s}.ipynb" for s in {*LESSONS, *EXPLAINED_BY.values()} if not (NOTEBOOKS / f"{s}.ipynb").exists()]
     assert not missing, f"the app links to lessons that are not in notebooks/: {sorted(missing)}"
 
 
 def test_the_app_builds_a_tab_when_it_is_first_opened():
-    from parallel_lab.viz.explorers import App, ZeroExplorer
+    from parallel_lab.viz.explorers.app import App
+    from parallel_lab.viz.explorers.zero import ZeroExplorer
 
     app = App(freeze_gc=False)          # a test process is not the app's kernel
     assert [n for n in app.explorers if app.explorers.built(n)] == ["Memory"]

@@ -14,24 +14,6 @@ Four tools, one module each:
 * ``timeline``: :class:`Timeline`, per-rank intervals (``simulate.Interval``, the simulator's type) on
   a clock shared by the processes of one machine.
 
-Every name is importable from ``parallel_lab.distributed.instruments``.
+Each name is imported from its module (``from parallel_lab.distributed.instruments.tracer import
+CommTracer``).
 """
-
-from parallel_lab.distributed.instruments.memory import BufferMeter, memtracker_snapshot
-from parallel_lab.distributed.instruments.observe import nbytes
-from parallel_lab.distributed.instruments.saved import DEFAULT_SCOPES, SavedTensorMeter
-from parallel_lab.distributed.instruments.timeline import Timeline, align
-from parallel_lab.distributed.instruments.tracer import (
-    CommTracer,
-    TracedCall,
-    TracedWork,
-    collective_counts,
-    compare_calls,
-    event_counts,
-    payload_by_dim,
-)
-from parallel_lab.simulate import Interval
-
-__all__ = ["DEFAULT_SCOPES", "BufferMeter", "CommTracer", "Interval", "SavedTensorMeter", "Timeline",
-           "TracedCall", "TracedWork", "align", "collective_counts", "compare_calls",
-           "event_counts", "memtracker_snapshot", "nbytes", "payload_by_dim"]

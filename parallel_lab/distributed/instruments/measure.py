@@ -29,7 +29,7 @@ from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRef
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.instruments.tracer import CommTracer
 from parallel_lab.distributed.model.data import Batch
 from parallel_lab.distributed.model.model import Transformer
 from parallel_lab.distributed.runtime.grid import Grid, mesh

@@ -12,7 +12,7 @@ with textbook costs, F = 1, B = 2, or F = B = W = 1 for ZB-H1), ``measured`` (on
 replica, time 0 at its first forward) and ``replayed`` (the simulator fed every action's measured
 duration: what the schedule explains; the rest is communication, the executor and, on 2 cores,
 contention). :func:`handoffs` measures what a message between stages costs where a stage waited for it.
-``viz.plots.pipeline_timelines_figure`` draws the simulated and the measured timeline together.
+``viz.plots.timeline.pipeline_timelines_figure`` draws the simulated and the measured timeline together.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from parallel_lab import reshard
-from parallel_lab.distributed.instruments import CommTracer
+from parallel_lab.distributed.instruments.tracer import CommTracer
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model
 from parallel_lab.distributed.runtime.grid import Grid

@@ -22,7 +22,7 @@ from typing import Any
 from parallel_lab import comm, ledger, ledger_activations, ledger_buffers, mesh, placed
 from parallel_lab.cluster_job import under_torchrun
 from parallel_lab.distributed.expert_parallel.expert_parallel import format_moe_report, moe_report
-from parallel_lab.distributed.instruments import payload_by_dim
+from parallel_lab.distributed.instruments.tracer import payload_by_dim
 from parallel_lab.distributed.model.mixed_precision import is_mixed
 from parallel_lab.distributed.model.reference import reference_train
 from parallel_lab.distributed.pipeline_parallel.pipeline_report import format_pipeline_report, pipeline_report

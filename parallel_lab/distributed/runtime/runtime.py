@@ -28,7 +28,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from parallel_lab.distributed.data_parallel.data_parallel import LocalGrads
-from parallel_lab.distributed.instruments import CommTracer, SavedTensorMeter, Timeline
+from parallel_lab.distributed.instruments.saved import SavedTensorMeter
+from parallel_lab.distributed.instruments.timeline import Timeline
+from parallel_lab.distributed.instruments.tracer import CommTracer
 from parallel_lab.distributed.model.data import Batch
 from parallel_lab.distributed.model.model import loss_fn
 from parallel_lab.distributed.runtime.grid import Grid

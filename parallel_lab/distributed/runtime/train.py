@@ -27,7 +27,9 @@ from torch import Tensor, nn
 from parallel_lab.distributed.context_parallel.context_parallel import apply_cp, check_cp
 from parallel_lab.distributed.data_parallel.data_parallel import apply_dp
 from parallel_lab.distributed.expert_parallel.expert_parallel import apply_ep, check_ep
-from parallel_lab.distributed.instruments import CommTracer, Interval, SavedTensorMeter, Timeline, TracedCall
+from parallel_lab.distributed.instruments.saved import SavedTensorMeter
+from parallel_lab.distributed.instruments.timeline import Timeline
+from parallel_lab.distributed.instruments.tracer import CommTracer, TracedCall
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.mixed_precision import check_mixed, is_mixed, to_compute_dtype
 from parallel_lab.distributed.model.model import build_model, freeze
@@ -39,6 +41,7 @@ from parallel_lab.distributed.runtime.runtime import Runtime
 from parallel_lab.distributed.tensor_parallel.tp_model import apply_tp, check_tp
 from parallel_lab.distributed.zero.zero import apply_zero, check_zero
 from parallel_lab.errors import ParallelLabError
+from parallel_lab.simulate import Interval
 from parallel_lab.specs import ModelSpec, Plan
 
 

@@ -33,12 +33,11 @@ from matplotlib.figure import Figure
 from ...errors import ParallelLabError
 from ...hardware import CLUSTER_PRESETS, ClusterSpec
 from ...specs import MODEL_PRESETS, ModelSpec, Plan
-from .. import plots as P
 from ..frames import Frames
+from ..plots.base import DPI, FIGSIZE, new_figure
 from .help import tooltip
 from .lessons import EXPLAINED_BY, lesson_link
 
-GB = P.GB
 DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 CUSTOM = "custom"
@@ -156,7 +155,7 @@ class Explorer(W.VBox):
     ``frames`` (the renderer, :class:`~parallel_lab.viz.frames.Frames`).
     """
 
-    figsize: tuple[float, float] = P.FIGSIZE
+    figsize: tuple[float, float] = FIGSIZE
 
     def __init__(self, controls: dict[str, W.ValueWidget], columns: Sequence[Sequence[W.Widget]],
                  extra: Sequence[W.Widget] = ()) -> None:
@@ -166,10 +165,10 @@ class Explorer(W.VBox):
             if isinstance(w, W.ToggleButtons):
                 w.tooltips = [w.tooltip] * len(w.options)
         self.status = W.HTML(layout=W.Layout(min_height="44px"))
-        self.figure = P.new_figure(self.figsize)
+        self.figure = new_figure(self.figsize)
         self._stamps: OrderedDict[Any, Any] = OrderedDict()      # texts rendered once, for all layouts
         self.frames = Frames(self.figure, stamps=self._stamps)
-        width = f"{int(self.figsize[0] * P.DPI)}px"
+        width = f"{int(self.figsize[0] * DPI)}px"
         self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width=width))
         self.result: Any = None
         self.error: BaseException | None = None
@@ -273,7 +272,7 @@ class Explorer(W.VBox):
                 if not self._layouts and not self.figure.axes:
                     figure, frames = self.figure, self.frames          # the first layout: the figure made
                 else:
-                    figure = P.new_figure(self.figsize)
+                    figure = new_figure(self.figsize)
                     frames = Frames(figure, stamps=self._stamps)
                 layout = (figure, frames, list(self.make_axes(figure, result)))
             self._layouts[key] = layout                                # most recent last

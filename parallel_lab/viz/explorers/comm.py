@@ -18,8 +18,10 @@ from matplotlib.figure import Figure
 
 from ... import comm as comm_mod
 from ...hardware import CLUSTER_PRESETS, ClusterSpec
+from ...quantities import fmt_bytes, fmt_seconds
 from ...specs import CP_KINDS, Plan
-from .. import plots as P
+from ..plots.base import draw_message
+from ..plots.comm import comm_axes, draw_comm_bytes, draw_comm_time
 from .base import (
     SEQS,
     Explorer,
@@ -92,13 +94,13 @@ class CommExplorer(Explorer):
         far_t, far_tiers = tp_on_tier(rep, cluster.inter)
         across = bool(v["tp_across_nodes"])
         times, tiers = (far_t, far_tiers) if across else (near_t, near_tiers)
-        self.verdict = P.fmt_seconds(sum(times.values()))
+        self.verdict = fmt_seconds(sum(times.values()))
         return {"model": model, "plan": plan, "cluster": cluster, "report": rep, "across": across,
                 "time_s": times, "tiers": tiers, "near_time_s": near_t, "far_time_s": far_t,
                 "near_tiers": near_tiers, "far_tiers": far_tiers}
 
     def make_axes(self, fig: Figure, result: Any) -> Sequence[Axes]:
-        return P.comm_axes(fig)
+        return comm_axes(fig)
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
         a1, a2 = axes
@@ -107,12 +109,12 @@ class CommExplorer(Explorer):
                 "collectives": [c.to_json() for c in rep.collectives]}
         labels = {d: tier_label(r["cluster"], t) for d, t in r["tiers"].items()}
         if not rep.per_step_bytes:
-            P.draw_message(a1, "no communication: every degree is 1")
-            P.draw_message(a2, "")
+            draw_message(a1, "no communication: every degree is 1")
+            draw_message(a2, "")
             return
-        P.draw_comm_bytes(a1, data, title="bytes sent per GPU per step")
-        P.draw_comm_time(a2, data, labels, title="time per step, alpha-beta" + (" (TP across nodes)"
-                                                                                if r["across"] else ""))
+        draw_comm_bytes(a1, data, title="bytes sent per GPU per step")
+        draw_comm_time(a2, data, labels, title="time per step, alpha-beta" + (" (TP across nodes)"
+                                                                              if r["across"] else ""))
 
     def describe(self, r: dict[str, Any]) -> str:
         rep, cl = r["report"], r["cluster"]
@@ -122,13 +124,13 @@ class CommExplorer(Explorer):
             near = sum(r["near_time_s"].get(d, 0.0) for d in TP_DIMS)
             far = sum(r["far_time_s"].get(d, 0.0) for d in TP_DIMS)
             lines.append(status_line(
-                f"<b>TP</b> sends {P.fmt_bytes(tp_bytes)} per GPU per step: <b>{P.fmt_seconds(near)}</b> on "
-                f"{tier_label(cl, cl.intra.name)} inside a node, <b>{P.fmt_seconds(far)}</b> on "
+                f"<b>TP</b> sends {fmt_bytes(tp_bytes)} per GPU per step: <b>{fmt_seconds(near)}</b> on "
+                f"{tier_label(cl, cl.intra.name)} inside a node, <b>{fmt_seconds(far)}</b> on "
                 f"{tier_label(cl, cl.inter.name)} across nodes ({far / near:.1f}x slower)."))
         total = sum(r["time_s"].values())
-        per_dim = ", ".join(f"{d} {P.fmt_seconds(t)}" for d, t in r["time_s"].items())
+        per_dim = ", ".join(f"{d} {fmt_seconds(t)}" for d, t in r["time_s"].items())
         none = "No communication: every degree is 1."
-        lines.append(status_line(f"All communication, if none overlapped compute: <b>{P.fmt_seconds(total)}</b> "
+        lines.append(status_line(f"All communication, if none overlapped compute: <b>{fmt_seconds(total)}</b> "
                            f"per step ({per_dim})." if r["time_s"] else none))
         self.table.value = collectives_table(rep, r["tiers"], r["time_s"], cl)
         return "".join(lines)
@@ -144,8 +146,8 @@ def collectives_table(rep: comm_mod.CommReport, tiers: dict[str, str], times: di
         ("message", "right"), ("group", "right"), ("sent per step", "right"), ("link", "left")))
     rows = []
     for c in rep.collectives:
-        cells = (c.dim, c.kind.replace("_", "-"), c.phase, f"{c.count:,}", P.fmt_bytes(c.message_bytes),
-                 str(c.group_size), P.fmt_bytes(c.wire_bytes), tier_label(cluster, tiers.get(c.dim, "")))
+        cells = (c.dim, c.kind.replace("_", "-"), c.phase, f"{c.count:,}", fmt_bytes(c.message_bytes),
+                 str(c.group_size), fmt_bytes(c.wire_bytes), tier_label(cluster, tiers.get(c.dim, "")))
         rows.append("<tr>" + "".join(
             f"<td style='text-align:{'right' if i in (3, 4, 5, 6) else 'left'};padding:2px 8px'>"
             f"{html.escape(x)}</td>" for i, x in enumerate(cells)) + "</tr>")

@@ -19,8 +19,8 @@ from ... import comm as comm_mod
 from ...errors import ParallelLabError
 from ...hardware import CLUSTER_PRESETS, ClusterSpec
 from ...mesh import node_count, rank_of, tier_of
+from ...quantities import fmt_bytes
 from ...specs import Plan
-from .. import plots as P
 from ..plots.grid import draw_grid, draw_tier_bytes, grid_legend_handles
 from .base import SEQS, Explorer, dropdown, labelled, model_controls, model_from, slider, status_line, toggles
 
@@ -108,7 +108,7 @@ class GridExplorer(Explorer):
 
     def describe(self, r: dict[str, Any]) -> str:
         n, k = len(r["groups"]), sum(r["crossing"])
-        tiers = ", ".join(f"{t}: {P.fmt_bytes(sum(v.values()))}" for t, v in r["per_tier"].items())
+        tiers = ", ".join(f"{t}: {fmt_bytes(sum(v.values()))}" for t, v in r["per_tier"].items())
         where = ", ".join(f"{d} on {t}" for d, t in r["report"].tiers.items())
         return (status_line(f"<b>{k} of {n}</b> {r['dim']} groups span more than one node of "
                             f"{r['cluster'].gpus_per_node} GPUs. Bytes per GPU per step by tier: {tiers}.")

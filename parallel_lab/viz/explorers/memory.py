@@ -26,8 +26,10 @@ from ... import ledger_activations as ledger_activations_mod
 from ...errors import ParallelLabError
 from ...hardware import CLUSTER_PRESETS, ClusterSpec
 from ...optimizers import OPTIMIZERS
+from ...quantities import fmt_bytes
 from ...specs import SCHEDULES, ModelSpec, Plan
-from .. import plots as P
+from ..plots.base import CATEGORY_LABELS
+from ..plots.memory import category_legend, draw_activation_terms, draw_memory, draw_memory_sweep, memory_axes
 from .base import (
     DEGREES,
     SEQS,
@@ -183,36 +185,36 @@ class MemoryExplorer(Explorer):
         return out
 
     def make_axes(self, fig: Figure, result: Any) -> Sequence[Axes]:
-        return P.memory_axes(fig)
+        return memory_axes(fig)
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
         fig = self.figure
         a1, a2 = axes
         pp = r["plan"].pp > 1
-        P.draw_memory(a1, r["stage_ledgers"], [str(s) for s in r["stages"]] if pp else ["per GPU"],
-                      xlabel="pipeline stage" if pp else None,
-                      title=f"{r['model'].name} on {r['cluster'].name}")
+        draw_memory(a1, r["stage_ledgers"], [str(s) for s in r["stages"]] if pp else ["per GPU"],
+                    xlabel="pipeline stage" if pp else None,
+                    title=f"{r['model'].name} on {r['cluster'].name}")
         plan = r["plan"]
         if r["sweep"] == "ZeRO stage":
-            P.draw_memory_sweep(a2, r["sweep_values"], r["sweep_ledgers"], f"ZeRO stage (dp={plan.dp})",
-                                value_fmt="ZeRO-{}", highlight=plan.zero,
-                                title="model state shards over the data-parallel ranks")
+            draw_memory_sweep(a2, r["sweep_values"], r["sweep_ledgers"], f"ZeRO stage (dp={plan.dp})",
+                              value_fmt="ZeRO-{}", highlight=plan.zero,
+                              title="model state shards over the data-parallel ranks")
         elif r["sweep"] == "dp":
-            P.draw_memory_sweep(a2, r["sweep_values"], r["sweep_ledgers"],
-                                f"data-parallel degree (ZeRO-{plan.zero})", highlight=plan.dp,
-                                title="the ledger as dp grows (other degrees fixed)")
+            draw_memory_sweep(a2, r["sweep_values"], r["sweep_ledgers"],
+                              f"data-parallel degree (ZeRO-{plan.zero})", highlight=plan.dp,
+                              title="the ledger as dp grows (other degrees fixed)")
         else:
-            P.draw_activation_terms(a2, r["sweep_values"], r["linear_bytes"], r["quadratic_bytes"],
-                                    hbm_bytes=r["cluster"].hbm_bytes, highlight=plan.seq, legend_outside=True,
-                                    title="activations, no recomputation (stage 0)")
-        P.category_legend(fig)
+            draw_activation_terms(a2, r["sweep_values"], r["linear_bytes"], r["quadratic_bytes"],
+                                  hbm_bytes=r["cluster"].hbm_bytes, highlight=plan.seq, legend_outside=True,
+                                  title="activations, no recomputation (stage 0)")
+        category_legend(fig)
 
     def describe(self, r: dict[str, Any]) -> str:
         led = r["ledger"]
         usable = led.hbm_bytes * (1 - led.margin)
         total = led.total_bytes
         where = f" (stage {led.stage}, the fullest)" if r["plan"].pp > 1 else ""
-        fb = P.fmt_bytes
+        fb = fmt_bytes
         room = (f"{fb(usable)} usable ({fb(led.hbm_bytes)} HBM, {led.margin:.0%} margin)")
         need = f"{fb(led.need_bytes, 4)} per GPU{where}"
         if led.peak_decides:                # a moment's transients exceed the categories' sum (ledger.MemoryLedger)
@@ -222,8 +224,8 @@ class MemoryExplorer(Explorer):
         else:
             head = f'<b style="color:#b00020">Does not fit</b>: {need} &gt; {room}'
         big = max(led.per_gpu_bytes.items(), key=lambda kv: kv[1])
-        parts = ", ".join(f"{P.CATEGORY_LABELS.get(k, k)} {fb(b)}" for k, b in led.per_gpu_bytes.items())
-        largest = P.CATEGORY_LABELS.get(big[0], big[0])
+        parts = ", ".join(f"{CATEGORY_LABELS.get(k, k)} {fb(b)}" for k, b in led.per_gpu_bytes.items())
+        largest = CATEGORY_LABELS.get(big[0], big[0])
         lines = [status_line(head), status_line(f"Per GPU: {parts}. Largest: {largest}.", "#57606a")]
         lines += [status_line(html.escape(n), "#57606a") for n in led.notes[:3]]
         return "".join(lines)

@@ -28,9 +28,11 @@ from ...errors import ParallelLabError
 from ...hardware import ClusterSpec
 from ...ledger import CATEGORIES
 from ...measurable import measurable_layout
+from ...quantities import fmt_bytes, fmt_seconds
 from ...specs import ModelSpec, Plan
-from .. import plots as P
+from ..plots.base import CATEGORY_LABELS, DPI, new_figure, to_png
 from ..plots.measured import draw_predicted_measured
+from ..plots.memory import category_legend, draw_memory
 from .base import error_html, job_controls, status_line
 from .jobs import CliJob, check_spelled, cli_argv, loop_caller
 
@@ -88,7 +90,7 @@ class MeasurePanel(W.VBox):
                              "tensors (parallel-lab memory --measure); seconds to a minute"),
             "stop the measurement (its process)", STAGE_LINES, "measure", "260px")
         self.status = W.HTML()
-        self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width=f"{int(9.6 * P.DPI)}px",
+        self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width=f"{int(9.6 * DPI)}px",
                                                            display="none"))
         self.table = W.HTML()
         self.button.on_click(lambda _: self.start())
@@ -180,8 +182,8 @@ class MeasurePanel(W.VBox):
                 self.status.value = error_html(ParallelLabError(self.failed), "Measurement not shown")
             else:
                 self.report, self.measured_for, self.entry = job.report, target, entry
-                self.progress_text.value = (f"done: one training step in {P.fmt_seconds(entry['seconds'])} "
-                                            f"({P.fmt_seconds(entry['cpu_seconds'])} of CPU)")
+                self.progress_text.value = (f"done: one training step in {fmt_seconds(entry['seconds'])} "
+                                            f"({fmt_seconds(entry['cpu_seconds'])} of CPU)")
         self.show_for(self._current())
 
     def _current(self) -> Target | None:
@@ -226,19 +228,19 @@ class MeasurePanel(W.VBox):
         room = {"hbm_bytes": report["hbm_bytes"], "margin": report["margin"]}
         bars = [{"per_gpu_bytes": {k: v for k, v in entry["predicted"][f].items() if k != "total"}, **room}
                 for f in LEDGER_FORMULAS] + [{"per_gpu_bytes": measured, **room}]
-        fig = P.new_figure(self.figsize)
+        fig = new_figure(self.figsize)
         gs = fig.add_gridspec(1, 2, width_ratios=(1.3, 1.0), wspace=0.55, left=0.07, right=0.72, bottom=0.16,
                               top=0.88)
         a1, a2 = fig.add_subplot(gs[0]), fig.add_subplot(gs[1])
-        P.draw_memory(a1, bars, ["ledger\nper-op", "ledger\nKorth.", "meas-\nured"],
-                      title=f"ledgers and measured, stage {entry['stage']}")
+        draw_memory(a1, bars, ["ledger\nper-op", "ledger\nKorth.", "meas-\nured"],
+                    title=f"ledgers and measured, stage {entry['stage']}")
         rows = [k for k in ROWS if entry["measured"].get(k) is not None]
         draw_predicted_measured(a2, [_label(k) for k in rows],
                                 [_predicted(entry, "per-op", k) for k in rows],
                                 [entry["measured"][k] for k in rows], title="ledger (per-op) vs measured")
-        P.category_legend(fig)
+        category_legend(fig)
         self.figure = fig
-        self.image.value = P.to_png(fig)
+        self.image.value = to_png(fig)
         self.table.value = measure_table(report, entry) + status_line(
             "error = predicted / measured - 1; the peak row is torch's tracker's peak against the ledger's total",
             "#57606a") + "".join(
@@ -249,13 +251,13 @@ class MeasurePanel(W.VBox):
                     default=0.0)
         self._summary = status_line(
             f"<b>Measured</b> in fake tensors: stage {entry['stage']}'s rank {entry['rank']} of {world}, peak "
-            f"{P.fmt_bytes(peak, 4)} against the ledger's total {P.fmt_bytes(_predicted(entry, 'per-op', 'peak'), 4)} "
+            f"{fmt_bytes(peak, 4)} against the ledger's total {fmt_bytes(_predicted(entry, 'per-op', 'peak'), 4)} "
             f"(per-op, error {_pct(entry['error']['per-op']['peak'])}); largest per-category error (per-op) "
             f"{_pct(worst)}.")
 
 
 def _label(category: str) -> str:
-    return "peak" if category == "peak" else P.CATEGORY_LABELS.get(category, category)
+    return "peak" if category == "peak" else CATEGORY_LABELS.get(category, category)
 
 
 def _predicted(entry: dict[str, Any], formula: str, category: str) -> float:

@@ -16,9 +16,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import simulate as simulate_mod
+from ...quantities import fmt_seconds
 from ...schedules.generators import build_schedule
 from ...specs import SCHEDULES
-from .. import plots as P
+from ..plots.timeline import draw_timeline, timeline_rows
 from .base import DESC, ROW_ITEM, Explorer, int_slider, labelled, status_line, toggles
 
 
@@ -78,7 +79,7 @@ class PipelineExplorer(Explorer):
         sim = simulate_mod.simulate(sched, costs)
         formula = (simulate_mod.bubble_formula(name, v["stages"], v["microbatches"], vv, costs)
                    if v["p2p"] == 0 else None)
-        measured = P.timeline_rows(self._measured) if self._measured is not None else None
+        measured = timeline_rows(self._measured) if self._measured is not None else None
         self.verdict = f"bubble {sim.bubble_ratio:.1%}"
         return {"name": name, "p": v["stages"], "m": v["microbatches"], "v": vv, "costs": costs, "sim": sim,
                 "formula": formula, "measured": measured}
@@ -106,11 +107,11 @@ class PipelineExplorer(Explorer):
         title = (f"simulated {r['name']}: p={r['p']}, m={r['m']}" + (f", v={r['v']}" if r["v"] > 1 else "")
                  + f"; bubble {sim.bubble_ratio:.1%}")
         # a time axis on round numbers: it stays put (and shows the step growing) while m or p change
-        P.draw_timeline(axes[0], sim, title=title, time_unit="time (cost units)", step_time=sim.step_time,
-                        sticky=True)
+        draw_timeline(axes[0], sim, title=title, time_unit="time (cost units)", step_time=sim.step_time,
+                      sticky=True)
         if r["measured"]:
-            P.draw_timeline(axes[1], r["measured"], title=self._measured_title, time_unit="time (ms)",
-                            time_scale=1e3)
+            draw_timeline(axes[1], r["measured"], title=self._measured_title, time_unit="time (ms)",
+                          time_scale=1e3)
 
     def describe(self, r: dict[str, Any]) -> str:
         sim = r["sim"]
@@ -131,7 +132,7 @@ class PipelineExplorer(Explorer):
             ranks = {x[0] for x in rows}
             busy = sum(x[2] - x[1] for x in rows)
             idle = 1 - busy / (len(ranks) * span) if span > 0 else 0.0
-            lines.append(status_line(f"Measured: {len(ranks)} ranks, step {P.fmt_seconds(span)}, idle fraction "
+            lines.append(status_line(f"Measured: {len(ranks)} ranks, step {fmt_seconds(span)}, idle fraction "
                                f"{idle:.1%} (simulated {sim.idle_fraction:.1%})."))
         return "".join(lines)
 

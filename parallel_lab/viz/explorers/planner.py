@@ -22,8 +22,13 @@ from ... import simulate as simulate_mod
 from ... import steptime as steptime_mod
 from ...errors import ParallelLabError
 from ...hardware import CLUSTER_PRESETS, ClusterSpec
+from ...quantities import fmt_bytes, fmt_seconds
 from ...schedules.generators import build_schedule
-from .. import plots as P
+from ..plots.base import CATEGORIES, DIM_COLORS, draw_message, dynamic_title
+from ..plots.comm import draw_comm_bytes
+from ..plots.memory import category_legend, draw_memory
+from ..plots.planner import plan_label
+from ..plots.timeline import draw_timeline
 from .base import (
     DESC,
     ROW_ITEM,
@@ -172,7 +177,7 @@ class PlannerExplorer(Explorer):
         idx = min(self.widgets["chosen"].value, shown) - 1
         est = listed[idx]
         plan = est.plan
-        self.verdict = P.plan_label(plan)
+        self.verdict = plan_label(plan)
         return {"result": res, "shown": shown, "index": idx, "estimate": est, "plan": plan, "model": model,
                 "cluster": cluster, **self.plan_details(res, idx)}
 
@@ -203,25 +208,25 @@ class PlannerExplorer(Explorer):
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
         est, plan = r["estimate"], r["plan"]
-        P.draw_memory(axes[0], r["ledger"], ["per GPU"], title=f"plan #{r['index'] + 1}: memory")
-        P.dynamic_title(axes[0])                        # the plan number changes with every choice
-        P.category_legend(self.figure, [c for c in P.CATEGORIES if c in r["ledger"].per_gpu_bytes])
+        draw_memory(axes[0], r["ledger"], ["per GPU"], title=f"plan #{r['index'] + 1}: memory")
+        dynamic_title(axes[0])                          # the plan number changes with every choice
+        category_legend(self.figure, [c for c in CATEGORIES if c in r["ledger"].per_gpu_bytes])
         if r["report"].per_step_bytes:
-            P.draw_comm_bytes(axes[1], r["comm"], title="bytes sent per GPU per step")
+            draw_comm_bytes(axes[1], r["comm"], title="bytes sent per GPU per step")
         else:
-            P.draw_message(axes[1], "no communication")
+            draw_message(axes[1], "no communication")
         if plan.pp > 1:
             if r["sim"] is not None:
                 title = (f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}"
                          + (f", v={plan.interleave}" if plan.interleave > 1 else "")
                          + f"; bubble {est.bubble_ratio:.1%}")
                 if self._drawn_timeline != (r["sim"], title, axes[2]):     # plans often share a schedule
-                    P.draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
-                                    title=title, memo=self._timeline_memo)
+                    draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
+                                  title=title, memo=self._timeline_memo)
                     self._drawn_timeline = (r["sim"], title, axes[2])
             else:
-                P.draw_message(axes[2], f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}: too many "
-                                        f"actions to draw; bubble {est.bubble_ratio:.1%}")
+                draw_message(axes[2], f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}: too many "
+                                      f"actions to draw; bubble {est.bubble_ratio:.1%}")
                 self._drawn_timeline = None
 
     def describe(self, r: dict[str, Any]) -> str:
@@ -235,10 +240,10 @@ class PlannerExplorer(Explorer):
             else ""
         head = (f"<b>Plan #{r['index'] + 1}</b> of the {r['shown']} best that fit "
                 f"({len(res.estimates):,} of {res.candidates:,} candidates in {res.families:,} families fit by "
-                f"their totals, searched in {res.elapsed_s * 1e3:.0f} ms{left_out}): <b>{P.plan_label(plan)}</b>, "
+                f"their totals, searched in {res.elapsed_s * 1e3:.0f} ms{left_out}): <b>{plan_label(plan)}</b>, "
                 f"micro-batch {plan.micro_batch} x "
-                f"{plan.microbatches} micro-batches; {P.fmt_bytes(est.need_bytes)} per GPU "
-                f"({P.fmt_bytes(est.headroom_bytes)} headroom), step {P.fmt_seconds(est.step_time_s)}, "
+                f"{plan.microbatches} micro-batches; {fmt_bytes(est.need_bytes)} per GPU "
+                f"({fmt_bytes(est.headroom_bytes)} headroom), step {fmt_seconds(est.step_time_s)}, "
                 f"MFU {est.mfu:.1%}, bubble {est.bubble_ratio:.1%}.")
         lines = [status_line(head), step_breakdown_html(est)]
         best = res.top(1)[0]
@@ -257,7 +262,7 @@ class PlannerExplorer(Explorer):
             return None
         r = self.result
         msg = self.on_open(r["model"], r["cluster"], r["plan"], r["result"].gpus)
-        self.save_message.value = status_line(f"Plan #{r['index'] + 1} ({html.escape(P.plan_label(r['plan']))}) "
+        self.save_message.value = status_line(f"Plan #{r['index'] + 1} ({html.escape(plan_label(r['plan']))}) "
                                               f"{msg}", "#1a7f37")
         return msg
 
@@ -282,7 +287,7 @@ class PlannerExplorer(Explorer):
             return None
         msg = self.on_open(pf.model, pf.cluster, pf.plan, pf.gpus)
         self.save_message.value = status_line(f"Plan file <code>{html.escape(str(path.resolve()))}</code> "
-                                              f"({html.escape(P.plan_label(pf.plan))}) {msg}", "#1a7f37")
+                                              f"({html.escape(plan_label(pf.plan))}) {msg}", "#1a7f37")
         return msg
 
     # ---- plan file ------------------------------------------------------------------------------
@@ -310,7 +315,7 @@ class PlannerExplorer(Explorer):
             return None
         self.saved_path = target.resolve()
         where = html.escape(str(self.saved_path))
-        label = html.escape(P.plan_label(r["plan"]))
+        label = html.escape(plan_label(r["plan"]))
         self.save_message.value = status_line(f"Saved plan #{r['index'] + 1} ({label}, phase "
                                         f"{html.escape(phase)}) to <code>{where}</code>", "#1a7f37")
         return self.saved_path
@@ -320,8 +325,8 @@ FILE_ERROR = "Plan file error"
 #: A best plan under this MFU, or with a bubble over this ratio, gets a warning.
 POOR_MFU = 0.10
 POOR_BUBBLE = 1.0
-BREAKDOWN_COLORS = {"compute": "#4c72b0", "tp": P.DIM_COLORS["tp"], "cp": P.DIM_COLORS["cp"],
-                    "pp": P.DIM_COLORS["pp"], "dp": P.DIM_COLORS["dp"], "bubble": "#bbbbbb"}
+BREAKDOWN_COLORS = {"compute": "#4c72b0", "tp": DIM_COLORS["tp"], "cp": DIM_COLORS["cp"],
+                    "pp": DIM_COLORS["pp"], "dp": DIM_COLORS["dp"], "bubble": "#bbbbbb"}
 
 
 def step_breakdown(est: Any) -> dict[str, float]:
@@ -340,13 +345,13 @@ def step_breakdown_html(est: Any) -> str:
     parts = step_breakdown(est)
     total = sum(parts.values()) or 1.0
     segs = "".join(
-        f"<div class='pl-step-part' data-part='{k}' data-seconds='{t!r}' title='{k} {P.fmt_seconds(t)}' "
+        f"<div class='pl-step-part' data-part='{k}' data-seconds='{t!r}' title='{k} {fmt_seconds(t)}' "
         f"style='width:{100 * t / total:.2f}%;background:{BREAKDOWN_COLORS.get(k, '#999')};height:14px'></div>"
         for k, t in parts.items())
     legend = ", ".join(f"<span style='color:{BREAKDOWN_COLORS.get(k, '#999')}'>&#9632;</span> "
-                       f"{'exposed ' + k if k in ('tp', 'cp', 'pp', 'dp') else k} {P.fmt_seconds(t)}"
+                       f"{'exposed ' + k if k in ('tp', 'cp', 'pp', 'dp') else k} {fmt_seconds(t)}"
                        for k, t in parts.items())
-    return (f"<div class='pl-step' style='margin:4px 0;font-size:12px'>Step {P.fmt_seconds(est.step_time_s)} = "
+    return (f"<div class='pl-step' style='margin:4px 0;font-size:12px'>Step {fmt_seconds(est.step_time_s)} = "
             f"{legend}<div style='display:flex;width:560px;border:1px solid #ccc'>{segs}</div></div>")
 
 
@@ -370,8 +375,8 @@ def plans_table(estimates: Sequence[Any], chosen: int) -> str:
         p = e.plan
         sched = (p.schedule + (f" v={p.interleave}" if p.interleave > 1 else "")) if p.pp > 1 else "-"
         cells = (i + 1, p.tp, p.cp, p.pp, p.dp, p.zero, "yes" if p.sp else "", p.micro_batch, p.microbatches,
-                 p.recompute, sched, P.fmt_bytes(e.memory_bytes if e.need_bytes is None else e.need_bytes),
-                 P.fmt_seconds(e.step_time_s),
+                 p.recompute, sched, fmt_bytes(e.memory_bytes if e.need_bytes is None else e.need_bytes),
+                 fmt_seconds(e.step_time_s),
                  f"{e.mfu:.1%}", f"{e.bubble_ratio:.1%}")
         style = " style='background:#fff3c4;font-weight:bold'" if i == chosen else ""
         td = "<td style='padding:2px 8px;text-align:right'>{}</td>"

@@ -30,8 +30,9 @@ from matplotlib.figure import Figure
 
 from ...errors import ParallelLabError
 from ...plan_flags import check_fits_this_machine
+from ...quantities import fmt_seconds, unit_for
 from ...specs import MODEL_PRESETS, RUN_DEFAULTS, SCHEDULES, ModelSpec, Plan
-from .. import plots as P
+from ..plots.base import draw_message, reset_axes
 from .base import Explorer, error_html, int_slider, job_controls, labelled, slider, status_line, toggles
 from .jobs import CliJob, loop_caller
 from .pipeline import PipelineExplorer
@@ -166,7 +167,7 @@ class RunExplorer(Explorer):
             self.run_error = job.error
         else:
             self.report, self.report_plan = job.report, self._running
-            self.progress_text.value = f"done in {P.fmt_seconds(job.report['wall_s'])} (ranks' wall time)"
+            self.progress_text.value = f"done in {fmt_seconds(job.report['wall_s'])} (ranks' wall time)"
         self.refresh()
 
     # ---- the picture ----------------------------------------------------------------------------
@@ -189,7 +190,7 @@ class RunExplorer(Explorer):
         self.frames.invalidate()              # drawn from scratch: a run's picture changes once per run
         rep = r["report"]
         if rep is None:
-            P.draw_message(axes[0], "press Run: the measured figures appear here beside the predicted ones")
+            draw_message(axes[0], "press Run: the measured figures appear here beside the predicted ones")
             self.pipeline.layout.display = "none"
             self.tables.value = ""
             return
@@ -197,7 +198,7 @@ class RunExplorer(Explorer):
         _pair_bars(axes[0], mem, "memory of the fullest rank")
         _pair_bars(axes[1], rep["comm"], "payload over all ranks and steps")
         ax = axes[2]
-        P.reset_axes(ax)
+        reset_axes(ax)
         steps = list(range(1, len(rep["losses"]) + 1))
         ax.plot(steps, rep["reference_losses"], "o-", color="#8c959f", lw=3, label="1 process")
         ax.plot(steps, rep["losses"], "x--", color="#0969da", label="parallel")
@@ -233,7 +234,7 @@ class RunExplorer(Explorer):
                                f"Cancel stops every rank.")
         same = all(c["measured_bytes"] == c["predicted_bytes"] for c in rep["comm"].values())
         gap = max(abs(a - b) for a, b in zip(rep["losses"], rep["reference_losses"], strict=True))
-        return (status_line(f"<b>Measured</b> in {P.fmt_seconds(rep['wall_s'])}: {head}.")
+        return (status_line(f"<b>Measured</b> in {fmt_seconds(rep['wall_s'])}: {head}.")
                 + status_line(f"Bytes per collective dimension {'equal the prediction' if same else 'DIFFER'}; "
                               f"largest loss difference from the one-process reference {gap:.1e}; "
                               f"largest parameter difference {rep['max_abs_param_diff']:.1e}.", "#57606a"))
@@ -241,14 +242,14 @@ class RunExplorer(Explorer):
 
 def _pair_bars(ax: Axes, rows: dict[str, dict[str, int]], title: str) -> None:
     """Measured and predicted bytes side by side, one pair per row name, on a unit that suits them."""
-    P.reset_axes(ax)
+    reset_axes(ax)
     names = list(rows)
     if not names:
-        P.draw_message(ax, "none: a single rank per group")
+        draw_message(ax, "none: a single rank per group")
         ax.set_title(title, fontsize=9)
         return
     top = max(max(c["measured_bytes"], c["predicted_bytes"]) for c in rows.values()) or 1
-    unit, scale = P.unit_for(top)
+    unit, scale = unit_for(top)
     xs = range(len(names))
     ax.bar([x - 0.2 for x in xs], [rows[n]["predicted_bytes"] / scale for n in names], 0.4, color="#8c959f",
            label="predicted", gid="predicted")

@@ -19,10 +19,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ... import comm as comm_mod
+from ...quantities import fmt_bytes
 from ...sharding import check_tp, kv_heads_local, kv_replicas
 from ...specs import ModelSpec, Plan
-from .. import plots as P
-from ..plots.base import two_panels
+from ..plots.base import draw_message, two_panels
 from ..plots.tp import Split, draw_ring_allreduce, draw_tp_block
 from .base import Explorer, fresh, int_slider, labelled, model_controls, model_from, slider, status_line, toggles
 
@@ -99,7 +99,7 @@ class TPExplorer(Explorer):
         if not fresh(axes[1], (plan.tp, r["step"], r["message"])):
             return
         if plan.tp == 1:
-            P.draw_message(axes[1], "tp=1: one rank holds every weight; no all-reduce")
+            draw_message(axes[1], "tp=1: one rank holds every weight; no all-reduce")
         else:
             draw_ring_allreduce(axes[1], plan.tp, r["step"], r["message"],
                                 title="ring all-reduce of g's partial outputs")
@@ -108,13 +108,13 @@ class TPExplorer(Explorer):
         plan, calls = r["plan"], r["calls"]
         if not calls:
             return status_line("<b>tp=1</b>: nothing to split and nothing to reduce.")
-        rows = "; ".join(f"{c.count} x {c.kind.replace('_', '-')} of {P.fmt_bytes(c.message_bytes)} in {c.phase} "
-                         f"({c.note}; each rank sends {P.fmt_bytes(c.wire_bytes_per_call)})" for c in calls)
+        rows = "; ".join(f"{c.count} x {c.kind.replace('_', '-')} of {fmt_bytes(c.message_bytes)} in {c.phase} "
+                         f"({c.note}; each rank sends {fmt_bytes(c.wire_bytes_per_call)})" for c in calls)
         n, m = plan.tp, r["message"]
         sent = comm_mod.Collective("tp", "all_reduce", m, n).wire_bytes_per_call       # 2 (n - 1) / n x M
-        ring = (f"A ring all-reduce of {P.fmt_bytes(m)} over {n} ranks: {n - 1} reduce-scatter steps then {n - 1} "
-                f"all-gather steps, one chunk of {P.fmt_bytes(m / n)} per step, so each rank sends "
-                f"2 (n - 1) / n x M = {P.fmt_bytes(sent)}.")
+        ring = (f"A ring all-reduce of {fmt_bytes(m)} over {n} ranks: {n - 1} reduce-scatter steps then {n - 1} "
+                f"all-gather steps, one chunk of {fmt_bytes(m / n)} per step, so each rank sends "
+                f"2 (n - 1) / n x M = {fmt_bytes(sent)}.")
         return (status_line(f"<b>Per block and micro-batch</b> (s b h = {plan.seq} x {plan.micro_batch} x "
                             f"{r['model'].hidden} values): {rows}.")
                 + status_line(ring, "#57606a"))

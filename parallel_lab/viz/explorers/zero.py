@@ -21,10 +21,10 @@ from matplotlib.figure import Figure
 from ... import ledger as ledger_mod
 from ... import ledger_buffers as ledger_buffers_mod
 from ...optimizers import OPTIMIZERS
+from ...quantities import fmt_bytes
 from ...sharding import padded, param_comm_bytes, shard_group, shard_range, unit_sizes
 from ...specs import Plan
-from .. import plots as P
-from ..plots.base import two_panels
+from ..plots.base import draw_message, two_panels
 from ..plots.zero import draw_gather_timeline, draw_shards, gather_timeline
 from .base import Explorer, dropdown, fresh, labelled, model_controls, model_from, slider, status_line, toggles
 
@@ -84,20 +84,20 @@ class ZeroExplorer(Explorer):
         if r["timelines"]:
             draw_gather_timeline(axes[1], r["timelines"], plan.zero_unit, title=f"ZeRO-3: parameters {what}")
         else:
-            P.draw_message(axes[1], "dp=1: one rank holds every parameter; nothing is gathered")
+            draw_message(axes[1], "dp=1: one rank holds every parameter; nothing is gathered")
 
     def describe(self, r: dict[str, Any]) -> str:
         plan, st, g = r["plan"], r["state"], r["g"]
         sharded = {0: "nothing", 1: "the optimizer states", 2: "optimizer states and gradients",
                    3: "optimizer states, gradients and parameters"}[plan.zero]
-        cats = ", ".join(f"{k.replace('_', ' ')} {P.fmt_bytes(st[k])}"
+        cats = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(st[k])}"
                          for k in ("parameters", "gradients", "optimizer_states"))
         name, n, ranges = r["first"]
         owns = "; ".join(f"rank {i} owns [{a:,}, {b:,})" for i, (a, b) in enumerate(ranges))
         peaks = r["peaks"]
         gathered = ("" if peaks is None else
-                    status_line(f"ZeRO-3 gathered peak per rank (ledger): block units {P.fmt_bytes(peaks['block'])}, "
-                                f"one root unit {P.fmt_bytes(peaks['root'])}.", "#57606a"))
+                    status_line(f"ZeRO-3 gathered peak per rank (ledger): block units {fmt_bytes(peaks['block'])}, "
+                                f"one root unit {fmt_bytes(peaks['root'])}.", "#57606a"))
         return (status_line(f"<b>ZeRO-{plan.zero} over {g} ranks shards {sharded}.</b> Per rank (ledger): {cats}.")
                 + status_line(f"Unit {name} has {n:,} elements, padded to {padded(n, g):,}: {owns}"
                               f"{'; ...' if g > 4 else ''}.", "#57606a") + gathered)

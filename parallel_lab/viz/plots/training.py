@@ -4,7 +4,7 @@ Two pictures for data parallelism (lesson 02), both pure functions of measured d
 
 * :func:`draw_compute_comm`: one row per rank and two lanes per row, the compute intervals (forward,
   backward, optimizer step) above and the traced collectives below, on one time axis. The intervals are
-  ``simulate.Interval`` records, what ``distributed.instruments.Timeline.with_comm`` returns (kind
+  ``simulate.Interval`` records, what ``distributed.instruments.timeline.Timeline.with_comm`` returns (kind
   ``compute`` or ``comm``). A collective is drawn from the moment it is launched until the moment the
   training step has it back (an asynchronous all-reduce of a DDP bucket: launched during backward, waited
   for before the optimizer step), so overlap with backward is what the eye sees.
