@@ -68,6 +68,15 @@ def subcommand(sub: Any, name: str, handler: Callable[[argparse.Namespace], Outp
     return p
 
 
+def plan_subcommand(sub: Any, name: str, handler: Callable[[argparse.Namespace], Output], help: str,
+                    description: str | None = None) -> argparse.ArgumentParser:
+    """:func:`subcommand` with the model flags and the plan flags (:func:`add_model_args`, :func:`add_plan_args`)."""
+    p = subcommand(sub, name, handler, help, description)
+    add_model_args(p)
+    add_plan_args(p)
+    return p
+
+
 #: Largest finite float accepted by a time or size flag (keeps sums and products finite).
 MAX_FLOAT = 1e15
 
