@@ -9,7 +9,10 @@ fixed bases, Pollard's rho) and :func:`fmt_set`, so that every other module can 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class ParallelLabError(ValueError):
@@ -32,6 +35,14 @@ def check_choice(owner: str, name: str, value: Any, options: tuple[str, ...]) ->
     """Raise unless ``value`` is one of ``options``."""
     if value not in options:
         raise ParallelLabError(f"{owner}.{name}={value!r} is not known; pick one of {', '.join(options)}")
+
+
+def lookup_preset(what: str, name: str, presets: Mapping[str, T]) -> T:
+    """The preset ``name`` (any case) of ``presets``; an unknown name raises, listing the known ones."""
+    key = name.lower()
+    if key not in presets:
+        raise ParallelLabError(f"{what} preset {name!r} is not known; pick one of {', '.join(presets)}")
+    return presets[key]
 
 
 def _is_prime(n: int) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ParallelLabError, check_positive_int, check_real
+from .errors import ParallelLabError, check_positive_int, check_real, lookup_preset
 
 
 @dataclass(frozen=True)
@@ -160,11 +160,7 @@ class ClusterSpec:
 
     @classmethod
     def preset(cls, name: str) -> ClusterSpec:
-        key = name.lower()
-        if key not in CLUSTER_PRESETS:
-            raise ParallelLabError(f"cluster preset {name!r} is not known; "
-                                   f"pick one of {', '.join(CLUSTER_PRESETS)}")
-        return CLUSTER_PRESETS[key]
+        return lookup_preset("cluster", name, CLUSTER_PRESETS)
 
     def tier(self, group_span: int) -> LinkTier:
         """The link a group uses when its members lie ``group_span`` consecutive ranks apart at most.

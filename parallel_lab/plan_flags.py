@@ -68,6 +68,15 @@ def subcommand(sub: Any, name: str, handler: Callable[[argparse.Namespace], Outp
     return p
 
 
+def plan_subcommand(sub: Any, name: str, handler: Callable[[argparse.Namespace], Output], help: str,
+                    description: str | None = None) -> argparse.ArgumentParser:
+    """:func:`subcommand` with the model flags and the plan flags (:func:`add_model_args`, :func:`add_plan_args`)."""
+    p = subcommand(sub, name, handler, help, description)
+    add_model_args(p)
+    add_plan_args(p)
+    return p
+
+
 #: Largest finite float accepted by a time or size flag (keeps sums and products finite).
 MAX_FLOAT = 1e15
 
@@ -151,23 +160,24 @@ def _count(text: str) -> int:
 positive_float = float_in(0.0, open_lo=True)
 
 
+def _int_args(group: Any, **helps: str) -> None:
+    """One flag ``--NAME`` (``_`` spelt ``-``) per keyword, in order: a positive whole number (:func:`int_in`)."""
+    for name, text in helps.items():
+        group.add_argument(f"--{name.replace('_', '-')}", type=int_in(name), help=text)
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     """The model flags: a preset, an explicit shape, or a bare parameter count (exactly one)."""
     g = parser.add_argument_group("model (one of --model, the shape flags, or --params)")
     g.add_argument("--model", metavar="PRESET", help=f"a preset: {', '.join(MODEL_PRESETS)}")
-    g.add_argument("--layers", type=int_in("layers"), help="transformer blocks L")
-    g.add_argument("--hidden", type=int_in("hidden"), help="hidden size h")
-    g.add_argument("--heads", type=int_in("heads"), help="attention heads a")
-    g.add_argument("--kv-heads", type=int_in("kv_heads"), help="key/value heads (GQA); default: heads")
-    g.add_argument("--ffn", type=int_in("ffn"),
-                   help="MLP width; default 4h (gpt) or Llama's 8h/3 rounded to 256")
-    g.add_argument("--vocab", type=int_in("vocab"), help="vocabulary size; default 32000")
+    _int_args(g, layers="transformer blocks L", hidden="hidden size h", heads="attention heads a",
+              kv_heads="key/value heads (GQA); default: heads",
+              ffn="MLP width; default 4h (gpt) or Llama's 8h/3 rounded to 256", vocab="vocabulary size; default 32000")
     g.add_argument("--flavour", choices=("gpt", "llama"), help="block flavour; default gpt")
     g.add_argument("--tied-embeddings", action="store_true", default=None,
                    help="share the input embedding with the output head")
-    g.add_argument("--experts", type=int_in("experts"), help="mixture of experts: routed experts per block")
-    g.add_argument("--top-k", type=int_in("top_k"), help="experts each token is routed to (default 2)")
-    g.add_argument("--expert-ffn", type=int_in("expert_ffn"), help="an expert's MLP width (default --ffn)")
+    _int_args(g, experts="mixture of experts: routed experts per block",
+              top_k="experts each token is routed to (default 2)", expert_ffn="an expert's MLP width (default --ffn)")
     g.add_argument("--shared-experts", type=int, help="experts every token goes through (default 0)")
     g.add_argument("--capacity-factor", type=positive_float,
                    help="expert capacity = min(seq, ceil(factor * top_k * seq / experts)) tokens per sequence "
@@ -189,12 +199,9 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
                    help="sequences per micro-batch per model replica (default 1)")
     g.add_argument("--grad-accum", "--microbatches", type=int_in("grad_accum"), dest="grad_accum",
                    help="micro-batches per optimizer step (= pipeline micro-batches m; default 1)")
-    g.add_argument("--dp", type=int_in("dp"), help="data-parallel degree (inferred from --gpus when omitted)")
-    g.add_argument("--tp", type=int_in("tp"), help="tensor-parallel degree")
-    g.add_argument("--pp", type=int_in("pp"), help="pipeline-parallel degree (stages)")
-    g.add_argument("--cp", type=int_in("cp"), help="context-parallel degree")
-    g.add_argument("--ep", type=int_in("ep"),
-                   help="expert-parallel degree (mixture of experts; borrowed from dp: must divide dp and experts)")
+    _int_args(g, dp="data-parallel degree (inferred from --gpus when omitted)", tp="tensor-parallel degree",
+              pp="pipeline-parallel degree (stages)", cp="context-parallel degree",
+              ep="expert-parallel degree (mixture of experts; borrowed from dp: must divide dp and experts)")
     g.add_argument("--zero", type=int_in("zero"), choices=(0, 1, 2, 3), help="ZeRO stage (default 0 = plain DDP)")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism (needs --tp >= 2)")
     g.add_argument("--recompute", choices=RECOMPUTE,

@@ -152,21 +152,24 @@ def _in_limits(where: str, name: str, cls: type, data: dict[str, Any]) -> None:
             raise _type_error(label, v, f"a name of 1 to {MAX_NAME} printable characters")
 
 
+def _check_fields(where: str, what: str, cls: type, data: Any) -> None:
+    """``data`` (not a preset name) must be a mapping of ``cls`` fields within the limits of ``what``."""
+    if not isinstance(data, dict):
+        raise ParallelLabError(f"{where}: {what} must be a preset name or a mapping of {cls.__name__} fields")
+    _in_limits(f"{where} {what}", what, cls, data)
+
+
 def _model_from_data(where: str, data: Any) -> ModelSpec:
     if isinstance(data, str):
         return ModelSpec.preset(data)
-    if not isinstance(data, dict):
-        raise ParallelLabError(f"{where}: model must be a preset name or a mapping of ModelSpec fields")
-    _in_limits(f"{where} model", "model", ModelSpec, data)
+    _check_fields(where, "model", ModelSpec, data)
     return ModelSpec(**data)
 
 
 def _cluster_from_data(where: str, data: Any) -> ClusterSpec:
     if isinstance(data, str):
         return ClusterSpec.preset(data)
-    if not isinstance(data, dict):
-        raise ParallelLabError(f"{where}: cluster must be a preset name or a mapping of ClusterSpec fields")
-    _in_limits(f"{where} cluster", "cluster", ClusterSpec, data)
+    _check_fields(where, "cluster", ClusterSpec, data)
     d = dict(data)
     for tier in ("intra", "inter"):
         t = d.get(tier)

@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import ParallelLabError, check_choice, check_positive_int, check_real, divisors, fmt_set
+from .errors import ParallelLabError, check_choice, check_positive_int, check_real, divisors, fmt_set, lookup_preset
 from .optimizers import DTYPE_BYTES, OPTIMIZERS, OptimizerSpec
 from .sharding import PP_SPLITS, check_cut, check_ep, is_expert_param
 
@@ -157,11 +157,7 @@ class ModelSpec:
     @classmethod
     def preset(cls, name: str) -> ModelSpec:
         """A named model from :data:`MODEL_PRESETS` (e.g. ``"llama3-405b"``, ``"tiny-llama"``)."""
-        key = name.lower()
-        if key not in MODEL_PRESETS:
-            raise ParallelLabError(f"model preset {name!r} is not known; "
-                                   f"pick one of {', '.join(MODEL_PRESETS)}")
-        return MODEL_PRESETS[key]
+        return lookup_preset("model", name, MODEL_PRESETS)
 
     def with_(self, **changes: Any) -> ModelSpec:
         """A copy with some fields changed (validated again)."""

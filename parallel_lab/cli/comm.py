@@ -6,25 +6,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..plan_flags import (
-    Output,
-    add_model_args,
-    add_plan_args,
-    cluster_from_args,
-    int_in,
-    model_from_args,
-    plan_from_args,
-    subcommand,
-)
+from ..plan_flags import Output, cluster_from_args, int_in, model_from_args, plan_from_args, plan_subcommand
 from ..quantities import fmt_bytes_gib
 from .output import describe, echo, table
 
 
 def add(sub: Any) -> None:
-    p = subcommand(sub, "comm", handle,
-                   "communication per GPU per optimizer step, by dimension and collective")
-    add_model_args(p)
-    add_plan_args(p)
+    p = plan_subcommand(sub, "comm", handle,
+                        "communication per GPU per optimizer step, by dimension and collective")
     p.add_argument("--stage", type=int_in("stage"), help="pipeline stage to report (default: the busiest one)")
 
 

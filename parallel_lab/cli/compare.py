@@ -10,15 +10,13 @@ from ..errors import ParallelLabError
 from ..plan_flags import (
     SHAPE_FLAGS,
     Output,
-    add_model_args,
-    add_plan_args,
     check_fits_this_machine,
     float_in,
     int_in,
     model_from_args,
     plan_from_args,
+    plan_subcommand,
     positive_float,
-    subcommand,
 )
 from ..specs import RUN_DEFAULTS
 from .output import EXIT_RUN_TIMEOUT, PROG, RunFailed, rank_failed
@@ -26,16 +24,14 @@ from .run import RUN_TIMEOUT_S, add_fault_arg, check_per_op, help_for_runs
 
 
 def add(sub: Any) -> None:
-    p = subcommand(sub, "compare", handle,
-                   "train two plans on the same data and say whether their loss curves agree",
-                   "Train the tiny model under plan A and plan B on the same data (same seed, global batch and "
-                   "sequence length) and compare the losses step by step. A and B are plan files or "
-                   "FIELD=VALUE,... over the run defaults and the plan flags given, e.g. "
-                   "`parallel-lab compare dp=2 dp=1,grad_accum=2 --optimizer sgd-momentum`.")
+    p = plan_subcommand(sub, "compare", handle,
+                        "train two plans on the same data and say whether their loss curves agree",
+                        "Train the tiny model under plan A and plan B on the same data (same seed, global batch and "
+                        "sequence length) and compare the losses step by step. A and B are plan files or "
+                        "FIELD=VALUE,... over the run defaults and the plan flags given, e.g. "
+                        "`parallel-lab compare dp=2 dp=1,grad_accum=2 --optimizer sgd-momentum`.")
     p.add_argument("plan_a", metavar="PLAN_A", help="a plan file, or FIELD=VALUE,... (e.g. dp=2)")
     p.add_argument("plan_b", metavar="PLAN_B", help="a plan file, or FIELD=VALUE,... (e.g. dp=1,grad_accum=2)")
-    add_model_args(p)
-    add_plan_args(p)
     p.add_argument("--steps", type=int_in("steps"), default=3, help="optimizer steps (default 3)")
     p.add_argument("--seed", type=int_in("seed"), default=0, help="seed of the weights and the synthetic data")
     p.add_argument("--tolerance", type=float_in(0.0, 1.0, open_lo=True), default=1e-4,

@@ -7,23 +7,12 @@ import argparse
 from typing import Any
 
 from ..errors import ParallelLabError
-from ..plan_flags import (
-    Output,
-    add_model_args,
-    add_plan_args,
-    cluster_from_args,
-    model_from_args,
-    plan_from_args,
-    positive_float,
-    subcommand,
-)
+from ..plan_flags import Output, cluster_from_args, model_from_args, plan_from_args, plan_subcommand, positive_float
 from .output import describe, echo, table
 
 
 def add(sub: Any) -> None:
-    p = subcommand(sub, "flops", handle, "model and hardware FLOPs per optimizer step (whole global batch)")
-    add_model_args(p)
-    add_plan_args(p)
+    p = plan_subcommand(sub, "flops", handle, "model and hardware FLOPs per optimizer step (whole global batch)")
     p.add_argument("--step-time", type=positive_float, metavar="SECONDS",
                    help="measured step time; adds MFU and HFU against the cluster's peak")
 

@@ -7,25 +7,13 @@ import argparse
 import sys
 from typing import Any
 
-from ..plan_flags import (
-    Output,
-    add_model_args,
-    add_plan_args,
-    cluster_from_args,
-    float_in,
-    int_in,
-    model_from_args,
-    plan_from_args,
-    subcommand,
-)
+from ..plan_flags import Output, cluster_from_args, float_in, int_in, model_from_args, plan_from_args, plan_subcommand
 from ..quantities import fmt_bytes_gib
 from .output import PROG, describe, echo, table
 
 
 def add(sub: Any) -> None:
-    p = subcommand(sub, "memory", handle, "memory ledger per GPU by category, and whether it fits")
-    add_model_args(p)
-    add_plan_args(p)
+    p = plan_subcommand(sub, "memory", handle, "memory ledger per GPU by category, and whether it fits")
     p.add_argument("--stage", type=int_in("stage"), help="pipeline stage to report (default: the fullest one)")
     p.add_argument("--margin", type=float_in(0.0, 0.99), default=0.1,
                    help="HBM safety margin, fraction in [0, 0.99] (default 0.1)")

@@ -15,14 +15,12 @@ from ..plan_flags import (
     PLAN_FIELDS,
     SHAPE_FLAGS,
     Output,
-    add_model_args,
-    add_plan_args,
     check_fits_this_machine,
     int_in,
     model_from_args,
     plan_from_args,
+    plan_subcommand,
     positive_float,
-    subcommand,
 )
 from ..schedules.generators import V_SCHEDULES
 from ..specs import RUN_DEFAULTS, SCHEDULES, ModelSpec, Plan
@@ -32,11 +30,9 @@ RUN_TIMEOUT_S = 60.0        #: ``run --timeout``: seconds without a completed st
 
 
 def add(sub: Any) -> None:
-    p = subcommand(sub, "run", handle,
-                   "train the tiny model under a plan on CPU processes (or GPUs) and compare measured "
-                   "with predicted: losses, parameters, bytes per dim, memory per category")
-    add_model_args(p)
-    add_plan_args(p)
+    p = plan_subcommand(sub, "run", handle,
+                        "train the tiny model under a plan on CPU processes (or GPUs) and compare measured "
+                        "with predicted: losses, parameters, bytes per dim, memory per category")
     p.add_argument("--plan", dest="plan_file", metavar="FILE",
                    help="a plan file (YAML, see parallel-lab plan); flags given as well override its fields")
     p.add_argument("--steps", type=int_in("steps"), default=3, help="optimizer steps (default 3)")

@@ -103,6 +103,12 @@ def _check_op(r: int, i: int, a: Action, op: Action, st: _Rank, place: Placement
     st.needs_send[op.kind].pop(key)
 
 
+#: F and B: the neighbouring virtual stage their input comes from (-1 the previous, +1 the next; the result
+#: goes to the other), what they would run before, and how their input arrives.
+_INPUT = {"F": (-1, "forward before its input", "activations were"),
+          "B": (+1, "backward before its output gradient", "was")}
+
+
 def _check_compute(r: int, i: int, a: Action, st: _Rank, place: Placement, m: int) -> None:
     """One F, B or W of rank ``r``: in range, run once, after its input (received or handed over locally)."""
     key = (a.microbatch, a.chunk)
@@ -112,29 +118,19 @@ def _check_compute(r: int, i: int, a: Action, st: _Rank, place: Placement, m: in
     if key in done[a.kind]:
         raise ParallelLabError(f"{where(r, i, a)}: {a.kind} of (mb={key[0]}, chunk={key[1]}) "
                                "is done twice")
-    prev, nxt = place.neighbour(r, a.chunk, -1), place.neighbour(r, a.chunk, +1)
-    s = place.stage(r, a.chunk)
-    if a.kind == "F":
-        if prev is not None and prev[0] == r and (key[0], prev[1]) not in done["F"]:
-            raise ParallelLabError(f"{where(r, i, a)}: forward before its input: F(mb={key[0]}, "
-                                   f"chunk={prev[1]}) of this rank (virtual stage {s - 1}) has not run")
-        if prev is not None and prev[0] != r and key not in st.received["RECV_F"]:
-            raise ParallelLabError(f"{where(r, i, a)}: forward before its input activations were "
-                                   f"received (no earlier RECV_F(mb={key[0]}, chunk={key[1]}))")
-        if nxt is not None and nxt[0] != r:
-            st.needs_send["SEND_F"][key] = i
-    elif a.kind == "B":
-        if key not in done["F"]:
+    if a.kind in _INPUT:
+        if a.kind == "B" and key not in done["F"]:
             raise ParallelLabError(f"{where(r, i, a)}: backward before its forward")
-        if nxt is not None and nxt[0] == r and (key[0], nxt[1]) not in done["B"]:
-            raise ParallelLabError(f"{where(r, i, a)}: backward before its output gradient: "
-                                   f"B(mb={key[0]}, chunk={nxt[1]}) of this rank (virtual stage "
-                                   f"{s + 1}) has not run")
-        if nxt is not None and nxt[0] != r and key not in st.received["RECV_B"]:
-            raise ParallelLabError(f"{where(r, i, a)}: backward before its output gradient was "
-                                   f"received (no earlier RECV_B(mb={key[0]}, chunk={key[1]}))")
-        if prev is not None and prev[0] != r:
-            st.needs_send["SEND_B"][key] = i
+        step, waits, arrived = _INPUT[a.kind]
+        src, dst = place.neighbour(r, a.chunk, step), place.neighbour(r, a.chunk, -step)
+        if src is not None and src[0] == r and (key[0], src[1]) not in done[a.kind]:
+            raise ParallelLabError(f"{where(r, i, a)}: {waits}: {a.kind}(mb={key[0]}, chunk={src[1]}) of this "
+                                   f"rank (virtual stage {place.stage(r, a.chunk) + step}) has not run")
+        if src is not None and src[0] != r and key not in st.received[f"RECV_{a.kind}"]:
+            raise ParallelLabError(f"{where(r, i, a)}: {waits} {arrived} received (no earlier "
+                                   f"RECV_{a.kind}(mb={key[0]}, chunk={key[1]}))")
+        if dst is not None and dst[0] != r:
+            st.needs_send[f"SEND_{a.kind}"][key] = i
     elif key not in done["B"]:  # W
         raise ParallelLabError(f"{where(r, i, a)}: weight-gradient pass W before its B")
     done[a.kind].add(key)

@@ -139,6 +139,12 @@ class _Counter:
             self.pending_w.append(Action("W", a.microbatch, chunk))
         return a
 
+    def repeat(self, n: int, *steps: tuple[str, int]) -> None:
+        """``n`` rounds of the ``(kind, chunk)`` steps, in turn."""
+        for _ in range(n):
+            for kind, chunk in steps:
+                self.add(kind, chunk)
+
     def count(self, kind: str, chunk: int) -> int:
         return self.next[(kind, chunk)]
 
@@ -167,15 +173,9 @@ def zb_v_order(p: int, m: int) -> list[list[Action]]:
     orders = []
     for r in range(p):
         c = _Counter()
-        for _ in range(2 * (p - r) - 1):
-            c.add("F", 0)
-        for _ in range(r):
-            c.add("F", 1)
-            c.add("F", 0)
-        for _ in range(p - r):
-            c.add("F", 1)
-            c.add("B", 1)
-            c.add("W", 1)
+        c.repeat(2 * (p - r) - 1, ("F", 0))
+        c.repeat(r, ("F", 1), ("F", 0))
+        c.repeat(p - r, ("F", 1), ("B", 1), ("W", 1))
         while c.count("F", 1) < c.count("F", 0) or c.count("F", 0) < n:
             if c.count("F", 0) < n:
                 c.add("F", 0)
@@ -184,12 +184,8 @@ def zb_v_order(p: int, m: int) -> list[list[Action]]:
                     c.add("F", 1)
                 c.add("B", chunk)
                 c.add("W", chunk)
-        for _ in range(r):
-            c.add("B", 0)
-            c.add("B", 1)
-        for _ in range(p - r):
-            c.add("B", 0)
-            c.add("W", 0)
+        c.repeat(r, ("B", 0), ("B", 1))
+        c.repeat(p - r, ("B", 0), ("W", 0))
         for chunk in (1, 0):
             while c.count("W", chunk) < c.count("B", chunk):
                 c.add("W", chunk)
@@ -225,11 +221,8 @@ def dualpipev_order(p: int, m: int) -> tuple[list[list[Action]], list[set[tuple[
             f = c.add("F", f_chunk)
             mine.add((f, c.add("B", b_chunk, split=False)))
 
-        for _ in range(2 * (p - r - 1)):
-            c.add("F", 0)
-        for _ in range(r + 1):
-            c.add("F", 0)
-            c.add("F", 1)
+        c.repeat(2 * (p - r - 1), ("F", 0))
+        c.repeat(r + 1, ("F", 0), ("F", 1))
         for _ in range(p - r - 1):
             c.add("B", 1)
             c.owed_w()

@@ -25,7 +25,7 @@ from parallel_lab.distributed.context_parallel.blockwise_attention import (
     group_queries,
     ungroup,
 )
-from parallel_lab.distributed.context_parallel.ring_attention import CPGroup, SeqView
+from parallel_lab.distributed.context_parallel.ring_attention import CPGroup, SeqView, backward_inputs, finish_forward
 
 
 class AllGatherAttention(torch.autograd.Function):
@@ -53,21 +53,13 @@ class AllGatherAttention(torch.autograd.Function):
                 if j != grp.index:
                     attend_forward(state, qg, gathered[j, 0], gathered[j, 1], seq.local, seq.blocks[j],
                                    causal, grp.stats.kernel)
-        acc, lse = state.finish()
-        out = ungroup(acc.to(q.dtype))
-        ctx.save_for_backward(qg, gathered, out, lse)
-        ctx.grp, ctx.seq, ctx.causal = grp, seq, causal
-        return out
+        return finish_forward(ctx, state, q.dtype, qg, gathered, grp, seq, causal)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dout: Tensor) -> tuple[Tensor | None, ...]:
-        qg, gathered, out, lse = ctx.saved_tensors
         grp, seq, causal = ctx.grp, ctx.seq, ctx.causal
-        d = qg.shape[-1]
-        dog = group_queries(dout, qg.shape[1], 1.0)
-        delta = (dog.float() * group_queries(out, qg.shape[1], 1.0).float()).sum(-1)
-        dqg = torch.zeros_like(qg)
+        qg, gathered, lse, dog, delta, dqg = backward_inputs(ctx, dout)
         dkv_all = torch.zeros(gathered.shape, dtype=torch.float32, device=gathered.device)
         with grp.timed("backward"):
             for j in range(grp.size):
@@ -77,6 +69,6 @@ class AllGatherAttention(torch.autograd.Function):
         dkv = torch.empty(gathered.shape[1:], dtype=gathered.dtype, device=gathered.device)
         probe.sample("cp", [dkv_all, dkv])      # every rank's dK, dV and this rank's sum
         work = comm.reduce_scatter(dkv, dkv_all.flatten(0, 1), grp.group)
-        dq = ungroup(dqg * (1.0 / math.sqrt(d))).to(qg.dtype)     # while dK, dV are reduced
+        dq = ungroup(dqg * (1.0 / math.sqrt(qg.shape[-1]))).to(qg.dtype)     # while dK, dV are reduced
         grp.wait([work], "backward")
         return dq, dkv[0].to(gathered.dtype), dkv[1].to(gathered.dtype), None, None, None

@@ -86,6 +86,26 @@ class SeqView:
     all: Tokens
 
 
+def finish_forward(ctx: Any, state: OnlineSoftmax, dtype: torch.dtype, qg: Tensor, kv: Tensor, grp: CPGroup,
+                   seq: SeqView, causal: bool) -> Tensor:
+    """Close the online softmax: the output ``(b, H, s, d)`` in ``dtype``; save the grouped queries, the K/V
+    the backward attends to again, the output and the fp32 log-sum-exp."""
+    acc, lse = state.finish()
+    out = ungroup(acc.to(dtype))
+    ctx.save_for_backward(qg, kv, out, lse)
+    ctx.grp, ctx.seq, ctx.causal = grp, seq, causal
+    return out
+
+
+def backward_inputs(ctx: Any, dout: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """What :func:`finish_forward` saved, ``qg, kv, lse``, with the grouped output gradient ``dog``,
+    ``delta = rowsum(dO * O)`` and the zero accumulator ``dqg`` of the (grouped, scaled) query gradient."""
+    qg, kv, out, lse = ctx.saved_tensors
+    dog = group_queries(dout, qg.shape[1], 1.0)
+    delta = (dog.float() * group_queries(out, qg.shape[1], 1.0).float()).sum(-1)
+    return qg, kv, lse, dog, delta, torch.zeros_like(qg)
+
+
 class RingAttention(torch.autograd.Function):
     """Ring attention; inputs ``q (b, H, s, d)``, ``k, v (b, Hkv, s, d)`` of the local tokens."""
 
@@ -112,21 +132,13 @@ class RingAttention(torch.autograd.Function):
             if nxt is not None:
                 grp.wait(works, "forward")
                 kv = nxt
-        acc, lse = state.finish()
-        out = ungroup(acc.to(q.dtype))
-        ctx.save_for_backward(qg, kv_local, out, lse)
-        ctx.grp, ctx.seq, ctx.causal = grp, seq, causal
-        return out
+        return finish_forward(ctx, state, q.dtype, qg, kv_local, grp, seq, causal)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dout: Tensor) -> tuple[Tensor | None, ...]:
-        qg, kv_local, out, lse = ctx.saved_tensors
+        qg, kv_local, lse, dog, delta, dqg = backward_inputs(ctx, dout)
         grp, seq, causal = ctx.grp, ctx.seq, ctx.causal
-        b, g, s, r, d = qg.shape
-        dog = group_queries(dout, g, 1.0)
-        delta = (dog.float() * group_queries(out, g, 1.0).float()).sum(-1)
-        dqg = torch.zeros_like(qg)
         n = grp.size
         kv, own, acc_in, acc_works = kv_local, None, None, []
         for t in range(n):
@@ -164,5 +176,5 @@ class RingAttention(torch.autograd.Function):
                 kv = nxt
         grp.wait(acc_works, "backward")
         dkv = own if acc_in is None else own + acc_in
-        dq = ungroup(dqg * (1.0 / math.sqrt(d))).to(qg.dtype)
+        dq = ungroup(dqg * (1.0 / math.sqrt(qg.shape[-1]))).to(qg.dtype)
         return dq, dkv[0].to(kv_local.dtype), dkv[1].to(kv_local.dtype), None, None, None

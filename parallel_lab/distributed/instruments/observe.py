@@ -72,6 +72,13 @@ _observers: list[Observer] = []
 _originals: dict[str, Any] = {}
 
 
+def _through_observers(hook: str, what: Call | list[Call], run: Callable[[], Any]) -> Any:
+    """Run ``run`` wrapped by every observer's ``hook`` (``wrap`` or ``wrap_batch``), the first installed outermost."""
+    for obs in reversed(_observers):
+        run = partial(getattr(obs, hook), what, run)
+    return run()
+
+
 def _call_wrapper(name: str, orig: Callable) -> Callable:
     kind, message = KINDS[name]
     sig = inspect.signature(orig)
@@ -82,10 +89,7 @@ def _call_wrapper(name: str, orig: Callable) -> Callable:
         peer = args.get("dst" if "dst" in sig.parameters else "src") if p2p else None
         call = Call(kind, nbytes(args[message]), args.get("group"), peer,
                     name in ("isend", "irecv") or bool(args.get("async_op", False)))
-        run = partial(orig, *a, **kw)
-        for obs in reversed(_observers):
-            run = partial(obs.wrap, call, run)
-        return run()
+        return _through_observers("wrap", call, partial(orig, *a, **kw))
 
     observed.__wrapped__ = orig
     return observed
@@ -97,10 +101,7 @@ def _batch_wrapper(orig: Callable) -> Callable:
     def observed(p2p_op_list: list[Any]) -> list[Any]:
         calls = [Call("send" if op.op is isend else "recv", nbytes(op.tensor), op.group, op.peer, True)
                  for op in p2p_op_list]
-        run = partial(orig, p2p_op_list)
-        for obs in reversed(_observers):
-            run = partial(obs.wrap_batch, calls, run)
-        return run()
+        return _through_observers("wrap_batch", calls, partial(orig, p2p_op_list))
 
     observed.__wrapped__ = orig
     return observed
