@@ -64,7 +64,7 @@ def under_torchrun() -> bool:
 
 
 def ranks_on_this_machine(world: int) -> tuple[int, bool]:
-    """``(ranks this machine runs, whether it also runs the one-process reference)``: all ``world`` and the
+    """``(ranks this node runs, whether it also runs the one-process reference)``: all ``world`` and the
     reference when this process forks them; under torchrun its ``LOCAL_WORLD_SIZE`` ranks, and the reference
     only on the node of global rank 0 (``run`` computes it there)."""
     if not under_torchrun():

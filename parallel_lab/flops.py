@@ -27,8 +27,8 @@ from .sharding import is_expert_param
 from .specs import ModelSpec, Plan
 
 FORMULA = "6*N_matmul*T + 12*L*q_dim*s*T (PaLM App. B / Narayanan et al. 2021; no causal halving)"
-#: Attention FLOP conventions: ``palm`` counts the full ``s x s`` square of scores (the seed's and the
-#: papers' MFU figures); ``causal`` counts only the query-key pairs a causal mask leaves visible,
+#: Attention FLOP conventions: ``palm`` counts the full ``s x s`` square of scores (the tutorial's and
+#: the papers' MFU figures); ``causal`` counts only the query-key pairs a causal mask leaves visible,
 #: ``s (s + 1) / 2`` per sequence, i.e. ``(s + 1) / 2`` keys per token (what a kernel that skips masked
 #: tiles does, up to its diagonal tiles).
 CONVENTIONS: dict[str, str] = {

@@ -184,8 +184,8 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     # H200 SXM: the H100 compute die with 141 GB HBM3e.
     "h200": ClusterSpec("h200", 8, 141e9, H100_PEAK_FLOPS, LinkTier("nvlink4", 450e9, 3e-6),
                         LinkTier("ib-400g", 50e9, 10e-6)),
-    # This laptop-class machine: 2 cores, gloo over loopback (see shared/reference/torch_cpu_notes.md:
-    # all_reduce ~1.4 GB/s at 64 MB, 0.1-1.9 ms for 1 KB). "HBM" is the RAM one rank may use.
+    # A 2-core laptop-class CPU, gloo over loopback (measured with torch 2.13: all_reduce
+    # ~1.4 GB/s at 64 MB, 0.1-1.9 ms for 1 KB). "HBM" is the RAM one rank may use.
     "cpu-gloo": ClusterSpec("cpu-gloo", 2, 12 * 2**30, 20e9, LinkTier("loopback", 1.4e9, 0.5e-3),
                             LinkTier("loopback-remote", 1.0e9, 1.0e-3), mfu_achievable=0.5),
 }

@@ -60,7 +60,7 @@ def state_bytes(model: ModelSpec, plan: Plan, stage: int | None = None) -> dict[
 
     Exact from :meth:`ModelSpec.parameter_shapes` (TP and PP split, ZeRO by units, see the module
     docstring); for a model given as a bare count ``P`` a single unit: ``ceil(P / dp)`` elements per
-    sharded category. ``stage=None`` reports the stage with the most state. Example (the seed article):
+    sharded category. ``stage=None`` reports the stage with the most state. Example (the tutorial's table):
     ``P = 7e9``, ``dp = 8``, adam-mixed: 112.0, 38.5, 26.25, 14.0 GB for ZeRO 0..3.
     """
     plan.validate(model)

@@ -13,7 +13,7 @@ The shared flags (stable; documented in the README):
 Every number has a range (:data:`LIMITS`), so that no single value can make a call take seconds or
 gigabytes: GPUs and degrees up to 2^17, pipeline stages up to 64, layers up to 512, and so on; out of
 range is an error that says the range. :func:`check_fits_this_machine` refuses, before any process
-starts, a run whose ranks cannot all live on this machine.
+starts, a run whose ranks cannot all live on the machine it runs on.
 """
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ def available_memory_bytes() -> int:
 
 
 def check_fits_this_machine(model: ModelSpec, plan: Plan) -> None:
-    """Refuse, before any process starts, a run whose ranks cannot all live on this machine.
+    """Refuse, before any process starts, a run whose ranks cannot all live on the machine it runs on.
 
     World: at most :data:`MAX_RANKS_PER_CORE` ranks per available core. Memory: the ledger's bytes of
     the fullest rank (cluster ``cpu-gloo``) for each of ``world`` ranks plus the one-process reference,

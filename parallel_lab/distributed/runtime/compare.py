@@ -3,7 +3,8 @@
 A change of plan should not change what is learned: the same global batch, split another way, gives the
 same mean loss and the same gradients (docs/conventions.md, "Loss"), so two plans with the same model,
 seed, sequence length and global batch ``micro_batch * grad_accum * dp`` must give loss curves equal to
-rounding. The seed's fifth failure mode is a loss normalisation that depends on the plan (the division by
+rounding. The tutorial's fifth failure mode (docs/sources.md) is a loss normalisation that depends on the
+plan (the division by
 the number of micro-batches ``m`` done in the wrong place, or not at all): each plan still trains, but
 the effective learning rate moves with ``m``, and only an overlay of the two curves shows it.
 
@@ -64,7 +65,7 @@ class Comparison:
         return (f"the loss curves DISAGREE from step {self.first_disagreement}: largest relative difference "
                 f"{worst:.1e} > tolerance {self.tolerance:g}; the same data under two plans should give the same "
                 f"losses: look for a normalisation that depends on the plan (the loss divided by grad_accum, "
-                f"dp or the token count in the wrong place; the seed's fifth failure mode)")
+                f"dp or the token count in the wrong place; the tutorial's fifth failure mode)")
 
     def to_json(self) -> dict[str, Any]:
         return {"plan_a": dataclasses.asdict(self.plan_a), "plan_b": dataclasses.asdict(self.plan_b),

@@ -1,6 +1,7 @@
 """Diagnosis on the ranks: what a rank was doing, how long it waited, where a NaN first appeared.
 
-The seed's sixth failure mode is raising the collective timeout until a stuck job "works". A timeout only
+The tutorial's sixth failure mode (docs/sources.md) is raising the collective timeout until a stuck job
+"works". A timeout only
 says that *some* collective waited too long; the useful answer names the rank and what it was doing. Three
 instruments, each cheap enough to stay on in every ``parallel-lab run``:
 
