@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from parallel_lab.distributed import probe
+from parallel_lab.distributed.collectives import all_gather_flat_fn, reduce_scatter_flat_fn
 
 
 class Transfer:
@@ -42,14 +43,14 @@ def exchange(send: Tensor, recv: Tensor, next_rank: int, prev_rank: int, group: 
 
 def all_gather(output: Tensor, input: Tensor, group: Any) -> Transfer:
     """Every rank's ``input``, rank by rank, into ``output`` (async)."""
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor        # 2.13's name first
+    fn = all_gather_flat_fn()
     with probe.tagged(dim="cp"):
         return Transfer(fn(output, input, group=group, async_op=True))
 
 
 def reduce_scatter(output: Tensor, input: Tensor, group: Any) -> Transfer:
     """Sum ``input`` (a shard per rank) over the group; this rank's shard into ``output`` (async)."""
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor      # 2.13's name first
+    fn = reduce_scatter_flat_fn()
     with probe.tagged(dim="cp"):
         return Transfer(fn(output, input, group=group, async_op=True))
 

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from parallel_lab.comm import Collective
 from parallel_lab.distributed import probe
+from parallel_lab.distributed.collectives import all_gather_flat_fn, reduce_scatter_flat_fn
 from parallel_lab.distributed.instruments.memory import STATE_PARTS, ZERO3_PEAKS, BufferMeter
 from parallel_lab.distributed.instruments.observe import Call, observing
 
@@ -268,14 +269,14 @@ class CommTracer:
                    async_op: bool = False, unit: str | None = None) -> TracedWork | None:
         """Gather equal shards into ``output`` (n x input); message = the gathered output."""
         with self._as(dim, unit):
-            fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor    # 2.13's name first
+            fn = all_gather_flat_fn()
             return fn(output, input, group=self.group(dim, group), async_op=async_op)
 
     def reduce_scatter(self, output: Tensor, input: Tensor, dim: str, op: Any = dist.ReduceOp.SUM,
                        group: Any = None, async_op: bool = False, unit: str | None = None) -> TracedWork | None:
         """Reduce ``input`` (n x output) and keep this rank's shard; message = the full input."""
         with self._as(dim, unit):
-            fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            fn = reduce_scatter_flat_fn()
             return fn(output, input, op=op, group=self.group(dim, group), async_op=async_op)
 
     def all_to_all(self, output: Tensor, input: Tensor, dim: str, output_split_sizes: list[int] | None = None,

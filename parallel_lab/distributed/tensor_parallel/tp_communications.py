@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from parallel_lab.distributed import probe
+from parallel_lab.distributed.collectives import all_gather_flat_fn, reduce_scatter_flat_fn
 
 
 @dataclass
@@ -52,7 +53,7 @@ class TPGroup:
         """``(b, s/t, ...) -> (b, s, ...)``: all-gather of the sequence shards; message = the full output."""
         b, n, rest = shard.shape[0], shard.shape[1], shard.shape[2:]
         out = torch.empty((self.size * b, n, *rest), dtype=shard.dtype, device=shard.device)
-        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # 2.13's name
+        all_gather = all_gather_flat_fn()
         with probe.tagged(dim=label):
             all_gather(out, shard.contiguous(), group=self.group)      # rank k's shard: rows [k b, (k+1) b)
         full = out.view(self.size, b, n, *rest).transpose(0, 1).reshape(b, self.size * n, *rest)
@@ -66,7 +67,7 @@ class TPGroup:
         stacked = full.reshape(b, self.size, n, *rest).transpose(0, 1).reshape(self.size * b, n, *rest)
         out = torch.empty((b, n, *rest), dtype=full.dtype, device=full.device)
         probe.sample("sp", [full, stacked])                # the partial sums, reordered (a copy when b > 1)
-        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        reduce_scatter = reduce_scatter_flat_fn()
         with probe.tagged(dim=label):
             reduce_scatter(out, stacked, group=self.group)
         return out

@@ -20,13 +20,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from parallel_lab.distributed.collectives import all_gather_flat_fn
 from parallel_lab.distributed.data_parallel.data_parallel import Named, trainable
 from parallel_lab.distributed.model.mixed_precision import is_mixed
 from parallel_lab.distributed.model.model import ADAMW, make_optimizer
 from parallel_lab.sharding import shard_size
 from parallel_lab.specs import Plan
 
-_untraced_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_untraced_all_gather = all_gather_flat_fn()
 
 #: Optimizers the ZeRO classes can run: fp32 ones (any stage) and FSDP2-style mixed precision (stage 3).
 MIXED = "fsdp2-mixed"

@@ -15,14 +15,16 @@ from typing import Any
 import torch.distributed as dist
 from torch import Tensor
 
+from parallel_lab.distributed.collectives import all_gather_flat_fn, reduce_scatter_flat_fn
+
 
 def reduce_scatter_sum(output: Tensor, input: Tensor, group: Any = None, async_op: bool = False) -> Any:
     """Sum ``input`` (``g`` shards) over ``group``; this rank's shard into ``output``."""
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor      # 2.13's name first
+    fn = reduce_scatter_flat_fn()
     return fn(output, input, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
 
 
 def all_gather_flat(output: Tensor, input: Tensor, group: Any = None, async_op: bool = False) -> Any:
     """Every rank's shard ``input``, rank by rank, into ``output`` (``g`` shards)."""
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor        # 2.13's name first
+    fn = all_gather_flat_fn()
     return fn(output, input, group=group, async_op=async_op)
