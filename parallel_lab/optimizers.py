@@ -30,28 +30,30 @@ class OptimizerSpec:
         return self.param_bytes + self.grad_bytes + self.optim_bytes
 
 
-OPTIMIZERS: dict[str, OptimizerSpec] = {
-    o.name: o
-    for o in (
-        OptimizerSpec("adam-mixed", 2, 2, 12,
-                      "ZeRO paper (Rajbhandari et al. 2020): bf16 params 2 + bf16 grads 2 + fp32 master, "
-                      "momentum, variance 4+4+4 = 16 B/param"),
-        OptimizerSpec("adam-mixed-fp32-grad", 2, 6, 12,
-                      "as adam-mixed plus an fp32 gradient-accumulation buffer "
-                      "(bf16 grad 2 + fp32 4): 20 B/param"),
-        OptimizerSpec("adam-fp32", 4, 4, 8,
-                      "plain fp32 Adam: params 4 + grads 4 + momentum and variance 8 = 16 B"),
-        OptimizerSpec("sgd-momentum", 4, 4, 4, "fp32 SGD with momentum: 4 + 4 + 4 = 12 B/param"),
-        OptimizerSpec("adam-8bit", 2, 2, 6,
-                      "bf16 params and grads, fp32 master 4, 8-bit momentum and variance 1+1 "
-                      "(Dettmers et al. 2022; block-wise quantisation constants ignored): 10 B/param"),
-        OptimizerSpec("adafactor", 2, 2, 4,
-                      "bf16 params and grads, fp32 master 4, no momentum, factored second moment "
-                      "(rows + columns per matrix, negligible per parameter): 8 B/param"),
-        OptimizerSpec("fsdp2-mixed", 4, 4, 8,
-                      "FSDP2 MixedPrecisionPolicy: fp32 sharded params 4 + fp32 grads 4 + Adam 8 = 16 B; "
-                      "bf16 copies are all-gathered per unit for compute (a communication buffer)"),
-    )
+#: name -> bytes per parameter as (param_bytes, grad_bytes, optim_bytes).
+_STATE_BYTES: dict[str, tuple[int, int, float]] = {
+    "adam-mixed": (2, 2, 12),
+    "adam-mixed-fp32-grad": (2, 6, 12),
+    "adam-fp32": (4, 4, 8),
+    "sgd-momentum": (4, 4, 4),
+    "adam-8bit": (2, 2, 6),
+    "adafactor": (2, 2, 4),
+    "fsdp2-mixed": (4, 4, 8),
 }
+#: name -> where its split comes from.
+_SOURCES: dict[str, str] = {
+    "adam-mixed": ("ZeRO paper (Rajbhandari et al. 2020): bf16 params 2 + bf16 grads 2 + fp32 master, "
+        "momentum, variance 4+4+4 = 16 B/param"),
+    "adam-mixed-fp32-grad": "as adam-mixed plus an fp32 gradient-accumulation buffer (bf16 2 + fp32 4): 20 B/param",
+    "adam-fp32": "plain fp32 Adam: params 4 + grads 4 + momentum and variance 8 = 16 B",
+    "sgd-momentum": "fp32 SGD with momentum: 4 + 4 + 4 = 12 B/param",
+    "adam-8bit": ("bf16 params and grads, fp32 master 4, 8-bit momentum and variance 1+1 "
+        "(Dettmers et al. 2022; block-wise quantisation constants ignored): 10 B/param"),
+    "adafactor": ("bf16 params and grads, fp32 master 4, no momentum, factored second moment "
+        "(rows + columns per matrix, negligible per parameter): 8 B/param"),
+    "fsdp2-mixed": ("FSDP2 MixedPrecisionPolicy: fp32 sharded params 4 + fp32 grads 4 + Adam 8 = 16 B; "
+        "bf16 copies are all-gathered per unit for compute (a communication buffer)"),
+}
+OPTIMIZERS: dict[str, OptimizerSpec] = {n: OptimizerSpec(n, *b, _SOURCES[n]) for n, b in _STATE_BYTES.items()}
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -14,6 +14,7 @@ to its verdict asks ``sharding`` and ``schedules`` once per fact.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from functools import cached_property
 
 from .errors import ParallelLabError
@@ -108,6 +109,11 @@ def check_stage(plan: Plan, stage: int | None) -> list[int]:
         raise ParallelLabError(f"stage={stage!r} is not a pipeline stage of pp={plan.pp}; "
                                f"pick 0..{plan.pp - 1}")
     return [stage]
+
+
+def _under_tp(local: Callable[[ModelSpec, int], int]) -> cached_property:
+    """A cached property of a :class:`RankView`: ``local(model, tp)``, a width this rank holds under TP."""
+    return cached_property(lambda self: local(self.model, self.plan.tp))
 
 
 class RankView:
@@ -211,17 +217,9 @@ class RankView:
         return messages_at_once(p.schedule, p.pp, p.microbatches, p.interleave)[self.stage] if p.pp > 1 else 0
 
     # ---- local widths under TP -----------------------------------------------------------------------
-    @cached_property
-    def q_width(self) -> int:
-        return q_width_local(self.model, self.plan.tp)
-
-    @cached_property
-    def kv_width(self) -> int:
-        return kv_width_local(self.model, self.plan.tp)
-
-    @cached_property
-    def kv_heads(self) -> int:
-        return kv_heads_local(self.model, self.plan.tp)
+    q_width = _under_tp(q_width_local)
+    kv_width = _under_tp(kv_width_local)
+    kv_heads = _under_tp(kv_heads_local)
 
     @cached_property
     def vocab(self) -> int:

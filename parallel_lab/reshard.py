@@ -63,17 +63,23 @@ def state_sharded(plan: Plan, state: str) -> bool:
     return plan.zero == 3 or (plan.zero >= 1 and plan.optimizer not in ("adam-fp32", "sgd-momentum"))
 
 
-@dataclass(frozen=True)
-class Piece:
-    """One box of one state tensor of one parameter, in the full tensor's (global) coordinates."""
+class _Boxed:
+    """Something that holds a ``box`` of a tensor: ``numel`` is the box's element count."""
 
-    state: str
-    name: str
     box: Box
 
     @property
     def numel(self) -> int:
         return box_numel(self.box)
+
+
+@dataclass(frozen=True)
+class Piece(_Boxed):
+    """One box of one state tensor of one parameter, in the full tensor's (global) coordinates."""
+
+    state: str
+    name: str
+    box: Box
 
 
 def _row_boxes(box: Box, a: int, b: int) -> list[Box]:
@@ -99,7 +105,7 @@ def _row_boxes(box: Box, a: int, b: int) -> list[Box]:
 
 
 @dataclass(frozen=True)
-class LocalTensor:
+class LocalTensor(_Boxed):
     """One parameter as one rank holds it: its full ``shape``, the ``box`` this TP rank holds, the ZeRO
     ``unit``, and whether this rank is the first holder of that box (TP replicas, the tied copy)."""
 
@@ -108,10 +114,6 @@ class LocalTensor:
     box: Box
     unit: str
     first: bool
-
-    @property
-    def numel(self) -> int:
-        return box_numel(self.box)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -53,6 +53,11 @@ def group_of(plan: Plan, dim: str, rank: int) -> list[int]:
     return grid_rules.group_of(plan, dim, rank)
 
 
+def _index_in(dim: str) -> property:
+    """A property: this rank's index in its ``dim`` group, its coordinate along ``dim``."""
+    return property(lambda self: self.ranks[dim].index(self.rank), doc=f"This rank's index in its {dim} group.")
+
+
 @dataclass
 class Grid:
     """One rank's place in the grid: coordinates, groups (``ProcessGroup``), and pipeline neighbours.
@@ -109,21 +114,10 @@ class Grid:
     def coords(self) -> dict[str, int]:
         return {d: self.ranks[d].index(self.rank) for d in DIMS}
 
-    @property
-    def dp_rank(self) -> int:
-        return self.ranks["dp"].index(self.rank)
-
-    @property
-    def pp_rank(self) -> int:
-        return self.ranks["pp"].index(self.rank)
-
-    @property
-    def cp_rank(self) -> int:
-        return self.ranks["cp"].index(self.rank)
-
-    @property
-    def tp_rank(self) -> int:
-        return self.ranks["tp"].index(self.rank)
+    dp_rank = _index_in("dp")
+    pp_rank = _index_in("pp")
+    cp_rank = _index_in("cp")
+    tp_rank = _index_in("tp")
 
     @property
     def pp_prev(self) -> int | None:
