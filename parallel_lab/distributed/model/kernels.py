@@ -27,15 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from parallel_lab.distributed.context_parallel.blockwise_attention import (
-    DEFAULT_TILE,
-    OnlineSoftmax,
-    Tokens,
-    attend_backward,
-    attend_forward,
-    group_queries,
-    ungroup,
-)
+from parallel_lab.distributed.context_parallel import blockwise_attention as blockwise
 
 # --------------------------------------------------------------------------------------------------
 # FlashAttention-style core
@@ -45,14 +37,14 @@ class FlashAttention(torch.autograd.Function):
     """``q (b, H, s, d)``, ``k, v (b, Hkv, s, d)``, tokens ``toks``; returns ``(b, H, s, d)``."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, toks: Tokens, causal: bool) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, toks: blockwise.Tokens, causal: bool) -> Tensor:
         b, h, s, d = q.shape
         g = k.shape[1]
-        qg = group_queries(q, g, 1.0 / math.sqrt(d))              # (b, g, s, h/g, d), scratch
-        state = OnlineSoftmax(b, g, s, h // g, d, q.device)
-        attend_forward(state, qg, k, v, toks, toks, causal)
+        qg = blockwise.group_queries(q, g, 1.0 / math.sqrt(d))              # (b, g, s, h/g, d), scratch
+        state = blockwise.OnlineSoftmax(b, g, s, h // g, d, q.device)
+        blockwise.attend_forward(state, qg, k, v, toks, toks, causal)
         acc, lse = state.finish()
-        out = ungroup(acc.to(q.dtype))                              # view of a (b, s, H, d) tensor
+        out = blockwise.ungroup(acc.to(q.dtype))                              # view of a (b, s, H, d) tensor
         ctx.save_for_backward(q, k, v, out, lse)                    # lse: (b, g, s, h/g) fp32
         ctx.toks, ctx.causal = toks, causal
         return out
@@ -62,28 +54,28 @@ class FlashAttention(torch.autograd.Function):
     def backward(ctx: Any, dout: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
         d, g = q.shape[-1], k.shape[1]
-        qg = group_queries(q, g, 1.0 / math.sqrt(d))
-        dog = group_queries(dout, g, 1.0)
-        delta = (dog.float() * group_queries(out, g, 1.0).float()).sum(-1)
+        qg = blockwise.group_queries(q, g, 1.0 / math.sqrt(d))
+        dog = blockwise.group_queries(dout, g, 1.0)
+        delta = (dog.float() * blockwise.group_queries(out, g, 1.0).float()).sum(-1)
         dqg = torch.zeros_like(qg)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        attend_backward(qg, k, v, dog, lse, delta, ctx.toks, ctx.toks, ctx.causal, dqg, dk, dv)
-        dq = ungroup(dqg * (1.0 / math.sqrt(d))).to(q.dtype)
+        blockwise.attend_backward(qg, k, v, dog, lse, delta, ctx.toks, ctx.toks, ctx.causal, dqg, dk, dv)
+        dq = blockwise.ungroup(dqg * (1.0 / math.sqrt(d))).to(q.dtype)
         return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 class FlashCore(nn.Module):
     """Drop-in for ``model.DotProductAttention`` (same signature) that runs :class:`FlashAttention`."""
 
-    def __init__(self, tile: int = DEFAULT_TILE):
+    def __init__(self, tile: int = blockwise.DEFAULT_TILE):
         super().__init__()
         self.tile = tile
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, ctx: Any) -> Tensor:
         key = ("flash_tokens", self.tile)
         if key not in ctx.cache:
-            ctx.cache[key] = Tokens.of(ctx.positions, ctx.doc_ids, self.tile)
+            ctx.cache[key] = blockwise.Tokens.of(ctx.positions, ctx.doc_ids, self.tile)
         return FlashAttention.apply(q, k, v, ctx.cache[key], ctx.causal)
 
     def extra_repr(self) -> str:
