@@ -57,6 +57,8 @@ EXERCISES: tuple[Exercise, ...] = (
     # implementation exercises added after the first fourteen (handout rows 15 on)
     Exercise("interleaved_1f1b", "implement", "04", 60, 16,
              "interleaved 1F1B as action lists: v chunks per rank, the bubble divided by v"),
+    Exercise("ep_dispatch", "implement", "09", 60, 17,
+             "expert parallelism's dispatch and combine: all-to-alls with uneven splits, a capacity"),
 )
 BY_NAME = {e.name: e for e in EXERCISES}
 
