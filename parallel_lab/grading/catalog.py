@@ -54,6 +54,11 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("predict_ep", "predict", "09", 40, 12, "expert parallelism: capacity, all-to-all bytes, parameters"),
     Exercise("design_plan", "design", "06, 07", 90, 9, "a plan for Llama 3 8B on 16 H100s: fit, and beat a step time",
              {"why": WHY_PLAN}),
+    # implementation exercises added after the first fourteen (handout rows 15 on)
+    Exercise("interleaved_1f1b", "implement", "04", 60, 16,
+             "interleaved 1F1B as action lists: v chunks per rank, the bubble divided by v"),
+    Exercise("ep_dispatch", "implement", "09", 60, 17,
+             "expert parallelism's dispatch and combine: all-to-alls with uneven splits, a capacity"),
 )
 BY_NAME = {e.name: e for e in EXERCISES}
 
