@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 from notebook_checks import assert_no_answer_everywhere
-
 from parallel_lab import simulate
 
 

@@ -10,7 +10,8 @@ from notebook_checks import assert_no_answer_everywhere
 def check(text: str, nb) -> None:
     assert_no_answer_everywhere(text, nb)
     # the library's own code is on the page: the online-softmax merge, then the ring loop before the runs
-    for key in ("def update(self, a: int, z: int, scores: Tensor, v: Tensor) -> None:", "alpha = torch.exp(m_old - ref)",
+    for key in ("def update(self, a: int, z: int, scores: Tensor, v: Tensor) -> None:",
+                "alpha = torch.exp(m_old - ref)",
                 "works = grp.exchange(kv, nxt)", "src = (grp.index - t) % n",
                 "return finish_forward(ctx, state, q.dtype, qg, kv_local, grp, seq, causal)"):
         assert key in text, key
