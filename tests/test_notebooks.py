@@ -32,6 +32,22 @@ def test_committed_without_outputs(path):
                        "(jupyter nbconvert --clear-output --inplace)")
 
 
+def test_hidden_sources_are_hidden_everywhere():
+    """A cell whose code is grading or plotting machinery is collapsed in JupyterLab (``source_hidden``) and
+    tagged ``hide-input``, which the docs site's mkdocs-jupyter removes (mkdocs.yml ``remove_input_tags``)."""
+    assert "remove_input_tags: [hide-input]" in (REPO / "mkdocs.yml").read_text()
+    tagged = 0
+    for path in NOTEBOOKS:
+        for i, c in enumerate(nbformat.read(path, as_version=4).cells):
+            tags = c.metadata.get("tags", [])
+            hidden = c.metadata.get("jupyter", {}).get("source_hidden", False)
+            assert ("hide-input" in tags) == hidden, f"{path.name} cell {i}: source_hidden and hide-input disagree"
+            tagged += "hide-input" in tags
+            if c.cell_type == "code" and "Markdown(f" in c.source and path.name[:2].isdigit():
+                assert hidden, f"{path.name} cell {i}: a summary's f-string should be hidden (hide-input)"
+    assert tagged >= 9, tagged
+
+
 def execute(path: Path) -> nbformat.NotebookNode:
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3",

@@ -3,7 +3,7 @@ of h=2048, 16 heads at s=1024 under TP 4, with and without SP and selective reco
 
 from __future__ import annotations
 
-from parallel_lab.grading.feedback import check
+from parallel_lab.grading.feedback import check_revealed as check
 from parallel_lab.grading.harness import Fail, checks, points, require
 
 

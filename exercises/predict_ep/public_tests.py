@@ -3,7 +3,7 @@ with 3 micro-batches over 2 and 4 expert-parallel GPUs (against ``parallel_lab.c
 
 from __future__ import annotations
 
-from parallel_lab.grading.feedback import check
+from parallel_lab.grading.feedback import check_revealed as check
 from parallel_lab.grading.harness import Fail, checks, points, require
 
 

@@ -6,7 +6,8 @@ The expected numbers of llama2-7b are stored as salted hashes: a test says right
 
 from __future__ import annotations
 
-from parallel_lab.grading.feedback import check, check_hash
+from parallel_lab.grading.feedback import check_hash
+from parallel_lab.grading.feedback import check_revealed as check
 from parallel_lab.grading.harness import Fail, checks, points, require
 
 SALT = "predict_ledger-public"

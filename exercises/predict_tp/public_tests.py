@@ -3,7 +3,7 @@ llama2-13b over 4 GPUs with 3 micro-batches on the two links of an A100 cluster 
 
 from __future__ import annotations
 
-from parallel_lab.grading.feedback import check
+from parallel_lab.grading.feedback import check_revealed as check
 from parallel_lab.grading.harness import Fail, checks, points, require
 
 

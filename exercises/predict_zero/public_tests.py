@@ -3,7 +3,7 @@ bytes one GPU sends per step at every stage for 2.5B parameters on 4 and 16 GPUs
 
 from __future__ import annotations
 
-from parallel_lab.grading.feedback import check
+from parallel_lab.grading.feedback import check_revealed as check
 from parallel_lab.grading.harness import Fail, checks, points, require
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from parallel_lab import ledger_activations
-from parallel_lab.grading.feedback import check
+from parallel_lab.grading.feedback import check_revealed as check
 from parallel_lab.grading.harness import Fail, points, run_ranks
 from parallel_lab.grading.micro import MICRO_GPT, measured_rank
 from parallel_lab.specs import ModelSpec, Plan

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from parallel_lab.grading.feedback import check
+from parallel_lab.grading.feedback import check_revealed as check
 from parallel_lab.grading.harness import Fail, points
 from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.simulate import bubble_formula, simulate

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from parallel_lab import comm, ledger
-from parallel_lab.grading.feedback import check
+from parallel_lab.grading.feedback import check_revealed as check
 from parallel_lab.grading.harness import Fail, points
 from parallel_lab.specs import ModelSpec, Plan
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from parallel_lab import ledger
-from parallel_lab.grading.feedback import check, learner_params
+from parallel_lab.grading.feedback import check_revealed as check
+from parallel_lab.grading.feedback import learner_params
 from parallel_lab.grading.harness import Fail, points
 from parallel_lab.grading.micro import MICRO
 from parallel_lab.specs import ModelSpec, Plan

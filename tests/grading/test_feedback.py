@@ -1,7 +1,8 @@
-"""``check(...)``: right, or how far off and which term was missed; never a silent pass.
+"""``check(...)``: right, or a hint first and the expected value on the second try; never a silent pass.
 
-Targets come from the library (the ledger of llama2-7b with ZeRO) and from the seed's published bytes:
-2 + 2 + 12 bytes per parameter for mixed-precision Adam (Rajbhandari et al. 2020).
+Targets come from the library (the ledger of llama2-7b with ZeRO) and from the tutorial's published bytes:
+2 + 2 + 12 bytes per parameter for mixed-precision Adam (Rajbhandari et al. 2020). The diagnoses with values
+are asked with ``reveal=True``; the hint-first behaviour has its own tests below.
 """
 
 from __future__ import annotations
@@ -9,9 +10,26 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from parallel_lab.grading.feedback import answer_hash, check, check_hash, learner_params
+import pytest
+
+from parallel_lab.grading import feedback
+from parallel_lab.grading.feedback import answer_hash, check_hash, learner_params
+from parallel_lab.grading.feedback import check as hinting_check
 from parallel_lab.ledger import state_bytes
 from parallel_lab.specs import Plan
+
+
+def check(*args, **kwargs):
+    """The full diagnosis at once (what a second wrong try shows)."""
+    kwargs.setdefault("reveal", True)
+    return hinting_check(*args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def fresh_kernel():
+    feedback.reset_tries()
+    yield
+    feedback.reset_tries()
 
 PSI = 7.5e9
 ZERO0 = {"parameters": 2 * PSI, "gradients": 2 * PSI, "optimizer_states": 12 * PSI}   # 120 GB per GPU
@@ -88,5 +106,59 @@ def test_a_unit_slip_says_larger_or_smaller_the_right_way_round():
 
 def test_the_tolerance_printed_is_the_one_applied():
     assert "tolerance ±1 %" in check(46.5, 46.67, rtol=0.0, atol=1.0, unit="%").message
-    assert "tolerance 0.01" in check(1.005, 1.0, rtol=0.01).message
+    assert "tolerance 1%" in check(1.005, 1.0, rtol=0.01).message
     assert "tolerance 0 (exact)" in check(3, 3, rtol=0.0).message
+
+
+def test_an_estimate_passes_within_5_percent_and_a_count_must_be_exact():
+    assert check(110, 112.0, unit="GB") and "tolerance 5%" in check(110, 112.0, unit="GB").message
+    assert not check(105, 112.0, unit="GB")                        # 6% off an estimate
+    assert not check(46, 47) and not check(48, 47) and check(47, 47)   # an int expected is a count
+    assert check({"a": 3, "b": 4}, {"a": 3, "b": 4}) and not check(8, {"a": 3, "b": 4})
+    assert check(46.9, 47, rtol=0.01)                              # a stated tolerance wins
+
+
+def test_the_first_wrong_try_hints_without_the_value_the_second_reveals_it():
+    first = hinting_check(2 * PSI + 2 * PSI, ZERO0, unit="B", name="state")      # optimizer states left out
+    assert not first and not first.revealed
+    assert "your total leaves out optimizer_states" in first.message
+    assert "120" not in first.message and "90" not in first.message and "reveal=True" in first.message
+    second = hinting_check(2 * PSI + 2 * PSI, ZERO0, unit="B", name="state")
+    assert second.revealed and "expected 120.000 GB" in second.message
+    low = hinting_check(80.0, 100.0, name="low")
+    assert "far" not in low.message and "too low" in low.message and "100" not in low.message
+    assert "far too high" in hinting_check(250.0, 100.0, name="high").message
+    assert "close, but too high" in hinting_check(110.0, 100.0, name="close").message
+    # another question keeps its own count; reveal=False never shows the value
+    assert not hinting_check(80.0, 100.0, name="other").revealed
+    assert not hinting_check(80.0, 100.0, name="low", reveal=False).revealed
+    assert hinting_check(80.0, 100.0, name="new", reveal=True).revealed
+
+
+def test_a_unit_slip_is_named_at_the_first_try():
+    fb = hinting_check(120e9 / 2**30, 120.0, unit="GB", name="gib")
+    assert not fb.revealed and "GB vs GiB" in fb.message
+
+
+def test_sizes_written_with_a_unit_are_understood():
+    assert check("112 GB", 112e9, unit="B")
+    assert check("104.3 GiB", 112e9, unit="B")
+    assert check("112GB", 112.0, unit="GB") and check("104 GiB", 112.0, unit=" GB")
+    assert check("110", 112.0, unit="GB") and check("1,024 B", 1024, unit="B")
+    fb = check("112 GB", 2.0, unit="s")
+    assert not fb and "carries the unit 'GB'" in fb.message and "in s" in fb.message
+    fb = check("lots", 112.0, unit="GB")
+    assert "not a number" in fb.message and "1.5e9" not in fb.message and "number of GB" in fb.message
+    assert "number of bytes such as 1.5e9" in check("lots", 1e9, unit="B").message
+
+
+def test_a_category_is_right_or_not_without_percentages():
+    assert check(" Zigzag ", "zigzag") and not hinting_check("ring", "zigzag", name="kind")
+    fb = hinting_check("ring", "zigzag", name="kind")
+    assert "'zigzag'" in fb.message and "%" not in fb.message
+
+
+def test_marks_are_plain_text():
+    assert check(1.0, 1.0)._repr_markdown_().startswith("**[right]**")
+    assert hinting_check(2.0, 1.0, name="m")._repr_markdown_().startswith("**[not yet]**")
+    assert not any(ord(ch) > 0x2000 for ch in check(2.0, 1.0)._repr_markdown_())

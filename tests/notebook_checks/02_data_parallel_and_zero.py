@@ -18,6 +18,15 @@ def check(text: str, nb) -> None:
         shown = " ".join(str(v) for o in c.outputs for v in o.get("data", {}).values())
         assert "no answer yet" in shown, c.source
     assert "10 variants trained on 2 ranks" in text
+    # the library's own code is on the page, before the launch (DDP hook, ZeRO-1/2 step, ZeRO-3 gather/free)
+    for key in ("def _on_grad(self, p: Tensor) -> None:", "all_reduce_sum(bucket.buffer, self.group, async_op=True)",
+                "all_gather_flat(full, src, self.group)", "def _before_block_hook(self, k: int):",
+                "RegatherBeforeBackward.apply(output, self, k)", "parallel_lab/distributed/zero/fsdp.py, lines"):
+        assert key in text, key
+    assert text.index("def _on_grad") < text.index("10 variants trained on 2 ranks")
+    # the bucket question shows what it needs: every gradient in backward order and the cap
+    assert "then blocks 7, 6, ..., 0, each: mlp.down.weight 176,128" in text
+    assert "cap 1,000,000 bytes per bucket" in text
     # DDP: buckets predicted = measured, naive launches nothing during backward, bucketed all of its buckets
     assert "bucket sizes equal: True" in text
     assert "buckets measured  (7)" in text

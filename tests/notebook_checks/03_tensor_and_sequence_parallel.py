@@ -28,6 +28,13 @@ def check(text: str, nb) -> None:
     assert_no_answer_everywhere(text, nb)
     assert "(1.258x: the column-parallel linears" in text      # SP sends more than TP alone, as section 5 says
     assert "tp=2 on 2 ranks" in text                            # the real runs happened
+    # the library's own code is on the page before the run: ColumnParallelLinear, then f and g
+    for key in ("class ColumnParallelLinear(nn.Module):", "return F.linear(x, self.weight, self.bias)",
+                "class CopyToTP(torch.autograd.Function):", "class ReduceFromTP(torch.autograd.Function):",
+                "return ctx.tp.all_reduce(grad.clone(memory_format=torch.contiguous_format), ctx.label), None, None",
+                "return tp.all_reduce(x, label)"):
+        assert key in text, key
+    assert text.index("class CopyToTP") < text.index("tp=2 on 2 ranks")
     tp = _equal_pair(text, "TP payload, tp=2 ")
     assert tp == 8_388_608                    # 2 ranks x 4 layers x 4 all-reduces x (128*4*128*4 B)
     sp = _equal_pair(text, "TP payload, tp=2 + SP")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from notebook_checks import assert_no_answer_everywhere
+from parallel_lab import simulate
 
 
 def check(text: str, nb) -> None:
@@ -22,11 +23,20 @@ def check(text: str, nb) -> None:
     assert re.search(r"gpipe\s+16\s+[\d.]+ GB\s+[\d.]+ GB\s+True", text)
     assert re.search(r"1f1b\s+64\s+[\d.]+ GB\s+[\d.]+ GB\s+True", text)
     assert_no_answer_everywhere(text, nb)
-    # the guided task's answers are on the explorer's slider (1F1B under 15%, ZB-H1 under 10%)
-    slider_max, a_1f1b, a_zbh1, m10 = map(int, re.search(
-        r"answers on the explorer's slider \(1\.\.(\d+)\): 1F1B (\d+), ZB-H1 (\d+); 1F1B under 10% would need "
-        r"m = (\d+)", text).groups())
+    # the guided task's answers are on the explorer's slider (1F1B under 15%, ZB-H1 under 10%), and the cell
+    # speaks of the learner's own m, never prints the answers
+    slider_max, m10 = map(int, re.search(
+        r"the explorer's slider runs 1\.\.(\d+); 1F1B under 10% would need m = (\d+)", text).groups())
+    a_1f1b = next(k for k in range(2, 257) if simulate.bubble_formula("1f1b", 8, k) < 0.15)
+    a_zbh1 = next(k for k in range(2, 257) if simulate.bubble_formula("zb-h1", 8, k) < 0.10)
     assert (a_1f1b, m10) == (47, 71) and a_1f1b <= slider_max and a_zbh1 <= slider_max, (slider_max, a_1f1b, a_zbh1)
+    assert "1f1b: type a whole number m >= 2 to see its bubble" in text
+    assert "zb-h1: type a whole number m >= 2 to see its bubble" in text
+    # the library's own code is on the page: the 1F1B generator before the lists run, the executor's loop
+    for key in ("def one_f_one_b_order(p: int, m: int) -> list[list[Action]]:", "order += [fwd(warm + k), bwd(k)]",
+                "for i, a in enumerate(self.actions):", "run[a.kind](rt, st, i, a)"):
+        assert key in text, key
+    assert text.index("run[a.kind](rt, st, i, a)") < text.index("1f1b: p=2, m=4")
     assert "1f1b: p=2, m=4" in text                                     # the real runs happened
     assert "peak in flight per stage: measured [2, 1], simulated [2, 1]" in text
     assert "peak in flight per stage: measured [4, 4], simulated [4, 4]" in text

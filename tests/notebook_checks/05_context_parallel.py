@@ -9,6 +9,13 @@ from notebook_checks import assert_no_answer_everywhere
 
 def check(text: str, nb) -> None:
     assert_no_answer_everywhere(text, nb)
+    # the library's own code is on the page: the online-softmax merge, then the ring loop before the runs
+    for key in ("def update(self, a: int, z: int, scores: Tensor, v: Tensor) -> None:",
+                "alpha = torch.exp(m_old - ref)",
+                "works = grp.exchange(kv, nxt)", "src = (grp.index - t) % n",
+                "return finish_forward(ctx, state, q.dtype, qg, kv_local, grp, seq, causal)"):
+        assert key in text, key
+    assert text.index("works = grp.exchange(kv, nxt)") < text.index("every byte as predicted")
     for figure in ("linear terms 10.27 GB (x16), attention scores 549.76 GB (x256)",
                    "cp = 16: linear terms 0.642 GB per layer per GPU (the 8K figure: 0.642 GB)",
                    "after block B: m = 3, l = 1.5032",

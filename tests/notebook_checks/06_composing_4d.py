@@ -37,6 +37,15 @@ def check(text: str, nb) -> None:
                    "cp             256 calls    16.1 GB per GPU per step on ib-400g",
                    "torchrun --nnodes=8 --nproc-per-node=2"):
         assert figure in text, figure
+    # the grid's order is credited to Llama 3, not to Megatron or torchtitan (both put PP outermost)
+    prose_md = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "default order is tp-cp-ep-dp-pp" in prose_md.replace("\n", " ")
+    assert "like Megatron and torchtitan" not in prose_md
+    # the InfiniBand prediction shows what it needs: the latency, the ring steps and the bytes of each kind
+    assert re.search(r"ib-400g: bandwidth 50 GB/s per GPU per direction, latency [\d.]+ us per ring step", text)
+    assert re.search(r"TP all_reduce\s+[\d,]+ calls over 8 GPUs, 14 ring steps each", text)
+    # the guided task's text and explorer agree on the plan
+    assert any('GridExplorer(model="llama2-7b", dp=2, tp=2, pp=2, cp=2' in c.source for c in nb.cells)
     # the planner's best for 70B on 32 H100s: TP 8 in a node, no pipeline; an exact tie is named, not hidden
     best = re.search(r"^best: (tp8 cp\d pp1 dp\d z3)", text, re.M)
     assert best, "best plan line"

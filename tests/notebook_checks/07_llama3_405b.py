@@ -42,6 +42,13 @@ def check(text: str, nb) -> None:
     assert "fullest rank of Meta 131K reads 0.299 GB" in text
     assert "16 already hold everything they need and 240 hold none of it" in text
     assert_no_answer_everywhere(text, nb)                                  # placeholders are never a pass
+    # the re-shard prediction shows the tiny model's layout it needs (A rank 1's elements, B rank 0's boxes)
+    assert re.search(r"blocks\.0\.mlp\.up\.weight\s+shape \(344, 128\)\s+A rank 1: \[0, 44,032\)\s+B rank 0: "
+                     r"\(\(0, 172\), \(0, 128\)\)", text)
+    # the CP figure is credited to the paper, and FSDP is said to shard the parameters (without re-sharding)
+    md = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "ISCA 2025 paper on Llama 3's 4-D parallelism" in md and "parameters kept whole" not in md
+    assert "does not re-shard the parameters after the forward pass" in md
     assert "measured on CPU ranks" in text                                 # the real re-shard ran
     assert "bytes equal pair by pair: True" in text
     assert "param yes, exp_avg yes, exp_avg_sq yes; B's gathered parameters equal A's: yes" in text

@@ -8,18 +8,16 @@ from notebook_checks import number
 
 
 def check(text: str, nb) -> None:
-    # 1. TP across nodes: the seed's 7.52 GB per step at tp=8; the link makes it 9x slower across nodes
-    assert "tp= 8: 7.52 GB per GPU per step over nvlink4, 22.08 ms" in text
-    assert "over ib-400g, 199.46 ms" in text and "takes 9.03x as long" in text
+    # 1 and 4 are lessons 03 and 04's: a pointer each, not a repeat of their questions
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "Lesson 03 (section 4" in markdown and "Lesson 04 measures and prices this one" in markdown
+    assert not any(v in c.source for c in nb.cells for v in ("my_tp_slowdown", "my_bubble"))
     # 2. FSDP root-only: the whole bf16 model gathered plus its gradient (2 x 16.06 GB) against per-block units
     assert "zero_unit=block: comm buffers   5.08 GB" in text and "zero_unit=root : comm buffers  32.12 GB" in text
     # 3. logits: over the usable memory at micro-batch 8 (and twice over at the loss's backward, where the fp32
     # logit gradients 2 s b V 4 = 67 GB join them), fitting again with a chunked loss, at its peak too
     assert re.search(r"\n\s+8\s+0\s+34\.70\s+17\.18\s+73\.01\s+135\.27 \(loss backward\s*\)\s+False", text)
     assert re.search(r"\n\s+8\s+1024\s+1\.07\s+17\.18\s+39\.39\s+39\.66 \(loss backward\s*\)\s+True", text)
-    # 4. the bubble (p - 1) / m on 8 stages, the seed's table
-    for row in ("   4  175.0%", "   8   87.5%", "  16   43.8%", "  32   21.9%", "  64   10.9%"):
-        assert row in text, row
     # 5 and 6, measured: the straggler, the plan-dependent normalisation, the dead rank with its last action
     assert "rank 1 is a straggler" in text
     assert "rank 0's wait: predicted 2.00 s (rank 1's sleep), measured" in text
@@ -37,4 +35,4 @@ def check(text: str, nb) -> None:
     # every prediction cell ran with its placeholder and said so (never a silent pass)
     said = [c for c in nb.cells if c.cell_type == "code" and "check(my_" in c.source
             and "no answer yet" in str(c.get("outputs", []))]
-    assert len(said) == 8, len(said)
+    assert len(said) == 6, len(said)

@@ -9,6 +9,15 @@ def check(text: str, nb) -> None:
                    "no answer yet"):
         assert figure in text, figure
     assert "ep:   9.40 GB sent per GPU per step" in text and "on nvlink4" in text
+    # the library's own code is on the page before the run: the EP dispatch/combine and its all-to-all
+    for key in ("class ExpertParallel:", "recv = AllToAll.apply(buf.reshape(n_exp * n, h), self.group)",
+                "class AllToAll(torch.autograd.Function):", "return all_to_all(grad, ctx.group), None"):
+        assert key in text, key
+    # the prediction shows the run's shape and no longer names the function that answers it
+    assert "tiny-moe: 2 blocks, 2 of them MoE, E = 4 experts, top-2, capacity factor 1.25, h = 64" in text
+    assert not any("ep_dispatch_bytes" in c.source for c in nb.cells if c.cell_type == "markdown")
+    if "4 ranks" in text:
+        assert text.index("class ExpertParallel:") < text.index("4 ranks")
     if "4 ranks" in text:                          # the real run happened
         assert "largest parameter difference against one process: " in text
         lines = [ln.split() for ln in text.splitlines()]
