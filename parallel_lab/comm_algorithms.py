@@ -7,14 +7,15 @@ reduce * m * gamma`` (``alpha``: seconds per message, a link tier's latency; ``b
 Thakur, Rabenseifner and Gropp (2005), "Optimization of collective communication operations in MPICH";
 the ring's is ``comm.ring_steps`` and ``comm.Collective``'s wire bytes (comm.py's one description).
 :func:`hierarchical_all_reduce_seconds` reduce-scatters inside each node, all-reduces each GPU's shard
-across the nodes, and all-gathers inside the node. :func:`crossover_bytes` finds where two times cross.
+across the nodes, and all-gathers inside the node. :func:`crossover_bytes` finds where two times cross;
+:func:`fair_share_seconds` splits one link among transfers that run at the same time.
 Derivations and the table of forms: docs/collectives.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .comm import Collective, ring_steps
@@ -99,3 +100,20 @@ def crossover_bytes(t_a: Callable[[float], float], t_b: Callable[[float], float]
         return None
     m = (ib - ia) / (sa - sb)
     return m if m > 0 else None
+
+
+def fair_share_seconds(wire_bytes: Sequence[float], bandwidth: float) -> list[float]:
+    """When each of several transfers that start together on one link ends, the link shared equally among
+    those still running (``k`` transfers: ``bandwidth / k`` each; a finished one frees its share)."""
+    left = {i: float(b) for i, b in enumerate(wire_bytes)}
+    done, now = [0.0] * len(left), 0.0
+    while left:
+        share = bandwidth / len(left)
+        step = min(left.values()) / share               # until the smallest remaining one finishes
+        now += step
+        for i in list(left):
+            left[i] -= step * share
+            if left[i] <= 1e-9 * max(1.0, wire_bytes[i]):
+                done[i] = now
+                del left[i]
+    return done

@@ -340,3 +340,14 @@ def test_power_of_two_forms_refuse_other_sizes():
     for f in (rabenseifner_all_reduce, recursive_doubling_all_reduce):
         with pytest.raises(ParallelLabError, match="power of two"):
             f(6)
+
+
+def test_fair_share_of_one_link_by_hand():
+    from parallel_lab.comm_algorithms import fair_share_seconds
+
+    # 1 GB and 3 GB on 50 GB/s: 25 GB/s each until the first ends (2 GB moved: 0.04 s), then the second
+    # has 2 GB left at the full 50 GB/s (0.04 s more)
+    assert fair_share_seconds([1e9, 3e9], 50e9) == pytest.approx([0.04, 0.08])
+    # two equal transfers each take twice as long as alone; alone: bytes / bandwidth
+    assert fair_share_seconds([1e9, 1e9], 50e9) == pytest.approx([0.04, 0.04])
+    assert fair_share_seconds([1e9], 50e9) == pytest.approx([0.02])
