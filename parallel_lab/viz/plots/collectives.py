@@ -70,11 +70,13 @@ def draw_chunks(ax: Axes, values: Grid, n: int, *, title: str | None = None, cha
             cell = ax.add_patch(Rectangle((c, r), 0.94, 0.94, facecolor=color, alpha=alpha, edgecolor=edge,
                                           linewidth=2.0 if edge == CHANGED else 0.8))
             cell.set_gid(f"cell:{r}:{c}:{','.join(map(str, ranks))}")
-            ax.text(c + 0.47, r + 0.47, _label(ranks, chunk, n), ha="center", va="center", fontsize=6.5,
+            ax.text(c + 0.47, r + 0.47, _label(ranks, chunk, n), ha="center", va="center",
+                    fontsize=6.5 if k < 3 or k == n else 5.5,
                     color="white" if k and alpha > 0.6 else "#1f2328")
     ax.set_xlim(-0.05, cols)
     ax.set_ylim(len(values), -0.05)
-    ax.set_xticks([c + 0.47 for c in range(cols)], [f"chunk {c}" for c in range(cols)], fontsize=7)
+    ax.set_xticks([c + 0.47 for c in range(cols)], [f"c{c}" for c in range(cols)], fontsize=7)
+    ax.set_xlabel("chunk", fontsize=7, labelpad=1)
     ax.set_yticks([r + 0.47 for r in range(len(values))], [f"rank {r}" for r in range(len(values))], fontsize=7)
     ax.tick_params(length=0)
     for sp in ax.spines.values():
@@ -109,7 +111,7 @@ def ring_steps_figure(states: Sequence[tuple[str, Grid]], n: int, message_bytes:
         label, grid = states[i]
         draw_chunks(ax, grid, n, title=label, changed=states[i - 1][1] if i else None)
     size = f", message {fmt_bytes(message_bytes)}: one chunk of {fmt_bytes(message_bytes / n)}" if message_bytes else ""
-    fig.suptitle(f"ring all-reduce on {n} ranks, measured tensors after each step{size}\n"
+    fig.suptitle(f"ring all-reduce on {n} ranks, what every rank holds after each step{size}\n"
                  "red outline: the chunk a rank received at that step", fontsize=9.5)
     return fig
 
