@@ -12,7 +12,7 @@ steps every rank sends one chunk to the next rank of the ring and receives one f
 
 Each rank sends ``2 (n - 1)`` chunks of ``M / n`` bytes: ``2 (n - 1) / n * M``, ``comm.Collective``'s wire
 bytes. ``on_step(phase, step)`` is called after every step (lesson 00 copies the tensor there to draw it).
-NCCL and gloo run the same ring with the chunks cut further and pipelined; this one is for reading.
+NCCL's ring all-reduce is this algorithm with the chunks cut further and pipelined; this one is for reading.
 """
 
 from __future__ import annotations
