@@ -34,7 +34,7 @@ ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 # The app links the lessons to this port (parallel_lab/viz/explorers/lessons.py LAB_PORT); no silent move.
 LAB_PORT ?= 8888
 # The URL it prints opens the first lesson (the file browser shows the others).
-FIRST_LESSON ?= 01_memory_ledger
+FIRST_LESSON ?= 00_collectives
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks --no-browser --ServerApp.ip=127.0.0.1 --port=$(LAB_PORT) \
 		--ServerApp.port_retries=0 --LabApp.default_url=/lab/tree/$(FIRST_LESSON).ipynb $(ALLOW_ROOT)

@@ -269,3 +269,85 @@ def test_every_recompute_that_reruns_the_core_repeats_its_cp_traffic():
         again = [c for c in comm.cp_layer_collectives(model, plan) if c.note.startswith("recomputed")]
         assert bool(again) == recomputed(model, recompute)[1], recompute
         assert ("cp_gathered_kv" in ledger_activations.activation_terms(model, plan)) == (not again), recompute
+
+
+# ---- all-reduce algorithms against Thakur, Rabenseifner & Gropp (2005), "Optimization of collective
+# communication operations in MPICH": each expected value is the paper's closed form written out by hand
+
+def test_all_reduce_algorithms_match_the_papers_closed_forms():
+    from parallel_lab.comm_algorithms import ALL_REDUCE
+
+    p, m, alpha, bandwidth, gamma = 8, 2**20, 10e-6, 50e9, 1e-10
+    beta, lg = 1 / bandwidth, 3
+    tier = LinkTier("t", bandwidth, alpha)
+    paper = {
+        # ring reduce-scatter (pairwise exchange) + ring all-gather: 2(p-1) a + 2 (p-1)/p m b + (p-1)/p m g
+        "ring": 2 * (p - 1) * alpha + 2 * (p - 1) / p * m * beta + (p - 1) / p * m * gamma,
+        # recursive doubling: lg p a + m lg p b + m lg p g
+        "recursive doubling": lg * alpha + m * lg * beta + m * lg * gamma,
+        # Rabenseifner: 2 lg p a + 2 (p-1)/p m b + (p-1)/p m g
+        "Rabenseifner": 2 * lg * alpha + 2 * (p - 1) / p * m * beta + (p - 1) / p * m * gamma,
+        # binomial reduce ceil(lg p)(a + m b + m g), then binomial broadcast ceil(lg p)(a + m b)
+        "binomial tree": lg * (alpha + m * beta + m * gamma) + lg * (alpha + m * beta),
+    }
+    # the same, as numbers worked out on paper (microseconds)
+    by_hand_us = {"ring": 268.45056, "recursive doubling": 407.48736, "Rabenseifner": 188.45056,
+                  "binomial tree": 500.40192}
+    for name, cost in ALL_REDUCE.items():
+        got = cost(p).seconds(m, tier, gamma)
+        assert got == pytest.approx(paper[name], rel=1e-12), name
+        assert got * 1e6 == pytest.approx(by_hand_us[name], rel=1e-9), name
+
+
+def test_ring_all_reduce_is_comm_collective_time():
+    from parallel_lab.comm_algorithms import ring_all_reduce
+
+    tier = ClusterSpec.preset("h100-sxm").inter
+    for p in (2, 3, 8, 12):
+        for m in (0, 1_000, 10**8):
+            assert ring_all_reduce(p).seconds(m, tier) == pytest.approx(collective_time("all_reduce", m, p, tier))
+
+
+def test_hierarchical_all_reduce_by_hand():
+    from parallel_lab.comm_algorithms import hierarchical_all_reduce_seconds
+
+    h100 = ClusterSpec.preset("h100-sxm")                     # NVLink 450 GB/s, 3 us; IB 50 GB/s, 10 us
+    nodes, g, m = 4, 8, 10**9
+    # in the node: 2 (g-1) alphas + 2 (g-1)/g m / B_nvlink; across: 2 (N-1) alphas + 2 (N-1)/N (m/g) / B_ib
+    by_hand = 14 * 3e-6 + 1.75e9 / 450e9 + 6 * 10e-6 + 1.5 * 1.25e8 / 50e9
+    assert hierarchical_all_reduce_seconds(m, nodes, g, h100.intra, h100.inter) == pytest.approx(by_hand, rel=1e-12)
+    assert by_hand == pytest.approx(0.0077408889, rel=1e-8)   # 42 us + 3.889 ms + 60 us + 3.75 ms
+    # one node: the plain ring of the node
+    assert hierarchical_all_reduce_seconds(m, 1, g, h100.intra, h100.inter) == pytest.approx(
+        14 * 3e-6 + 1.75e9 / 450e9)
+
+
+def test_crossover_of_ring_and_tree():
+    from parallel_lab.comm_algorithms import binomial_tree_all_reduce, crossover_bytes, ring_all_reduce
+
+    tier = LinkTier("t", 50e9, 10e-6)
+    # p = 4: ring 6 a + 1.5 m b, tree 4 a + 4 m b: equal at m = 2 a / (2.5 b) = 0.8 a B = 400 kB
+    m = crossover_bytes(lambda x: ring_all_reduce(4).seconds(x, tier),
+                        lambda x: binomial_tree_all_reduce(4).seconds(x, tier))
+    assert m == pytest.approx(400_000, rel=1e-9)
+    # two algorithms with the same slope never cross
+    assert crossover_bytes(lambda x: 1 + x, lambda x: 2 + x) is None
+
+
+def test_power_of_two_forms_refuse_other_sizes():
+    from parallel_lab.comm_algorithms import rabenseifner_all_reduce, recursive_doubling_all_reduce
+
+    for f in (rabenseifner_all_reduce, recursive_doubling_all_reduce):
+        with pytest.raises(ParallelLabError, match="power of two"):
+            f(6)
+
+
+def test_fair_share_of_one_link_by_hand():
+    from parallel_lab.comm_algorithms import fair_share_seconds
+
+    # 1 GB and 3 GB on 50 GB/s: 25 GB/s each until the first ends (2 GB moved: 0.04 s), then the second
+    # has 2 GB left at the full 50 GB/s (0.04 s more)
+    assert fair_share_seconds([1e9, 3e9], 50e9) == pytest.approx([0.04, 0.08])
+    # two equal transfers each take twice as long as alone; alone: bytes / bandwidth
+    assert fair_share_seconds([1e9, 1e9], 50e9) == pytest.approx([0.04, 0.04])
+    assert fair_share_seconds([1e9], 50e9) == pytest.approx([0.02])

@@ -19,6 +19,7 @@ LAB_PORT = 8888          #: the port of ``make lab`` (Makefile LAB_PORT)
 
 #: lesson file stem -> title, in order
 LESSONS: dict[str, str] = {
+    "00_collectives": "The collectives",
     "01_memory_ledger": "The memory ledger",
     "02_data_parallel_and_zero": "Data parallelism and ZeRO",
     "03_tensor_and_sequence_parallel": "Tensor and sequence parallelism",
