@@ -376,6 +376,7 @@ class Zero3(NoSync, _Zero):
     def remove_hooks(self) -> None:
         for h in self._handles:
             h.remove()
+        self.model.__dict__.pop("zero_grad", None)     # patch_model_zero_grad's
 
     # ---- a plain torch loop's calls (torch_loop.py; docs/runs.md) --------------------------------------
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
