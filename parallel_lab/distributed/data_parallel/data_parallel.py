@@ -48,8 +48,8 @@ def queue_at_end_of_backward(fn: Any) -> None:
 
 
 class NoSync:
-    """The sync switch of the DDP wrappers and ZeRO-1/2: ``require_backward_grad_sync`` (torch DDP's name for
-    "this backward synchronises", set by the owner's ``__init__``) and :meth:`no_sync`."""
+    """The sync switch of the DDP wrappers and ZeRO (ZeRO-3 ignores it): ``require_backward_grad_sync`` (torch
+    DDP's name for "this backward synchronises", set by the owner's ``__init__``) and :meth:`no_sync`."""
 
     require_backward_grad_sync: bool
 

@@ -21,8 +21,15 @@ import torch
 from torch import Tensor, nn
 
 from parallel_lab.distributed import probe
-from parallel_lab.distributed.data_parallel.data_parallel import trainable
+from parallel_lab.distributed.data_parallel.data_parallel import NoSync, trainable
 from parallel_lab.distributed.model.state import measure_state, storage_bytes
+from parallel_lab.distributed.zero.torch_loop import (
+    clip_sharded_,
+    patch_model_zero_grad,
+    zero3_load_state_dict,
+    zero3_state_dict,
+    zero_shard_grads,
+)
 from parallel_lab.distributed.zero.units import (
     MIXED,
     build_units,
@@ -77,7 +84,7 @@ class RegatherBeforeBackward(torch.autograd.Function):
         return grad, None, None
 
 
-class Zero3(_Zero):
+class Zero3(NoSync, _Zero):
     """ZeRO-3 / FSDP: parameters, gradients and optimizer states sharded; see the module docstring.
 
     ``group``: the gradient group. ``rt``: the Runtime (for its phases under a pipeline). Hooks are
@@ -95,10 +102,13 @@ class Zero3(_Zero):
         self.param_dtype = torch.bfloat16 if mixed else torch.float32
         # Where each trainable parameter lives (a shared parameter may be registered under several names).
         where: dict[int, list[tuple[nn.Module, str]]] = {}
+        names: dict[int, list[str]] = {}
         for name, p in model.named_parameters(remove_duplicate=False):
             if p.requires_grad:
                 mod, _, attr = name.rpartition(".")
                 where.setdefault(id(p), []).append((model.get_submodule(mod), attr))
+                names.setdefault(id(p), []).append(name)
+        self.aliases = {n[0]: n for n in names.values()}    # a parameter's names (state dicts)
         self.locations = [[where[id(p)] for p in u.params] for u in self.units]
         with torch.no_grad():                          # cut the shards from the full weights
             self.shards = [nn.Parameter(u.owned(u.params, torch.float32, self.device)) for u in self.units]
@@ -119,6 +129,7 @@ class Zero3(_Zero):
         self.fresh = [False] * n                       # the pending gather is a forward one (new leaf)
         self._pending: tuple[int, Tensor, Tensor, Any] | None = None    # the reduce-scatter in flight
         self._reduced = [False] * n
+        self._finished = True                          # no gradient reduced since the last finish()
         for i in range(n):                             # placeholders: views of an empty buffer
             self.leaf[i] = torch.empty(self.units[i].padded, dtype=self.param_dtype, device=self.device)
             self._install(i)
@@ -136,6 +147,8 @@ class Zero3(_Zero):
         # directly: the stage's units are gathered once per step (at zero_grad), kept through every micro-batch,
         # and reduce-scattered once at finish (FSDP's reshard_after_forward=False, torchtitan's choice for PP).
         self.keep = plan.pp > 1
+        self.require_backward_grad_sync = True          # no_sync(): accepted; see docs/runs.md
+        patch_model_zero_grad(self)
 
     def _frozen_mixed_check(self) -> None:
         if self.param_dtype != torch.float32 and any(not p.requires_grad for p in self.model.parameters()):
@@ -271,7 +284,7 @@ class Zero3(_Zero):
         """Under a pipeline: add this micro-batch's flat gradient of unit ``i`` into its fp32 accumulator
         (FSDP2 without gradient sync accumulates the unsharded gradient in ``reduce_dtype``); the
         compute-dtype gradient and the accumulators are alive together for a moment (the sampled peak)."""
-        grad = leaf.grad
+        grad, self._finished = leaf.grad, False
         if grad.dtype == torch.float32:                # fp32 training: the leaf's own gradient accumulates
             self.accumulated[i] = grad
         elif self.accumulated[i] is None:
@@ -286,6 +299,7 @@ class Zero3(_Zero):
 
     def _reduce_scatter(self, i: int, grad: Tensor) -> None:
         self._complete()
+        self._finished = False
         full = grad
         grad = grad.float() if grad.dtype != torch.float32 else grad     # reduce in fp32
         if not self.keep:                              # the unit's gradient and its fp32 copy, both alive
@@ -324,8 +338,11 @@ class Zero3(_Zero):
                 self._free(i)
                 self._reduce_scatter(i, torch.zeros(self.units[i].padded, device=self.device))
         self._complete()
+        self._finished = True
 
     def step(self) -> None:
+        if not self._finished:                         # a plain torch loop calls no finish()
+            self.finish()
         self.optimizer.step()
 
     def complete_partial_grads(self, names: list[str], all_reduce: Any) -> None:
@@ -336,9 +353,8 @@ class Zero3(_Zero):
         for s, g in zip(self.shards, grads, strict=True):
             s.grad = g
 
-    def zero_grad(self) -> None:
-        for s in self.shards:
-            s.grad = None
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        zero_shard_grads(self.shards, set_to_none)
         if self.keep:                                  # gather the whole stage for this step
             with self.rt.phase_as("forward") if self.rt is not None else nullcontext():
                 for i in range(len(self.units)):
@@ -360,3 +376,21 @@ class Zero3(_Zero):
     def remove_hooks(self) -> None:
         for h in self._handles:
             h.remove()
+        self.model.__dict__.pop("zero_grad", None)     # patch_model_zero_grad's
+
+    # ---- a plain torch loop's calls (torch_loop.py; docs/runs.md) --------------------------------------
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` of the full averaged gradients (FSDP1's method), between
+        backward and :meth:`step`: the model has no parameters for the plain torch call to see."""
+        if not self._finished:
+            self.finish()
+        for s in self.shards:
+            s.grad = s.grad if s.grad is not None else torch.zeros_like(s)
+        grads = [s.grad for s in self.shards]
+        return clip_sharded_(grads, grads, max_norm, norm_type, self.group)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return zero3_state_dict(self)
+
+    def load_state_dict(self, state_dict: dict[str, Tensor], strict: bool = True) -> None:
+        zero3_load_state_dict(self, state_dict, strict)

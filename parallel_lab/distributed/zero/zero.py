@@ -30,6 +30,7 @@ from parallel_lab.distributed.data_parallel.data_parallel import Named, NoSync, 
 from parallel_lab.distributed.data_parallel.dp_communications import all_reduce_sum, broadcast_from_first
 from parallel_lab.distributed.model.state import measure_state, optimizer_state_tensors, storage_bytes
 from parallel_lab.distributed.zero.fsdp import Zero3
+from parallel_lab.distributed.zero.torch_loop import clip_sharded_, load_zero12_shard_state, zero12_shard_state
 from parallel_lab.distributed.zero.units import (
     MIXED,
     Unit,
@@ -257,6 +258,32 @@ class Zero12(NoSync, torch.optim.Optimizer):
         self.grad_shards = [None] * len(self.units)
         self._synced = False
         self.peak_gradient_bytes = 0
+
+    # ---- a plain torch loop's calls (torch_loop.py; docs/runs.md) ----------------------------------
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` of the full averaged gradients, between backward and
+        :meth:`step` (the plain torch call sees only local or no gradients here)."""
+        self.finish()
+        if self.stage == 2:
+            self.grad_shards = [g if g is not None else torch.zeros(u.shard, dtype=self.dtype, device=self.device)
+                                for g, u in zip(self.grad_shards, self.units, strict=True)]
+            owned = scale = list(self.grad_shards)
+        else:                                          # ZeRO-1: the owned elements of p.grad are averaged
+            owned = [u.owned([p.grad for p in u.params], torch.float32, self.device) for u in self.units]
+            scale = [p.grad for p in self.params if p.grad is not None]
+        return clip_sharded_(owned, scale, max_norm, norm_type, self.group)
+
+    def layout(self) -> dict[str, Any]:
+        return {"stage": self.stage, "group_size": self.group_size, "index": self.index,
+                "units": [u.numel for u in self.units]}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Torch's param groups (lr, ...) and this rank's shards' optimizer states (``torch_loop.py``)."""
+        return {**super().state_dict(), **zero12_shard_state(self)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        load_zero12_shard_state(self, state_dict)
+        super().load_state_dict({"state": {}, "param_groups": state_dict["param_groups"]})
 
     # ---- measurement -----------------------------------------------------------------------------
     def _gradient_tensors(self) -> list[Tensor | None]:

@@ -28,3 +28,8 @@ def all_gather_flat(output: Tensor, input: Tensor, group: Any = None, async_op: 
     """Every rank's shard ``input``, rank by rank, into ``output`` (``g`` shards)."""
     fn = all_gather_flat_fn()
     return fn(output, input, group=group, async_op=async_op)
+
+
+def all_reduce_op(t: Tensor, op: Any, group: Any = None) -> None:
+    """Reduce ``t`` over ``group`` with ``op`` in place (a gradient norm: SUM of powers, or MAX)."""
+    dist.all_reduce(t, op=op, group=group)
