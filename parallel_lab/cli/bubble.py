@@ -38,7 +38,7 @@ def add(sub: Any) -> None:
                    help="timeline width in characters (default 120)")
 
 
-#: Largest p * m * v the simulator is asked for: it takes about a second there on a loaded 2-core machine
+#: Largest p * m * v the simulator is asked for: it takes about a second there on a 2-core laptop CPU
 #: and grows faster than linearly. Beyond it ``bubble`` answers with the closed form only.
 BUBBLE_SIM_LIMIT = 2048
 
