@@ -45,14 +45,31 @@ def reference(h: int, n_blocks: int, rows: int, seed: int, units: list, world: i
 
 class GatherWatch:
     """The bytes of all-gather outputs still alive (their storage not freed), sampled after every all-gather
-    and at every block's forward; ``peak`` is the largest sample."""
+    and at every block's forward; ``peak`` is the largest sample. gloo's worker thread may hold a finished
+    call's tensors a moment longer: an older storage counts once it has stayed alive for ``GRACE_S``."""
+
+    GRACE_S = 0.25
 
     def __init__(self) -> None:
         self.live: dict = {}           # storage address -> (weak reference, bytes)
+        self.held: set = set()         # addresses alive past a grace period: kept by the submission
+        self.newest = None
         self.peak = 0
 
     def sample(self) -> None:
-        self.live = {k: (ref, n) for k, (ref, n) in self.live.items() if not ref.expired()}
+        import time
+
+        deadline = time.monotonic() + self.GRACE_S
+        while True:
+            self.live = {k: (ref, n) for k, (ref, n) in self.live.items() if not ref.expired()}
+            self.held &= set(self.live)
+            pending = [k for k in self.live if k != self.newest and k not in self.held]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                self.held.update(pending)
+                break
+            time.sleep(0.002)
         self.peak = max(self.peak, sum(n for _, n in self.live.values()))
 
     @contextlib.contextmanager
@@ -67,7 +84,8 @@ class GatherWatch:
                 if gathers:
                     t = kw["output_tensor"] if "output_tensor" in kw else a[0]
                     st = t.untyped_storage()
-                    self.live[st.data_ptr()] = (StorageWeakRef(st), t.numel() * t.element_size())
+                    self.newest = st.data_ptr()
+                    self.live[self.newest] = (StorageWeakRef(st), t.numel() * t.element_size())
                 self.sample()
                 return out
             return run
