@@ -180,6 +180,9 @@ def test_peak_is_one_block_and_root_holds_all(sub):
     everything = padded_numel(blocks, ROOT[0], 2) * 4
     for r, runs in enumerate(results(sub)):
         per_block, root = runs[0][2], runs[1][2]
+        if per_block == 0:
+            raise Fail(f"rank {r}: no all-gather output was seen alive; gather each unit's shards into one flat tensor "
+                       "with dist.all_gather_into_tensor (or all_gather_flat_fn()), as the statement asks")
         if per_block != one:
             raise Fail(f"rank {r}: with one unit per block, up to {per_block:,} B of gathered parameters were alive "
                        f"at once; one block's are {one:,} B (all three: {everything:,} B)")
