@@ -60,6 +60,15 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("ep_dispatch", "implement", "09", 60, 17,
              "expert parallelism's dispatch and combine: all-to-alls with uneven splits, a capacity"),
 )
+# Deeper implementations, each after the exercises of its lesson (the handout's rows 15-17).
+EXERCISES += (
+    Exercise("zero3_gather_free", "implement", "02", 60, 12,
+             "ZeRO-3 / FSDP: gather a unit before use, free it after, reduce-scatter its gradient"),
+    Exercise("sp_collectives", "implement", "03", 45, 12,
+             "sequence parallelism's all-gather / reduce-scatter pair, forward and backward"),
+    Exercise("ring_attention_loop", "implement", "05", 45, 11,
+             "the causal ring-attention loop: K/V round the ring, merged, future chunks skipped"),
+)
 BY_NAME = {e.name: e for e in EXERCISES}
 
 
