@@ -7,6 +7,9 @@ BIN    := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PORT ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 STAMP  := $(VENV)/.installed
+# `make test` also installs the titan extra (torchtitan + triton, ~0.4 GB: tests/test_torchtitan.py); `make app`,
+# `make lab`, `make docs` do not.
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: install test app lab docs bench gpu-check lint clean
 
@@ -19,7 +22,13 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -c "import matplotlib.pyplot"   # build the font cache once, not on the first page view
 	@touch $(STAMP)
 
-test: $(STAMP)
+# torch is already in .venv, so pip keeps it (torchtitan asks torch>=2.11; a CPU 2.13 satisfies it)
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -e ".[dev,docs,titan]"
+	@$(BIN)/python -c "import torch, torchtitan.train; print('torchtitan with torch', torch.__version__)"
+	@touch $(TEST_STAMP)
+
+test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

@@ -27,8 +27,8 @@ import shlex
 from dataclasses import dataclass
 
 from . import mesh
+from .engines import torchtitan_differences
 from .errors import ParallelLabError
-from .optimizers import OPTIMIZERS
 from .planfile import PlanFile, write_atomic
 from .specs import Plan
 
@@ -41,7 +41,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,99}$")
 #: our schedule name -> torchtitan's ``parallelism.pipeline_parallel_schedule`` (torch.distributed.pipelining)
 #: our model presets -> torchtitan's ``--module`` and ``--config`` (its config registry)
 TORCHTITAN_CONFIGS = {"llama3-8b": "llama3:llama3_8b", "llama3-70b": "llama3:llama3_70b",
-                      "llama3-405b": "llama3:llama3_405b"}
+                      "llama3-405b": "llama3:llama3_405b", "tiny-llama": "llama3:llama3_debugmodel"}
 TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
 
@@ -281,12 +281,10 @@ def torchtitan_flags(pf: PlanFile) -> list[str]:
     """The plan as torchtitan 0.3 command-line overrides (``--section.key value``); refuses what torchtitan
     cannot express, naming the nearest setting."""
     p = pf.plan
-    if p.pp > 1 and p.schedule not in TORCHTITAN_SCHEDULES:
-        raise ParallelLabError(f"schedule={p.schedule!r} has no torchtitan equivalent; use 1f1b, "
-                               "interleaved or gpipe (or export the schedule as a CSV file)")
-    if p.zero == 1:
-        raise ParallelLabError("zero=1 has no torchtitan equivalent (its FSDP shards gradients too); use zero=2 "
-                               "(FSDP, reshard_after_forward=never) or zero=3")
+    refused = [line for line, refuse in torchtitan_differences(p) if refuse]
+    if refused:
+        raise ParallelLabError(f"plan {pf.phase!r} (engine {pf.engine}) has no torchtitan equivalent: "
+                               + "; ".join(refused))
     # torchtitan accumulates global / (local * dp) steps; a pipeline splits each local batch into micro-batches
     flags = {
         "--training.seq_len": p.seq,
@@ -348,20 +346,20 @@ def _torchtitan_stages(pf: PlanFile) -> dict[str, int]:
 
 def torchtitan_notes(pf: PlanFile, config: str | None = None) -> list[str]:
     """Where the torchtitan job will not be the plan the ledger and the step-time model describe (read from
-    torchtitan 0.3.0's ``config_registry`` and ``configs``): each a sentence for the launch output."""
-    p, notes = pf.plan, []
-    if p.recompute == "selective":
-        notes.append("recompute=selective (Korthikanti's attention-core recompute) has no torchtitan setting: "
-                     "activation-checkpoint:selective is torchtitan's op-level policy, this lab's op-sac, which "
-                     "keeps and recomputes other tensors; plan with --recompute op-sac to predict that job")
-    if p.zero >= 2 and OPTIMIZERS[p.optimizer].grad_bytes < 4:
-        notes.append(f"torchtitan's FSDP reduces gradients in float32 (mixed_precision_reduce has no other "
-                     f"value): twice the data-parallel bytes comm predicts for optimizer={p.optimizer}; "
-                     "optimizer=adam-mixed-fp32-grad is the plan that matches")
+    torchtitan 0.3.0's ``config_registry`` and ``configs``): each a sentence for the launch output, first the
+    plan's own differences (:func:`engines.torchtitan_differences`, none for a plan made with --engine
+    torchtitan), then its config's."""
+    p = pf.plan
+    notes = [f"made for the lab's engine, not torchtitan's: {line}"
+             for line, refuse in torchtitan_differences(p) if not refuse]
     name = torchtitan_config(pf, config)[3] if config else (TORCHTITAN_CONFIGS.get(pf.model.name) or ":").split(":")[1]
     if name in ("llama3_8b", "llama3_70b", "llama3_405b") and p.loss_chunk == 0:
         notes.append(f"torchtitan's {name} computes the loss in chunks (ChunkedLossWrapper): the whole logits "
                      "the plan counts (loss_chunk=0) are never held")
+    if name == "llama3_debugmodel" and pf.model.name == "tiny-llama":
+        notes.append("torchtitan's llama3_debugmodel is its own small Llama (dim 256, 6 layers, 16 heads, vocab "
+                     "2048), not tiny-llama: the degrees carry over, the numbers of the plan do not; run it from a "
+                     "torchtitan checkout, whose tests/assets hold its tokenizer and the c4_test data")
     if name == "llama3_405b":
         notes.append("torchtitan's llama3_405b turns on Float8 linears and torch.compile with async TP: the plan "
                      "predicts bf16 GEMMs and TP collectives between them, so the job will be faster and hold less")

@@ -1,6 +1,6 @@
 """Plan files: one training phase's plan as a small, versioned YAML document.
 
-A plan file records what was decided (``schema_version``, ``phase``, ``model``, ``cluster``, ``gpus``,
+A plan file records what was decided (``schema_version``, ``phase``, ``engine``, ``model``, ``cluster``, ``gpus``,
 ``plan``), what it is expected to cost (``expected``: memory per GPU from the ledger, bytes per step by
 dim from ``comm``, ``bubble_ratio`` from ``simulate.bubble_formula``, ``step_time_s`` and ``mfu`` from
 ``planner.evaluate``) and ``replan_when``, the conditions under which it no longer holds.
@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from . import comm, ledger
+from .engines import DEFAULT_ENGINE, ENGINES, torchtitan_differences
 from .errors import ParallelLabError
 from .hardware import CLUSTER_PRESETS, ClusterSpec, LinkTier, StepProfile
 from .inputs import MAX_NAME, PLAN_FILE_LIMITS, read_bounded
@@ -34,13 +35,13 @@ from .steptime import plan_bubble
 
 SCHEMA_VERSION = 1
 KNOWN_VERSIONS = (1,)
-TOP_FIELDS = ("schema_version", "phase", "model", "cluster", "gpus", "plan", "expected", "replan_when")
+TOP_FIELDS = ("schema_version", "phase", "engine", "model", "cluster", "gpus", "plan", "expected", "replan_when")
 _PHASE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 MAX_FILE_BYTES = 256 * 1024      #: a plan file is a few kB; a larger one is refused unread
 MAX_DEPTH = 8                    #: mappings/lists nested deeper than this are refused while parsing
 MAX_INT = 2**53                  #: integers beyond +-2^53 are refused (no count in a plan is that large)
 #: Fields with a default; every other field of the schema is required.
-OPTIONAL = {"replan_when": [], "expected.step_time_s": None, "expected.mfu": None}
+OPTIONAL = {"replan_when": [], "expected.step_time_s": None, "expected.mfu": None, "engine": DEFAULT_ENGINE}
 #: The Plan fields of schema 1: all required (a field added to Plan later takes Plan's default).
 PLAN_FIELDS_V1 = ("dp", "tp", "pp", "cp", "zero", "sp", "micro_batch", "grad_accum", "seq", "recompute",
                   "optimizer", "dtype", "schedule", "interleave", "cp_kind", "dp_kind", "bucket_mb",
@@ -86,11 +87,14 @@ class PlanFile:
     expected: Expectations
     replan_when: list[ReplanCondition] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
+    #: the engine the plan was made for (engines.py): ``lab`` (a file without the field) or ``torchtitan``
+    engine: str = DEFAULT_ENGINE
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
             "phase": self.phase,
+            "engine": self.engine,
             "model": _model_to_data(self.model),
             "cluster": _cluster_to_data(self.cluster),
             "gpus": self.gpus,
@@ -219,19 +223,32 @@ def default_replan(model: ModelSpec, cluster: ClusterSpec, gpus: int, plan: Plan
 
 def make_plan_file(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, phase: str, gpus: int | None = None,
                    expected: Expectations | None = None,
-                   replan_when: list[ReplanCondition] | None = None) -> PlanFile:
-    """A validated :class:`PlanFile` (``expected`` computed when not given)."""
+                   replan_when: list[ReplanCondition] | None = None, engine: str = DEFAULT_ENGINE) -> PlanFile:
+    """A validated :class:`PlanFile` (``expected`` computed when not given); a plan for ``engine="torchtitan"``
+    must be one torchtitan runs as the ledger describes it (:func:`engines.torchtitan_differences` empty)."""
     gpus = plan.world if gpus is None else gpus
     _check_phase("plan file", phase)
     plan.validate(model, gpus=gpus, cluster=cluster)
+    check_engine("plan file", engine, plan)
     return PlanFile(phase, model, cluster, gpus, plan, expected or expectations(model, cluster, plan),
-                    replan_when if replan_when is not None else default_replan(model, cluster, gpus, plan))
+                    replan_when if replan_when is not None else default_replan(model, cluster, gpus, plan),
+                    engine=engine)
+
+
+def check_engine(where: str, engine: Any, plan: Plan) -> None:
+    """``engine`` is known, and a torchtitan plan is what torchtitan runs (the first difference named)."""
+    if engine not in ENGINES:
+        raise ParallelLabError(f"{where}: engine={_show(engine)} is not known; pick one of {', '.join(ENGINES)} "
+                               f"(a file without the field is a plan for the lab's engine)")
+    diffs = torchtitan_differences(plan) if engine == "torchtitan" else []
+    if diffs:
+        raise ParallelLabError(f"{where}: engine=torchtitan but {diffs[0][0]}")
 
 
 def save_plan(path: str | Path, model: ModelSpec | PlanFile, cluster: ClusterSpec | None = None,
               plan: Plan | None = None, *, phase: str = "default", gpus: int | None = None,
               expected: Expectations | None = None,
-              replan_when: list[ReplanCondition] | None = None) -> PlanFile:
+              replan_when: list[ReplanCondition] | None = None, engine: str = DEFAULT_ENGINE) -> PlanFile:
     """Write a plan file (YAML) and return what was written. Pass a :class:`PlanFile`, or its parts."""
     if isinstance(model, PlanFile):
         pf = model
@@ -239,7 +256,7 @@ def save_plan(path: str | Path, model: ModelSpec | PlanFile, cluster: ClusterSpe
         if cluster is None or plan is None:
             raise ParallelLabError("save_plan needs a PlanFile, or model, cluster and plan")
         pf = make_plan_file(model, cluster, plan, phase=phase, gpus=gpus, expected=expected,
-                            replan_when=replan_when)
+                            replan_when=replan_when, engine=engine)
     text = (f"# parallel_lab plan file, schema {pf.schema_version}: load with "
             f"parallel_lab.planfile.load_plan\n" + yaml.safe_dump(pf.to_dict(), sort_keys=False) + END_LINE + "\n")
     write_atomic(path, text)
@@ -417,12 +434,14 @@ def plan_file_from_data(data: Any, where: str = "plan file") -> PlanFile:
         current = {"seq": plan.seq, "gpus": gpus, "global_batch": plan.global_batch, "model": model.name,
                    "cluster": cluster.name}
         replan = _replan_from_data(data.get("replan_when", OPTIONAL["replan_when"]), current)
+        engine = data.get("engine", OPTIONAL["engine"])
+        check_engine(where, engine, plan)
     except ParallelLabError as e:
         msg = str(e)
         raise ParallelLabError(msg if msg.startswith(where) else f"{where}: {msg}") from None
     except (TypeError, ValueError, OverflowError) as e:   # a missing or odd field of a nested mapping
         raise ParallelLabError(f"{where}: {str(e)[:300]}") from None
-    return PlanFile(data["phase"], model, cluster, gpus, plan, expected, replan, version)
+    return PlanFile(data["phase"], model, cluster, gpus, plan, expected, replan, version, engine)
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -516,12 +535,28 @@ def tiny_examples() -> dict[str, PlanFile]:
     return {name: make_plan_file(model, cluster, plan, phase=name) for name, plan in plans.items()}
 
 
+def meta_examples() -> dict[str, PlanFile]:
+    """Meta's Llama 3 405B runs on 16,384 H100s as published (Dubey et al. 2024, Table 4 and section 3.3.2): TP 8,
+    PP 16 interleaved with one block fewer on the first and last stage, FSDP sharding gradients and optimizer
+    states but not re-sharding parameters after forward (zero=2), fp32 gradient reduction, all-gather CP, 16
+    sequences per data-parallel rank; 8K with DP 128 and no activation checkpointing, 131K with CP 16 and DP 8.
+    Not published, chosen here: interleave 2 and, at 131K, no recompute either. Made for torchtitan."""
+    model, cluster = ModelSpec.preset("llama3-405b"), ClusterSpec.preset("h100-sxm")
+    meta = dict(tp=8, pp=16, zero=2, sp=True, micro_batch=1, grad_accum=16, recompute="none", dtype="bf16",
+                optimizer="adam-mixed-fp32-grad", schedule="interleaved", interleave=2, pp_split="embed-head",
+                cp_kind="allgather", attention="flash")
+    phases = {"meta-8k": Plan(dp=128, cp=1, seq=8192, **meta), "meta-131k": Plan(dp=8, cp=16, seq=131072, **meta)}
+    return {f"llama3-405b-{phase}": make_plan_file(model, cluster, plan, phase=phase, engine="torchtitan")
+            for phase, plan in phases.items()}
+
+
 def write_examples(directory: str | Path) -> list[Path]:
-    """Write :func:`tiny_examples` into ``directory`` as ``NAME.yaml``; returns the paths."""
+    """Write :func:`tiny_examples` and :func:`meta_examples` into ``directory`` as ``NAME.yaml``; returns the
+    paths (the planner's own 405B suggestions there are written by ``parallel-lab plan --save``)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     out = []
-    for name, pf in tiny_examples().items():
+    for name, pf in {**tiny_examples(), **meta_examples()}.items():
         path = d / f"{name}.yaml"
         save_plan(path, pf)
         out.append(path)

@@ -6,9 +6,10 @@ batch Llama 3 used: 2048 sequences of 8192).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .engines import DEFAULT_ENGINE, ENGINES, TORCHTITAN
 from .errors import ParallelLabError
 from .specs import CP_KINDS, RECOMPUTE, SCHEDULES, ZERO2_ACCUMULATES
 
@@ -86,6 +87,8 @@ class Constraints:
     #: ZeRO-2's gradient accumulation variants tried (``Plan.zero2_accumulate``): hold the full gradients
     #: until the last micro-batch ("unsharded"), or reduce-scatter every micro-batch ("sharded", FSDP's)
     zero2_accumulate: tuple[str, ...] = ("unsharded",)
+    #: ``lab`` (every choice the ledger models) or ``torchtitan`` (only what its trainer runs: engines.py)
+    engine: str = DEFAULT_ENGINE
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.fixed) - set(FIXABLE))
@@ -102,6 +105,39 @@ class Constraints:
             if bad or not values:
                 raise ParallelLabError(f"{name}={shorten_list(bad or values)} is not known; pick from "
                                        f"{', '.join(map(str, known))}")
+        if self.engine not in ENGINES:
+            raise ParallelLabError(f"engine={str(self.engine)[:40]!r} is not known; pick one of {', '.join(ENGINES)}")
+        if self.engine == "torchtitan":
+            self._for_torchtitan()
+
+    def _for_torchtitan(self) -> None:
+        """Keep only what torchtitan runs: the lab's defaults narrowed to it, an explicit choice outside it
+        refused, and torchtitan's own storage (fsdp2-mixed, flash attention, all-gather CP) where the lab's
+        default was left."""
+        t, defaults = TORCHTITAN, {f.name: f.default for f in fields(Constraints)}
+        for name, fixed, allowed in (("schedules", "schedule", t.schedules), ("zero_stages", "zero", t.zero_stages),
+                                     ("recompute", "recompute", t.recompute)):
+            values = getattr(self, name)
+            if values == defaults[name]:
+                values = tuple(v for v in values if v in allowed) + \
+                    (("op-sac",) if name == "recompute" and "selective" in values else ())
+                object.__setattr__(self, name, tuple(dict.fromkeys(values)))
+            bad = [v for v in (*getattr(self, name), *([self.fixed[fixed]] if fixed in self.fixed else []))
+                   if v not in allowed]
+            if bad:
+                raise ParallelLabError(f"{fixed}={bad[0]} is not something torchtitan runs (--engine torchtitan); "
+                                       f"pick from {', '.join(map(str, allowed))}, or plan with --engine lab")
+        cp_kind = self.fixed.get("cp_kind", self.cp_kind)
+        if cp_kind not in t.cp_kinds and cp_kind != defaults["cp_kind"]:
+            raise ParallelLabError(f"cp_kind={cp_kind} is not something torchtitan runs (--engine torchtitan): its "
+                                   f"context parallelism all-gathers K and V; use --cp-kind allgather")
+        object.__setattr__(self, "cp_kind", t.cp_kinds[0])
+        if "cp_kind" in self.fixed:
+            self.fixed["cp_kind"] = t.cp_kinds[0]
+        if self.optimizer == defaults["optimizer"] and self.dtype != "fp32":
+            object.__setattr__(self, "optimizer", t.optimizer)
+        if self.attention == defaults["attention"]:
+            object.__setattr__(self, "attention", t.attention)
 
     def options(self, name: str, default: Iterable[Any]) -> list[Any]:
         return [self.fixed[name]] if name in self.fixed else list(default)

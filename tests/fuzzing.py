@@ -215,7 +215,7 @@ _BASES = {"memory": [["--model", "llama3-8b"], ["--params", "7e9"], ["--layers",
           "plan": [["--model", "llama2-7b", "--gpus", "64", "--seq", "4096", "--global-batch-tokens", "4M"]],
           "run": [[], ["--model", "tiny-llama"]]}
 _BASES["comm"] = _BASES["flops"] = _BASES["memory"]
-_BASES["launch"] = [["examples/plans/tiny-tp2-sp.yaml"], ["examples/plans/llama3-405b-pretrain-8k.yaml", "--slurm"]]
+_BASES["launch"] = [["examples/plans/tiny-tp2-sp.yaml"], ["examples/plans/llama3-405b-planner-8k.yaml", "--slurm"]]
 _BASES["reshard"] = [["examples/plans/tiny-tp2-sp.yaml", "examples/plans/tiny-dp2-zero3.yaml"]]
 #: ``calibrate`` fits a model (seconds for many runs): driven only with :func:`hostile_files`' small runs files
 _BASES["calibrate"] = [[]]

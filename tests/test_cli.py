@@ -307,7 +307,7 @@ def test_issue_11_tied_embeddings_with_pp_is_refused_before_start(capsys, no_lau
 def test_run_refuses_a_plan_that_does_not_fit_this_machine(capsys, no_launch, monkeypatch):
     err = one_line_error(capsys, "run", "--model", "llama3-8b", "--dp", "2")
     assert "available" in err and "3 x" in err and "GB" in err
-    err = one_line_error(capsys, "run", "--plan", "examples/plans/llama3-405b-pretrain-8k.yaml",
+    err = one_line_error(capsys, "run", "--plan", "examples/plans/llama3-405b-planner-8k.yaml",
                          "--optimizer", "adam-fp32", "--dtype", "fp32", "--zero", "0")
     assert "16,384 ranks" in err and "per core" in err
     monkeypatch.setattr(plan_flags, "available_memory_bytes", lambda: 10**6)       # a machine with 1 MB free

@@ -47,9 +47,12 @@ def test_torchrun_command_has_the_rendezvous_and_the_program():
     tt = cluster_job.torchrun_command(meta_8k(), "plan.yaml", entry="torchtitan")
     assert "-m torchtitan.train --module llama3 --config llama3_405b" in tt
     assert "--parallelism.tensor_parallel_degree 8" in tt
-    tiny = load_plan(ROOT / "examples/plans/tiny-tp2-sp.yaml")
+    tiny = load_plan(ROOT / "examples/plans/tiny-tp2-sp.yaml")              # the tiny plans: torchtitan's debug model
+    tt = cluster_job.torchrun_command(tiny, "p.yaml", entry="torchtitan")
+    assert "--module llama3 --config llama3_debugmodel" in tt
+    gpt = make_plan_file(ModelSpec.preset("tiny-gpt"), tiny.cluster, tiny.plan, phase="gpt")
     with pytest.raises(ParallelLabError, match="MODULE:CONFIG"):
-        cluster_job.torchrun_command(tiny, "plan.yaml", entry="torchtitan")
+        cluster_job.torchrun_command(gpt, "plan.yaml", entry="torchtitan")
 
 
 def test_the_rendezvous_endpoint_is_spelled_as_torchrun_spells_it(capsys):
@@ -118,8 +121,11 @@ def test_torchtitan_flags_follow_the_plan_and_refuse_what_it_cannot_express():
     assert got["--training.local_batch_size"] == "16" and got["--training.global_batch_size"] == "2048"
     zb = meta_8k()
     zb = zb.__class__(**{**zb.__dict__, "plan": zb.plan.with_(schedule="zb-h1")})
-    with pytest.raises(ParallelLabError, match="no torchtitan equivalent"):
+    with pytest.raises(ParallelLabError, match="no torchtitan equivalent: schedule=zb-h1"):
         cluster_job.torchtitan_flags(zb)
+    both = zb.__class__(**{**zb.__dict__, "plan": zb.plan.with_(zero=1)})
+    with pytest.raises(ParallelLabError, match=r"schedule=zb-h1: .*; zero=1: "):      # every refusal, one line
+        cluster_job.torchtitan_flags(both)
 
 
 def _flags(pf):
@@ -175,7 +181,7 @@ def test_torchtitan_config_loader_accepts_the_flags():
     # torchtitan's own loader (ConfigManager: tyro over its config registry) parses our flags. Its llama3_405b
     # entry turns on float8 linears, which it refuses to build without an SM89+ GPU, so the flags are applied
     # to its llama3_70b entry: the parallelism and training sections are the same dataclasses.
-    manager = pytest.importorskip("torchtitan.config.manager", reason="torchtitan is not installed")
+    from torchtitan.config import manager  # the titan extra (make test installs it): never skipped
     cfg = manager.ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_70b",
                                               *cluster_job.torchtitan_flags(meta_8k())])
     assert cfg.parallelism.tensor_parallel_degree == 8 and cfg.parallelism.pipeline_parallel_degree == 16

@@ -16,6 +16,7 @@ from parallel_lab.planfile import (
     expectations,
     load_plan,
     make_plan_file,
+    meta_examples,
     save_plan,
     tiny_examples,
 )
@@ -141,8 +142,8 @@ def test_invalid_plan_for_the_model(tmp_path):
 # ---- the example files ----------------------------------------------------------------------------
 
 def test_tiny_examples_are_generated_by_this_code():
-    made = tiny_examples()
-    assert "tiny-dp2-zero3" in made
+    made = {**tiny_examples(), **meta_examples()}
+    assert "tiny-dp2-zero3" in made and made["llama3-405b-meta-8k"].engine == "torchtitan"
     for name, pf in made.items():
         path = EXAMPLES / f"{name}.yaml"
         assert path.exists(), f"{path} missing: run parallel_lab.planfile.write_examples('examples/plans')"
@@ -156,13 +157,14 @@ def test_tiny_dp2_zero3_example_is_runnable_shape():
                                                                                         "adam-fp32", 128)
 
 
-@pytest.mark.parametrize("name,seq", [("llama3-405b-pretrain-8k", 8192),
-                                      ("llama3-405b-long-context-131k", 131072)])
-def test_405b_examples_load_and_match_the_core(name, seq):
-    # written by `parallel-lab plan ... --save` (the planner's best plan); their expectations are still what
-    # the ledger and comm module say of that plan
+@pytest.mark.parametrize("name,phase,seq", [("llama3-405b-planner-8k", "pretrain-8k", 8192),
+                                            ("llama3-405b-planner-131k", "long-context-131k", 131072)])
+def test_405b_examples_load_and_match_the_core(name, phase, seq):
+    # written by `parallel-lab plan ... --save` (the planner's best plan) before plan files named their engine:
+    # they load as plans for the lab's engine; their expectations are still what the ledger and comm module say
     pf = load_plan(EXAMPLES / f"{name}.yaml")
-    assert pf.phase == name.removeprefix("llama3-405b-") and pf.plan.seq == seq and pf.gpus == 16384
+    assert "engine" not in (EXAMPLES / f"{name}.yaml").read_text() and pf.engine == "lab"
+    assert pf.phase == phase and pf.plan.seq == seq and pf.gpus == 16384
     assert pf.plan.global_batch_tokens == 16 * 2**20
     again = expectations(pf.model, pf.cluster, pf.plan)
     assert again.memory_bytes_per_gpu == pytest.approx(pf.expected.memory_bytes_per_gpu, rel=1e-12)
@@ -307,3 +309,21 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(ParallelLabError, match="No space left on device"):
         save_plan(path, other)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
+
+
+def test_a_plan_file_records_its_engine_and_a_torchtitan_plan_is_what_torchtitan_runs(tmp_path):
+    d = _good_data()
+    assert "engine" not in d or d.pop("engine")
+    p = _write_bytes(tmp_path, yaml.safe_dump(d).encode())
+    assert load_plan(p).engine == "lab"                                   # a file without the field
+    d["engine"] = "megatron"
+    _refused(tmp_path, d, "engine='megatron' is not known", "lab, torchtitan")
+    d["engine"] = "torchtitan"
+    d["plan"]["attention"] = "eager"
+    _refused(tmp_path, d, "engine=torchtitan but attention=eager")
+    pf = meta_examples()["llama3-405b-meta-8k"]
+    save_plan(tmp_path / "m.yaml", pf)
+    assert "engine: torchtitan" in (tmp_path / "m.yaml").read_text() and load_plan(tmp_path / "m.yaml") == pf
+    with pytest.raises(ParallelLabError, match="engine=torchtitan but schedule=zb-h1"):
+        make_plan_file(pf.model, pf.cluster, pf.plan.with_(schedule="zb-h1", interleave=1, pp_split="layers"),
+                       phase="x", engine="torchtitan")

@@ -407,3 +407,53 @@ def test_a_reduce_scatter_every_micro_batch_hides_behind_the_step_not_one_backwa
         ref = evaluate(model, H100, e.plan)
         assert e.step_time_s == pytest.approx(ref.step_time_s, rel=1e-9)
         assert e.memory_bytes == pytest.approx(ref.memory_bytes, rel=1e-12)
+
+
+# ---- engine-aware planning: --engine torchtitan searches only what its trainer runs ------------------------
+
+def test_the_torchtitan_engine_searches_only_what_torchtitan_runs():
+    from parallel_lab.engines import TORCHTITAN, torchtitan_differences
+
+    c = Constraints(engine="torchtitan")
+    assert set(c.schedules) <= set(TORCHTITAN.schedules) and "zb-h1" not in c.schedules
+    assert c.zero_stages == (0, 2, 3) and "selective" not in c.recompute and "op-sac" in c.recompute
+    assert (c.cp_kind, c.optimizer, c.attention) == ("allgather", "fsdp2-mixed", "flash")
+    assert Constraints().schedules == ("1f1b", "interleaved", "zb-h1")           # the lab's engine: unchanged
+    l8 = ModelSpec.preset("llama3-8b")
+    res = plan_search(l8, H100, 256, 8192, global_batch=512, constraints=c)
+    assert len(res.estimates) > 100
+    for e in list(res.top(100)):
+        assert torchtitan_differences(e.plan) == [], e.fields
+        assert e.fields["zero"] != 1 and e.fields["recompute"] != "selective"
+        assert e.fields["pp"] == 1 or e.fields["schedule"] in TORCHTITAN.schedules
+    lab = plan_search(l8, H100, 256, 8192, global_batch=512)
+    assert any(torchtitan_differences(e.plan) for e in lab.top(50))        # the lab's search goes beyond it
+    for bad, word in (({"schedules": ("zb-h1",)}, "schedule=zb-h1"), ({"zero_stages": (1, 2)}, "zero=1"),
+                      ({"fixed": {"schedule": "zb-h1"}}, "schedule=zb-h1"),
+                      ({"recompute": ("selective",)}, "recompute=selective"),
+                      ({"cp_kind": "ulysses"}, "cp_kind=ulysses"), ({"engine": "megatron"}, "megatron")):
+        with pytest.raises(ParallelLabError, match=word):
+            Constraints(**{"engine": "torchtitan", **bad})
+
+
+def test_plan_cli_engine_is_saved_and_launch_names_what_differs(capsys, tmp_path):
+    from parallel_lab.planfile import load_plan
+
+    base = ("plan", "--model", "llama3-8b", "--gpus", "64", "--seq", "8192", "--global-batch", "512", "--top", "2")
+    code, out, _ = _cli(capsys, *base, "--engine", "torchtitan", "--save", str(tmp_path / "t.yaml"))
+    assert code == 0 and "engine torchtitan (what its trainer runs): schedules 1f1b,interleaved" in out
+    assert load_plan(tmp_path / "t.yaml").engine == "torchtitan"
+    code, out, _ = _cli(capsys, "launch", str(tmp_path / "t.yaml"), "--entry", "torchtitan")
+    assert code == 0 and "made for the lab's engine" not in out
+    code, _, _ = _cli(capsys, *base, "--fix", "pp=4,cp=1,schedule=1f1b,zero=2,recompute=selective", "--save",
+                      str(tmp_path / "l.yaml"))
+    assert code == 0 and load_plan(tmp_path / "l.yaml").engine == "lab"
+    code, out, _ = _cli(capsys, "launch", str(tmp_path / "l.yaml"), "--entry", "torchtitan")
+    notes = [line for line in out.splitlines() if line.startswith("note: made for the lab's engine")]
+    assert code == 0 and len(notes) == 3, out                    # one line per difference
+    assert any("recompute=selective" in n for n in notes) and any("attention=eager" in n for n in notes)
+    assert any("optimizer=adam-mixed" in n for n in notes)
+    code, _, err = _cli(capsys, *base, "--engine", "torchtitan", "--schedules", "zb-h1")
+    assert code == 2 and "schedule=zb-h1 is not something torchtitan runs" in err and "\n" not in err.strip()
+    code, _, err = _cli(capsys, "launch", "examples/plans/llama3-405b-planner-8k.yaml", "--entry", "torchtitan")
+    assert code == 2 and "(engine lab) has no torchtitan equivalent: schedule=zb-h1" in err and "zero=1" in err

@@ -109,6 +109,6 @@ def test_cli_refuses_two_models_in_one_line(capsys):
     from parallel_lab import cli
 
     assert cli.main(["reshard", "examples/plans/tiny-dp2-zero3.yaml",
-                     "examples/plans/llama3-405b-pretrain-8k.yaml"]) == 2
+                     "examples/plans/llama3-405b-planner-8k.yaml"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("parallel-lab reshard: error: ") and "same model" in err and "\n" not in err

@@ -41,7 +41,7 @@ def handle(args: argparse.Namespace) -> Output:
     cmd = cluster_job.torchrun_command(pf, args.plan_file, entry=args.entry, port=port, head=head or "$HEAD_NODE",
                                        config=args.torchtitan_config)
     data: dict[str, Any] = {"nodes": job.nodes, "gpus_per_node": job.gpus_per_node, "world": job.world,
-                            "entry": args.entry, "torchrun": cmd}
+                            "entry": args.entry, "engine": pf.engine, "torchrun": cmd}
     try:
         data["torchtitan_flags"] = cluster_job.torchtitan_flags(pf)
     except ParallelLabError as e:

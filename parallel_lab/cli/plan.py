@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ..engines import DEFAULT_ENGINE, ENGINES
 from ..errors import ParallelLabError
 from ..hardware import CLUSTER_PRESETS
 from ..inputs import LIMITS
@@ -79,12 +80,19 @@ def add(sub: Any) -> None:
     g.add_argument("--recompute", metavar="R,...",
                    help="recompute modes to try (default none,selective,full)")
     g.add_argument("--max-tp", type=int_in("max_tp"), help="largest TP degree (default: GPUs per node)")
-    g.add_argument("--cp-kind", choices=CP_KINDS, default="ring", help="context parallelism (default ring)")
-    g.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam-mixed", help="default adam-mixed")
+    g.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                   help="what will run the plan: lab (every choice the ledger models, the default) or torchtitan "
+                        "(only its schedules, FSDP for ZeRO 0/2/3, op-level selective recompute, all-gather CP, "
+                        "fsdp2-mixed, flash attention; saved in the plan file)")
+    g.add_argument("--cp-kind", choices=CP_KINDS, help="context parallelism (default ring; allgather under "
+                   "--engine torchtitan)")
+    g.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
+                   help="default adam-mixed (fsdp2-mixed under --engine torchtitan)")
     g.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="default bf16")
     g.add_argument("--margin", type=float_in(0.0, 0.99), default=0.1,
                    help="HBM safety margin, fraction in [0, 0.99] (default 0.1)")
-    g.add_argument("--attention", choices=ATTENTION_KINDS, default="eager", help="attention kernel (default eager)")
+    g.add_argument("--attention", choices=ATTENTION_KINDS,
+                   help="attention kernel (default eager; flash under --engine torchtitan)")
     g.add_argument("--mlp", choices=MLP_KINDS, default="eager", help="MLP kernel (default eager)")
     g.add_argument("--pp-split", choices=PP_SPLITS, default="layers", help="pipeline split (default layers)")
     g.add_argument("--save", metavar="FILE", help="write the best plan as a plan file (YAML)")
@@ -112,9 +120,9 @@ def handle(args: argparse.Namespace) -> Output:
         lo, hi = LIMITS.get(k, (None, None))
         if isinstance(v, int) and not isinstance(v, bool) and lo is not None and not lo <= v <= hi:
             raise ParallelLabError(f"--fix {k}={v} is outside [{lo:,}, {hi:,}]; e.g. --fix {k}={max(lo, 1)}")
-    kw: dict[str, Any] = {"fixed": fixed, "max_tp": args.max_tp, "cp_kind": args.cp_kind,
-                          "optimizer": args.optimizer, "dtype": args.dtype, "margin": args.margin,
-                          "attention": args.attention, "mlp": args.mlp, "pp_split": args.pp_split}
+    kw: dict[str, Any] = {"fixed": fixed, "max_tp": args.max_tp, "dtype": args.dtype, "margin": args.margin,
+                          "mlp": args.mlp, "pp_split": args.pp_split, "engine": args.engine}
+    kw.update({k: getattr(args, k) for k in ("cp_kind", "optimizer", "attention") if getattr(args, k) is not None})
     for name, text, cast in (("schedules", args.schedules, str), ("zero_stages", args.zero_stages, int),
                              ("recompute", args.recompute, str),
                              ("zero2_accumulate", args.zero2_accumulate, str)):
@@ -129,6 +137,7 @@ def handle(args: argparse.Namespace) -> Output:
     res = plan_search(model, cluster, args.gpus, args.seq, global_batch=args.global_batch,
                       global_batch_tokens=args.global_batch_tokens, constraints=Constraints(**kw))
     data = res.to_json(args.top)
+    data["engine"] = args.engine
     shown, dropped = res.top(args.top), res.dropped_at_peak(args.top)
     rows = []
     for i, e in enumerate(shown):
@@ -152,6 +161,11 @@ def handle(args: argparse.Namespace) -> Output:
                      "free GB", "step s", "MFU", "bubble", "exposed comm (ms)"), left=(6, 9, 10, 16)),
         "rejected families: " + (", ".join(f"{k} {v}" for k, v in res.rejected.items()) or "none"),
     ]
+    if args.engine == "torchtitan":
+        c = Constraints(**kw)
+        lines.insert(3, f"engine torchtitan (what its trainer runs): schedules {','.join(c.schedules)}, "
+                        f"zero {','.join(map(str, c.zero_stages))}, recompute {','.join(c.recompute)}, "
+                        f"cp_kind {c.cp_kind}, optimizer {c.optimizer}, attention {c.attention}")
     if not shown and res.estimates:            # nothing to tabulate: say why instead of an empty table
         lines[2] = (f"every one of the {len(dropped):,} plans checked fits by its total but not at its peak at "
                     f"one moment (memory's verdict)")
@@ -175,9 +189,9 @@ def handle(args: argparse.Namespace) -> Output:
         if not shown:
             raise ParallelLabError("no plan fits, so there is nothing to --save")
         pf = save_plan(args.save, model, cluster, shown[0].plan, phase=args.phase or f"seq{args.seq}",
-                       gpus=args.gpus)
-        data["saved"] = {"path": args.save, "phase": pf.phase}
-        lines.append(f"saved the best plan as {args.save} (phase {pf.phase})")
+                       gpus=args.gpus, engine=args.engine)
+        data["saved"] = {"path": args.save, "phase": pf.phase, "engine": pf.engine}
+        lines.append(f"saved the best plan as {args.save} (phase {pf.phase}, engine {pf.engine})")
     return Output(data, "\n".join(lines))
 
 

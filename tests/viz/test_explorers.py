@@ -286,6 +286,12 @@ def test_planner_no_plan_and_saving(tmp_path):
     assert str(ex.saved_path) in ex.save_message.value
     loaded = load_plan(ex.saved_path)
     assert loaded.plan == ex.result["plan"] and loaded.phase == "pretrain-4k" and loaded.gpus == 8
+    assert loaded.engine == "lab"
+    ex.set(engine="torchtitan")                          # only what torchtitan runs; the file says so
+    assert ex.error is None and ex.result["plan"].zero != 1 and ex.result["plan"].recompute != "selective"
+    assert ex.result["plan"].attention == "flash" and ex.save() is not None
+    assert load_plan(ex.saved_path).engine == "torchtitan"
+    ex.set(engine="lab")
 
     ex.set(model="llama3-405b")                                   # 405B does not fit on 8 GPUs at all
     assert isinstance(ex.error, ParallelLabError) and "no plan for llama3-405b" in ex.status.value

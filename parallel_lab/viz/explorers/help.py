@@ -68,6 +68,8 @@ TOOLTIPS: dict[str, str] = {
     "steps": "Optimizer steps the run trains (count); each is one global batch on every rank",
     # planner
     "top": "How many of the best plans to list (count)",
+    "engine": "What will run the plan: lab (every plan the ledger models) or torchtitan (only what its trainer "
+              "runs: parallel-lab plan --engine torchtitan); the saved plan file records it",
     "chosen": "Which listed plan to draw (rank in the list, 1 = fastest estimate)",
 }
 

@@ -20,8 +20,10 @@ from ... import comm as comm_mod
 from ... import ledger as ledger_mod
 from ... import simulate as simulate_mod
 from ... import steptime as steptime_mod
+from ...engines import DEFAULT_ENGINE, ENGINES
 from ...errors import ParallelLabError
 from ...hardware import CLUSTER_PRESETS, ClusterSpec
+from ...planner_constraints import Constraints
 from ...quantities import fmt_bytes, fmt_seconds
 from ...schedules.generators import build_schedule
 from ..plots.base import CATEGORIES, DIM_COLORS, draw_message, dynamic_title
@@ -68,6 +70,7 @@ class PlannerExplorer(Explorer):
         c["gpus"] = slider("GPUs", GPU_COUNTS, gpus)
         c["seq"] = slider("sequence", SEQS, seq)
         c["batch_tokens"] = dropdown("global batch", BATCH_TOKENS, batch_tokens)
+        c["engine"] = dropdown("engine", ENGINES, DEFAULT_ENGINE)
         c["top"] = int_slider("plans shown", 3, 20, 8)
         c["chosen"] = int_slider("show plan #", 1, 20, 1)
         self._search_key: Any = None
@@ -99,7 +102,7 @@ class PlannerExplorer(Explorer):
         self.on_open: Callable[[Any, Any, Any, int], str] | None = None
         self.open_button.on_click(lambda _: self.open_in_tabs())
         self.load_button.on_click(lambda _: self.load())
-        columns = [[c["model"], custom, c["cluster"]], [c["gpus"], c["seq"], c["batch_tokens"]],
+        columns = [[c["model"], custom, c["cluster"]], [c["gpus"], c["seq"], c["batch_tokens"], c["engine"]],
                    [c["top"], c["chosen"]]]
         save_row = W.HBox([self.path, self.phase, self.save_button, self.load_button, self.open_button],
                           layout=W.Layout(flex_flow="row wrap"))
@@ -122,7 +125,7 @@ class PlannerExplorer(Explorer):
         from ... import planner
 
         model, cluster = model_from(v), ClusterSpec.preset(v["cluster"])
-        key = (model, cluster, v["gpus"], v["seq"], v["batch_tokens"])
+        key = (model, cluster, v["gpus"], v["seq"], v["batch_tokens"], v["engine"])
         if key != self._search_key:
             # the kernel sends this at once: the learner sees the search running, not a frozen page
             self.status.value = status_line(f"<b>Searching</b> every plan for {html.escape(model.name)} on "
@@ -132,7 +135,8 @@ class PlannerExplorer(Explorer):
             self._schedules.clear()
             self._timeline_memo.clear()
             self._search = planner.plan_search(model, cluster, v["gpus"], v["seq"],
-                                               global_batch_tokens=v["batch_tokens"])
+                                               global_batch_tokens=v["batch_tokens"],
+                                               constraints=Constraints(engine=v["engine"]))
             self._search_key = key
         return self._search
 
@@ -179,7 +183,7 @@ class PlannerExplorer(Explorer):
         plan = est.plan
         self.verdict = plan_label(plan)
         return {"result": res, "shown": shown, "index": idx, "estimate": est, "plan": plan, "model": model,
-                "cluster": cluster, **self.plan_details(res, idx)}
+                "cluster": cluster, "engine": v["engine"], **self.plan_details(res, idx)}
 
     def _bound_chosen(self, shown: int) -> None:
         """The "show plan #" slider ends at the last plan listed (no redraw of its own when that clamps it)."""
@@ -305,7 +309,7 @@ class PlannerExplorer(Explorer):
             phase = self.phase.value.strip() or self.phase.placeholder or "pretrain"
             target = Path(self.path.value.strip() or "plan.yaml").expanduser()
             planfile.save_plan(target, r["model"], r["cluster"], r["plan"], phase=phase,
-                               gpus=r["result"].gpus)
+                               gpus=r["result"].gpus, engine=r["engine"])
         except ParallelLabError as err:
             self.save_message.value = error_html(err)
             return None
