@@ -24,7 +24,8 @@ from ...errors import ParallelLabError
 from ...hardware import CLUSTER_PRESETS, ClusterSpec
 from ...quantities import fmt_bytes, fmt_seconds
 from ...schedules.generators import build_schedule
-from ..plots.base import CATEGORIES, DIM_COLORS, draw_message, dynamic_title
+from ..palette import DIM_COLORS, STEP_COLORS
+from ..plots.base import CATEGORIES, draw_message, dynamic_title
 from ..plots.comm import draw_comm_bytes
 from ..plots.memory import category_legend, draw_memory
 from ..plots.planner import plan_label
@@ -325,8 +326,8 @@ FILE_ERROR = "Plan file error"
 #: A best plan under this MFU, or with a bubble over this ratio, gets a warning.
 POOR_MFU = 0.10
 POOR_BUBBLE = 1.0
-BREAKDOWN_COLORS = {"compute": "#4c72b0", "tp": DIM_COLORS["tp"], "cp": DIM_COLORS["cp"],
-                    "pp": DIM_COLORS["pp"], "dp": DIM_COLORS["dp"], "bubble": "#bbbbbb"}
+BREAKDOWN_COLORS = {"compute": STEP_COLORS["compute"], "tp": DIM_COLORS["tp"], "cp": DIM_COLORS["cp"],
+                    "pp": DIM_COLORS["pp"], "dp": DIM_COLORS["dp"], "bubble": STEP_COLORS["bubble"]}
 
 
 def step_breakdown(est: Any) -> dict[str, float]:

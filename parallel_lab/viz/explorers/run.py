@@ -32,6 +32,7 @@ from ...errors import ParallelLabError
 from ...plan_flags import check_fits_this_machine
 from ...quantities import fmt_seconds, unit_for
 from ...specs import MODEL_PRESETS, RUN_DEFAULTS, SCHEDULES, ModelSpec, Plan
+from ..palette import CURVE_COLORS, MEASURED, PREDICTED_EDGE
 from ..plots.base import draw_message, reset_axes
 from .base import Explorer, error_html, int_slider, job_controls, labelled, slider, status_line, toggles
 from .jobs import CliJob, loop_caller
@@ -200,8 +201,8 @@ class RunExplorer(Explorer):
         ax = axes[2]
         reset_axes(ax)
         steps = list(range(1, len(rep["losses"]) + 1))
-        ax.plot(steps, rep["reference_losses"], "o-", color="#8c959f", lw=3, label="1 process")
-        ax.plot(steps, rep["losses"], "x--", color="#0969da", label="parallel")
+        ax.plot(steps, rep["reference_losses"], "o-", color=CURVE_COLORS[0], lw=3, label="1 process")
+        ax.plot(steps, rep["losses"], "x--", color=CURVE_COLORS[1], label="parallel")
         ax.set_title("loss per step", fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.set_xticks(steps)
@@ -251,9 +252,9 @@ def _pair_bars(ax: Axes, rows: dict[str, dict[str, int]], title: str) -> None:
     top = max(max(c["measured_bytes"], c["predicted_bytes"]) for c in rows.values()) or 1
     unit, scale = unit_for(top)
     xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [rows[n]["predicted_bytes"] / scale for n in names], 0.4, color="#8c959f",
-           label="predicted", gid="predicted")
-    ax.bar([x + 0.2 for x in xs], [rows[n]["measured_bytes"] / scale for n in names], 0.4, color="#0969da",
+    ax.bar([x - 0.2 for x in xs], [rows[n]["predicted_bytes"] / scale for n in names], 0.4, facecolor="white",
+           edgecolor=PREDICTED_EDGE, label="predicted", gid="predicted")
+    ax.bar([x + 0.2 for x in xs], [rows[n]["measured_bytes"] / scale for n in names], 0.4, color=MEASURED,
            label="measured", gid="measured")
     ax.set_xticks(list(xs), [n.replace("_", "\n") for n in names], fontsize=7)
     ax.set_ylabel(unit, fontsize=8)

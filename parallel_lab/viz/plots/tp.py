@@ -23,8 +23,8 @@ from matplotlib.axes import Axes
 from matplotlib.patches import Circle, Rectangle
 
 from ...comm import ring_steps
+from ..palette import INK, MARK_COLORS, MUTED, RANK_COLORS, RING_COLORS
 from .base import reset_axes
-from .zero import RANK_COLORS
 
 
 def ring_allreduce_states(n: int) -> list[list[list[frozenset[int]]]]:
@@ -83,13 +83,13 @@ def draw_ring_allreduce(ax: Axes, n: int, step: int, message_bytes: int | None =
     sent = set(ring_sent_chunks(n, step))
     for (r, c), cell in chart.parts["cells"].items():
         k = len(state[r][c])
-        cell.set_facecolor("#1a7f37" if k == n else "#4c72b0")
+        cell.set_facecolor(RING_COLORS["complete"] if k == n else RING_COLORS["partial"])
         cell.set_alpha(0.25 + 0.75 * k / n)
-        cell.set_edgecolor("#cf222e" if (r, c) in sent else "none")
+        cell.set_edgecolor(RING_COLORS["sent"] if (r, c) in sent else "none")
         cell.set_gid(f"chunk:{r}:{c}:{k}")
         t = chart.parts["texts"][(r, c)]
         t.set_text(f"{k}/{n}")
-        t.set_color("white" if k / n > 0.5 else "#1f2328")
+        t.set_color("white" if k / n > 0.5 else INK)
     phase = ("start: every rank holds its own partial sums" if step == 0 else
              f"reduce-scatter step {step} of {n - 1}" if step < n else
              f"all-gather step {step - n + 1} of {n - 1}")
@@ -135,7 +135,7 @@ def draw_tp_block(ax: Axes, attention: Sequence[Split], mlp: Sequence[Split], tp
                                        linewidth=0.6, gid=f"w:{sp_.name}:{r}"))
             ax.text(x + w / 2, y0 + h + 0.12, f"{sp_.name} ({sp_.kind})", ha="center", fontsize=7)
             ax.text(x + w / 2, y0 - 0.15, f"{sp_.shape[0]:,} x {sp_.shape[1]:,}\n{sp_.local}", ha="center",
-                    va="top", fontsize=6, color="#57606a")
+                    va="top", fontsize=6, color=MUTED)
             ax.annotate("", (x - 0.05, y + 1.0), (x - 0.55, y + 1.0), arrowprops={"arrowstyle": "->", "lw": 0.8})
             x += w + 0.9
         ax.annotate("", (x - 0.1, y + 1.0), (x - 0.85, y + 1.0), arrowprops={"arrowstyle": "->", "lw": 0.8})
@@ -145,6 +145,7 @@ def draw_tp_block(ax: Axes, attention: Sequence[Split], mlp: Sequence[Split], tp
 
 
 def _operator(ax: Axes, x: float, y: float, name: str, note: str) -> None:
-    ax.add_patch(Circle((x, y), 0.3, facecolor="#fff8c5", edgecolor="#9a6700", linewidth=1, gid=f"op:{name}"))
+    ax.add_patch(Circle((x, y), 0.3, facecolor=MARK_COLORS["operator_fill"], edgecolor=MARK_COLORS["operator"],
+                        linewidth=1, gid=f"op:{name}"))
     ax.text(x, y, name, ha="center", va="center", fontsize=9, weight="bold", style="italic")
-    ax.text(x, y - 0.42, note, ha="center", va="top", fontsize=6, color="#9a6700")
+    ax.text(x, y - 0.42, note, ha="center", va="top", fontsize=6, color=MARK_COLORS["operator"])
