@@ -45,7 +45,7 @@ def draw_grid(ax: Axes, coords: Mapping[int, tuple[int, int, int, int]], groups:
             ax.add_patch(sq)
             squares.append(sq)
             labels.append(ax.text(x + 0.5, y + 0.5, "", ha="center", va="center", gid=f"coords:{r}",
-                                  fontsize=7 if gpus_per_node <= 8 else 5))
+                                  fontsize=8))
         chart.parts.update(squares=squares, labels=labels)
         chart.dynamic += [*squares, *labels]
         ax.set_xlim(0, gpus_per_node)

@@ -209,7 +209,8 @@ def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, 
     ax.set_xlim(-0.6, right)
     if hbm:
         _update_hbm(chart, hbm, margin, right, max(needs))
-    _place_labels(chart, ledgers, top, [True] * n)
+    # labels where they fit: every bar of one or two, else the one the verdict weighs (the largest need)
+    _place_labels(chart, ledgers, top, [n <= 2 or x == needs.index(max(needs)) for x in range(n)])
     set_ticks(ax, chart, "x", range(n), labels)
     ax.set_xlabel(xlabel or "")
     set_title(ax, title)
@@ -276,7 +277,7 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
     chart, same = chart_on(ax, "activation_terms", (n, hbm_bytes > 0, legend_outside))
     if not same:
         color = CATEGORY_COLORS["activations"]
-        b1 = empty_bars(ax, [x - w / 2 for x in range(n)], w, label="everything else (grows like s)", gid="linear",
+        b1 = empty_bars(ax, [x - w / 2 for x in range(n)], w, label="activations (grow like s)", gid="linear",
                    facecolor=color, edgecolor=color)
         b2 = empty_bars(ax, [x + w / 2 for x in range(n)], w, label="attention scores (grow like s²)",
                    gid="quadratic", facecolor=lighten(color, 0.55), edgecolor=color, hatch="//")
@@ -297,7 +298,7 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
         ax.set_ylabel("activations per GPU (log scale)")
         if legend_outside:
             handles, _ = ax.get_legend_handles_labels()
-            ax.legend(handles, ["everything else\n(grows like s)", "attention scores\n(grow like s²)"],
+            ax.legend(handles, ["activations\n(grow like s)", "attention scores\n(grow like s²)"],
                       loc="upper left", bbox_to_anchor=(1.02, 0.45), fontsize=8, frameon=False)
         else:
             ax.legend(loc="upper left", fontsize=8, frameon=False)

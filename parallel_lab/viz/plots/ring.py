@@ -134,7 +134,8 @@ def draw_work(ax: Axes, work: dict[str, Sequence[int]], *, title: str | None = N
         chart.dynamic.append(chart.parts["ideal"])
         ax.legend(loc="upper left", fontsize=8, frameon=False)
         ax.set_xlim(-0.5, cp - 0.5)
-        set_ticks(ax, chart, "x", range(cp), [f"rank {r}" for r in range(cp)])
+        set_ticks(ax, chart, "x", range(cp), [str(r) for r in range(cp)])
+        ax.set_xlabel("rank")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     ideal = sum(next(iter(work.values()))) / cp            # every balance does the same total work
