@@ -172,6 +172,27 @@ def test_every_tab_links_to_its_lesson_on_127_0_0_1():
     assert app.lessons.value.count('class="pl-lesson"') == 9
 
 
+#: For a tab no lesson embeds, a word its lesson must use (the tab's subject).
+TAB_SUBJECT = {"ZeroExplorer": "ZeRO", "TPExplorer": "all-reduce", "PlannerExplorer": "planner",
+               "RunExplorer": "parallel-lab run"}
+
+
+def test_each_tab_links_to_the_lesson_about_its_picture():
+    """A tab links to a lesson that embeds its explorer (``CommExplorer(`` in lesson 03); for a tab that no
+    lesson embeds, to one that names its subject. The Communication tab linked to lesson 02 while its
+    default (TP 8) and its embedding are lesson 03's."""
+    from parallel_lab.viz.explorers.lessons import EXPLAINED_BY
+
+    texts = {p.stem: p.read_text() for p in sorted(NOTEBOOKS.glob("0*.ipynb"))}
+    for cls, stem in EXPLAINED_BY.items():
+        embedding = [s for s, t in texts.items() if f"{cls}(" in t]
+        if embedding:
+            assert stem in embedding, f"{cls} links to {stem}; the lessons that embed it: {embedding}"
+        else:
+            assert TAB_SUBJECT[cls].lower() in texts[stem].lower(), f"{cls} links to {stem}, which never says " \
+                                                                     f"{TAB_SUBJECT[cls]!r}"
+
+
 def test_every_linked_lesson_exists():
     """Fails until every lesson the app links to is in notebooks/ (lessons 02-09 are written in parallel)."""
     from parallel_lab.viz.explorers.lessons import EXPLAINED_BY, LESSONS
