@@ -93,7 +93,7 @@ def test_memory_slider_moves_the_numbers_and_the_chart(page):
     before_text, before_png = status.inner_text(), chart.screenshot(path=str(ARTIFACTS / "memory_before.png"))
     model, h100 = ModelSpec.preset("llama2-7b"), ClusterSpec.preset("h100-sxm")
     expected = memory(model, Plan(dp=8, seq=4096), h100).need_bytes       # the total, or the peak if larger
-    assert per_gpu_bytes(before_text) == pytest.approx(expected, rel=5e-4)       # 4 significant digits
+    assert per_gpu_bytes(before_text) == pytest.approx(expected, rel=5e-3)       # 3 significant digits
 
     handle = page.locator(".widget-slider .noUi-handle:visible").first    # the sequence-length slider
     handle.focus()
@@ -105,7 +105,7 @@ def test_memory_slider_moves_the_numbers_and_the_chart(page):
     page.screenshot(path=str(ARTIFACTS / "app_memory.png"), full_page=True)
     # the numbers are the ledger's for the new sequence length, and the chart was redrawn
     expected = memory(model, Plan(dp=8, seq=8192), h100).need_bytes
-    assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-4)
+    assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-3)
     assert after_png != before_png
 
 
@@ -282,7 +282,8 @@ def test_zero_tab_shows_shards_and_the_peak_rising_with_one_root_unit(page):
     chart = page.locator(".pl-chart:visible").first
     model, plan = ModelSpec.preset("llama2-7b"), Plan(dp=4, zero=3)            # the tab's defaults
     sync_api.expect(status).to_contain_text("ZeRO-3 over 4 ranks")
-    sync_api.expect(status).to_contain_text(f"block units {fmt_bytes(zero3_gathered_bytes(model, plan))}")
+    sync_api.expect(status).to_contain_text(f"at most {fmt_bytes(zero3_gathered_bytes(model, plan))} per rank "
+                                            "with block units")
     before = chart.screenshot(path=str(ARTIFACTS / "zero_block_units.png"))
     page.get_by_role("button", name="root", exact=True).filter(visible=True).first.click()
     sync_api.expect(status).to_contain_text("Unit root has")
@@ -290,7 +291,7 @@ def test_zero_tab_shows_shards_and_the_peak_rising_with_one_root_unit(page):
     (ARTIFACTS / "zero_root_unit.png").write_bytes(after)
     assert after != before
     root_peak = zero3_gathered_bytes(model, plan.with_(zero_unit="root"))
-    sync_api.expect(status).to_contain_text(f"one root unit {fmt_bytes(root_peak)}")
+    sync_api.expect(status).to_contain_text(f"{fmt_bytes(root_peak)} with one root unit")
     link = page.locator(".pl-lesson-link:visible a")
     assert link.get_attribute("data-lesson") == "02_data_parallel_and_zero"
     page.screenshot(path=str(ARTIFACTS / "app_zero.png"), full_page=True)
@@ -318,6 +319,36 @@ def test_tp_tab_splits_the_weights_and_walks_the_ring_all_reduce(page):
     page.get_by_role("button", name="on", exact=True).filter(visible=True).first.click()      # SP
     sync_api.expect(status).to_contain_text("x all-gather of")
     page.screenshot(path=str(ARTIFACTS / "app_tp.png"), full_page=True)
+
+
+TABS = ("Memory", "Communication", "Pipeline", "Grid", "Ring attention", "ZeRO/FSDP", "Tensor parallel", "Experts",
+        "Planner", "Run")
+
+
+def test_every_tab_s_picture_is_on_the_first_screen(browser, app_url, tmp_path):
+    """A learner's 1440 x 900 window: each tab's main picture lies within the first screen, unscrolled;
+    a screenshot of each tab is saved under a temporary directory."""
+    pg = B.open_page(browser, app_url, viewport=(1440, 900))
+    off = []
+    try:
+        sync_api.expect(pg.locator(".pl-chart:visible").first).to_be_visible()
+        for tab in TABS:
+            pg.locator(".lm-TabBar-tab", has_text=tab).click()
+            chart = pg.locator(".pl-chart:visible").first
+            sync_api.expect(chart).to_be_visible(timeout=60_000)
+            pg.wait_for_function("() => [...document.querySelectorAll('.pl-chart')].some("
+                                 "i => i.offsetParent && i.naturalHeight > 0)")
+            pg.evaluate("() => window.scrollTo(0, 0)")
+            shot = pg.screenshot(path=str(tmp_path / f"{tab.replace('/', '_').replace(' ', '_')}.png"))
+            (ARTIFACTS / f"first_screen_{tab.replace('/', '_').replace(' ', '_')}.png").write_bytes(shot)
+            box = chart.bounding_box()
+            assert box is not None and box["height"] > 100, tab
+            if not (box["y"] >= 0 and box["y"] + box["height"] <= 900):
+                off.append(f"{tab}: y {box['y']:.0f} to {box['y'] + box['height']:.0f}")
+    finally:
+        pg.context.close()
+    assert len(list(tmp_path.glob("*.png"))) == len(TABS)
+    assert not off, f"pictures below the first screen (900 px): {off}"
 
 
 def test_lesson_links_stay_on_127_0_0_1(page):

@@ -25,6 +25,7 @@ from parallel_lab.viz.explorers.comm import CommExplorer
 from parallel_lab.viz.explorers.grid import GridExplorer
 from parallel_lab.viz.explorers.memory import MemoryExplorer
 from parallel_lab.viz.explorers.pipeline import PipelineExplorer
+from parallel_lab.viz.explorers.planner import PlannerExplorer
 from parallel_lab.viz.explorers.ring import RingExplorer
 from parallel_lab.viz.explorers.routing import RoutingExplorer
 from parallel_lab.viz.explorers.run import RunExplorer
@@ -69,6 +70,7 @@ SETTINGS: dict[type, list[dict[str, Any]]] = {
     RoutingExplorer: [{}, {"skew": 2.0}, {"model": "deepseekmoe-16b", "ep": 8, "skew": 1.5},
                       {"model": "tiny-moe", "ep": 1, "skew": 0.0, "capacity_factor": 4.0}],
     RunExplorer: [{}, {"pp": 1, "dp": 4, "zero": 3}],
+    PlannerExplorer: [{}],                 # its best plan has m=128: the timeline's start and end, zoomed
 }
 CASES = [(cls, s) for cls, ss in SETTINGS.items() for s in ss]
 

@@ -89,10 +89,11 @@ class MemoryExplorer(Explorer):
         columns = [
             [c["model"], custom, c["cluster"], c["optimizer"], c["activation_model"]],
             [c["seq"], c["micro_batch"], c["grad_accum"], c["schedule"], c["interleave"]],
-            [c["gpus"], c["dp"], c["tp"], c["pp"], c["cp"], c["sp"]],
+            [c["gpus"], c["dp"], c["tp"], c["pp"], c["cp"]],
         ]
         knobs = W.HBox([labelled("ZeRO stage", c["zero"]), labelled("recompute", c["recompute"]),
-                        labelled("second view", c["sweep"])], layout=W.Layout(flex_flow="row wrap"))
+                        labelled("second view", c["sweep"]), c["sp"]], layout=W.Layout(flex_flow="row wrap"))
+        c["sp"].layout = W.Layout(width="auto")          # in the row above: the picture stays on the first screen
         self.measure = MeasurePanel(self.measure_target)
         super().__init__(c, columns, extra=(self.measure,))
         self.children = (self.children[0], knobs, *self.children[1:])
