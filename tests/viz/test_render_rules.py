@@ -227,6 +227,15 @@ def test_palette_has_one_meaning_per_colour():
     assert meanings["#4c72b0"] == "category:parameters" and palette.meaning("#1B9E77") == "dim:dp"
     assert len({palette.DIM_COLORS["dp"], palette.STEP_COLORS["compute"], palette.RANK_COLORS[0],
                 palette.KIND_COLORS["F"], palette.CATEGORY_COLORS["parameters"]}) == 5
+    from parallel_lab.viz.explorers.planner import BREAKDOWN_COLORS
+
+    assert len(set(BREAKDOWN_COLORS.values())) == len(BREAKDOWN_COLORS)      # compute is not exposed dp's blue
+    palette.PALETTES["probe"] = {"dp again": palette.DIM_COLORS["dp"]}
+    try:
+        with pytest.raises(ValueError, match="means both dim:dp and probe:dp again"):
+            palette.check_disjoint()
+    finally:
+        del palette.PALETTES["probe"]
 
 
 def check_memory_verdict(ex: MemoryExplorer) -> None:
