@@ -92,12 +92,12 @@ def _build_stack(ax: Axes, chart: Chart, n: int, cats: Sequence[str], width: flo
         chart.dynamic += bars[cat]
     chart.parts["bars"] = bars
     peak = empty_bars(ax, range(n), width, label=PEAK_LABEL, gid="peak", facecolor="white",
-                      edgecolor=MARK_COLORS["peak"], hatch="xxx", linewidth=0.8)
+                      edgecolor=MARK_COLORS["peak"], hatch="xx", linewidth=0.8)
     chart.parts["peak"] = peak
     chart.dynamic += peak
 
 
-def _update_stack(chart: Chart, ledgers: Sequence[Any]) -> list[float]:
+def _update_stack(chart: Chart, ledgers: Sequence[Any], needs: Sequence[float]) -> list[float]:
     """Heights of the stacked bars (bytes) from the ledgers (a ``None`` ledger: no bar); returns totals."""
     per = [per_gpu_bytes(led) if led is not None else {} for led in ledgers]
     totals = [0.0] * len(ledgers)
@@ -108,24 +108,25 @@ def _update_stack(chart: Chart, ledgers: Sequence[Any]) -> list[float]:
             b.set_height(h)
             b.set_visible(h > 0)                                 # nothing to draw
             totals[i] += h
-    for b, led, t in zip(chart.parts["peak"], ledgers, totals, strict=True):
-        extra = need_bytes(led) - t
+    for b, need, t in zip(chart.parts["peak"], needs, totals, strict=True):
+        extra = need - t
         b.set_y(t)
         b.set_height(max(extra, 0.0))
         b.set_visible(extra > 0)
     return totals
 
 
-def _place_labels(chart: Chart, ledgers: Sequence[Any], top: float, shown: Sequence[bool]) -> None:
+def _place_labels(chart: Chart, ledgers: Sequence[Any], needs: Sequence[float], top: float,
+                  shown: Sequence[bool]) -> None:
     """Each shown bar's verdict bytes above it, moved above any reference line the text would cross."""
     lines = [ln.get_ydata()[0] for ln in chart.parts.get("hbm_lines", []) if ln.get_visible()]
-    for x, (text, led, show) in enumerate(zip(chart.parts["values"], ledgers, shown, strict=True)):
-        y = need_bytes(led) + top * 0.01
+    for x, (text, led, need, show) in enumerate(zip(chart.parts["values"], ledgers, needs, shown, strict=True)):
+        y = need + top * 0.01
         for ln in sorted(lines):
             if y - top * 0.01 <= ln <= y + top * 0.09:
                 y = ln + top * 0.012
         text.set_position((x, y))
-        text.set_text(need_text(need_bytes(led)) if led is not None else "n/a")
+        text.set_text(need_text(need) if led is not None else "n/a")
         text.set_color(INK if led is not None else "#888888")
         text.set_visible(show)
 
@@ -199,8 +200,8 @@ def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, 
                       frameon=False)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
-    totals = _update_stack(chart, ledgers)
     needs = [need_bytes(led) for led in ledgers]
+    totals = _update_stack(chart, ledgers, needs)
     on_scale = _hbm_on_scale(hbm, needs)
     top = sticky_ceil(chart, "top", max([t * 1.12 for t in needs] + [hbm * 1.1 if on_scale else 0.0, 1.0]))
     ax.set_ylim(0, top)
@@ -210,7 +211,7 @@ def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, 
     if hbm:
         _update_hbm(chart, hbm, margin, right, max(needs))
     # labels where they fit: every bar of one or two, else the one the verdict weighs (the largest need)
-    _place_labels(chart, ledgers, top, [n <= 2 or x == needs.index(max(needs)) for x in range(n)])
+    _place_labels(chart, ledgers, needs, top, [n <= 2 or x == needs.index(max(needs)) for x in range(n)])
     set_ticks(ax, chart, "x", range(n), labels)
     ax.set_xlabel(xlabel or "")
     set_title(ax, title)
@@ -237,8 +238,8 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
         ax.set_xlim(-0.5, n - 0.5)
-    totals = _update_stack(chart, ledgers)
     needs = [need_bytes(led) for led in ledgers]
+    totals = _update_stack(chart, ledgers, needs)
     on_scale = _hbm_on_scale(hbm, needs)
     top = sticky_ceil(chart, "top", max([t * 1.12 for t in needs] + [hbm * 1.12 if on_scale else 0.0, 1.0]))
     ax.set_ylim(0, top)
@@ -250,7 +251,7 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
     shown = [i in (0, n - 1, at) or led is None for i, led in enumerate(ledgers)]
     if n > 6 and at is not None:                       # the selected bar's label needs its neighbours' room
         shown = [s and (abs(i - at) > 1 or i == at) for i, s in enumerate(shown)]
-    _place_labels(chart, ledgers, top, shown)
+    _place_labels(chart, ledgers, needs, top, shown)
     set_ticks(ax, chart, "x", range(n), [value_fmt.format(v) for v in values])
     highlight_category(ax, chart, at)
     ax.set_xlabel(knob)
@@ -348,7 +349,7 @@ def category_legend(fig: Figure, categories: Sequence[str] = CATEGORIES) -> Lege
                 return leg
             leg.remove()
     handles = [Patch(color=CATEGORY_COLORS[c], label=CATEGORY_LABELS[c]) for c in reversed(categories)]
-    handles.append(Patch(facecolor="white", edgecolor=MARK_COLORS["peak"], hatch="xxx", label=PEAK_LABEL))
+    handles.append(Patch(facecolor="white", edgecolor=MARK_COLORS["peak"], hatch="xx", label=PEAK_LABEL))
     leg = fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.85, 0.9), fontsize=8, frameon=False)
     leg.set_gid("categories")
     return leg
