@@ -64,7 +64,7 @@ MEASURE_COLORS: dict[str, str] = {"measured": MEASURED}
 #: Colours without a meaning: ink, greys, white, the highlight band.
 INK, MUTED, GHOST, IDLE, IDLE_EDGE, HIGHLIGHT = "#1f2328", "#57606a", "#8c959f", "#f2f2f2", "#c8c8c8", "#ffe9a8"
 NEUTRALS: frozenset[str] = frozenset({INK, MUTED, GHOST, IDLE, IDLE_EDGE, HIGHLIGHT, "#ffffff", "#000000",
-                                      "#888888", "#bbbbbb", "#dddddd", "#eeeeee", "#cccccc"})
+                                      "#888888", "#999999", "#bbbbbb", "#dddddd", "#eeeeee", "#cccccc"})
 #: HTML status colours (text, not figures).
 OK, BAD, WARN = "#1a7f37", "#b00020", "#9a6700"
 

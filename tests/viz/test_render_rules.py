@@ -238,6 +238,19 @@ def test_palette_has_one_meaning_per_colour():
         del palette.PALETTES["probe"]
 
 
+def test_plots_take_their_colours_from_the_palette():
+    """No hex colour is written in a plot module unless it is one of the palette's neutral greys: a meaning
+    needs the palette's colour (a new hard-coded blue would mean two things again)."""
+    import re
+    from pathlib import Path
+
+    import parallel_lab.viz.plots as plots
+
+    found = {f"{p.name}: {h}" for p in Path(plots.__file__).parent.glob("*.py")
+             for h in re.findall(r"[\"'](#[0-9a-fA-F]{6})[\"']", p.read_text()) if h.lower() not in palette.NEUTRALS}
+    assert not found, sorted(found)
+
+
 def check_memory_verdict(ex: MemoryExplorer) -> None:
     """The verdict's bytes, rounded as the status line rounds them, are written on the per-GPU bar and lie
     inside the axis; where the peak at one moment decides, the hatched segment reaches it."""
