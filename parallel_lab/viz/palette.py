@@ -104,3 +104,20 @@ def meaning(color: str) -> str | None:
 
 def rank_color(r: int) -> str:
     return RANK_COLORS[r % len(RANK_COLORS)]
+
+
+def _luminance(color: str, alpha: float = 1.0) -> float:
+    from matplotlib.colors import to_rgb
+
+    def lin(c: float) -> float:
+        c = c * alpha + 1 - alpha                            # over white
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (lin(c) for c in to_rgb(color))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def text_on(fill: str, alpha: float = 1.0) -> str:
+    """The text colour readable on ``fill`` (drawn with ``alpha`` over white): ink or white, whichever
+    contrasts more (WCAG's luminance ratio)."""
+    lum = _luminance(fill, alpha)
+    return INK if (lum + 0.05) / (_luminance(INK) + 0.05) >= 1.05 / (lum + 0.05) else "#ffffff"

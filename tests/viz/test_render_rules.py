@@ -1,11 +1,13 @@
 """Every explorer's picture over a grid of learner settings, checked against the layout rules a learner
 sees broken: no two texts overlap, no text is crossed by a reference line (``axhline`` / ``axvline``), no
-text under 8 pt, and no colour with two meanings in one figure (two legend labels for one colour, or a
-colour of ``viz.palette`` beside a legend that names it otherwise). Text extents come from the Agg
-renderer after a full draw. One explorer per tab is reused for all its settings (as in the app).
+text under 8 pt, no text hard to read on the fill under it (contrast under 3:1), and no colour with two
+meanings in one figure (two legend labels for one colour, unless both name the colour's palette meaning).
+Text extents come from the Agg renderer after a full draw. One explorer per tab is reused for all its
+settings (as in the app).
 
-Also: the Memory verdict's number is drawn for every Memory setting (inside the axis), the "TP group across nodes"
-toggle keeps the axis and writes its ratio, and the palette has no hex value in two palettes.
+Also: the Memory verdict's number is drawn for every Memory setting (inside the axis), the "TP group
+across nodes" toggle and the Experts' skew keep their axis and write their ratio, plot modules take their
+colours from ``viz.palette``, which has no hex value in two palettes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.text import Text
 
 from parallel_lab.viz import palette
@@ -151,6 +153,40 @@ def _legend_colours(fig: Figure) -> dict[str, set[str]]:
     return out
 
 
+MIN_CONTRAST = 3.0                  # WCAG's large-text ratio: 8-10 pt bold-ish labels on a fill
+
+
+def _luminance(rgb: Any) -> float:
+    def lin(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (lin(c) for c in rgb[:3])
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def _on_fill(fig: Figure, renderer: Any, texts: list[tuple[Text, Any]]) -> list[str]:
+    """Texts without a box of their own, centred on a filled patch, whose colour contrasts less than
+    :data:`MIN_CONTRAST` with the fill (alpha blended on white)."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.patches import Rectangle
+
+    patches = [p for ax in fig.axes for p in ax.patches
+               if isinstance(p, Rectangle) and p.get_visible() and p.get_fill() and p.get_facecolor()[3] > 0]
+    out = []
+    for t, box in texts:
+        if t.get_bbox_patch() is not None:
+            continue
+        cx, cy = (box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2
+        under = [p for p in patches if p.axes is t.axes and p.get_window_extent(renderer).contains(cx, cy)]
+        if not under:
+            continue
+        r, g, b, a = under[-1].get_facecolor()
+        fill = (r * a + 1 - a, g * a + 1 - a, b * a + 1 - a)
+        lo, hi = sorted((_luminance(fill), _luminance(to_rgba(t.get_color()))))
+        if (hi + 0.05) / (lo + 0.05) < MIN_CONTRAST:
+            out.append(f"{t.get_text()!r} is hard to read on its fill ({(hi + 0.05) / (lo + 0.05):.1f}:1)")
+    return out
+
+
 def layout_problems(fig: Figure) -> list[str]:
     """What breaks the rules in ``fig`` (empty when it keeps them)."""
     fig.canvas.draw()
@@ -168,6 +204,7 @@ def layout_problems(fig: Figure) -> list[str]:
                 problems.append(f"{t.get_text()!r} is crossed by a horizontal reference line")
             if kind == "v" and box.x0 + SLACK < pos < box.x1 - SLACK and box.y1 > lo and box.y0 < hi:
                 problems.append(f"{t.get_text()!r} is crossed by a vertical reference line")
+    problems += _on_fill(fig, renderer, texts)
     for color, labels in _legend_colours(fig).items():
         name = (palette.meaning(color) or ":").split(":", 1)[1].replace("_", " ")
         if len(labels) > 1 and not (name and all(name in x for x in labels)):     # "activations (grow like s)"
@@ -213,9 +250,12 @@ def test_the_rules_catch_what_they_are_for():
     ax.text(0.1, 0.2, "on the line", fontsize=9)
     ax.text(0.1, 0.8, "tiny", fontsize=6)
     ax.legend(handles=[Patch(color="#1b9e77", label="dp"), Patch(color="#1b9e77", label="compute")])
+    ax.add_patch(Rectangle((0.6, 0.05), 0.3, 0.12, facecolor="#ffff99"))
+    ax.text(0.75, 0.11, "pale", ha="center", va="center", color="white", fontsize=9)
     found = " | ".join(layout_problems(fig))
     assert "'one' overlaps 'two'" in found and "crossed by a horizontal" in found
     assert "'tiny' is 6.0 pt" in found and "colour #1b9e77 means" in found
+    assert "'pale' is hard to read on its fill" in found
 
 
 # --------------------------------------------------------------------------------------------------
@@ -277,3 +317,18 @@ def test_tp_across_nodes_keeps_the_axis_and_writes_the_ratio():
     assert any(f"x{far / near:.3g}" in s for s in shown), shown
     ghosts = [p for p in ax.patches if p.get_gid() == "ghost:tp" and p.get_visible()]
     assert ghosts and ghosts[0].get_width() == pytest.approx(near)
+
+
+def test_a_skew_change_keeps_the_experts_axis_and_shows_the_load_before():
+    ex = RoutingExplorer(skew=0.0)
+    ax = ex.figure.axes[0]
+    top = ax.get_ylim()
+    balanced = list(ex.result["load"].routed)
+    ex.set(skew=1.5)
+    assert ax.get_ylim() == top                                   # the bars grow against the same axis
+    ghost = [p for p in ax.patches if p.get_gid() == "ghost"]
+    assert [p.get_height() for p in ghost] == balanced
+    routed = ex.result["load"].routed
+    busiest = max(range(len(routed)), key=lambda e: routed[e])
+    ratio = [t.get_text() for t in ax.texts if t.get_gid() == "ratio"]
+    assert ratio == [f"x{routed[busiest] / balanced[busiest]:.3g}"]

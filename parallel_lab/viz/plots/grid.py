@@ -20,7 +20,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from ...mesh import node_count, node_of
 from ...quantities import fmt_bytes
-from ..palette import DIM_COLORS, GROUP_COLORS, MARK_COLORS, TIER_COLORS
+from ..palette import DIM_COLORS, GROUP_COLORS, MARK_COLORS, TIER_COLORS, text_on
 from .base import chart_on, empty_bars, set_ticks, set_title, unit_axis
 
 #: A crossing group's border (groups are coloured by ``palette.GROUP_COLORS``).
@@ -64,6 +64,7 @@ def draw_grid(ax: Axes, coords: Mapping[int, tuple[int, int, int, int]], groups:
         sq.set_edgecolor(CROSSING if crossing[g] else "white")
         sq.set_linewidth(2.0 if crossing[g] else 1.0)
         text.set_text(f"{r}\n" + ",".join(str(c) for c in coords[r]))
+        text.set_color(text_on(GROUP_COLORS[g % len(GROUP_COLORS)]))
     set_title(ax, title)
     return owner
 

@@ -24,7 +24,7 @@ from matplotlib.axes import Axes
 from matplotlib.patches import Circle, Rectangle
 
 from ...comm import ring_steps
-from ..palette import INK, MARK_COLORS, MUTED, RANK_COLORS, RING_COLORS
+from ..palette import MARK_COLORS, MUTED, RANK_COLORS, RING_COLORS, text_on
 from .base import reset_axes
 
 
@@ -86,13 +86,14 @@ def draw_ring_allreduce(ax: Axes, n: int, step: int, message_bytes: int | None =
     sent = set(ring_sent_chunks(n, step))
     for (r, c), cell in chart.parts["cells"].items():
         k = len(state[r][c])
-        cell.set_facecolor(RING_COLORS["complete"] if k == n else RING_COLORS["partial"])
-        cell.set_alpha(0.25 + 0.75 * k / n)
+        fill, alpha = RING_COLORS["complete"] if k == n else RING_COLORS["partial"], 0.25 + 0.75 * k / n
+        cell.set_facecolor(fill)
+        cell.set_alpha(alpha)
         cell.set_edgecolor(RING_COLORS["sent"] if (r, c) in sent else "none")
         cell.set_gid(f"chunk:{r}:{c}:{k}")
         t = chart.parts["texts"][(r, c)]
         t.set_text(f"{k}/{n}")
-        t.set_color("white" if k / n > 0.5 else INK)
+        t.set_color(text_on(fill, alpha))
     phase = ("start: every rank holds its own partial sums" if step == 0 else
              f"reduce-scatter step {step} of {n - 1}" if step < n else
              f"all-gather step {step - n + 1} of {n - 1}")
