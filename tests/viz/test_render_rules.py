@@ -1,7 +1,8 @@
 """Every explorer's picture over a grid of learner settings, checked against the layout rules a learner
 sees broken: no two texts overlap, no text is crossed by a reference line (``axhline`` / ``axvline``), no
-text under 8 pt, no text hard to read on the fill under it (contrast under 3:1), and no colour with two
-meanings in one figure (two legend labels for one colour, unless both name the colour's palette meaning).
+text under 8 pt, no text cut at the figure's edge, no text hard to read on the fill under it (contrast
+under 3:1), and no colour with two meanings in one figure (two legend labels for one colour, unless both
+name the colour's palette meaning).
 Text extents come from the Agg renderer after a full draw. One explorer per tab is reused for all its
 settings (as in the app).
 
@@ -205,6 +206,9 @@ def layout_problems(fig: Figure) -> list[str]:
             if kind == "v" and box.x0 + SLACK < pos < box.x1 - SLACK and box.y1 > lo and box.y0 < hi:
                 problems.append(f"{t.get_text()!r} is crossed by a vertical reference line")
     problems += _on_fill(fig, renderer, texts)
+    width, height = fig.bbox.width, fig.bbox.height
+    problems += [f"{t.get_text()!r} is cut at the figure's edge" for t, box in texts
+                 if box.x0 < 0 or box.y0 < 0 or box.x1 > width or box.y1 > height]
     for color, labels in _legend_colours(fig).items():
         name = (palette.meaning(color) or ":").split(":", 1)[1].replace("_", " ")
         if len(labels) > 1 and not (name and all(name in x for x in labels)):     # "activations (grow like s)"
@@ -256,6 +260,8 @@ def test_the_rules_catch_what_they_are_for():
     assert "'one' overlaps 'two'" in found and "crossed by a horizontal" in found
     assert "'tiny' is 6.0 pt" in found and "colour #1b9e77 means" in found
     assert "'pale' is hard to read on its fill" in found
+    ax.text(0.9, 0.5, "a caption that runs off the right edge of the figure", fontsize=9)
+    assert "is cut at the figure's edge" in " | ".join(layout_problems(fig))
 
 
 # --------------------------------------------------------------------------------------------------

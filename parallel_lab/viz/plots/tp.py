@@ -68,14 +68,13 @@ def draw_ring_allreduce(ax: Axes, n: int, step: int, message_bytes: int | None =
         cells = {(r, c): ax.add_patch(Rectangle((c, r), 0.92, 0.92, linewidth=2)) for r in range(n) for c in range(n)}
         texts = {(r, c): ax.text(c + 0.46, r + 0.46, "", ha="center", va="center", fontsize=8)
                  for r in range(n) for c in range(n)}
-        phase = ax.text(0.5, -0.1, "", transform=ax.transAxes, ha="center", va="top", fontsize=8)
+        phase = ax.text(0.5, -0.03, "", transform=ax.transAxes, ha="center", va="top", fontsize=8)
         chart.parts.update(cells=cells, texts=texts, phase=phase)
         chart.dynamic += [*cells.values(), *texts.values(), phase]
         ax.set_xlim(-0.1, n)
         ax.set_ylim(n, -0.1)
         ax.set_xticks([c + 0.46 for c in range(n)], [str(c) for c in range(n)], fontsize=8)
-        ax.set_xlabel("chunk", fontsize=8)
-        ax.xaxis.set_label_position("top")
+        ax.xaxis.tick_top()                      # the caption below needs the room
         ax.set_yticks([r + 0.46 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=8)
         ax.tick_params(length=0)
         for sp in ax.spines.values():
