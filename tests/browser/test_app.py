@@ -16,6 +16,7 @@ from parallel_lab.hardware import ClusterSpec
 from parallel_lab.ledger import memory
 from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.viz import browser as B
+from parallel_lab.viz.plots.memory import need_text
 from parallel_lab.viz.serve import APP_NOTEBOOK, REPO
 
 pytestmark = pytest.mark.browser
@@ -93,7 +94,7 @@ def test_memory_slider_moves_the_numbers_and_the_chart(page):
     before_text, before_png = status.inner_text(), chart.screenshot(path=str(ARTIFACTS / "memory_before.png"))
     model, h100 = ModelSpec.preset("llama2-7b"), ClusterSpec.preset("h100-sxm")
     expected = memory(model, Plan(dp=8, seq=4096), h100).need_bytes       # the total, or the peak if larger
-    assert per_gpu_bytes(before_text) == pytest.approx(expected, rel=5e-4)       # 4 significant digits
+    assert per_gpu_bytes(before_text) == pytest.approx(expected, rel=5e-3)       # 3 significant digits
 
     handle = page.locator(".widget-slider .noUi-handle:visible").first    # the sequence-length slider
     handle.focus()
@@ -105,7 +106,7 @@ def test_memory_slider_moves_the_numbers_and_the_chart(page):
     page.screenshot(path=str(ARTIFACTS / "app_memory.png"), full_page=True)
     # the numbers are the ledger's for the new sequence length, and the chart was redrawn
     expected = memory(model, Plan(dp=8, seq=8192), h100).need_bytes
-    assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-4)
+    assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-3)
     assert after_png != before_png
 
 
@@ -162,7 +163,6 @@ def test_inputs_show_their_tooltips_not_null(page):
 
 
 def test_a_degree_change_updates_gpus_and_the_chart(page):
-    from parallel_lab.quantities import fmt_bytes
 
     status = page.locator(".pl-status:visible").first
     sync_api.expect(status).to_contain_text("per GPU")
@@ -172,11 +172,11 @@ def test_a_degree_change_updates_gpus_and_the_chart(page):
     page.keyboard.press("ArrowRight")
     expected = memory(ModelSpec.preset("llama2-7b"), Plan(dp=8, tp=2, seq=4096),
                       ClusterSpec.preset("h100-sxm")).need_bytes
-    sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected, 4)} per GPU", timeout=15_000)
+    sync_api.expect(status).to_contain_text(f"{need_text(expected)} per GPU", timeout=15_000)
     gpus = page.locator(".widget-inline-hbox:visible", has_text="GPUs").locator("input").first
     sync_api.expect(gpus).to_have_value("16")                                # dp x tp = 8 x 2
     assert "Invalid" not in status.inner_text()
-    assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-4)
+    assert per_gpu_bytes(status.inner_text()) == pytest.approx(expected, rel=5e-3)        # 3 significant digits
 
 
 def test_grid_tab_colours_groups_and_counts_the_crossing_ones(page):
@@ -201,7 +201,6 @@ def test_grid_tab_colours_groups_and_counts_the_crossing_ones(page):
 
 def test_a_plan_from_the_planner_opens_in_the_memory_tab(page):
     from parallel_lab.planner import plan_search
-    from parallel_lab.quantities import fmt_bytes
 
     page.locator(".lm-TabBar-tab", has_text="Planner").click()
     sync_api.expect(page.locator(".pl-status:visible").first).to_contain_text("that fit", timeout=30_000)
@@ -212,7 +211,7 @@ def test_a_plan_from_the_planner_opens_in_the_memory_tab(page):
     page.locator(".lm-TabBar-tab", has_text="Memory").click()
     status = page.locator(".pl-status:visible").first
     expected = memory(model, best, h100).need_bytes
-    sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected, 4)} per GPU", timeout=15_000)
+    sync_api.expect(status).to_contain_text(f"{need_text(expected)} per GPU", timeout=15_000)
     page.screenshot(path=str(ARTIFACTS / "app_plan_opened_in_memory.png"), full_page=True)
 
 
@@ -282,7 +281,8 @@ def test_zero_tab_shows_shards_and_the_peak_rising_with_one_root_unit(page):
     chart = page.locator(".pl-chart:visible").first
     model, plan = ModelSpec.preset("llama2-7b"), Plan(dp=4, zero=3)            # the tab's defaults
     sync_api.expect(status).to_contain_text("ZeRO-3 over 4 ranks")
-    sync_api.expect(status).to_contain_text(f"block units {fmt_bytes(zero3_gathered_bytes(model, plan))}")
+    sync_api.expect(status).to_contain_text(f"at most {fmt_bytes(zero3_gathered_bytes(model, plan))} per rank "
+                                            "with block units")
     before = chart.screenshot(path=str(ARTIFACTS / "zero_block_units.png"))
     page.get_by_role("button", name="root", exact=True).filter(visible=True).first.click()
     sync_api.expect(status).to_contain_text("Unit root has")
@@ -290,7 +290,7 @@ def test_zero_tab_shows_shards_and_the_peak_rising_with_one_root_unit(page):
     (ARTIFACTS / "zero_root_unit.png").write_bytes(after)
     assert after != before
     root_peak = zero3_gathered_bytes(model, plan.with_(zero_unit="root"))
-    sync_api.expect(status).to_contain_text(f"one root unit {fmt_bytes(root_peak)}")
+    sync_api.expect(status).to_contain_text(f"{fmt_bytes(root_peak)} with one root unit")
     link = page.locator(".pl-lesson-link:visible a")
     assert link.get_attribute("data-lesson") == "02_data_parallel_and_zero"
     page.screenshot(path=str(ARTIFACTS / "app_zero.png"), full_page=True)
@@ -320,6 +320,36 @@ def test_tp_tab_splits_the_weights_and_walks_the_ring_all_reduce(page):
     page.screenshot(path=str(ARTIFACTS / "app_tp.png"), full_page=True)
 
 
+TABS = ("Memory", "Communication", "Pipeline", "Grid", "Ring attention", "ZeRO/FSDP", "Tensor parallel", "Experts",
+        "Planner", "Run")
+
+
+def test_every_tab_s_picture_is_on_the_first_screen(browser, app_url, tmp_path):
+    """A learner's 1440 x 900 window: each tab's main picture lies within the first screen, unscrolled;
+    a screenshot of each tab is saved under a temporary directory."""
+    pg = B.open_page(browser, app_url, viewport=(1440, 900))
+    off = []
+    try:
+        sync_api.expect(pg.locator(".pl-chart:visible").first).to_be_visible()
+        for tab in TABS:
+            pg.locator(".lm-TabBar-tab", has_text=tab).click()
+            chart = pg.locator(".pl-chart:visible").first
+            sync_api.expect(chart).to_be_visible(timeout=60_000)
+            pg.wait_for_function("() => [...document.querySelectorAll('.pl-chart')].some("
+                                 "i => i.offsetParent && i.naturalHeight > 0)")
+            pg.evaluate("() => window.scrollTo(0, 0)")
+            shot = pg.screenshot(path=str(tmp_path / f"{tab.replace('/', '_').replace(' ', '_')}.png"))
+            (ARTIFACTS / f"first_screen_{tab.replace('/', '_').replace(' ', '_')}.png").write_bytes(shot)
+            box = chart.bounding_box()
+            assert box is not None and box["height"] > 100, tab
+            if not (box["y"] >= 0 and box["y"] + box["height"] <= 900):
+                off.append(f"{tab}: y {box['y']:.0f} to {box['y'] + box['height']:.0f}")
+    finally:
+        pg.context.close()
+    assert len(list(tmp_path.glob("*.png"))) == len(TABS)
+    assert not off, f"pictures below the first screen (900 px): {off}"
+
+
 def test_lesson_links_stay_on_127_0_0_1(page):
     from parallel_lab.viz.explorers.lessons import LESSONS, lesson_url
 
@@ -345,7 +375,6 @@ def measure_table(page) -> dict[str, dict[str, int | None]]:
 @pytest.mark.timeout(120)
 def test_memory_tab_measures_the_plan_shown_in_fake_tensors(page):
     from parallel_lab import ledger
-    from parallel_lab.quantities import fmt_bytes
 
     status = page.locator(".pl-status:visible").first
     sync_api.expect(status).to_contain_text("per GPU")
@@ -353,7 +382,7 @@ def test_memory_tab_measures_the_plan_shown_in_fake_tensors(page):
     model, h100 = ModelSpec.preset("tiny-llama"), ClusterSpec.preset("h100-sxm")
     plan = Plan(dp=8, seq=4096).validate(model)                      # the tab's other defaults
     expected = memory(model, plan, h100)
-    sync_api.expect(status).to_contain_text(f"{fmt_bytes(expected.need_bytes, 4)} per GPU", timeout=15_000)
+    sync_api.expect(status).to_contain_text(f"{need_text(expected.need_bytes)} per GPU", timeout=15_000)
     measure_status = page.locator(".pl-measure-status:visible")
     sync_api.expect(measure_status).to_contain_text("measure this plan")
     page.get_by_role("button", name="measure this plan").click()

@@ -180,12 +180,12 @@ def test_tiny_llama_gets_an_axis_of_its_own_not_empty_bars_on_a_gb_axis():
     fig = memory_figure(led)
     ax = fig.axes[0]
     lo, hi = ax.get_ylim()
-    assert led.total_bytes <= hi <= 2 * led.total_bytes          # the bar fills at least half of the axis
+    assert led.need_bytes <= hi <= 2 * led.need_bytes            # the bar fills at least half of the axis
     assert ax.get_ylabel() == "memory per GPU (MB)"
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels and all("e" not in x for x in labels)
     shown = [t.get_text() for t in ax.texts if t.get_visible()]
-    assert fmt_bytes(led.total_bytes, 4) in shown                  # the bar's label, in MB
+    assert fmt_bytes(led.need_bytes, 3) in shown                   # the bar's label: the verdict's bytes, in MB
     assert any(t.startswith("HBM 80 GB is off the scale") for t in shown)
     assert not any(ln.get_visible() for ln in ax.lines if ln.get_gid() in ("hbm", "usable"))
     for cat, b in led.per_gpu_bytes.items():                     # the bars are still the ledger's bytes

@@ -20,6 +20,7 @@ def test_a_real_run_shows_measured_beside_the_ledger():
     assert ex.verdict == "not run" and "Not run yet" in ex.status.value
     assert ex.start()
     assert ex.run_button.disabled and not ex.cancel_button.disabled
+    assert "Running" in ex.status.value and "Not run yet" not in ex.status.value
     try:
         ex.job.wait(240)
     finally:
@@ -44,6 +45,11 @@ def test_a_real_run_shows_measured_beside_the_ledger():
     assert ex.pipeline.layout.display is None and len(ex.pipeline.figure.axes) == 2
     assert ex.pipeline.widgets["stages"].value == 2 and ex.pipeline.widgets["microbatches"].value == 4
     assert "Measured: 2 ranks" in ex.pipeline.status.value
+    assert all(c.layout.display == "none" for c in ex.pipeline.children[:2])   # no second schedule controls
+    sim_ax, meas_ax = ex.pipeline.figure.axes[:2]                    # one unit and one axis for both timelines
+    assert sim_ax.get_xlabel() == meas_ax.get_xlabel() == "time (ms)" and sim_ax.get_xlim() == meas_ax.get_xlim()
+    assert "<tr><td>1</td>" in ex.tables.value and "<tr><td>0</td>" not in ex.tables.value   # steps from 1
+    assert [int(t) for t in ex.figure.axes[2].get_xticks()] == [1]
     bars = [p for p in ex.figure.axes[0].patches if p.get_gid() == "measured"]
     assert len(bars) == 4 and ex.image.layout.display is None
     ex.widgets["dp"].value = 1                                       # another plan: its run is not shown

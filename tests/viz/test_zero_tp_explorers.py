@@ -54,26 +54,57 @@ def test_zero_explorer_draws_every_rank_s_shard_and_the_ledger_numbers():
     assert ex.error is None and ex.image.layout.display is None
     model, plan = ModelSpec.preset("llama2-7b"), Plan(dp=4, zero=3)
     units = unit_sizes(model, plan)
-    ax = ex.figure.axes[0]
+    ax = ex.figure.axes[1]
     root = [p for p in ax.patches if p.get_y() < 0.5 and p.get_y() > -0.5]       # the first row: root
     assert len(root) == 4
     widths = [p.get_width() for p in root]
     assert widths == pytest.approx([math.ceil(units["root"] / 4) / 1e6] * 4)      # M elements each
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"rank {r}" for r in range(4)]
     st = ledger.state_bytes(model, plan)
     from parallel_lab.quantities import fmt_bytes
 
-    assert f"parameters {fmt_bytes(st['parameters'])}" in ex.status.value
+    assert f"1/4 of the parameters ({fmt_bytes(st['parameters'])} of" in ex.status.value
+    assert "rank 1 owns" in ex.status.value.split("<details")[1]           # element ranges only on demand
     peaks = {u: ledger_buffers.zero3_gathered_bytes(model, plan.with_(zero_unit=u)) for u in ("block", "root")}
-    assert f"block units {fmt_bytes(peaks['block'])}" in ex.status.value
+    assert f"at most {fmt_bytes(peaks['block'])} per rank with block units" in ex.status.value
     assert peaks["root"] > 5 * peaks["block"]                          # the peak rises with one root unit
-    curves = {ln.get_gid(): ln for ln in ex.figure.axes[1].lines if ln.get_gid()}
+    curves = {ln.get_gid(): ln for ln in ex.figure.axes[2].lines if ln.get_gid()}
     assert max(curves["gathered:block"].get_ydata()) * 1e9 == pytest.approx(peaks["block"], rel=1e-9)
+    lo, hi = ex.figure.axes[2].get_ylim()                               # the block curve on its own scale
+    assert hi <= 2 * peaks["block"] / 1e9 and "gathered:root" not in curves
     ex.widgets["zero_unit"].value = "root"
-    assert len(ex.result["units"]) == 1 and "one unit" in ex.figure.axes[0].get_title()
+    assert len(ex.result["units"]) == 1 and "one unit" in ex.figure.axes[1].get_title()
     ex.widgets["dp"].value = 1                                         # nothing to shard over: the library says so
     assert isinstance(ex.error, ParallelLabError) and "set dp &gt;= 2 or zero=0" in ex.status.value
     ex.widgets["zero"].value = 0
-    assert ex.error is None and "over 1 ranks shards nothing" in ex.status.value
+    assert ex.error is None and "over 1 ranks</b>: each rank holds all parameters" in ex.status.value
+
+
+def _held(ex, rank, cat):
+    return [p.get_width() for p in ex.figure.axes[0].patches if p.get_gid() == f"held:{rank}:{cat}"]
+
+
+def test_zero_tab_changes_with_the_stage():
+    """Each stage shards one more category: rank 1's held slice of it shrinks to 1/g and moves to 1/g."""
+    ex = ZeroExplorer(model="tiny-llama", dp=4, zero=3)
+    images = {3: ex.image.value}
+    full = {c: _held(ex, 0, c) for c in ("parameters", "gradients", "optimizer_states")}
+    for stage in (2, 1, 0):
+        ex.widgets["zero"].value = stage
+        images[stage] = ex.image.value
+        sharded = {"parameters": stage >= 3, "gradients": stage >= 2, "optimizer_states": stage >= 1}
+        for cat, is_sharded in sharded.items():
+            (w,) = _held(ex, 1, cat)
+            others = [p for p in ex.figure.axes[0].patches if p.get_gid() == f"others:1:{cat}"]
+            assert bool(others) == is_sharded
+            if not is_sharded:
+                full[cat] = [w]
+        assert f"ZeRO-{stage}" in ex.figure.axes[0].get_title()
+    for cat, (w,) in full.items():
+        ex.widgets["zero"].value = 3
+        (held,) = _held(ex, 1, cat)
+        assert held == pytest.approx(w / 4, rel=0.02)
+    assert len(set(images.values())) == 4                               # four stages, four pictures
 
 
 # --------------------------------------------------------------------------------------------------
@@ -139,6 +170,27 @@ def test_every_tab_links_to_its_lesson_on_127_0_0_1():
         assert f'href="{lesson_url(stem)}"' in ex.lesson.value, tab
         assert lesson_url(stem).startswith("http://127.0.0.1:")
     assert app.lessons.value.count('class="pl-lesson"') == len(list(NOTEBOOKS.glob("0*.ipynb"))) == 10
+
+
+#: For a tab no lesson embeds, a word its lesson must use (the tab's subject).
+TAB_SUBJECT = {"ZeroExplorer": "ZeRO", "TPExplorer": "all-reduce", "PlannerExplorer": "planner",
+               "RunExplorer": "parallel-lab run"}
+
+
+def test_each_tab_links_to_the_lesson_about_its_picture():
+    """A tab links to a lesson that embeds its explorer (``CommExplorer(`` in lesson 03); for a tab that no
+    lesson embeds, to one that names its subject. The Communication tab linked to lesson 02 while its
+    default (TP 8) and its embedding are lesson 03's."""
+    from parallel_lab.viz.explorers.lessons import EXPLAINED_BY
+
+    texts = {p.stem: p.read_text() for p in sorted(NOTEBOOKS.glob("0*.ipynb"))}
+    for cls, stem in EXPLAINED_BY.items():
+        embedding = [s for s, t in texts.items() if f"{cls}(" in t]
+        if embedding:
+            assert stem in embedding, f"{cls} links to {stem}; the lessons that embed it: {embedding}"
+        else:
+            assert TAB_SUBJECT[cls].lower() in texts[stem].lower(), f"{cls} links to {stem}, which never says " \
+                                                                     f"{TAB_SUBJECT[cls]!r}"
 
 
 def test_every_linked_lesson_exists():

@@ -102,10 +102,10 @@ class App(W.VBox):
                                   W.HTML("<i style='color:#57606a'>building this tab...</i>")]) for n in makers}
         self.explorers = Explorers(makers, self._built)
         self.tabs = W.Tab(children=list(self._pages.values()), titles=list(makers))
-        header = W.HTML("<h2 style='margin:8px 0 2px'>parallel_lab</h2>"
-                        "<p style='margin:0 0 8px;color:#57606a'>Predict the memory, the communication and "
+        header = W.HTML("<div style='margin:4px 0'><b style='font-size:18px'>parallel_lab</b> "
+                        "<span style='color:#57606a'>Predict the memory, the communication and "
                         "the pipeline bubble of a multi-GPU "
-                        "training plan; change any input and watch the numbers move.</p>")
+                        "training plan; change any input and watch the numbers move.</span></div>")
         self.glossary = W.HTML(glossary_html())
         self.lessons = W.HTML(lessons_html())
         super().__init__([header, self.lessons, self.tabs, self.glossary])

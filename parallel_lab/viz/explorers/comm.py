@@ -113,8 +113,10 @@ class CommExplorer(Explorer):
             draw_message(a2, "")
             return
         draw_comm_bytes(a1, data, title="bytes sent per GPU per step")
-        draw_comm_time(a2, data, labels, title="time per step, alpha-beta" + (" (TP across nodes)"
-                                                                              if r["across"] else ""))
+        both = max([*r["near_time_s"].values(), *r["far_time_s"].values(), 0.0])     # one axis for both states
+        draw_comm_time(a2, data, labels, title="time per step, alpha-beta" + (
+            " (TP across nodes)" if r["across"] else ""),
+            ghost=r["near_time_s"] if r["across"] else None, axis_max=both, ghost_label="inside a node")
 
     def describe(self, r: dict[str, Any]) -> str:
         rep, cl = r["report"], r["cluster"]

@@ -34,7 +34,7 @@ LESSONS: dict[str, str] = {
 #: explorer class name -> the lesson that explains it
 EXPLAINED_BY: dict[str, str] = {
     "MemoryExplorer": "01_memory_ledger",
-    "CommExplorer": "02_data_parallel_and_zero",
+    "CommExplorer": "03_tensor_and_sequence_parallel",     # its default is TP 8 (and lesson 03 embeds it)
     "ZeroExplorer": "02_data_parallel_and_zero",
     "TPExplorer": "03_tensor_and_sequence_parallel",
     "PipelineExplorer": "04_pipeline_schedules",

@@ -28,8 +28,16 @@ from ...hardware import CLUSTER_PRESETS, ClusterSpec
 from ...optimizers import OPTIMIZERS
 from ...quantities import fmt_bytes
 from ...specs import SCHEDULES, ModelSpec, Plan
+from ..palette import BAD, MUTED, OK
 from ..plots.base import CATEGORY_LABELS
-from ..plots.memory import category_legend, draw_activation_terms, draw_memory, draw_memory_sweep, memory_axes
+from ..plots.memory import (
+    category_legend,
+    draw_activation_terms,
+    draw_memory,
+    draw_memory_sweep,
+    memory_axes,
+    need_text,
+)
 from .base import (
     DEGREES,
     SEQS,
@@ -81,10 +89,11 @@ class MemoryExplorer(Explorer):
         columns = [
             [c["model"], custom, c["cluster"], c["optimizer"], c["activation_model"]],
             [c["seq"], c["micro_batch"], c["grad_accum"], c["schedule"], c["interleave"]],
-            [c["gpus"], c["dp"], c["tp"], c["pp"], c["cp"], c["sp"]],
+            [c["gpus"], c["dp"], c["tp"], c["pp"], c["cp"]],
         ]
         knobs = W.HBox([labelled("ZeRO stage", c["zero"]), labelled("recompute", c["recompute"]),
-                        labelled("second view", c["sweep"])], layout=W.Layout(flex_flow="row wrap"))
+                        labelled("second view", c["sweep"]), c["sp"]], layout=W.Layout(flex_flow="row wrap"))
+        c["sp"].layout = W.Layout(width="auto")          # in the row above: the picture stays on the first screen
         self.measure = MeasurePanel(self.measure_target)
         super().__init__(c, columns, extra=(self.measure,))
         self.children = (self.children[0], knobs, *self.children[1:])
@@ -216,18 +225,19 @@ class MemoryExplorer(Explorer):
         where = f" (stage {led.stage}, the fullest)" if r["plan"].pp > 1 else ""
         fb = fmt_bytes
         room = (f"{fb(usable)} usable ({fb(led.hbm_bytes)} HBM, {led.margin:.0%} margin)")
-        need = f"{fb(led.need_bytes, 4)} per GPU{where}"
+        need = f"{need_text(led.need_bytes)} per GPU{where}"
         if led.peak_decides:                # a moment's transients exceed the categories' sum (ledger.MemoryLedger)
-            need += f" at its peak moment ({led.peak.peak}; the categories sum to {fb(total)})"
+            need += (f" at its peak moment ({led.peak.peak}; the categories sum to {fb(total)}, the hatched segment is "
+                     "the rest)")
         if led.fits:
-            head = f'<b style="color:#1a7f37">Fits</b>: {need}, of {room}'
+            head = f'<b style="color:{OK}">Fits</b>: {need}, of {room}'
         else:
-            head = f'<b style="color:#b00020">Does not fit</b>: {need} &gt; {room}'
+            head = f'<b style="color:{BAD}">Does not fit</b>: {need} &gt; {room}'
         big = max(led.per_gpu_bytes.items(), key=lambda kv: kv[1])
         parts = ", ".join(f"{CATEGORY_LABELS.get(k, k)} {fb(b)}" for k, b in led.per_gpu_bytes.items())
         largest = CATEGORY_LABELS.get(big[0], big[0])
-        lines = [status_line(head), status_line(f"Per GPU: {parts}. Largest: {largest}.", "#57606a")]
-        lines += [status_line(html.escape(n), "#57606a") for n in led.notes[:3]]
+        lines = [status_line(head), status_line(f"Per GPU: {parts}. Largest: {largest}.", MUTED)]
+        lines += [status_line(html.escape(n), MUTED) for n in led.notes[:3]]
         return "".join(lines)
 
 

@@ -38,6 +38,7 @@ class PipelineExplorer(Explorer):
                  measured: Any = None, measured_title: str = "measured") -> None:
         self._measured = measured
         self._measured_title = measured_title
+        self.unit_s: float | None = None     # seconds per cost unit (F = 1): the simulated timeline in ms too
         c: dict[str, W.ValueWidget] = {
             "schedule": toggles("schedule", SCHEDULES, schedule, "86px"),
             "stages": int_slider("stages p", 1, 16, stages),
@@ -107,11 +108,20 @@ class PipelineExplorer(Explorer):
         title = (f"simulated {r['name']}: p={r['p']}, m={r['m']}" + (f", v={r['v']}" if r["v"] > 1 else "")
                  + f"; bubble {sim.bubble_ratio:.1%}")
         # a time axis on round numbers: it stays put (and shows the step growing) while m or p change
-        draw_timeline(axes[0], sim, title=title, time_unit="time (cost units)", step_time=sim.step_time,
-                      sticky=True)
+        if r["measured"] and self.unit_s:            # both in ms on one axis: simulated beside measured
+            draw_timeline(axes[0], sim, title=title + f" (F = {self.unit_s * 1e3:.3g} ms, as measured)",
+                          time_unit="time (ms)", step_time=sim.step_time, time_scale=self.unit_s * 1e3)
+        else:
+            # a time axis on round numbers: it stays put (and shows the step growing) while m or p change
+            draw_timeline(axes[0], sim, title=title, time_unit="time (cost units)", step_time=sim.step_time,
+                          sticky=True)
         if r["measured"]:
             draw_timeline(axes[1], r["measured"], title=self._measured_title, time_unit="time (ms)",
                           time_scale=1e3)
+            if self.unit_s:
+                right = max(axes[0].get_xlim()[1], axes[1].get_xlim()[1])
+                for ax in axes[:2]:
+                    ax.set_xlim(0, right)
 
     def describe(self, r: dict[str, Any]) -> str:
         sim = r["sim"]

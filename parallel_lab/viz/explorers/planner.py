@@ -26,7 +26,9 @@ from ...hardware import CLUSTER_PRESETS, ClusterSpec
 from ...planner_constraints import Constraints
 from ...quantities import fmt_bytes, fmt_seconds
 from ...schedules.generators import build_schedule
-from ..plots.base import CATEGORIES, DIM_COLORS, draw_message, dynamic_title
+from ...specs import Plan
+from ..palette import DIM_COLORS, STEP_COLORS
+from ..plots.base import CATEGORIES, draw_message, dynamic_title
 from ..plots.comm import draw_comm_bytes
 from ..plots.memory import category_legend, draw_memory
 from ..plots.planner import plan_label
@@ -108,8 +110,9 @@ class PlannerExplorer(Explorer):
                           layout=W.Layout(flex_flow="row wrap"))
         super().__init__(c, columns)
         panel, status, image, *rest = self.children            # rest: the link to the lesson
-        # the ranked table and the rejected families first, then the plan file, then the chosen plan's picture
-        self.children = (panel, status, self.table, self.rejected, save_row, self.save_message, image, *rest)
+        # the chosen plan's picture under its status (on the first screen), then the ranked table, the rejected
+        # families and the plan file
+        self.children = (panel, status, image, self.table, self.rejected, save_row, self.save_message, *rest)
 
     def refresh(self) -> None:
         super().refresh()
@@ -196,18 +199,23 @@ class PlannerExplorer(Explorer):
                 self._hold = held
 
     def layout_key(self, r: dict[str, Any]) -> Any:
-        return r["plan"].pp > 1
+        return r["plan"].pp > 1, _zoomed(r["plan"])
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
         pipeline = r["plan"].pp > 1
-        fig.set_size_inches(self.figsize[0], 6.4 if pipeline else 3.7)
-        top_h = 3.7 / (6.4 if pipeline else 3.7)
+        top_in, h_in = 3.0, (4.9 if pipeline else 3.0)          # inches: it fits a 900 px screen under the inputs
+        fig.set_size_inches(self.figsize[0], h_in)
         gs = fig.add_gridspec(1, 2, width_ratios=(1.0, 1.6), wspace=0.3, left=0.08, right=0.84,
-                              bottom=1 - top_h + 0.55 / (6.4 if pipeline else 3.7), top=0.92 if not pipeline
-                              else 1 - 0.3 / 6.4)
+                              bottom=1 - (top_in - 0.5) / h_in, top=1 - 0.3 / h_in)
         axes = [fig.add_subplot(gs[0]), fig.add_subplot(gs[1])]
         if pipeline:
-            axes.append(fig.add_axes((0.08, 0.5 / 6.4, 0.76, 1 - top_h - 0.95 / 6.4)))
+            rect = (0.08, 0.45 / h_in, 0.76, (h_in - top_in - 0.75) / h_in)
+            if _zoomed(r["plan"]):                # the step's start and its end, side by side
+                gs2 = fig.add_gridspec(1, 2, wspace=0.12, left=rect[0], right=rect[0] + rect[2], bottom=rect[1],
+                                       top=rect[1] + rect[3])
+                axes += [fig.add_subplot(gs2[0]), fig.add_subplot(gs2[1])]
+            else:
+                axes.append(fig.add_axes(rect))
         return axes
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
@@ -227,6 +235,8 @@ class PlannerExplorer(Explorer):
                 if self._drawn_timeline != (r["sim"], title, axes[2]):     # plans often share a schedule
                     draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
                                   title=title, memo=self._timeline_memo)
+                    if len(axes) > 3:
+                        _zoom(axes[2], axes[3], r["sim"], plan, title, self._timeline_memo)
                     self._drawn_timeline = (r["sim"], title, axes[2])
             else:
                 draw_message(axes[2], f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}: too many "
@@ -325,12 +335,39 @@ class PlannerExplorer(Explorer):
         return self.saved_path
 
 
+#: More micro-batches than this (times the interleave) draw the timeline's start and end, not a moire.
+ZOOM_MICROBATCHES = 24
+
+
+def _zoomed(plan: Plan) -> bool:
+    return plan.pp > 1 and plan.microbatches * max(plan.interleave, 1) > ZOOM_MICROBATCHES
+
+
+def _zoom(start: Axes, end: Axes, sim: Any, plan: Plan, title: str, memo: dict[Any, Any]) -> None:
+    """The step's start (warm-up into the steady state) on ``start`` and its end (cool-down) on ``end``,
+    each a window of about ``2 p + 6`` micro-batches' compute, so each box is wide enough to see."""
+    draw_timeline(end, sim, time_unit="", step_time=sim.step_time, title="", memo=memo)
+    total = sim.step_time
+    window = min(total / 2, 3.0 * (2 * plan.pp + 6))
+    start.set_xlim(0, window)
+    end.set_xlim(total - window, total)
+    start.set_title(title + ": the start", fontsize=10)
+    end.set_title(f"... the end (the step is {total:g})", fontsize=10)
+    end.set_yticks([])
+    if end.get_legend() is not None:
+        end.get_legend().remove()
+    if start.get_legend() is not None:                   # the legend right of the pair
+        handles, labels = start.get_legend().legend_handles, [t.get_text() for t in start.get_legend().get_texts()]
+        start.get_legend().remove()
+        end.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
 FILE_ERROR = "Plan file error"
 #: A best plan under this MFU, or with a bubble over this ratio, gets a warning.
 POOR_MFU = 0.10
 POOR_BUBBLE = 1.0
-BREAKDOWN_COLORS = {"compute": "#4c72b0", "tp": DIM_COLORS["tp"], "cp": DIM_COLORS["cp"],
-                    "pp": DIM_COLORS["pp"], "dp": DIM_COLORS["dp"], "bubble": "#bbbbbb"}
+BREAKDOWN_COLORS = {"compute": STEP_COLORS["compute"], "tp": DIM_COLORS["tp"], "cp": DIM_COLORS["cp"],
+                    "pp": DIM_COLORS["pp"], "dp": DIM_COLORS["dp"], "bubble": STEP_COLORS["bubble"]}
 
 
 def step_breakdown(est: Any) -> dict[str, float]:

@@ -38,6 +38,8 @@ class RoutingExplorer(Explorer):
              "skew": slider("skew", (0.0, 0.25, 0.5, 1.0, 1.5, 2.0), skew),
              "capacity_factor": slider("capacity", (1.0, 1.25, 1.5, 2.0, 3.0, 4.0), capacity_factor),
              "ep": slider("ep", (1, 2, 4, 8), ep)}
+        self._axis: dict[Any, float] = {}            # the axis top of (model, capacity, ep): the most skewed load
+        self._last: tuple[Any, Any] | None = None     # (setting without skew, routed) of the last picture
         super().__init__(c, [[c["model"], c["skew"]], [c["capacity_factor"], c["ep"]]])
 
     def compute(self, v: dict[str, Any]) -> dict[str, Any]:
@@ -47,7 +49,15 @@ class RoutingExplorer(Explorer):
         plan = Plan(dp=DP, ep=ep, seq=SEQ, micro_batch=SEQUENCES).validate(model)
         per_step = comm.report(model, plan).per_step_bytes
         self.verdict = f"dropped {rep.dropped:.1%}, busiest rank {rep.imbalance:.2f}x the mean"
-        return {"model": model, "ep": ep, "load": rep, "per_step": per_step, "plan": plan}
+        key = (v["model"], v["capacity_factor"], ep)
+        if key not in self._axis:
+            skews = self.widgets["skew"].options
+            self._axis[key] = max(max(load_report(model, SEQ, ep=ep, skew=float(s), sequences=SEQUENCES).routed)
+                                  for s in (skews[0], skews[-1]))
+        ghost = self._last[1] if self._last is not None and self._last[0] == key else None
+        self._last = (key, list(rep.routed))
+        return {"model": model, "ep": ep, "load": rep, "per_step": per_step, "plan": plan, "ghost": ghost,
+                "ymax": self._axis[key]}
 
     def layout_key(self, r: dict[str, Any]) -> Any:
         return 0
@@ -58,7 +68,8 @@ class RoutingExplorer(Explorer):
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
         m = r["model"]
         draw_expert_load(axes[0], r["load"], r["ep"],
-                         title=f"{m.name}: {SEQUENCES} x {SEQ} tokens, top-{m.top_k} of {m.experts}")
+                         title=f"{m.name}: {SEQUENCES} x {SEQ} tokens, top-{m.top_k} of {m.experts}",
+                         ghost=r["ghost"], ymax=r["ymax"], ghost_label="before this change")
         draw_ep_bytes(axes[1], r["per_step"], title=f"one GPU, one step (dp={DP}, ep={r['ep']})")
 
     def describe(self, r: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from ...errors import ParallelLabError
 from ...plan_flags import check_fits_this_machine
 from ...quantities import fmt_seconds, unit_for
 from ...specs import MODEL_PRESETS, RUN_DEFAULTS, SCHEDULES, ModelSpec, Plan
+from ..palette import CURVE_COLORS, MEASURED, PREDICTED_EDGE
 from ..plots.base import draw_message, reset_axes
 from .base import Explorer, error_html, int_slider, job_controls, labelled, slider, status_line, toggles
 from .jobs import CliJob, loop_caller
@@ -117,6 +118,8 @@ class RunExplorer(Explorer):
         self.tables.add_class("pl-run-tables")
         self.pipeline = PipelineExplorer()
         self.pipeline.layout.display = "none"
+        for child in self.pipeline.children[:2]:      # its schedule controls: the run's plan sets them
+            child.layout.display = "none"
         self.run_button.on_click(lambda _: self.start())
         self.cancel_button.on_click(lambda _: self.cancel())
         buttons = W.HBox([self.run_button, self.cancel_button, self.progress, self.progress_text],
@@ -146,6 +149,8 @@ class RunExplorer(Explorer):
         self.run_button.disabled, self.cancel_button.disabled = True, False
         self._running = (model, plan)
         self.job = RunJob(run_argv(model, plan, steps), self._on_progress, self._on_done, loop_caller())
+        if self.result is not None:
+            self.status.value = self.describe(self.result)          # "Running ...", not "Not run yet"
         return True
 
     def cancel(self) -> None:
@@ -156,6 +161,8 @@ class RunExplorer(Explorer):
         self.progress.max, self.progress.value = total, done
         self.progress_text.value = (f"step {done} of {total}" if done < total else
                                     "ranks done; the one-process reference runs...")
+        if self.result is not None and self.report_plan != self._running:
+            self.status.value = self.describe(self.result)
 
     def _on_done(self, job: RunJob) -> None:
         self.run_button.disabled, self.cancel_button.disabled = False, True
@@ -200,13 +207,13 @@ class RunExplorer(Explorer):
         ax = axes[2]
         reset_axes(ax)
         steps = list(range(1, len(rep["losses"]) + 1))
-        ax.plot(steps, rep["reference_losses"], "o-", color="#8c959f", lw=3, label="1 process")
-        ax.plot(steps, rep["losses"], "x--", color="#0969da", label="parallel")
+        ax.plot(steps, rep["reference_losses"], "o-", color=CURVE_COLORS[0], lw=3, label="1 process")
+        ax.plot(steps, rep["losses"], "x--", color=CURVE_COLORS[1], label="parallel")
         ax.set_title("loss per step", fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.set_xticks(steps)
-        ax.legend(fontsize=7)
-        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=8)
+        ax.tick_params(labelsize=8)
         self.tables.value = report_tables(rep)
         self._show_pipeline(r["plan"], rep)
 
@@ -219,6 +226,7 @@ class RunExplorer(Explorer):
         b = min(3.0, max(0.25, round(4 * costs["b"] / costs["f"]) / 4)) if costs["f"] > 0 else 1.0
         self.pipeline._measured = pipe["timeline"]
         self.pipeline._measured_title = f"measured (last step of the run, {plan.pp} CPU ranks per replica)"
+        self.pipeline.unit_s = costs["f"] if costs["f"] > 0 else None
         self.pipeline.set(schedule=pipe["schedule"], stages=pipe["p"], microbatches=pipe["m"], f=1.0, b=b,
                           w=0.0, p2p=0.0)
         self.pipeline.layout.display = None
@@ -229,6 +237,9 @@ class RunExplorer(Explorer):
                 f"zero={plan.zero}: {plan.world} CPU ranks, global batch {plan.global_batch} x {plan.seq} tokens")
         if self.run_error and rep is None:
             return error_html(ParallelLabError(self.run_error), self.run_error_head) + status_line(head, "#57606a")
+        if self.job is not None and self.job.running() and getattr(self, "_running", None) == (r["model"], plan):
+            return status_line(f"<b>Running</b> {self.progress_text.value or 'starting...'}: {head}. Cancel "
+                               f"stops every rank.")
         if rep is None:
             return status_line(f"<b>Not run yet.</b> {head}. Press Run; the kernel stays responsive and "
                                f"Cancel stops every rank.")
@@ -251,15 +262,15 @@ def _pair_bars(ax: Axes, rows: dict[str, dict[str, int]], title: str) -> None:
     top = max(max(c["measured_bytes"], c["predicted_bytes"]) for c in rows.values()) or 1
     unit, scale = unit_for(top)
     xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [rows[n]["predicted_bytes"] / scale for n in names], 0.4, color="#8c959f",
-           label="predicted", gid="predicted")
-    ax.bar([x + 0.2 for x in xs], [rows[n]["measured_bytes"] / scale for n in names], 0.4, color="#0969da",
+    ax.bar([x - 0.2 for x in xs], [rows[n]["predicted_bytes"] / scale for n in names], 0.4, facecolor="white",
+           edgecolor=PREDICTED_EDGE, label="predicted", gid="predicted")
+    ax.bar([x + 0.2 for x in xs], [rows[n]["measured_bytes"] / scale for n in names], 0.4, color=MEASURED,
            label="measured", gid="measured")
-    ax.set_xticks(list(xs), [n.replace("_", "\n") for n in names], fontsize=7)
+    ax.set_xticks(list(xs), [n.replace("_", "\n") for n in names], fontsize=8)
     ax.set_ylabel(unit, fontsize=8)
-    ax.tick_params(labelsize=7)
+    ax.tick_params(labelsize=8)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
 
 
 def report_tables(rep: dict[str, Any]) -> str:
@@ -276,8 +287,8 @@ def report_tables(rep: dict[str, Any]) -> str:
                 f"<caption style='text-align:left'><b>{title}</b> (bytes)</caption><tr><th>category</th>"
                 f"<th>measured</th><th>predicted</th><th>gap</th></tr>{body}</table>")
 
-    losses = "".join(f"<tr><td>{i}</td><td>{a:.6f}</td><td>{b:.6f}</td></tr>"
-                     for i, (a, b) in enumerate(zip(rep["losses"], rep["reference_losses"], strict=True)))
+    losses = "".join(f"<tr><td>{i}</td><td>{a:.6f}</td><td>{b:.6f}</td></tr>"      # steps from 1, as the chart
+                     for i, (a, b) in enumerate(zip(rep["losses"], rep["reference_losses"], strict=True), 1))
     loss_table = (f"<table class='pl-run-losses' style='font-size:12px;margin:4px 0'><caption "
                   f"style='text-align:left'><b>losses</b></caption><tr><th>step</th><th>parallel</th>"
                   f"<th>1 process</th></tr>{losses}</table>")

@@ -102,7 +102,7 @@ class TPExplorer(Explorer):
             draw_message(axes[1], "tp=1: one rank holds every weight; no all-reduce")
         else:
             draw_ring_allreduce(axes[1], plan.tp, r["step"], r["message"],
-                                title="ring all-reduce of g's partial outputs")
+                                title="ring all-reduce of g's outputs, chunk by chunk")
 
     def describe(self, r: dict[str, Any]) -> str:
         plan, calls = r["plan"], r["calls"]

@@ -24,8 +24,17 @@ from ...optimizers import OPTIMIZERS
 from ...quantities import fmt_bytes
 from ...sharding import padded, param_comm_bytes, shard_group, shard_range, unit_sizes
 from ...specs import Plan
-from ..plots.base import draw_message, two_panels
-from ..plots.zero import draw_gather_timeline, draw_shards, gather_timeline
+from ..palette import MUTED
+from ..plots.base import draw_message
+from ..plots.zero import (
+    STATE,
+    STATE_LABELS,
+    draw_gather_timeline,
+    draw_shards,
+    draw_zero_stage,
+    gather_timeline,
+    rank_legend,
+)
 from .base import Explorer, dropdown, fresh, labelled, model_controls, model_from, slider, status_line, toggles
 
 UNITS = ("block", "root")
@@ -60,8 +69,11 @@ class ZeroExplorer(Explorer):
         units = {k: padded(n, g) for k, n in unit_sizes(model, plan).items()}
         first = next(iter(unit_sizes(model, plan).items()))
         self.verdict = f"{len(units)} units x {g} shards"
+        sharded = {"parameters": plan.zero >= 3 and g > 1, "gradients": plan.zero >= 2 and g > 1,
+                   "optimizer_states": plan.zero >= 1 and g > 1}
         return {"model": model, "plan": plan, "g": g, "units": units, "timelines": timelines,
-                "state": ledger_mod.state_bytes(model, plan),
+                "state": ledger_mod.state_bytes(model, plan), "sharded": sharded,
+                "full": ledger_mod.state_bytes(model, plan.with_(zero=0)),
                 "peaks": {u: ledger_buffers_mod.zero3_gathered_bytes(model, p) for u, p in per_unit.items()} or None,
                 "first": (first[0], first[1], [shard_range(first[1], g, r) for r in range(min(g, 4))])}
 
@@ -70,34 +82,44 @@ class ZeroExplorer(Explorer):
         return (r["model"], r["g"], r["plan"].zero_unit)
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
-        return two_panels(fig, (1.0, 1.1), wspace=0.3, left=0.1, right=0.98, bottom=0.14, top=0.88)
+        gs = fig.add_gridspec(1, 3, width_ratios=(1.25, 0.85, 1.0), wspace=0.55, left=0.075, right=0.985,
+                              bottom=0.3, top=0.88)
+        return [fig.add_subplot(gs[i]) for i in range(3)]
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
-        plan = r["plan"]
-        if fresh(axes[0], (r["model"], r["g"], plan.zero_unit)):   # an axes left alone keeps its cached picture
-            draw_shards(axes[0], r["units"], r["g"],
+        plan, g = r["plan"], r["g"]
+        if fresh(axes[0], (r["model"], g, plan.zero, plan.optimizer)):
+            draw_zero_stage(axes[0], r["full"], r["state"], r["sharded"], g,
+                            title=f"ZeRO-{plan.zero}: what each rank holds")
+        if fresh(axes[1], (r["model"], g, plan.zero_unit)):   # an axes left alone keeps its cached picture
+            draw_shards(axes[1], r["units"], g,
                         title=(f"{len(r['units'])} units" if len(r["units"]) > 1 else "one unit")
-                        + f", each cut into {r['g']} shards (colour = rank)")
-        what = "gathered and freed unit by unit" if plan.zero == 3 else f"(ZeRO-{plan.zero} keeps every parameter)"
-        if not fresh(axes[1], (r["model"], r["g"], plan.optimizer, plan.zero_unit, what)):
+                        + f", {g} shards each")
+            rank_legend(axes[1], g)
+        what = "ZeRO-3: gathered parameters" if plan.zero == 3 else "what ZeRO-3 would gather"
+        if not fresh(axes[2], (r["model"], g, plan.optimizer, plan.zero_unit, what)):
             return
         if r["timelines"]:
-            draw_gather_timeline(axes[1], r["timelines"], plan.zero_unit, title=f"ZeRO-3: parameters {what}")
+            draw_gather_timeline(axes[2], r["timelines"], plan.zero_unit, title=what)
         else:
-            draw_message(axes[1], "dp=1: one rank holds every parameter; nothing is gathered")
+            draw_message(axes[2], "dp=1: one rank holds\nevery parameter;\nnothing is gathered")
 
     def describe(self, r: dict[str, Any]) -> str:
-        plan, st, g = r["plan"], r["state"], r["g"]
-        sharded = {0: "nothing", 1: "the optimizer states", 2: "optimizer states and gradients",
-                   3: "optimizer states, gradients and parameters"}[plan.zero]
-        cats = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(st[k])}"
-                         for k in ("parameters", "gradients", "optimizer_states"))
+        plan, st, g, full = r["plan"], r["state"], r["g"], r["full"]
+        held = []
+        for k in STATE:
+            name = STATE_LABELS[k]
+            held.append(f"1/{g} of the {name} ({fmt_bytes(st[k])} of {fmt_bytes(full[k])})" if r["sharded"][k]
+                        else f"all {name} ({fmt_bytes(st[k])})")
         name, n, ranges = r["first"]
         owns = "; ".join(f"rank {i} owns [{a:,}, {b:,})" for i, (a, b) in enumerate(ranges))
         peaks = r["peaks"]
         gathered = ("" if peaks is None else
-                    status_line(f"ZeRO-3 gathered peak per rank (ledger): block units {fmt_bytes(peaks['block'])}, "
-                                f"one root unit {fmt_bytes(peaks['root'])}.", "#57606a"))
-        return (status_line(f"<b>ZeRO-{plan.zero} over {g} ranks shards {sharded}.</b> Per rank (ledger): {cats}.")
-                + status_line(f"Unit {name} has {n:,} elements, padded to {padded(n, g):,}: {owns}"
-                              f"{'; ...' if g > 4 else ''}.", "#57606a") + gathered)
+                    status_line(f"ZeRO-3 gathers one unit at a time: at most {fmt_bytes(peaks['block'])} per rank "
+                                f"with block units, {fmt_bytes(peaks['root'])} with one root unit.", MUTED))
+        total = sum(st[k] for k in STATE)
+        return (status_line(f"<b>ZeRO-{plan.zero} over {g} ranks</b>: each rank holds " + ", ".join(held)
+                            + f": <b>{fmt_bytes(total)}</b> of model state per rank.")
+                + gathered
+                + f"<details style='color:{MUTED};font-size:12px'><summary>element ranges</summary>Unit {name} has "
+                  f"{n:,} elements, padded to {padded(n, g):,}: {owns}{'; ...' if g > 4 else ''}.</details>")

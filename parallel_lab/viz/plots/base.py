@@ -30,6 +30,7 @@ from matplotlib.ticker import AutoLocator, Formatter, ScalarFormatter
 from matplotlib.transforms import Bbox
 
 from ...quantities import BYTE_UNITS, fmt_bytes, fmt_number, unit_for
+from .. import palette
 
 GB = 1e9
 
@@ -45,27 +46,6 @@ CATEGORY_LABELS: dict[str, str] = {
     "logits_and_loss": "logits + loss",
     "comm_buffers": "comm buffers",
 }
-CATEGORY_COLORS: dict[str, str] = {
-    "parameters": "#4c72b0",
-    "gradients": "#55a868",
-    "optimizer_states": "#8172b2",
-    "activations": "#dd8452",
-    "logits_and_loss": "#c44e52",
-    "comm_buffers": "#937860",
-}
-#: Pipeline action colours: forward, backward (or backward-for-input), backward-for-weights.
-KIND_COLORS: dict[str, str] = {"F": "#4c72b0", "B": "#55a868", "W": "#8172b2", "other": "#999999"}
-KIND_LABELS: dict[str, str] = {"F": "forward", "B": "backward", "W": "weight grad", "other": "other"}
-DIM_COLORS: dict[str, str] = {
-    "dp": "#4c72b0", "tp": "#dd8452", "tp_vocab": "#e8b07f", "pp": "#55a868", "cp": "#8172b2",
-}
-#: Collective kinds: a palette apart from the ledger's categories (both may share one figure).
-COLLECTIVE_COLORS: dict[str, str] = {
-    "all_reduce": "#2a9d8f", "all_gather": "#e9c46a", "reduce_scatter": "#577590",
-    "all_to_all": "#264653", "send": "#f28482", "recv": "#f5cac3", "broadcast": "#b5838d",
-}
-TIER_COLORS: tuple[str, ...] = ("#4c72b0", "#c44e52", "#55a868", "#8172b2")
-
 FIGSIZE = (9.6, 3.9)
 DPI = 100
 #: Axis ends: 1, 1.5, 2, 3, 4, 6, 8 times a power of ten (each step at most 1.5x the one below).
@@ -286,7 +266,7 @@ def highlight_category(ax: Axes, chart: Chart, index: int | None) -> None:
     """
     band, bold = chart.parts.get("band"), chart.parts.get("bold")
     if band is None:
-        band = ax.axvspan(-0.45, 0.45, color="#ffe9a8", alpha=0.5, zorder=0, gid="current")
+        band = ax.axvspan(-0.45, 0.45, color=palette.HIGHLIGHT, alpha=0.5, zorder=0, gid="current")
         bold = ax.text(0, 0, "", fontweight="bold", clip_on=False, zorder=3.5, gid="current-label",
                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0})
         chart.parts.update(band=band, bold=bold)

@@ -19,20 +19,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from ...quantities import TIME_UNITS, fmt_bytes, fmt_seconds
-from .base import (
-    COLLECTIVE_COLORS,
-    DIM_COLORS,
-    TIER_COLORS,
-    chart_on,
-    empty_bars,
-    field,
-    new_figure,
-    set_ticks,
-    set_title,
-    sticky_ceil,
-    unit_axis,
-    value_labels,
-)
+from ..palette import COLLECTIVE_COLORS, DIM_COLORS, GHOST, TIER_COLORS
+from .base import chart_on, empty_bars, field, new_figure, set_ticks, set_title, sticky_ceil, unit_axis, value_labels
 
 
 def _collective_rows(report: Any) -> list[dict[str, Any]]:
@@ -109,13 +97,17 @@ def draw_comm_bytes(ax: Axes, report: Any, *, title: str | None = None) -> dict[
 
 
 def draw_comm_time(ax: Axes, report: Any, tiers: Mapping[str, str] | None = None, *,
-                   title: str | None = None) -> dict[str, float]:
+                   title: str | None = None, ghost: Mapping[str, float] | None = None,
+                   axis_max: float | None = None, ghost_label: str = "before") -> dict[str, float]:
     """Time per step per dimension (alpha-beta model), coloured by the link tier it lands on; the axis
     unit follows its end (µs, ms, s).
 
     ``tiers`` maps a dimension to its tier's label (e.g. ``{"tp": "nvlink4 450 GB/s"}``); without it the
     report's ``tiers`` field is used when present. Returns ``{dim: seconds}``. The tiers' legend sits in a
     band kept free below the bars. Updates an earlier call on ``ax`` in place when the dimensions match.
+    ``ghost`` (seconds by dimension, e.g. before a toggle) draws those bars as dashed outlines and writes
+    the ratio beside a bar that differs ("x7.6"), the legend naming it ``ghost_label``; ``axis_max``
+    (seconds) keeps the axis wide enough for both states, so a toggle moves bars, not the axis.
     """
     times = {d: float(v) for d, v in (field(report, "time_s") or {}).items()}
     tiers = dict(tiers or field(report, "tiers") or {})
@@ -125,11 +117,14 @@ def draw_comm_time(ax: Axes, report: Any, tiers: Mapping[str, str] | None = None
     color = {t: TIER_COLORS[i % len(TIER_COLORS)] for i, t in enumerate(tier_names)}
     chart, same = chart_on(ax, "comm_time", (tuple(dims), bool(tiers)))
     if not same:
+        ghosts = empty_bars(ax, range(n), 0.6, horizontal=True, facecolor="none", edgecolor=GHOST,
+                            linestyle="--", linewidth=1.2, zorder=2.5)
         bars = empty_bars(ax, range(n), 0.6, horizontal=True)
-        for b, d in zip(bars, dims, strict=True):
+        for b, g, d in zip(bars, ghosts, dims, strict=True):
             b.set_gid(d)
-        chart.parts["bars"] = bars
-        chart.dynamic += bars
+            g.set_gid(f"ghost:{d}")
+        chart.parts["bars"], chart.parts["ghosts"] = bars, ghosts
+        chart.dynamic += bars + ghosts
         chart.parts["values"] = [ax.text(0.0, y, "", va="center", fontsize=8.5) for y in range(n)]
         chart.dynamic += chart.parts["values"]
         ax.grid(axis="x", alpha=0.3)
@@ -139,22 +134,33 @@ def draw_comm_time(ax: Axes, report: Any, tiers: Mapping[str, str] | None = None
     for b, d, w in zip(chart.parts["bars"], dims, ms, strict=True):
         b.set_width(w)
         b.set_facecolor(color[str(tiers.get(d, "?"))])
-    right = sticky_ceil(chart, "right", max(ms + [1e-9]) * 1.45)       # room for the labels beside
+    before = {d: float(ghost[d]) for d in dims if ghost and d in ghost}
+    far = max(ms + list(before.values()) + [axis_max or 0.0, 1e-9])
+    right = sticky_ceil(chart, "right", far * 1.6)                   # room for the labels beside
     ax.set_xlim(0, right)
     unit_axis(ax, "x", "time per step", TIME_UNITS)
+    for g, d in zip(chart.parts["ghosts"], dims, strict=True):
+        g.set_width(before.get(d, 0.0))
+        g.set_visible(d in before and abs(before[d] - times[d]) > 1e-12)
     for text, y, d, w in zip(chart.parts["values"], range(n), dims, ms, strict=True):
-        text.set_position((w + right * 0.02, y))
-        text.set_text(fmt_seconds(times[d]))
+        text.set_position((max(w, before.get(d, 0.0)) + right * 0.02, y))
+        ratio = w / before[d] if before.get(d) else 1.0
+        text.set_text(fmt_seconds(times[d]) + (f"  x{ratio:.3g}" if abs(ratio - 1) > 1e-3 else ""))
     band = 0.0
     if tiers:
-        if chart.parts.get("tiers") != tier_names:
-            ax.legend(handles=[Patch(color=color[t], label=t) for t in tier_names], loc="lower right",
-                      fontsize=8, frameon=False, title="link tier", title_fontsize=8)
-            chart.parts["tiers"] = tier_names
+        shown = [g.get_visible() for g in chart.parts["ghosts"]]
+        key = (tier_names, any(shown) and ghost_label)
+        if chart.parts.get("tiers") != key:
+            handles = [Patch(color=color[t], label=t) for t in tier_names]
+            if any(shown):
+                handles.append(Patch(facecolor="none", edgecolor=GHOST, linestyle="--", label=ghost_label))
+            ax.legend(handles=handles, loc="lower right", fontsize=8, frameon=False, title="link tier",
+                      title_fontsize=8)
+            chart.parts["tiers"] = key
         # a band below the last bar as tall as the legend (title + one row per tier, 8 pt rows)
         fig = ax.get_figure()
         axes_pt = ax.get_position().height * fig.get_size_inches()[1] * 72 if fig else 200.0
-        frac = min(0.6, (len(tier_names) + 1) * 13.0 / max(axes_pt, 1.0))
+        frac = min(0.6, (len(tier_names) + 1 + any(shown)) * 13.0 / max(axes_pt, 1.0))
         band = n * frac / (1 - frac)
     ax.set_ylim(n - 0.5 + band, -0.5)                         # first dimension on top
     set_title(ax, title)

@@ -16,7 +16,8 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from .base import CATEGORY_COLORS, new_figure, set_title
+from ..palette import CATEGORY_COLORS, CURVE_COLORS, STEP_COLORS
+from .base import new_figure, set_title
 
 #: Line styles for the curves, in order: solid, dashed, dotted (so that overlapping curves stay visible).
 _STYLES = ({"ls": "-", "lw": 3.0, "alpha": 0.45}, {"ls": "--", "lw": 1.8, "marker": "o"},
@@ -48,8 +49,8 @@ def draw_rank_times(ax: Axes, report: Mapping[str, Any], *, title: str | None = 
     ranks = [r["rank"] for r in rows]
     compute = [r["compute_s"] for r in rows]
     wait = [r["wait_s"] for r in rows]
-    ax.barh(ranks, compute, color=CATEGORY_COLORS["parameters"], label="compute")
-    ax.barh(ranks, wait, left=compute, color=CATEGORY_COLORS["logits_and_loss"], alpha=0.7,
+    ax.barh(ranks, compute, color=STEP_COLORS["compute"], label="compute")
+    ax.barh(ranks, wait, left=compute, color=STEP_COLORS["wait"],
             label="wait (blocked on peers)")
     ax.set_yticks(ranks, [f"rank {r}" + (" (straggler)" if r == report.get("straggler") else "") for r in ranks])
     ax.invert_yaxis()
@@ -70,7 +71,7 @@ def draw_knob(ax: Axes, microbatches: Sequence[int], bubbles: Sequence[float], a
               title: str | None = None) -> Axes:
     """The pipeline's one knob: bubble ratio (left axis, %) and in-flight activation bytes per stage (right
     axis, GB) against the number of micro-batches ``m``; returns the right-hand axes."""
-    ax.plot(microbatches, [100 * b for b in bubbles], "o-", color=CATEGORY_COLORS["logits_and_loss"],
+    ax.plot(microbatches, [100 * b for b in bubbles], "o-", color=CURVE_COLORS[0],
             label="bubble (% of ideal compute)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(microbatches), [str(m) for m in microbatches])

@@ -20,12 +20,11 @@ from matplotlib.patches import Patch, Rectangle
 
 from ...mesh import node_count, node_of
 from ...quantities import fmt_bytes
-from .base import DIM_COLORS, TIER_COLORS, chart_on, empty_bars, set_ticks, set_title, unit_axis
+from ..palette import DIM_COLORS, GROUP_COLORS, MARK_COLORS, TIER_COLORS, text_on
+from .base import chart_on, empty_bars, set_ticks, set_title, unit_axis
 
-#: Colours of the groups of one dimension (cycled); a crossing group's border is :data:`CROSSING`.
-GROUP_COLORS: tuple[str, ...] = ("#a6cee3", "#b2df8a", "#fdbf6f", "#cab2d6", "#fb9a99", "#ffff99", "#1f78b4",
-                                 "#33a02c", "#ff7f00", "#6a3d9a", "#e31a1c", "#b15928")
-CROSSING = "#d62728"
+#: A crossing group's border (groups are coloured by ``palette.GROUP_COLORS``).
+CROSSING = MARK_COLORS["crossing"]
 
 
 def draw_grid(ax: Axes, coords: Mapping[int, tuple[int, int, int, int]], groups: Sequence[Sequence[int]],
@@ -46,7 +45,7 @@ def draw_grid(ax: Axes, coords: Mapping[int, tuple[int, int, int, int]], groups:
             ax.add_patch(sq)
             squares.append(sq)
             labels.append(ax.text(x + 0.5, y + 0.5, "", ha="center", va="center", gid=f"coords:{r}",
-                                  fontsize=7 if gpus_per_node <= 8 else 5))
+                                  fontsize=8))
         chart.parts.update(squares=squares, labels=labels)
         chart.dynamic += [*squares, *labels]
         ax.set_xlim(0, gpus_per_node)
@@ -65,6 +64,7 @@ def draw_grid(ax: Axes, coords: Mapping[int, tuple[int, int, int, int]], groups:
         sq.set_edgecolor(CROSSING if crossing[g] else "white")
         sq.set_linewidth(2.0 if crossing[g] else 1.0)
         text.set_text(f"{r}\n" + ",".join(str(c) for c in coords[r]))
+        text.set_color(text_on(GROUP_COLORS[g % len(GROUP_COLORS)]))
     set_title(ax, title)
     return owner
 

@@ -19,10 +19,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ...quantities import BYTE_UNITS, fmt_number, fmt_quantity
+from .. import palette
 from .base import LABEL_BOX, new_figure, set_title, unit_axis
 
-PREDICTED_EDGE = "#1f2328"
-MEASURED_COLOR = "#dd8452"
+PREDICTED_EDGE = palette.PREDICTED_EDGE
+MEASURED_COLOR = palette.MEASURED
 
 
 def _fmt(x: float, units: Sequence[tuple[str, float]] | None) -> str:

@@ -8,7 +8,10 @@ linear in the sequence length and the attention scores that grow like s² (Korth
 per layer ``s b h (34 + 5 a s / h)`` bytes), on a log axis.
 
 Every segment carries ``gid = "<category>"`` so that tests read the heights back by category and compare
-them with the ledger. The axis unit (B, kB, MB, GB) follows the largest value drawn.
+them with the ledger. The axis unit (B, kB, MB, GB) follows the largest value drawn. Where the peak at
+one moment exceeds the categories' sum (``MemoryLedger.need_bytes``), a hatched segment (``gid = "peak"``)
+tops the bar up to it: the number the verdict weighs is drawn, labelled with :func:`need_text` (the
+status line's rounding), and always inside the axis.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, NullLocator
 
 from ...quantities import fmt_bytes, fmt_number
+from ..palette import CATEGORY_COLORS, INK, MARK_COLORS, MUTED
 from .base import (
     CATEGORIES,
-    CATEGORY_COLORS,
     CATEGORY_LABELS,
     LABEL_BOX,
     Chart,
@@ -48,6 +51,20 @@ from .base import (
 #: The HBM line is left off an axis whose bars stay under this fraction of it (tiny-llama's 1.7 MB on an
 #: 80 GB GPU would be empty bars); a note says how far off the scale it is.
 HBM_OFF_SCALE = 0.02
+PEAK_LABEL = "peak moment"
+
+
+def need_text(n: float) -> str:
+    """The one rounding of the verdict's bytes: status line, bar label and sweep (3 significant digits)."""
+    return fmt_bytes(n, 3)
+
+
+def need_bytes(ledger: Any) -> float:
+    """What the verdict weighs: ``need_bytes`` (the peak at one moment where larger), else the total."""
+    if ledger is None:
+        return 0.0
+    need = field(ledger, "need_bytes")
+    return float(need) if need is not None else sum(per_gpu_bytes(ledger).values())
 
 
 def per_gpu_bytes(ledger: Any) -> dict[str, float]:
@@ -74,9 +91,13 @@ def _build_stack(ax: Axes, chart: Chart, n: int, cats: Sequence[str], width: flo
                           facecolor=CATEGORY_COLORS.get(cat, "#bbbbbb"), edgecolor="white", linewidth=0.5)
         chart.dynamic += bars[cat]
     chart.parts["bars"] = bars
+    peak = empty_bars(ax, range(n), width, label=PEAK_LABEL, gid="peak", facecolor="white",
+                      edgecolor=MARK_COLORS["peak"], hatch="xx", linewidth=0.8)
+    chart.parts["peak"] = peak
+    chart.dynamic += peak
 
 
-def _update_stack(chart: Chart, ledgers: Sequence[Any]) -> list[float]:
+def _update_stack(chart: Chart, ledgers: Sequence[Any], needs: Sequence[float]) -> list[float]:
     """Heights of the stacked bars (bytes) from the ledgers (a ``None`` ledger: no bar); returns totals."""
     per = [per_gpu_bytes(led) if led is not None else {} for led in ledgers]
     totals = [0.0] * len(ledgers)
@@ -87,7 +108,27 @@ def _update_stack(chart: Chart, ledgers: Sequence[Any]) -> list[float]:
             b.set_height(h)
             b.set_visible(h > 0)                                 # nothing to draw
             totals[i] += h
+    for b, need, t in zip(chart.parts["peak"], needs, totals, strict=True):
+        extra = need - t
+        b.set_y(t)
+        b.set_height(max(extra, 0.0))
+        b.set_visible(extra > 0)
     return totals
+
+
+def _place_labels(chart: Chart, ledgers: Sequence[Any], needs: Sequence[float], top: float,
+                  shown: Sequence[bool]) -> None:
+    """Each shown bar's verdict bytes above it, moved above any reference line the text would cross."""
+    lines = [ln.get_ydata()[0] for ln in chart.parts.get("hbm_lines", []) if ln.get_visible()]
+    for x, (text, led, need, show) in enumerate(zip(chart.parts["values"], ledgers, needs, shown, strict=True)):
+        y = need + top * 0.01
+        for ln in sorted(lines):
+            if y - top * 0.01 <= ln <= y + top * 0.09:
+                y = ln + top * 0.012
+        text.set_position((x, y))
+        text.set_text(need_text(need) if led is not None else "n/a")
+        text.set_color(INK if led is not None else "#888888")
+        text.set_visible(show)
 
 
 
@@ -103,7 +144,7 @@ def _hbm_lines(ax: Axes, chart: Chart, margin: bool, labels: bool) -> None:
                                      for va in ("bottom", "top")[: len(lines)]]
         chart.dynamic += chart.parts["hbm_labels"]
     chart.parts["hbm_note"] = ax.text(0.98, 0.97, "", transform=ax.transAxes, ha="right", va="top", fontsize=8,
-                                      color="#57606a", bbox=LABEL_BOX)
+                                      color=MUTED, bbox=LABEL_BOX)
     chart.dynamic.append(chart.parts["hbm_note"])
 
 
@@ -159,18 +200,18 @@ def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, 
                       frameon=False)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
-    totals = _update_stack(chart, ledgers)
-    on_scale = _hbm_on_scale(hbm, totals)
-    top = sticky_ceil(chart, "top", max([t * 1.1 for t in totals] + [hbm * 1.1 if on_scale else 0.0, 1.0]))
+    needs = [need_bytes(led) for led in ledgers]
+    totals = _update_stack(chart, ledgers, needs)
+    on_scale = _hbm_on_scale(hbm, needs)
+    top = sticky_ceil(chart, "top", max([t * 1.12 for t in needs] + [hbm * 1.1 if on_scale else 0.0, 1.0]))
     ax.set_ylim(0, top)
     unit_axis(ax, "y", "memory per GPU")
     right = n - 0.4 + (0.45 * n + 0.7 if hbm else 0)
     ax.set_xlim(-0.6, right)
     if hbm:
-        _update_hbm(chart, hbm, margin, right, max(totals))
-    for x, (text, t) in enumerate(zip(chart.parts["values"], totals, strict=True)):
-        text.set_position((x, t + top * 0.01))
-        text.set_text(fmt_bytes(t, 4 if n == 1 else 3))
+        _update_hbm(chart, hbm, margin, right, max(needs))
+    # labels where they fit: every bar of one or two, else the one the verdict weighs (the largest need)
+    _place_labels(chart, ledgers, needs, top, [n <= 2 or x == needs.index(max(needs)) for x in range(n)])
     set_ticks(ax, chart, "x", range(n), labels)
     ax.set_xlabel(xlabel or "")
     set_title(ax, title)
@@ -197,19 +238,22 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
         ax.set_xlim(-0.5, n - 0.5)
-    totals = _update_stack(chart, ledgers)
-    on_scale = _hbm_on_scale(hbm, totals)
-    top = sticky_ceil(chart, "top", max([t * 1.1 for t in totals] + [hbm * 1.05 if on_scale else 0.0, 1.0]))
+    needs = [need_bytes(led) for led in ledgers]
+    totals = _update_stack(chart, ledgers, needs)
+    on_scale = _hbm_on_scale(hbm, needs)
+    top = sticky_ceil(chart, "top", max([t * 1.12 for t in needs] + [hbm * 1.12 if on_scale else 0.0, 1.0]))
     ax.set_ylim(0, top)
     unit_axis(ax, "y", "per GPU")
     if hbm:
-        _update_hbm(chart, hbm, margin, None, max(totals))
-    for x, (text, t, led) in enumerate(zip(chart.parts["values"], totals, ledgers, strict=True)):
-        text.set_position((x, t + top * 0.01))
-        text.set_text(fmt_bytes(t) if led is not None else "n/a")
-        text.set_color("black" if led is not None else "#888888")
+        _update_hbm(chart, hbm, margin, None, max(needs))
+    at = list(values).index(highlight) if highlight in list(values) else None
+    # labels where they fit: the selected bar and the sweep's ends; an invalid value always says "n/a"
+    shown = [i in (0, n - 1, at) or led is None for i, led in enumerate(ledgers)]
+    if n > 6 and at is not None:                       # the selected bar's label needs its neighbours' room
+        shown = [s and (abs(i - at) > 1 or i == at) for i, s in enumerate(shown)]
+    _place_labels(chart, ledgers, needs, top, shown)
     set_ticks(ax, chart, "x", range(n), [value_fmt.format(v) for v in values])
-    highlight_category(ax, chart, list(values).index(highlight) if highlight in list(values) else None)
+    highlight_category(ax, chart, at)
     ax.set_xlabel(knob)
     set_title(ax, title)
     return totals
@@ -234,7 +278,7 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
     chart, same = chart_on(ax, "activation_terms", (n, hbm_bytes > 0, legend_outside))
     if not same:
         color = CATEGORY_COLORS["activations"]
-        b1 = empty_bars(ax, [x - w / 2 for x in range(n)], w, label="everything else (grows like s)", gid="linear",
+        b1 = empty_bars(ax, [x - w / 2 for x in range(n)], w, label="activations (grow like s)", gid="linear",
                    facecolor=color, edgecolor=color)
         b2 = empty_bars(ax, [x + w / 2 for x in range(n)], w, label="attention scores (grow like s²)",
                    gid="quadratic", facecolor=lighten(color, 0.55), edgecolor=color, hatch="//")
@@ -255,7 +299,7 @@ def draw_activation_terms(ax: Axes, seqs: Sequence[int], linear_bytes: Sequence[
         ax.set_ylabel("activations per GPU (log scale)")
         if legend_outside:
             handles, _ = ax.get_legend_handles_labels()
-            ax.legend(handles, ["everything else\n(grows like s)", "attention scores\n(grow like s²)"],
+            ax.legend(handles, ["activations\n(grow like s)", "attention scores\n(grow like s²)"],
                       loc="upper left", bbox_to_anchor=(1.02, 0.45), fontsize=8, frameon=False)
         else:
             ax.legend(loc="upper left", fontsize=8, frameon=False)
@@ -298,13 +342,14 @@ def memory_axes(fig: Figure) -> tuple[Axes, Axes]:
 
 def category_legend(fig: Figure, categories: Sequence[str] = CATEGORIES) -> Legend:
     """One legend of the ledger's categories at the figure's right edge (kept if it already shows them)."""
-    names = [CATEGORY_LABELS[c] for c in reversed(categories)]
+    names = [CATEGORY_LABELS[c] for c in reversed(categories)] + [PEAK_LABEL]
     for leg in fig.legends:
         if leg.get_gid() == "categories":
             if [t.get_text() for t in leg.get_texts()] == names:
                 return leg
             leg.remove()
     handles = [Patch(color=CATEGORY_COLORS[c], label=CATEGORY_LABELS[c]) for c in reversed(categories)]
+    handles.append(Patch(facecolor="white", edgecolor=MARK_COLORS["peak"], hatch="xx", label=PEAK_LABEL))
     leg = fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.85, 0.9), fontsize=8, frameon=False)
     leg.set_gid("categories")
     return leg

@@ -12,6 +12,7 @@ from typing import Any
 
 from matplotlib.axes import Axes
 
+from ..palette import MARK_COLORS, STEP_COLORS
 from .base import field
 
 
@@ -39,7 +40,7 @@ def draw_plans(ax: Axes, plans: Sequence[Any], *, top: int = 10, title: str | No
     plans = list(plans)[:top]
     times = [float(field(p, "step_time_s", 0.0)) for p in plans]
     ys = list(range(len(plans)))
-    colors = ["#dd8452" if i == chosen else "#4c72b0" for i in ys]
+    colors = [MARK_COLORS["peak"] if i == chosen else STEP_COLORS["compute"] for i in ys]
     bars = ax.barh(ys, times, 0.65, color=colors)
     for i, b in enumerate(bars):
         b.set_gid(f"plan:{i}")

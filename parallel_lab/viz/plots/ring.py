@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch, Rectangle
 
+from ..palette import CURVE_COLORS, RANK_COLORS
 from .base import chart_on, empty_bars, set_ticks, set_title
-from .grid import GROUP_COLORS
 
 BALANCES = ("contiguous", "zigzag")
 
@@ -92,7 +92,7 @@ def draw_ring_tiles(ax: Axes, tiles: Sequence[Tile], n_chunks: int, step: int, c
         ax.set_xlabel("key/value chunk")
         ax.set_ylabel("query chunk")
         ax.tick_params(length=0)
-        ax.legend(handles=[Patch(facecolor=GROUP_COLORS[r % len(GROUP_COLORS)], label=f"rank {r}")
+        ax.legend(handles=[Patch(facecolor=RANK_COLORS[r % len(RANK_COLORS)], label=f"rank {r}")
                            for r in range(cp)], loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
                   frameon=False)
     counts = {"done": 0, "now": 0, "later": 0}
@@ -101,7 +101,7 @@ def draw_ring_tiles(ax: Axes, tiles: Sequence[Tile], n_chunks: int, step: int, c
     for tile in tiles:
         sq = chart.parts["squares"][tile.q, tile.k]
         if tile.step <= step:
-            sq.set_facecolor(GROUP_COLORS[tile.rank % len(GROUP_COLORS)])
+            sq.set_facecolor(RANK_COLORS[tile.rank % len(RANK_COLORS)])
             now = tile.step == step
             sq.set_edgecolor("black" if now else "white")
             sq.set_linewidth(1.6 if now else 0.8)
@@ -124,7 +124,7 @@ def draw_work(ax: Axes, work: dict[str, Sequence[int]], *, title: str | None = N
         series = {}
         for i, name in enumerate(names):
             bars = empty_bars(ax, [r - 0.4 + w * (i + 0.5) for r in range(cp)], w, label=name,
-                              facecolor=("#dd8452", "#4c72b0", "#55a868")[i % 3], edgecolor="white")
+                              facecolor=CURVE_COLORS[i % len(CURVE_COLORS)], edgecolor="white")
             for r, b in enumerate(bars):
                 b.set_gid(f"work:{name}:{r}")
             series[name] = bars
@@ -134,7 +134,8 @@ def draw_work(ax: Axes, work: dict[str, Sequence[int]], *, title: str | None = N
         chart.dynamic.append(chart.parts["ideal"])
         ax.legend(loc="upper left", fontsize=8, frameon=False)
         ax.set_xlim(-0.5, cp - 0.5)
-        set_ticks(ax, chart, "x", range(cp), [f"rank {r}" for r in range(cp)])
+        set_ticks(ax, chart, "x", range(cp), [str(r) for r in range(cp)])
+        ax.set_xlabel("rank")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     ideal = sum(next(iter(work.values()))) / cp            # every balance does the same total work

@@ -9,20 +9,25 @@ Bars carry ``gid`` ``"expert:<e>"`` / ``"dropped:<e>"`` / ``"bytes:<dim>"`` so t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ...quantities import fmt_bytes
-from .base import DIM_COLORS, field, new_figure, set_title
+from ..palette import DIM_COLORS, GHOST, INK, RANK_COLORS
+from .base import field, new_figure, set_title
 
-RANK_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
 
-
-def draw_expert_load(ax: Axes, report: Any, ep: int = 1, *, title: str | None = None) -> dict[str, list[int]]:
+def draw_expert_load(ax: Axes, report: Any, ep: int = 1, *, title: str | None = None,
+                     ghost: Sequence[float] | None = None, ymax: float | None = None,
+                     ghost_label: str = "before") -> dict[str, list[int]]:
     """Tokens per expert: ``report`` has ``routed``, ``kept`` and ``capacity`` (``routing.LoadReport``, or the
-    ``moe`` entry of ``parallel-lab run --json`` with ``capacity`` added). Returns ``{"kept", "dropped"}``."""
+    ``moe`` entry of ``parallel-lab run --json`` with ``capacity`` added). Returns ``{"kept", "dropped"}``.
+
+    ``ghost`` (routed choices per expert before a change) is drawn as dashed outlines, with the busiest
+    expert's ratio over its ghost ("x1.8") above it; ``ymax`` keeps the axis for every setting."""
     ax.clear()
     routed, kept = list(field(report, "routed")), list(field(report, "kept"))
     n = len(routed)
@@ -34,13 +39,25 @@ def draw_expert_load(ax: Axes, report: Any, ep: int = 1, *, title: str | None = 
         if dropped[e]:
             ax.bar(e, dropped[e], 0.8, bottom=kept[e], color="white", edgecolor=color, hatch="///",
                    gid=f"dropped:{e}")
+    top = max(routed + list(ghost or []) + [field(report, "capacity") or 0, ymax or 0, 1]) * 1.15
+    if ghost is not None and list(ghost) != routed:
+        ax.bar(range(n), list(ghost), 0.8, facecolor="none", edgecolor=GHOST, linestyle="--", linewidth=1.0,
+               gid="ghost", label=ghost_label, zorder=3)
+        busiest = max(range(n), key=lambda e: routed[e])
+        if ghost[busiest]:
+            ax.text(busiest, max(routed[busiest], ghost[busiest]) + top * 0.01,
+                    f"x{routed[busiest] / ghost[busiest]:.3g}", ha="center", va="bottom", fontsize=8,
+                    fontweight="bold", color=INK, gid="ratio")
+        ax.legend(loc="upper right", fontsize=8, frameon=False)
     cap = field(report, "capacity")
     if cap:
-        ax.axhline(cap, color="#1f2328", linestyle="--", linewidth=1.2)
-        ax.text(n - 0.5, cap, " capacity", va="bottom", ha="right", fontsize=8)
+        ax.axhline(cap, color=INK, linestyle="--", linewidth=1.2)
+        ax.text(1.0, cap, " capacity", va="center", ha="left", fontsize=8, transform=ax.get_yaxis_transform(),
+                clip_on=False)
     ax.set_xlabel("expert" + (f" (colour: expert rank of ep={ep})" if ep > 1 else ""))
     ax.set_ylabel("token choices")
     ax.set_xlim(-0.6, n - 0.4)
+    ax.set_ylim(0, top)
     if n <= 16:
         ax.set_xticks(range(n))
     set_title(ax, title)
@@ -56,7 +73,7 @@ def draw_ep_bytes(ax: Axes, per_step_bytes: dict[str, float], *, title: str | No
     top = max(vals, default=1.0)
     unit, scale = _unit(top)
     for i, (d, v) in enumerate(zip(dims, vals, strict=True)):
-        ax.bar(i, v / scale, 0.6, color=DIM_COLORS.get(d, "#c44e52"), gid=f"bytes:{d}")
+        ax.bar(i, v / scale, 0.6, color=DIM_COLORS[d], gid=f"bytes:{d}")
         ax.text(i, v / scale, fmt_bytes(v), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(dims)))
     ax.set_xticklabels([{"ep": "ep: all-to-all", "dp": "dp: all-reduce"}[d] for d in dims])

@@ -30,7 +30,8 @@ from matplotlib.transforms import Affine2D
 
 from parallel_lab.simulate import Interval, timeline_stats
 
-from .base import KIND_COLORS, KIND_LABELS, chart_on, field, lighten, new_figure, set_title, sticky_ceil
+from ..palette import IDLE, IDLE_EDGE, KIND_COLORS, KIND_LABELS
+from .base import chart_on, field, lighten, new_figure, set_title, sticky_ceil
 
 
 def kind_key(kind: Any) -> str:
@@ -194,7 +195,7 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
         colls[gid] = coll
         return coll
 
-    collection("idle", prep.idle, facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", linewidth=0.0)
+    collection("idle", prep.idle, facecolor=IDLE, edgecolor=IDLE_EDGE, hatch="////", linewidth=0.0)
     max_chunk = prep.max_chunk
     for kind, paths, colors in prep.kinds:
         collection(kind, paths, facecolor=colors, edgecolor="white", linewidth=0.0 if prep.dense else 0.6)
@@ -231,7 +232,7 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
         elif max_chunk > 3:
             handles.append(Patch(facecolor=lighten(KIND_COLORS["F"], 0.45),
                                  label=f"lighter: later chunk (v={max_chunk + 1})"))
-        handles.append(Patch(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="////", label="idle"))
+        handles.append(Patch(facecolor=IDLE, edgecolor=IDLE_EDGE, hatch="////", label="idle"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
         chart.parts["legend"] = legend_key
     set_title(ax, title)

@@ -16,6 +16,7 @@ copy of each chunk holds after every step; each rank sends ``2 (n - 1) / n * M``
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,8 +24,8 @@ from matplotlib.axes import Axes
 from matplotlib.patches import Circle, Rectangle
 
 from ...comm import ring_steps
+from ..palette import MARK_COLORS, MUTED, RANK_COLORS, RING_COLORS, text_on
 from .base import reset_axes
-from .zero import RANK_COLORS
 
 
 def ring_allreduce_states(n: int) -> list[list[list[frozenset[int]]]]:
@@ -65,15 +66,16 @@ def draw_ring_allreduce(ax: Axes, n: int, step: int, message_bytes: int | None =
     if not same:
         ax.set_aspect("equal")
         cells = {(r, c): ax.add_patch(Rectangle((c, r), 0.92, 0.92, linewidth=2)) for r in range(n) for c in range(n)}
-        texts = {(r, c): ax.text(c + 0.46, r + 0.46, "", ha="center", va="center", fontsize=7)
+        texts = {(r, c): ax.text(c + 0.46, r + 0.46, "", ha="center", va="center", fontsize=8)
                  for r in range(n) for c in range(n)}
-        phase = ax.text(0.5, -0.1, "", transform=ax.transAxes, ha="center", va="top", fontsize=8)
+        phase = ax.text(0.5, -0.03, "", transform=ax.transAxes, ha="center", va="top", fontsize=8)
         chart.parts.update(cells=cells, texts=texts, phase=phase)
         chart.dynamic += [*cells.values(), *texts.values(), phase]
         ax.set_xlim(-0.1, n)
         ax.set_ylim(n, -0.1)
-        ax.set_xticks([c + 0.46 for c in range(n)], [f"chunk {c}" for c in range(n)], fontsize=7)
-        ax.set_yticks([r + 0.46 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=7)
+        ax.set_xticks([c + 0.46 for c in range(n)], [str(c) for c in range(n)], fontsize=8)
+        ax.xaxis.tick_top()                      # the caption below needs the room
+        ax.set_yticks([r + 0.46 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=8)
         ax.tick_params(length=0)
         for sp in ax.spines.values():
             sp.set_visible(False)
@@ -83,17 +85,18 @@ def draw_ring_allreduce(ax: Axes, n: int, step: int, message_bytes: int | None =
     sent = set(ring_sent_chunks(n, step))
     for (r, c), cell in chart.parts["cells"].items():
         k = len(state[r][c])
-        cell.set_facecolor("#1a7f37" if k == n else "#4c72b0")
-        cell.set_alpha(0.25 + 0.75 * k / n)
-        cell.set_edgecolor("#cf222e" if (r, c) in sent else "none")
+        fill, alpha = RING_COLORS["complete"] if k == n else RING_COLORS["partial"], 0.25 + 0.75 * k / n
+        cell.set_facecolor(fill)
+        cell.set_alpha(alpha)
+        cell.set_edgecolor(RING_COLORS["sent"] if (r, c) in sent else "none")
         cell.set_gid(f"chunk:{r}:{c}:{k}")
         t = chart.parts["texts"][(r, c)]
         t.set_text(f"{k}/{n}")
-        t.set_color("white" if k / n > 0.5 else "#1f2328")
+        t.set_color(text_on(fill, alpha))
     phase = ("start: every rank holds its own partial sums" if step == 0 else
              f"reduce-scatter step {step} of {n - 1}" if step < n else
              f"all-gather step {step - n + 1} of {n - 1}")
-    size = f"; one chunk ({fmt_bytes(message_bytes / n)}) per rank" if message_bytes else ""
+    size = f"\none chunk ({fmt_bytes(message_bytes / n)}) per rank" if message_bytes else ""   # wrapped
     chart.parts["phase"].set_text(phase + size)
 
 
@@ -112,15 +115,15 @@ def draw_tp_block(ax: Axes, attention: Sequence[Split], mlp: Sequence[Split], tp
     """The two regions of a block, each ``f -> column-parallel -> row-parallel -> g``, the weights drawn
     as matrices cut into the ``tp`` slices the ranks hold (colour = rank)."""
     reset_axes(ax)
-    ax.set_xlim(-0.3, 8.6)
+    ax.set_xlim(-0.3, 8.95)
     ax.set_ylim(-0.2, 6.4)
     ax.set_axis_off()
-    f_note = "fwd: all-gather along s\nbwd: reduce-scatter" if sp else "fwd: identity\nbwd: all-reduce"
-    g_note = "fwd: reduce-scatter along s\nbwd: all-gather" if sp else "fwd: all-reduce\nbwd: identity"
+    f_note = "fwd: all-gather (s)\nbwd: reduce-scatter" if sp else "fwd: identity\nbwd: all-reduce"
+    g_note = "fwd: reduce-scatter (s)\nbwd: all-gather" if sp else "fwd: all-reduce\nbwd: identity"
     for y, region, splits in ((3.5, "attention", attention), (0.4, "MLP", mlp)):
         ax.text(0.05, y + 2.3, region, fontsize=9, weight="bold")
         _operator(ax, 0.7, y + 1.0, "f", f_note)
-        x = 1.5
+        x = 1.85
         for sp_ in splits:
             w = 2.4 if sp_.kind == "column" else 1.2
             h = 1.2 if sp_.kind == "column" else 2.0
@@ -133,9 +136,10 @@ def draw_tp_block(ax: Axes, attention: Sequence[Split], mlp: Sequence[Split], tp
                     rect = (x, y0 + (tp - 1 - r) * h / tp, w, h / tp)
                 ax.add_patch(Rectangle(rect[:2], rect[2], rect[3], facecolor=color, edgecolor="white",
                                        linewidth=0.6, gid=f"w:{sp_.name}:{r}"))
-            ax.text(x + w / 2, y0 + h + 0.12, f"{sp_.name} ({sp_.kind})", ha="center", fontsize=7)
-            ax.text(x + w / 2, y0 - 0.15, f"{sp_.shape[0]:,} x {sp_.shape[1]:,}\n{sp_.local}", ha="center",
-                    va="top", fontsize=6, color="#57606a")
+            ax.text(x + w / 2, y0 + h + 0.12, f"{sp_.name} ({sp_.kind})", ha="center", fontsize=8)
+            share = "\n".join(textwrap.wrap(sp_.local, 24))               # wrapped: it fits under the weight
+            ax.text(x + w / 2, y0 - 0.15, f"{sp_.shape[0]:,} x {sp_.shape[1]:,}\n{share}", ha="center",
+                    va="top", fontsize=8, color=MUTED)
             ax.annotate("", (x - 0.05, y + 1.0), (x - 0.55, y + 1.0), arrowprops={"arrowstyle": "->", "lw": 0.8})
             x += w + 0.9
         ax.annotate("", (x - 0.1, y + 1.0), (x - 0.85, y + 1.0), arrowprops={"arrowstyle": "->", "lw": 0.8})
@@ -145,6 +149,7 @@ def draw_tp_block(ax: Axes, attention: Sequence[Split], mlp: Sequence[Split], tp
 
 
 def _operator(ax: Axes, x: float, y: float, name: str, note: str) -> None:
-    ax.add_patch(Circle((x, y), 0.3, facecolor="#fff8c5", edgecolor="#9a6700", linewidth=1, gid=f"op:{name}"))
+    ax.add_patch(Circle((x, y), 0.3, facecolor=MARK_COLORS["operator_fill"], edgecolor=MARK_COLORS["operator"],
+                        linewidth=1, gid=f"op:{name}"))
     ax.text(x, y, name, ha="center", va="center", fontsize=9, weight="bold", style="italic")
-    ax.text(x, y - 0.42, note, ha="center", va="top", fontsize=6, color="#9a6700")
+    ax.text(x, y + 0.4, note, ha="center", va="bottom", fontsize=8, color=MARK_COLORS["operator"])

@@ -26,9 +26,10 @@ from matplotlib.patches import Patch
 
 from parallel_lab.simulate import Interval
 
-from .base import COLLECTIVE_COLORS, KIND_COLORS, KIND_LABELS, new_figure, set_title
+from ..palette import COLLECTIVE_COLORS, CURVE_COLORS, KIND_COLORS, KIND_LABELS, STEP_COLORS
+from .base import new_figure, set_title
 
-STEP_COLOR = "#c44e52"
+STEP_COLOR = STEP_COLORS["step"]
 _COMPUTE_COLORS = {"F": KIND_COLORS["F"], "B": KIND_COLORS["B"], "step": STEP_COLOR}
 _COMPUTE_LABELS = {"F": KIND_LABELS["F"], "B": KIND_LABELS["B"], "step": "optimizer step"}
 
@@ -123,7 +124,7 @@ def draw_loss_curves(ax: Axes, curves: Mapping[str, Sequence[float]], *, title: 
                      ylabel: str = "loss", colors: Sequence[str] | None = None) -> dict[str, Any]:
     """One line per curve (steps on x), distinct markers and dashes; returns ``{"curves", "steps"}``."""
     ax.clear()
-    palette = list(colors) if colors is not None else ["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#dd8452"]
+    palette = list(colors) if colors is not None else list(CURVE_COLORS)
     steps = 0
     for i, (name, ys) in enumerate(curves.items()):
         marker, dash = _STYLES[i % len(_STYLES)]
