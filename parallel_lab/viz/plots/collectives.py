@@ -18,12 +18,12 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from ...quantities import fmt_bytes, fmt_seconds
-from .base import TIER_COLORS, new_figure
-from .zero import RANK_COLORS
+from ..palette import CURVE_COLORS, GHOST, IDLE_EDGE, INK, MUTED, RANK_COLORS, RING_COLORS
+from .base import new_figure
 
-COMPLETE = "#1a7f37"          #: a chunk summed over every rank
-PARTIAL = "#4c72b0"           #: a partial sum (shade: the share of ranks it holds)
-CHANGED = "#cf222e"           #: outline of a cell that changed at this step
+COMPLETE = RING_COLORS["complete"]   #: a chunk summed over every rank
+PARTIAL = RING_COLORS["partial"]     #: a partial sum (shade: the share of ranks it holds)
+CHANGED = RING_COLORS["sent"]        #: outline of a cell that changed at this step (what it received)
 
 Grid = Sequence[Sequence[float]]
 
@@ -66,18 +66,18 @@ def draw_chunks(ax: Axes, values: Grid, n: int, *, title: str | None = None, cha
             k = len(ranks)
             color = "white" if not k else RANK_COLORS[ranks[0]] if k == 1 else COMPLETE if k == n else PARTIAL
             alpha = 1.0 if k in (0, 1, n) else 0.3 + 0.6 * k / n
-            edge = CHANGED if changed is not None and changed[r][c] != v else "#d0d7de"
+            edge = CHANGED if changed is not None and changed[r][c] != v else IDLE_EDGE
             cell = ax.add_patch(Rectangle((c, r), 0.94, 0.94, facecolor=color, alpha=alpha, edgecolor=edge,
                                           linewidth=2.0 if edge == CHANGED else 0.8))
             cell.set_gid(f"cell:{r}:{c}:{','.join(map(str, ranks))}")
             ax.text(c + 0.47, r + 0.47, _label(ranks, chunk, n), ha="center", va="center",
                     fontsize=6.5 if k < 3 or k == n else 5.5,
-                    color="white" if k and alpha > 0.6 else "#1f2328")
+                    color="white" if k and alpha > 0.6 else INK)
     ax.set_xlim(-0.05, cols)
     ax.set_ylim(len(values), -0.05)
-    ax.set_xticks([c + 0.47 for c in range(cols)], [f"c{c}" for c in range(cols)], fontsize=7)
-    ax.set_xlabel("chunk", fontsize=7, labelpad=1)
-    ax.set_yticks([r + 0.47 for r in range(len(values))], [f"rank {r}" for r in range(len(values))], fontsize=7)
+    ax.set_xticks([c + 0.47 for c in range(cols)], [f"c{c}" for c in range(cols)], fontsize=8)
+    ax.set_xlabel("chunk", fontsize=8, labelpad=1)
+    ax.set_yticks([r + 0.47 for r in range(len(values))], [f"rank {r}" for r in range(len(values))], fontsize=8)
     ax.tick_params(length=0)
     for sp in ax.spines.values():
         sp.set_visible(False)
@@ -123,11 +123,11 @@ def alpha_beta_figure(sizes: Sequence[float], times: Mapping[str, Sequence[float
     fig.subplots_adjust(left=0.1, right=0.97, bottom=0.13, top=0.9)
     ax = fig.add_subplot()
     for i, (name, ts) in enumerate(times.items()):
-        ax.plot(sizes, ts, label=name, color=(RANK_COLORS + TIER_COLORS)[i], linewidth=1.8)
+        ax.plot(sizes, ts, label=name, color=CURVE_COLORS[i % len(CURVE_COLORS)], linewidth=1.8)
     for label, m in (crossovers or {}).items():
-        ax.axvline(m, color="#6e7781", linestyle=":", linewidth=1)
-        ax.text(m, 0.02, f" {label}\n {fmt_bytes(m)}", transform=ax.get_xaxis_transform(), fontsize=7,
-                color="#57606a", va="bottom")
+        ax.axvline(m, color=GHOST, linestyle=":", linewidth=1)
+        ax.text(m, 0.02, f" {label}\n {fmt_bytes(m)}", transform=ax.get_xaxis_transform(), fontsize=8,
+                color=MUTED, va="bottom")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
@@ -146,12 +146,12 @@ def shared_link_figure(lanes: Mapping[str, Sequence[tuple[str, float, float]]], 
     colors: dict[str, str] = {}
     for y, bars in enumerate(lanes.values()):
         for j, (label, t0, t1) in enumerate(bars):
-            color = colors.setdefault(label, RANK_COLORS[len(colors)])
+            color = colors.setdefault(label, CURVE_COLORS[len(colors) % len(CURVE_COLORS)])
             h = 0.7 / (2 if len(bars) > 1 and bars[0][1] == bars[-1][1] else 1)
             off = h * (j if h < 0.7 else 0)
             ax.barh(y - 0.35 + off + h / 2, (t1 - t0) * 1e3, left=t0 * 1e3, height=h * 0.95, color=color)
             ax.text((t0 + t1) / 2 * 1e3, y - 0.35 + off + h / 2, f"{label} {fmt_seconds(t1 - t0)}", ha="center",
-                    va="center", fontsize=7, color="white")
+                    va="center", fontsize=8, color="white")
     ax.set_yticks(range(len(lanes)), list(lanes), fontsize=8)
     ax.set_ylim(len(lanes) - 0.5, -0.5)
     ax.set_xlabel("time (ms)")
