@@ -5,13 +5,14 @@
 ``parallel-lab grade``. Without a bundle only the public tests run (the learner's loop).
 
 Per submission the grader forks a child (the parent runs no submission code) that starts a new session,
-lowers its limits, loads the tests (hidden ones from text the grader read), enters namespaces that hide the
-bundle and close the network where Linux allows (:mod:`parallel_lab.grading.contain`), and runs the tests
-in order, each event a signed line on a pipe; its output is drained and capped, a test past its limit is
-killed with its process group, and every descendant left is killed after it. Feedback is bounded and never
-quotes a hidden file. Tests run inside the submission's process, so this is not a security boundary: grade
-untrusted code inside a container as well. A test file's ``session_values()`` (references that do not
-depend on the submission) are computed once per session. Details: docs/grading.md.
+lowers its limits, loads the tests, enters namespaces that hide the bundle and close the network where Linux
+allows (:mod:`parallel_lab.grading.contain`), imports the submission and runs the tests in order, recording
+what the submission's code hands back as data frames on a pipe; its output is drained and capped, a test past
+its limit is killed with its process group, and every descendant left is killed after it. Then a judge forked
+from the grader, which never imports the submission, replays each test from its frames and decides: the child
+can write data, never a verdict (:mod:`parallel_lab.grading.tape`, :mod:`parallel_lab.grading.judge`).
+Feedback is bounded and never quotes a hidden file. ``session_values()`` of a test file (references that do
+not depend on the submission) are computed once per session. Details: docs/grading.md.
 """
 
 from __future__ import annotations
