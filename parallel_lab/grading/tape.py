@@ -118,7 +118,9 @@ class FrameReader:
 def _lib_class(name: str) -> type:
     """A class of the library (``module:qualname`` under ``parallel_lab.``); :class:`Malformed` for any other."""
     mod, _, qual = name.partition(":")
-    if not mod.startswith("parallel_lab.") or not qual or not all(p.isidentifier() for p in qual.split(".")):
+    parts = mod.split(".") + qual.split(".")
+    if not mod.startswith("parallel_lab.") or not qual or not all(p.isidentifier() and not p.startswith("_")
+                                                                    for p in parts):   # no __main__, no privates
         raise Malformed(f"not a class of the library: {name[:80]!r}")
     obj: Any = importlib.import_module(mod)
     for part in qual.split("."):

@@ -119,7 +119,8 @@ def test_frames_and_values_round_trip_and_garbage_is_refused():
     for bad in (b"this line is not JSON\n", b"PLT1" + b"\xff" * 8, tape.frame({"k": "ev"})[:12] + b"{not json}"):
         with pytest.raises(tape.Malformed):
             tape.FrameReader().feed(bad + b"x" * 64)
-    for tree in ({"O": "os:system", "f": {}}, {"X": 0, "d": "float32", "s": [4]}, {"Q": "x"}, [1, 2]):
+    for tree in ({"O": "os:system", "f": {}}, {"O": "parallel_lab.__main__:main", "f": {}},
+                  {"X": 0, "d": "float32", "s": [4]}, {"Q": "x"}, [1, 2]):
         with pytest.raises(tape.Malformed):                        # no class outside the library, no short tensor
             tape.Decoder([b"\x00" * 4], lambda k: None, lambda h: None).dec(tree)
 
