@@ -1,5 +1,5 @@
 """What keeps a submission's processes inside the grader: namespaces where Linux allows them, a sweep of
-every descendant, guards in the submission's interpreter, signed result lines, feedback without hidden tests.
+every descendant, guards in the submission's interpreter, feedback without hidden tests.
 
 * Namespaces (:func:`isolate`: unprivileged user, mount and network namespaces): the bundle is covered by an
   empty tmpfs and the network is loopback only, for every process the submission starts, programs included.
@@ -8,13 +8,13 @@ every descendant, guards in the submission's interpreter, signed result lines, f
   found in ``/proc`` after each submission. No PID namespace: the sweep is what ends them all.
 * Guards (:func:`guard_hook`, an audit hook inherited by forked ranks): no fixed port, no program started
   (``subprocess``, ``os.exec*``, ``os.system``, ``posix_spawn``), no connection off the machine.
-* Result lines carry an HMAC-SHA256 (a key per submission process, sequence-numbered): a line the grader did
-  not sign, in the order it expects, fails that submission (:func:`sign`, :func:`verify`).
+* Verdicts: the submission's process only records what its code hands back; a judge that never runs its
+  code decides, once every process of it is gone (:mod:`parallel_lab.grading.tape`).
 * Feedback (:func:`clean_message`): bounded, and withheld when it quotes a line of a hidden test file.
 
-Limits: tests run inside the submission's process, so code that walks its frames or memory can still call
-the reporter (forging signed results) or read the hidden tests' compiled code; only a judge process that
-tests the submission's outputs would close that. Grade untrusted classes inside a container as well.
+Limits: the run of a test happens in the submission's process, so code that walks its memory can read the
+hidden tests' compiled code, and fake what a test measures there (its outputs, not the verdict). Grade
+untrusted classes inside a container as well.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import hashlib
-import hmac
 import ipaddress
 import os
 import signal
@@ -39,7 +37,6 @@ MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 0x40000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MAX_MESSAGE = 600          #: characters of feedback per test
 MAX_OUTPUT = 1 << 20       #: bytes a submission may print (stdout and stderr together) per process
-MAX_LINE = 1 << 20         #: bytes of one result line
 _PROGRAMS = ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.system")
 
 
@@ -148,19 +145,6 @@ def guard_hook(event: str, args: tuple) -> None:
             local = host == "localhost"
         if not local:
             raise PermissionError(f"the submission connected to {host[:60]}; graded code has no network")
-
-
-def sign(key: bytes, seq: int, body: bytes) -> bytes:
-    """``body`` + a tab + the HMAC of the sequence number and ``body``: one result line."""
-    mac = hmac.new(key, str(seq).encode() + b":" + body, hashlib.sha256).hexdigest()
-    return body + b"\t" + mac.encode() + b"\n"
-
-
-def verify(key: bytes, seq: int, line: bytes) -> bytes | None:
-    """The body of a line signed by :func:`sign` as line ``seq``; None for any other line."""
-    body, _, mac = line.rpartition(b"\t")
-    want = hmac.new(key, str(seq).encode() + b":" + body, hashlib.sha256).hexdigest().encode()
-    return body if body and hmac.compare_digest(mac, want) else None
 
 
 def secret_lines(texts: Iterable[str]) -> set[str]:

@@ -140,8 +140,16 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = RANK_TIME
               **kwargs: Any) -> list[Any]:
     """``fn(grid, *args, **kwargs)`` on ``world`` ranks (or on ``plan``'s grid); the results in rank order.
 
-    Raises :class:`Fail` naming the rank: what it raised, that it exited, or where it hung.
+    Raises :class:`Fail` naming the rank: what it raised, that it exited, or where it hung. Given the
+    submission (``sub``) among the arguments, the ranks' results are the run's recorded output
+    (:func:`parallel_lab.grading.tape.boundary`): the judge replays them, never starting ranks of its own.
     """
+    from parallel_lab.grading import tape
+
+    return tape.boundary(_run_ranks, fn, world, *args, timeout_s=timeout_s, plan=plan, **kwargs)
+
+
+def _run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float, plan: Any, **kwargs: Any) -> list[Any]:
     from parallel_lab.distributed.runtime.launch import LaunchTimeout, RankError, launch
 
     timeout_s *= TIME_SCALE

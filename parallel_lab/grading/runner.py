@@ -5,42 +5,34 @@
 ``parallel-lab grade``. Without a bundle only the public tests run (the learner's loop).
 
 Per submission the grader forks a child (the parent runs no submission code) that starts a new session,
-lowers its limits, loads the tests (hidden ones from text the grader read), enters namespaces that hide the
-bundle and close the network where Linux allows (:mod:`parallel_lab.grading.contain`), and runs the tests
-in order, each event a signed line on a pipe; its output is drained and capped, a test past its limit is
-killed with its process group, and every descendant left is killed after it. Feedback is bounded and never
-quotes a hidden file. Tests run inside the submission's process, so this is not a security boundary: grade
-untrusted code inside a container as well. A test file's ``session_values()`` (references that do not
-depend on the submission) are computed once per session. Details: docs/grading.md.
+lowers its limits, loads the tests, enters namespaces that hide the bundle and close the network where Linux
+allows (:mod:`parallel_lab.grading.contain`), imports the submission and runs the tests in order, recording
+what the submission's code hands back as data frames on a pipe; its output is drained and capped, a test past
+its limit is killed with its process group, and every descendant left is killed after it. Then a judge forked
+from the grader, which never imports the submission, replays each test from its frames and decides: the child
+can write data, never a verdict (:mod:`parallel_lab.grading.tape`, :mod:`parallel_lab.grading.judge`).
+Feedback is bounded and never quotes a hidden file. ``session_values()`` of a test file (references that do
+not depend on the submission) are computed once per session. Details: docs/grading.md.
 """
 
 from __future__ import annotations
 
 import csv
-import importlib.util
-import itertools
-import json
 import math
 import os
 import re
-import resource
-import secrets
 import select
 import shutil
 import signal
-import sys
 import tempfile
 import time
-import traceback
-import types
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from parallel_lab.errors import ParallelLabError
-from parallel_lab.grading import contain, harness
+from parallel_lab.grading import contain, judge, tape
 from parallel_lab.grading.catalog import answers_text
 from parallel_lab.grading.harness import DEFAULT_LIMIT_S, DEFAULT_POINTS
 
@@ -160,16 +152,6 @@ class TestSpec:
         return f"{self.visibility}:{self.name}"
 
 
-def _load(path: Path, name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ParallelLabError(f"cannot import {path}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def check_name(exercise: str) -> None:
     """Refuse a name that cannot be an exercise's folder (one line, before any file is looked up)."""
     if not EXERCISE_NAME.fullmatch(exercise) or ".." in exercise:
@@ -214,102 +196,13 @@ def discover(files: list[tuple[Path, str]]) -> list[TestSpec]:
     for path, vis in files:
         if vis == "hidden":
             _SOURCES[str(path)] = path.read_text()
-        mod = _load(path, f"{vis}_tests")
+        mod = judge.load(path, f"{vis}_tests")
         _warm(path, mod)
         for name, fn in vars(mod).items():
             if name.startswith("test_") and callable(fn):
                 specs.append(TestSpec(str(path), name, vis, getattr(fn, "points", DEFAULT_POINTS),
                                       getattr(fn, "limit_s", DEFAULT_LIMIT_S)))
     return specs
-
-
-# --------------------------------------------------------------------------------------------------
-# The child: one submission, tests in order, one signed JSON line per event
-# --------------------------------------------------------------------------------------------------
-
-def _limit_self(limits: Limits) -> None:
-    mem = limits.memory_mb * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def _submission_error(exc: BaseException) -> str:
-    tb = traceback.extract_tb(exc.__traceback__)
-    subs = [f for f in tb if Path(f.filename).name == "submission.py"]
-    where = f" at submission.py line {subs[-1].lineno} (in {subs[-1].name})" if subs else ""
-    text = str(exc).strip().splitlines()
-    said = f": {text[0][:200]}" if text else ""
-    return f"{type(exc).__name__}{said}{where}"
-
-
-def _load_source(text: str, name: str) -> Any:
-    """A test module from its text (hidden tests: the child never opens the bundle's file)."""
-    mod = types.ModuleType(name)
-    sys.modules[name] = mod
-    exec(compile(text, f"<{name}>", "exec"), mod.__dict__)
-    return mod
-
-
-def _child(emit: Callable[..., None], work: Path, submission: Path, files: list[tuple[Path, str]],
-           tests: list[TestSpec], limits: Limits) -> None:
-    os.setsid()
-    _limit_self(limits)
-    harness.TIME_SCALE = limits.scale
-    warnings.filterwarnings("ignore", category=FutureWarning)    # torch 2.13's renamed collectives
-    os.chdir(work)
-    tempfile.tempdir = str(work)          # the ranks' scratch too: the grader removes it all afterwards
-    if submission.suffix == ".py":
-        shutil.copy(submission, work / "submission.py")
-    else:
-        shutil.copy(submission, work / f"submission{submission.suffix}")
-        (work / "submission.py").write_text(f"PATH = {str(work / ('submission' + submission.suffix))!r}\n")
-    mods: dict[str, Any] = {}
-    for path, vis in files:               # before the submission runs; public first (hidden may import it)
-        src = _SOURCES.get(str(path))
-        mods[str(path)] = _load_source(src, f"{vis}_tests") if src is not None else _load(path, f"{vis}_tests")
-        mods[str(path)].SESSION = _SESSION.get(str(path), {})
-    _SOURCES.clear()
-    if ISOLATE:                           # the bundle out of sight, loopback only (where Linux allows)
-        contain.isolate({path.parents[1] for path, vis in files if vis == "hidden"})
-    sys.addaudithook(contain.guard_hook)
-    sys.path.insert(0, str(work))
-    sys.modules.pop("submission", None)
-    try:
-        import submission as sub
-    except BaseException as e:             # noqa: BLE001 - any error of the learner's file is feedback
-        msg = f"the submission does not import: {_submission_error(e)}"
-        for t in tests:
-            emit(event="start", test=t.key)
-            emit(event="result", test=t.key, passed=False, message=msg, seconds=0.0)
-        os._exit(0)
-    for t in tests:
-        emit(event="start", test=t.key)
-        t0 = time.perf_counter()
-        try:
-            getattr(mods[t.file], t.name)(sub)
-            emit(event="result", test=t.key, passed=True, message="", seconds=time.perf_counter() - t0)
-        except MemoryError:
-            emit(event="result", test=t.key, passed=False, seconds=time.perf_counter() - t0,
-                 message=f"ran out of memory (limit {limits.memory_mb} MB per process): does something grow "
-                         "without bound?")
-        except AssertionError as e:
-            emit(event="result", test=t.key, passed=False, seconds=time.perf_counter() - t0,
-                 message=str(e)[:4 * contain.MAX_MESSAGE] or "a check failed (no message)")
-        except BaseException as e:        # noqa: BLE001 - the submission's error becomes the message
-            mine = any(Path(f.filename).name == "submission.py" for f in traceback.extract_tb(e.__traceback__))
-            who = "your code raised" if mine else "the test could not use your submission:"
-            emit(event="result", test=t.key, passed=False, seconds=time.perf_counter() - t0,
-                 message=f"{who} {_submission_error(e)}")
-    os._exit(0)
-
-
-def _emitter(fd: int, key: bytes) -> Callable[..., None]:
-    seq = itertools.count()
-
-    def emit(**obj: Any) -> None:
-        os.write(fd, contain.sign(key, next(seq), json.dumps(obj).encode()))
-    return emit
 
 
 # --------------------------------------------------------------------------------------------------
@@ -336,25 +229,16 @@ def _status_text(status: int) -> str:
     return f"exited with status {os.WEXITSTATUS(status)} (os._exit or sys.exit in your code?)"
 
 
-FORGED = ("a result line the grader did not sign, or out of order (forged or garbled: does your code write to "
-          "file descriptors it did not open?); every test left fails")
+MALFORMED = ("your process's pipe to the grader carried bytes that are not its recorder's frames, or frames out of "
+             "order (forged or garbled: does your code write to file descriptors it did not open?); every test "
+             "left fails")
 PRINTED = (f"printed over {contain.MAX_OUTPUT >> 20} MB to stdout/stderr (a print in a loop?); the output is "
            "captured and capped, and the process was stopped")
 
 
-def _event(body: bytes | None, expected: TestSpec | None, current: TestSpec | None) -> dict | None:
-    """A verified line as an event, if it is the one the protocol expects next; else None."""
-    try:
-        ev = json.loads(body) if body is not None else None
-    except ValueError:
-        return None
-    if not isinstance(ev, dict) or expected is None or ev.get("test") != expected.key:
-        return None
-    if ev.get("event") == "start" and current is None:
-        return ev
-    ok = (isinstance(ev.get("passed"), bool) and isinstance(ev.get("message", ""), str)
-          and isinstance(ev.get("seconds", 0.0), (int, float)))
-    return ev if ev.get("event") == "result" and current is expected and ok else None
+def _result_ok(head: dict) -> bool:
+    return (isinstance(head.get("passed"), bool) and isinstance(head.get("message", ""), str)
+            and isinstance(head.get("seconds", 0.0), (int, float)))
 
 
 class _Stop(Exception):
@@ -365,23 +249,22 @@ class _Stop(Exception):
         self.what, self.running, self.t0 = what, running, t0
 
 
-def _run_some(submission: Path, files: list[tuple[Path, str]], tests: list[TestSpec], limits: Limits
-              ) -> list[tuple[TestSpec, dict]]:
-    """Fork one child for ``tests``; return the results it produced, and a failure for the test it died in."""
-    work = Path(tempfile.mkdtemp(prefix="grade-"))    # the child's working directory, removed afterwards
-    key = secrets.token_bytes(32)
+def _process(body: Callable[[int], None], tests: list[TestSpec], limits: Limits, closing: str
+             ) -> tuple[list[tuple[TestSpec, dict]], int]:
+    """Fork ``body(fd)``, its stdout and stderr drained; watch its frames (a test is done at its ``closing``
+    frame). The tests done, a failure for the one it stopped or died in, and the processes that left its group."""
     r, w = os.pipe()
-    out_r, out_w = os.pipe()                          # the submission's stdout and stderr: drained, capped
+    out_r, out_w = os.pipe()                          # stdout and stderr: drained, capped
     keep = set(contain.descendants(os.getpid()))      # this process's own children: not the submission's
     pid = os.fork()
-    if pid == 0:                                      # the child
+    if pid == 0:
         try:
             os.close(r)
             os.close(out_r)
             os.dup2(out_w, 1)
             os.dup2(out_w, 2)
             os.close(out_w)
-            _child(_emitter(w, key), work, submission, files, tests, limits)
+            body(w)
         finally:
             os._exit(0)
     os.close(w)
@@ -389,7 +272,7 @@ def _run_some(submission: Path, files: list[tuple[Path, str]], tests: list[TestS
     done: list[tuple[TestSpec, dict]] = []
     try:
         try:
-            _watch(pid, r, out_r, key, tests, limits, done)
+            _watch(pid, r, out_r, tests, limits, done, closing)
         except _Stop as stop:
             _kill_group(pid)
             if stop.running is None:                      # no test running: the same fate for all left
@@ -397,16 +280,54 @@ def _run_some(submission: Path, files: list[tuple[Path, str]], tests: list[TestS
             else:
                 done.append((stop.running, {"passed": False, "message": stop.what,
                                             "seconds": time.monotonic() - stop.t0}))
-        return done
     finally:
         os.close(r)
         os.close(out_r)
         escaped = contain.sweep(pid, keep)
+    return done, escaped
+
+
+def _judged(work: Path, files: list[tuple[Path, str]], tests: list[TestSpec], tapes: dict[str, dict] | None,
+            limits: Limits) -> list[tuple[TestSpec, dict]]:
+    """The judges' verdicts on ``tests``: replayed from ``tapes``, or run on a plan file (``tapes`` None)."""
+    out: list[tuple[TestSpec, dict]] = []
+    todo = list(tests)
+    while todo:
+        setup = judge.setup_of(work, limits, files, _SOURCES, _SESSION, ISOLATE)
+        res, _ = _process(lambda w, todo=todo, setup=setup: judge.judge(judge.emitter(w), work, todo, tapes, limits,
+                                                                             setup),
+                          todo, limits, "result")
+        res = res or [(todo[0], {"passed": False, "message": "the judge died at start", "seconds": 0.0})]
+        out += res
+        todo = todo[len(res):]
+    return out
+
+
+def _run_some(submission: Path, files: list[tuple[Path, str]], tests: list[TestSpec], limits: Limits
+              ) -> list[tuple[TestSpec, dict]]:
+    """Grade a prefix of ``tests``: the submission's process records them until it ends or is stopped, then
+    judges decide each test it finished (a plan file has no process of its own: a judge runs its tests)."""
+    work = Path(tempfile.mkdtemp(prefix="grade-"))    # the child's working directory, removed afterwards
+    try:
+        if submission.suffix != ".py":
+            shutil.copy(submission, work / f"submission{submission.suffix}")
+            (work / "submission.py").write_text(f"PATH = {str(work / ('submission' + submission.suffix))!r}\n")
+            return _judged(work, files, tests, None, limits)
+        shutil.copy(submission, work / "submission.py")
+        setup = judge.setup_of(work, limits, files, _SOURCES, _SESSION, ISOLATE)
+        ran, escaped = _process(lambda w: judge.record(judge.writer(w), work, tests, limits, setup), tests, limits,
+                                "end")
+        tapes = {t.key: ev for t, ev in ran if "tape" in ev}
+        verdicts = {t.key: {**ev, "seconds": tapes[t.key]["seconds"]}
+                    for t, ev in _judged(work, files, [t for t, _ in ran if t.key in tapes], tapes, limits)}
+        done = [(t, verdicts[t.key] if t.key in tapes else ev) for t, ev in ran]
         if escaped and done and done[-1][1].get("passed"):
             done[-1] = (done[-1][0], {"passed": False, "seconds": done[-1][1].get("seconds", 0.0),
                                       "message": f"{escaped} process(es) of the submission left its process "
                                                  "group (setsid or a double fork?) and were still running after "
                                                  "it ended; they were killed: end what you start"})
+        return done
+    finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -416,13 +337,14 @@ def _gone(current: TestSpec | None, status: int, started: float, done: list[tupl
                                "message": f"the grading process {_status_text(status)} during this test"}))
 
 
-def _watch(pid: int, r: int, out_r: int, key: bytes, tests: list[TestSpec], limits: Limits,
-           done: list[tuple[TestSpec, dict]]) -> None:
-    """Read the child's lines into ``done`` until it ends; raise :class:`_Stop` to stop it."""
+def _watch(pid: int, r: int, out_r: int, tests: list[TestSpec], limits: Limits, done: list[tuple[TestSpec, dict]],
+           closing: str) -> None:
+    """Read the child's frames into ``done`` until it ends; raise :class:`_Stop` to stop it. A recording child
+    closes a test with ``end`` (its frames are the test's tape), a judge with ``result``."""
     current: TestSpec | None = None
     started = time.monotonic()
     deadline = started + IMPORT_LIMIT_S * limits.scale  # import of the submission
-    buf, printed, seq, fds = b"", 0, 0, [r, out_r]
+    reader, frames, printed, fds = tape.FrameReader(), [], 0, [r, out_r]
     status: int | None = None
     while True:
         wait = deadline - time.monotonic()
@@ -449,29 +371,34 @@ def _watch(pid: int, r: int, out_r: int, key: bytes, tests: list[TestSpec], limi
             if wpid == pid:
                 status = st                               # one more look at the pipe, then gone
             continue
-        chunk = os.read(r, 65536)
+        chunk = os.read(r, 1 << 16)
         if not chunk:                                    # the child is gone
             if status is None:
                 _, status = os.waitpid(pid, 0)
             return _gone(current, status, started, done)
-        buf += chunk
-        if len(buf) > contain.MAX_LINE:
-            raise _Stop(FORGED)
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
+        try:
+            got = reader.feed(chunk)
+        except tape.Malformed as e:
+            raise _Stop(f"{MALFORMED} ({e})") from None
+        for head, payload in got:
             expected = tests[len(done)] if len(done) < len(tests) else None
-            ev = _event(contain.verify(key, seq, line), expected, current)
-            seq += 1
-            if ev is None:
-                raise _Stop(FORGED)
-            if ev["event"] == "start":
-                current = expected
-                started = time.monotonic()
+            kind = head.get("k")
+            if kind == "start" and current is None and expected is not None and head.get("test") == expected.key:
+                current, frames, started = expected, [], time.monotonic()
                 deadline = started + expected.limit_s * limits.scale
-            else:
-                done.append((expected, ev))
+            elif kind == "ev" and closing == "end" and current is not None:
+                frames.append((head, payload))
+            elif kind == closing and current is not None and head.get("test") == current.key \
+                    and (closing == "end" or _result_ok(head)):
+                ev = {"tape": frames, "note": str(head.get("note", ""))[:400],
+                      "seconds": time.monotonic() - started} if closing == "end" else head
+                done.append((current, ev))
                 current = None
                 deadline = time.monotonic() + 30.0       # between tests
+            elif kind == "import_error" and closing == "end" and current is None and not done:
+                raise _Stop(f"the submission does not import: {str(head.get('m', ''))[:300]}")
+            else:
+                raise _Stop(MALFORMED)
 
 
 def grade(exercise: str, submission: str | Path, *, bundle: str | Path | None = None,

@@ -1,4 +1,5 @@
-"""The grader against a hostile learner (issue 36): forged or garbled result lines, feedback that quotes the
+"""The grader against a hostile learner (issue 36): forged or garbled frames, the grader's own recorder and
+judge formats used to claim "passed", tests rewritten in the submission's process, feedback that quotes the
 hidden tests, processes that leave the submission's session, a subprocess on a fixed port, a flood of output;
 and grade options that are refused in one line. Containment exercised: the grader as child subreaper and a
 sweep of every descendant through ``/proc`` (always), and, where unprivileged namespaces work
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from parallel_lab.grading import contain, runner
+from parallel_lab.grading import contain, runner, tape
 
 #: unprivileged user, mount and network namespaces work here (the grader then hides the bundle)
 NAMESPACES = shutil.which("unshare") is not None and subprocess.run(
@@ -43,14 +44,16 @@ def test_hostile_submissions_fail_and_leave_nothing_running(tmp_path):
     pids_file = tmp_path / "pids.txt"
     out_csv = tmp_path / "grades.csv"
     p = run_grade("--batch", str(subs), "--exercises", str(FIXTURES / "exercises"), "--bundle",
-                  str(FIXTURES / "bundle"), "--out", str(out_csv), "--time-scale", "0.35", "--memory-mb", "1024",
+                  str(FIXTURES / "bundle"), "--out", str(out_csv), "--time-scale", "0.35", "--memory-mb", "1536",
                   "--json", timeout=560, env={**os.environ, "PL_HOSTILE_PIDS": str(pids_file)})
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)                       # one JSON object: no submission's output mixed in
     by = {g["learner"]: {t["name"]: t for t in g["tests"]} for g in out["grades"]}
     assert all(t["passed"] for t in by["good"].values())
     hidden_gone = NAMESPACES and runner.ISOLATE     # the bundle under an empty tmpfs: nothing to read
-    expect = {"forge": ("did not sign", 3), "bad_line": ("did not sign", 3),
+    garbled, short = "forged or garbled", "recorded less than the test asks"
+    expect = {"forge": (garbled, 3), "bad_line": (garbled, 3), "fd_forge": (garbled, 3), "garbage": (garbled, 3),
+              "reporter": (short, 3), "monkeypatch": (short, 3),
               "echo_hidden": ("no hidden test found" if hidden_gone else "withheld", 1),
               "setsid_children": ("left its process group", 1), "subprocess_bind": ("started a program", 3),
               "stdout_flood": ("printed over 1 MB", 3)}
@@ -73,7 +76,7 @@ def test_feedback_quoting_hidden_source_is_withheld_without_namespaces(tmp_path)
     """The file readable (no namespaces): the echo of its text is withheld from the feedback."""
     fx = FIXTURES / "hostile" / "echo_hidden.py"
     p = run_grade("ranks", str(fx), "--exercises", str(FIXTURES / "exercises"), "--bundle", str(FIXTURES / "bundle"),
-                  "--time-scale", "0.35", "--memory-mb", "1024", "--json", timeout=300,
+                  "--time-scale", "0.35", "--memory-mb", "1536", "--json", timeout=300,
                   env={**os.environ, "PARALLEL_LAB_GRADE_NAMESPACES": "0"})
     assert p.returncode == 0, p.stderr[-2000:]
     (t,) = [t for t in json.loads(p.stdout)["tests"] if t["name"] == "test_hidden_value"]
@@ -100,13 +103,44 @@ def test_bad_options_are_one_line_refusals(args):
     assert len(lines) == 1 and "error:" in lines[0] and len(lines[0]) < 300, (args, p.stderr)
 
 
-def test_result_lines_are_signed_in_order():
-    key = b"k" * 32
-    line = contain.sign(key, 3, b'{"event": "start"}')
-    assert contain.verify(key, 3, line[:-1]) == b'{"event": "start"}'
-    assert contain.verify(key, 4, line[:-1]) is None              # replayed out of order
-    assert contain.verify(b"x" * 32, 3, line[:-1]) is None        # another key
-    assert contain.verify(key, 0, b'{"event": "result", "passed": true}') is None
+def test_frames_and_values_round_trip_and_garbage_is_refused():
+    import torch
+
+    from parallel_lab.schedules.actions import B, F
+
+    value = {"x": torch.arange(6.0).reshape(2, 3), ("a", 1): [F(0), B(1)], "n": float("nan"), "s": {1, 2},
+             "b": b"\x00\x01", "z": torch.Size([2, 3]), "e": torch.empty(0, dtype=torch.int64)}
+    enc = tape.Encoder({}, None)
+    tree = enc.enc(value)
+    (head, payload), = tape.FrameReader().feed(tape.frame({"k": "ev", "r": tree}, enc.blobs))
+    back = tape.Decoder(tape.split_blobs(head, payload), lambda k: None, lambda h: None).dec(head["r"])
+    assert torch.equal(back["x"], value["x"]) and back[("a", 1)] == [F(0), B(1)] and back["n"] != back["n"]
+    assert (back["s"], back["b"], back["z"], back["e"].shape) == ({1, 2}, b"\x00\x01", torch.Size([2, 3]), (0,))
+    for bad in (b"this line is not JSON\n", b"PLT1" + b"\xff" * 8, tape.frame({"k": "ev"})[:12] + b"{not json}"):
+        with pytest.raises(tape.Malformed):
+            tape.FrameReader().feed(bad + b"x" * 64)
+    for tree in ({"O": "os:system", "f": {}}, {"O": "parallel_lab.__main__:main", "f": {}},
+                  {"X": 0, "d": "float32", "s": [4]}, {"Q": "x"}, [1, 2]):
+        with pytest.raises(tape.Malformed):                        # no class outside the library, no short tensor
+            tape.Decoder([b"\x00" * 4], lambda k: None, lambda h: None).dec(tree)
+
+
+def test_the_judge_answers_from_the_tape_and_refuses_a_tape_that_differs():
+    """A replayed test sees what the run recorded; a tape with a missing, extra or different event fails it."""
+    frames = []
+    rec = tape.Recorder(lambda data: frames.extend(tape.FrameReader().feed(data)), type("M", (), {"f": len})())
+    rec.begin("t")
+    assert rec.root.f([1, 2, 3]) == 3
+    rep = tape.Replayer()
+    rep.begin_tape("t", list(frames), "")
+    assert rep.root.f([1, 2, 3]) == 3
+    rep.finish()
+    for tape_, call in ((frames[:1], lambda s: s.f([1, 2, 3])), (frames, lambda s: s.f([1, 2])),
+                        (frames * 2, lambda s: (s.f([1, 2, 3]), object.__getattribute__(s, "_pl")[0].finish()))):
+        rep = tape.Replayer()
+        rep.begin_tape("t", list(tape_), "")
+        with pytest.raises(tape.TapeError):
+            call(rep.root)
 
 
 def test_feedback_is_bounded_and_never_quotes_hidden_source():
@@ -129,7 +163,7 @@ def test_a_submission_that_cannot_be_graded_is_a_row_of_the_csv(tmp_path):
         shutil.copy(FIXTURES / "submissions" / "good.py", learner / f"{name}.py")
     out_csv = tmp_path / "grades.csv"
     p = run_grade("--batch", str(tmp_path / "submissions"), "--exercises", str(exercises), "--bundle",
-                  str(FIXTURES / "bundle"), "--out", str(out_csv), "--time-scale", "0.35", "--memory-mb", "1024",
+                  str(FIXTURES / "bundle"), "--out", str(out_csv), "--time-scale", "0.35", "--memory-mb", "1536",
                   timeout=280)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = {r["exercise"]: r for r in csv.DictReader(open(out_csv))}

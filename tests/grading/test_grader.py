@@ -115,7 +115,7 @@ def test_hostile_submissions_fail_within_their_limits(tmp_path):
         (subs / f.stem).mkdir(parents=True)
         shutil.copy(f, subs / f.stem / "ranks.py")
     out = grade("--batch", str(subs), "--exercises", str(FIXTURES / "exercises"), "--out", str(tmp_path / "g.csv"),
-                "--time-scale", "0.35", "--memory-mb", "1024", timeout=380)
+                "--time-scale", "0.35", "--memory-mb", "1536", timeout=380)
     by = {g["learner"]: {t["name"]: t for t in g["tests"]} for g in out["grades"]}
     assert all(t["passed"] for t in by["good"].values())
     expect = {
