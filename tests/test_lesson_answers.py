@@ -85,7 +85,9 @@ def check_tail(source: str) -> str | None:
         if _calls_check(stmt) or (first is not None and uses & names):
             first = i if first is None else first
             last = i
-            names |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+            names |= {n.id for t in targets if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                      for n in ast.walk(t) if isinstance(n, ast.Name)}
     if first is None:
         return None
     lines = source.splitlines()

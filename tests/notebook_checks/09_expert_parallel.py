@@ -39,5 +39,5 @@ WRONG = {
 HINTS = {
     "my_active_billions": "leaves out dense part",
     "my_params_gb_ep8": "leaves out dense part",
-    "my_ep_bytes": "a factor 2 smaller",
+    "my_ep_bytes": "a factor 2",
 }
