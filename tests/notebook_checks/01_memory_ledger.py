@@ -47,3 +47,36 @@ def check(text: str, nb) -> None:
     assert "comm_buffers: measured 9.28 GB (gathered units, one unit's gradient), ledger 9.28 GB" in text
     assert 2.0 < number(r"= ([\d.]+) x one block's a x s x s scores", text) < 2.6
     assert "logits_and_loss: per-op minus korthikanti = 1.00 x one s x h bf16 tensor" in text
+
+
+# The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
+# text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
+ANSWERS = {
+    "my_prediction_gb": 112,                      # 16 B per parameter x 7e9
+    "my_first_zero_stage": 1,
+    "my_activations_gb": 104.15,
+    "my_growth": {"linear": 2, "scores": 4},
+    "my_gap_gb": 49.66,
+    "my_state_bytes": 16887808,                   # 16 B x 1,055,488 parameters (fp32 Adam, ZeRO-0)
+    "my_shard_gb": 0.9616,
+    "my_longest_seq": 8192,
+}
+WRONG = {
+    "my_prediction_gb": 28,                       # bf16 weights and gradients, the optimizer states forgotten
+    "my_first_zero_stage": 3,                     # "only ZeRO-3 fits"
+    "my_activations_gb": 18.25,                   # the s^2 attention scores forgotten
+    "my_growth": {"linear": 2, "scores": 2},      # the scores taken as linear in s
+    "my_gap_gb": 52.61,                           # dropout alone, the MLP's difference forgotten
+    "my_state_bytes": 8443904,                    # parameters and gradients, no Adam moments
+    "my_shard_gb": 7.69,                          # the whole model's bf16 parameters, not one rank's shard of 8
+    "my_longest_seq": 16384,
+}
+HINTS = {
+    "my_prediction_gb": "leaves out optimizer states",
+    "my_activations_gb": "leaves out scores",
+    "my_growth": "a factor 2 smaller",
+    "my_gap_gb": "leaves out SwiGLU MLP",
+    "my_state_bytes": "leaves out optimizer_states",
+    "my_shard_gb": "a factor 8 larger",
+    "my_longest_seq": "a factor 2 larger",
+}

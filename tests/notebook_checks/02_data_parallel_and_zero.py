@@ -54,3 +54,29 @@ def check(text: str, nb) -> None:
     assert right < 1e-5 and wrong > 1e-3, (right, wrong)
     adam = number(r"the same bug under AdamW: largest loss difference ([\d.e+-]+)", text)
     assert adam < wrong, (adam, wrong)
+
+
+# The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
+# text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
+ANSWERS = {
+    "my_grad_accum": 16,                          # 2048 / (1 x 128)
+    "my_buckets": 7,
+    "my_zero2_gradients": 3166464,
+    "my_zero3_ratio": 1.5,
+    "my_root_peak": 9499392,
+    "my_update_factor": 4,
+    "my_smallest_dp": 4,
+}
+WRONG = {
+    "my_grad_accum": 2048,                        # the 128 data-parallel ranks forgotten
+    "my_buckets": 6,                              # one bucket short
+    "my_zero2_gradients": 6332928,                # the gradients of both ranks: no sharding
+    "my_zero3_ratio": 1.0,                        # "ZeRO-3 sends what DDP sends"
+    "my_root_peak": 6332928,                      # the gathered model alone, the rank's own shard forgotten
+    "my_update_factor": 0.25,                     # 1/m, the factor the fix applies, not the one forgotten
+    "my_smallest_dp": 2,
+}
+HINTS = {
+    "my_zero2_gradients": "a factor 2",
+    "my_root_peak": "leaves out parameter shard",
+}

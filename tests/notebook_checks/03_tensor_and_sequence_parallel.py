@@ -45,3 +45,28 @@ def check(text: str, nb) -> None:
     for dim in ("tp ", "tp_vocab"):
         assert re.search(re.escape(dim) + r"\s+([\d,]+)\s+\1\s+equal", text), dim
     assert re.search(r"forward  all_reduce\s+8\s+8", text) and re.search(r"backward all_reduce\s+8\s+8", text)
+
+
+# The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
+# text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
+ANSWERS = {
+    "my_tp_gb": 7.52,                             # 4 all-reduces per layer x 32 layers x 2(t-1)/t x 2 s b h bytes
+    "my_tiny_tp_payload": 4194304,
+    "my_step_ratio": 3.0,                         # an estimate: the check allows 5%
+    "my_sp_activations_gb": 13.02,
+    "my_across_factor": 7.6,
+    "my_sp_factor": 1.25,
+}
+WRONG = {
+    "my_tp_gb": 4.295,                            # each all-reduce's tensor counted once, no ring factor
+    "my_tiny_tp_payload": 2097152,                # the forward's all-reduces only
+    "my_step_ratio": 1.5,
+    "my_sp_activations_gb": 2.28,                 # the 34 sbh/t linear part only, the scores forgotten
+    "my_across_factor": 2,
+    "my_sp_factor": 1.0,                          # "SP sends the same bytes as TP"
+}
+HINTS = {
+    "my_tp_gb": "counted as its tensor once",
+    "my_tiny_tp_payload": "leaves out one of",
+    "my_sp_activations_gb": "leaves out 5 a s^2 b/t",
+}

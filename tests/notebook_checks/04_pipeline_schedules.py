@@ -51,3 +51,26 @@ def check(text: str, nb) -> None:
     # one micro-batch on two stages: the stages never overlap, so at least half the GPU-time is idle
     idle = float(re.search(r"GPipe m=1: idle fraction predicted 50\.0%, measured ([\d.]+)%", text).group(1))
     assert idle >= 49.0, idle
+
+
+# The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
+# text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
+ANSWERS = {
+    "my_bubble_pct": 87.5,                        # (p - 1) / m = 7 / 8
+    "my_idle_pct": 46.7,                          # (p - 1) / (m + p - 1) = 7 / 15
+    "my_inflight": 8,
+    "my_kept": 0.77,
+    "my_m_1f1b": 47,
+    "my_m_zbh1": 24,
+}
+WRONG = {
+    "my_bubble_pct": 46.7,                        # the idle fraction, not the bubble ratio
+    "my_idle_pct": 87.5,                          # the bubble ratio, not the idle fraction
+    "my_inflight": 64,                            # every micro-batch, as in GPipe
+    "my_kept": 0.9,
+    "my_m_1f1b": 46,                              # 7 / 46 is 15.2%: not under 15%
+    "my_m_zbh1": 71,                              # 1F1B's bubble, (p - 1) / m < 10%
+}
+HINTS = {
+    "my_inflight": "a factor 8 larger",
+}

@@ -45,3 +45,28 @@ def check(text: str, nb) -> None:
     assert measured == predicted, (measured, predicted)
     assert "work bound on cp = 2 (zigzag, equal pairs by construction): 2.00x of a 2.00x ceiling; measured: the " \
            "pairs; not measured: the time" in text
+
+
+# The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
+# text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
+ANSWERS = {
+    "my_linear_131k_gb": 10.27,                   # 16 x the 8K figure
+    "my_scores_131k_gb": 549.8,                   # 256 x the 8K figure
+    "my_cp": 16,
+    "my_l": 1.5032,                               # (1 + e^-1) e^(2-3) + e^0
+    "my_ratio": 7.0,
+    "my_allgather_bytes": 262144,
+    "my_explorer_ratio": 15.0,
+}
+WRONG = {
+    "my_linear_131k_gb": 0.642,                   # the 8K figure, not scaled with s
+    "my_scores_131k_gb": 34.36,                   # the scores scaled by 16 like the linear terms, not by 16^2
+    "my_cp": 4,                                   # sqrt(16), as if the linear terms grew with s^2
+    "my_l": 2.3679,                               # the old l not rescaled by e^(m - m')
+    "my_ratio": 4,                                # the degree cp
+    "my_allgather_bytes": 131072,                 # this rank's K and V only
+    "my_explorer_ratio": 8,                       # the degree cp
+}
+HINTS = {
+    "my_allgather_bytes": "leaves out one of",
+}

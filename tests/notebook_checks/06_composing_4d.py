@@ -65,3 +65,25 @@ def check(text: str, nb) -> None:
     for cat in ("parameters", "gradients", "optimizer_states"):
         m0, e0, m1, e1 = re.search(rf"^{cat} +([\d,]+) +([\d,]+) +([\d,]+) +([\d,]+)$", text, re.M).groups()
         assert (m0, m1) == (e0, e1), (cat, m0, e0, m1, e1)
+
+
+# The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
+# text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
+ANSWERS = {
+    "my_rank": 11,                                # ((1 x 2 + 0) x 2 + 1) x 2 + 1, tp fastest
+    "my_groups": 32,                              # 8 groups of 2 along each of 4 dims
+    "my_tp_on_ib_s": 6.1,                         # an estimate: the check allows 5%
+    "my_best_tp": 8,
+    "my_ib_gb": 5.054,                            # the dp traffic alone crosses ib-400g
+}
+WRONG = {
+    "my_rank": 13,                                # dp taken as the fastest dimension
+    "my_groups": 8,                               # the groups of one dimension only
+    "my_tp_on_ib_s": 3.05,
+    "my_best_tp": 4,
+    "my_ib_gb": 8.275,                            # dp and cp, as if the cp groups crossed the nodes too
+}
+HINTS = {
+    "my_tp_on_ib_s": "a factor 2 smaller",
+    "my_best_tp": "a factor 2 smaller",
+}

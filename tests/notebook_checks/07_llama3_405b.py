@@ -55,3 +55,33 @@ def check(text: str, nb) -> None:
     assert "DIFFERENT" not in text
     diff = float(re.search(r"from the one-process reference (\S+)", text).group(1))
     assert diff < 5e-5
+
+
+# The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
+# text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
+ANSWERS = {
+    "my_state_tb": 6.49,                          # 16 B x 405.85e9 parameters
+    "my_replica_nodes": 16,                       # tp 8 x pp 16 = 128 GPUs
+    "my_flops": 3.8e25,
+    "my_mfu": 0.404,                              # 400 / 989 TFLOPS
+    "my_contiguous_speedup": 2.29,
+    "my_read_gb": 0.2989,                         # about 12 B x 405.85e9 / 16,384
+    "my_bytes_0_from_1": 704512,
+    "my_cp_nodes": 4,
+}
+WRONG = {
+    "my_state_tb": 1.62,                          # bf16 weights and gradients, no optimizer states
+    "my_replica_nodes": 128,                      # GPUs, not nodes of 8
+    "my_flops": 1.27e25,                          # 2 N D, the forward pass only
+    "my_mfu": 0.202,                              # against the 1,979 TFLOPS of 2:4 sparsity
+    "my_contiguous_speedup": 4,                   # the ideal speed-up on 4 ranks
+    "my_read_gb": 0.0991,                         # the fp32 master weights only, no Adam moments
+    "my_bytes_0_from_1": 1409024,                 # both halves of the moments, not rank 1's half
+    "my_cp_nodes": 1,                             # "4 GPUs fit in one node"
+}
+HINTS = {
+    "my_state_tb": "leaves out optimizer_states",
+    "my_replica_nodes": "a factor 8 larger",
+    "my_mfu": "a factor 2 smaller",
+    "my_bytes_0_from_1": "a factor 2",
+}

@@ -36,3 +36,28 @@ def check(text: str, nb) -> None:
     said = [c for c in nb.cells if c.cell_type == "code" and "check(my_" in c.source
             and "no answer yet" in str(c.get("outputs", []))]
     assert len(said) == 6, len(said)
+
+
+# The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
+# text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
+ANSWERS = {
+    "my_root_buffers_gb": 32.1,                   # the gathered bf16 model and its full bf16 gradient
+    "my_logits_gb": 4.34,
+    "my_wait_s": 2.0,
+    "my_first_step": 1,
+    "my_blamed_rank": 1,
+    "my_largest_tp": 2,                           # cpu-gloo has 2 ranks per node
+}
+WRONG = {
+    "my_root_buffers_gb": 16.06,                  # the gathered parameters only, not their gradient
+    "my_logits_gb": 2.1,                          # the bf16 logits alone, s b V x 2 bytes
+    "my_wait_s": 1.0,                             # one step's sleep
+    "my_first_step": 0,
+    "my_blamed_rank": 0,                          # the rank that reported the broken pipe
+    "my_largest_tp": 4,                           # the whole dp = 4 grid
+}
+HINTS = {
+    "my_root_buffers_gb": "leaves out one of",
+    "my_wait_s": "leaves out one of",
+    "my_largest_tp": "a factor 2 larger",
+}

@@ -27,3 +27,26 @@ def check(text: str, nb) -> None:
             if row and row[0] in ("parameters", "gradients", "optimizer_states", "activations") and len(row) == 3:
                 assert row[1] == row[2], row
         assert "tokens each expert rank computed" in text
+
+
+# The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
+# text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
+ANSWERS = {
+    "my_active_billions": 12.9,
+    "my_params_gb_ep8": 14.49,                    # the dense part and one expert per block, bf16
+    "my_dispatch_mb": 83.89,                      # E b C h x 2 bytes
+    "my_ep_bytes": 2621440,
+    "my_capacity_factor": 2.0,
+}
+WRONG = {
+    "my_active_billions": 11.27,                  # the two experts only, the dense part forgotten
+    "my_params_gb_ep8": 11.27,                    # the one expert per block only, the dense part forgotten
+    "my_dispatch_mb": 33.55,                      # one activation s h x 2 bytes, no capacity slots
+    "my_ep_bytes": 1310720,                       # one step of the two
+    "my_capacity_factor": 1.25,                   # the default
+}
+HINTS = {
+    "my_active_billions": "leaves out dense part",
+    "my_params_gb_ep8": "leaves out dense part",
+    "my_ep_bytes": "a factor 2",
+}

@@ -3,6 +3,9 @@
 ``tests/test_notebooks.py`` executes every notebook once and then calls the ``check`` of its module (when
 one exists) with the text of all outputs and the executed notebook. Keep the figures here the ones the
 lesson computes with the library and measures on ranks, so a drifted lesson fails.
+
+Each module of a lesson also holds its answer key, ``ANSWERS``, ``WRONG`` and ``HINTS`` (literal dicts keyed by
+the ``my_*`` answer variables), which ``tests/test_lesson_answers.py`` runs the lesson with.
 """
 
 from __future__ import annotations
