@@ -89,18 +89,18 @@ def _box(ax, x: float, y: float, w: float, h: float, text: str, color: str, *, g
     ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=7.5)
 
 
-def _op(ax, x: float, y: float, name: str, forward: str, backward: str) -> None:
+def _op(ax, x: float, y: float, name: str, forward: str, backward: str, below: float) -> None:
     ax.add_patch(FancyBboxPatch((x - 0.32, y - 0.3), 0.64, 0.6, boxstyle="round,pad=0.02", facecolor="#ffe8a3",
                                 edgecolor="#b8860b", gid=f"op:{name}"))
-    ax.text(x, y + 0.08, name, ha="center", va="center", fontsize=11, fontweight="bold")
-    ax.text(x, y - 0.55, f"fwd: {forward}\nbwd: {backward}", ha="center", va="top", fontsize=7)
+    ax.text(x, y, name, ha="center", va="center", fontsize=11, fontweight="bold")
+    ax.text(x, below, f"fwd: {forward}\nbwd: {backward}", ha="center", va="top", fontsize=7)
 
 
 def tp_split_figure(tokens: int, hidden: int, ffn: int, tp: int, *, title: str | None = None) -> Figure:
-    """The tensor-parallel MLP on ``tp`` ranks, a row per rank: the input ``[tokens, hidden]`` (whole on every
-    rank) enters ``f``, the column-parallel ``W1`` slice ``[hidden, ffn/tp]`` gives ``[tokens, ffn/tp]``, the
-    row-parallel ``W2`` slice ``[ffn/tp, hidden]`` a partial ``[tokens, hidden]`` that ``g`` sums."""
-    fig = new_figure((10.0, 1.1 * tp + 1.4))
+    """The tensor-parallel MLP ``Z = act(X A) B`` on ``tp`` ranks, a row per rank: ``X [tokens, hidden]`` (whole
+    on every rank) enters ``f``, the column-parallel slice ``A_r [hidden, ffn/tp]`` gives ``Y_r [tokens,
+    ffn/tp]``, the row-parallel slice ``B_r [ffn/tp, hidden]`` a partial ``[tokens, hidden]`` that ``g`` sums."""
+    fig = new_figure((10.0, 1.0 * tp + 1.3))
     ax = fig.add_subplot()
     fig.subplots_adjust(left=0.07, right=0.99, top=0.86, bottom=0.04)
     k = ffn // tp
@@ -110,11 +110,11 @@ def tp_split_figure(tokens: int, hidden: int, ffn: int, tp: int, *, title: str |
         light = lighten(c, 0.6)
         ax.text(-0.2, y + 0.4, f"rank {r}", ha="right", va="center", fontsize=9)
         _box(ax, 0.0, y, 1.3, 0.8, f"X\n[{tokens}, {hidden}]", "#dddddd")
-        _box(ax, 2.6, y, 1.5, 0.8, f"W1 cols {r * k}:{(r + 1) * k}\n[{hidden}, {k}]", c, gid=f"w1:{r}")
-        _box(ax, 4.5, y, 1.3, 0.8, f"Y{r} = XW1\n[{tokens}, {k}]", light)
-        _box(ax, 6.2, y, 1.5, 0.8, f"W2 rows {r * k}:{(r + 1) * k}\n[{k}, {hidden}]", c, gid=f"w2:{r}")
-        _box(ax, 8.1, y, 1.3, 0.8, f"Z{r} (partial)\n[{tokens}, {hidden}]", light)
-        _box(ax, 11.0, y, 1.3, 0.8, f"Z = sum Zi\n[{tokens}, {hidden}]", "#dddddd")
+        _box(ax, 2.6, y, 1.5, 0.8, f"A[:, {r * k}:{(r + 1) * k}]\n[{hidden}, {k}]", c, gid=f"A:{r}")
+        _box(ax, 4.5, y, 1.3, 0.8, f"Y{r} = act(X A{r})\n[{tokens}, {k}]", light)
+        _box(ax, 6.2, y, 1.5, 0.8, f"B[{r * k}:{(r + 1) * k}, :]\n[{k}, {hidden}]", c, gid=f"B:{r}")
+        _box(ax, 8.1, y, 1.3, 0.8, f"Y{r} B{r} (partial)\n[{tokens}, {hidden}]", light)
+        _box(ax, 11.0, y, 1.7, 0.8, f"Z = sum of partials\n[{tokens}, {hidden}]", "#dddddd")
         for x0, x1 in ((1.3, 1.65), (2.35, 2.6), (4.1, 4.5), (5.8, 6.2), (7.7, 8.1), (9.4, 9.75), (10.65, 11.0)):
             ax.annotate("", (x1, y + 0.4), (x0, y + 0.4), arrowprops={"arrowstyle": "->", "lw": 0.8})
     mid = (tp - 1) * 0.7 + 0.4
@@ -122,12 +122,12 @@ def tp_split_figure(tokens: int, hidden: int, ffn: int, tp: int, *, title: str |
                            linestyle="--"))
     ax.add_patch(Rectangle((9.78, -0.1), 0.64, (tp - 1) * 1.4 + 1.0, facecolor="none", edgecolor="#b8860b",
                            linestyle="--"))
-    _op(ax, 2.0, mid, "f", "identity", "all-reduce")
-    _op(ax, 10.1, mid, "g", "all-reduce", "identity")
+    _op(ax, 2.0, mid, "f", "identity", "all-reduce", -0.2)
+    _op(ax, 10.1, mid, "g", "all-reduce", "identity", -0.2)
     ax.text(3.35, (tp - 1) * 1.4 + 1.05, "column-parallel", ha="center", fontsize=8.5, style="italic")
     ax.text(6.95, (tp - 1) * 1.4 + 1.05, "row-parallel", ha="center", fontsize=8.5, style="italic")
-    ax.set_xlim(-1.0, 12.4)
-    ax.set_ylim(-1.3, (tp - 1) * 1.4 + 1.4)
+    ax.set_xlim(-1.0, 12.8)
+    ax.set_ylim(-1.0, (tp - 1) * 1.4 + 1.3)
     ax.axis("off")
     if title:
         ax.set_title(title, fontsize=10)
