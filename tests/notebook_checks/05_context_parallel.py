@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 
-from notebook_checks import assert_no_answer_everywhere
+from notebook_checks import assert_no_answer_everywhere, figures
 
 
 def check(text: str, nb) -> None:
     assert_no_answer_everywhere(text, nb)
+    # the pictures: s vs s^2, causal work per rank, work under a document mask, the runs' bytes, measured pairs
+    assert figures(nb) >= 5, figures(nb)
+    assert "contiguous busiest rank / mean: " in text and "pairs [" not in text   # a chart, not wrapped lists
     # the library's own code is on the page: the online-softmax merge, then the ring loop before the runs
     for key in ("def update(self, a: int, z: int, scores: Tensor, v: Tensor) -> None:",
                 "alpha = torch.exp(m_old - ref)",

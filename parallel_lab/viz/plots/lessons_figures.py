@@ -1,11 +1,10 @@
 """The lessons' central pictures as static figures: plain data in, a matplotlib ``Figure`` out.
 
 Each function draws what one lesson explains, from numbers the lesson computes with the library (the ledger's
-bytes per rank, the process grid's groups, a layer's shard shapes, the attention work per rank), so that the
-executed notebook and the docs site show it without an explorer: ZeRO's shards per rank and stage
-(:func:`zero_shards_figure`), the grid's groups on nodes along every axis (:func:`grid_groups_figure`), the
-column- then row-parallel MLP with its ``f`` and ``g`` (:func:`tp_split_figure`), and grouped bars of one
-quantity per rank under several splits (:func:`per_rank_bars_figure`).
+bytes per rank, the process grid's groups, a layer's shard shapes), so that the executed notebook and the docs
+site show it without an explorer: ZeRO's shards per rank and stage (:func:`zero_shards_figure`), the grid's
+groups on nodes along every axis (:func:`grid_groups_figure`), the column- then row-parallel MLP with its ``f``
+and ``g`` (:func:`tp_split_figure`).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
+from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from ...quantities import fmt_bytes
 from .base import CATEGORY_COLORS, CATEGORY_LABELS, lighten, new_figure
@@ -129,38 +128,6 @@ def tp_split_figure(tokens: int, hidden: int, ffn: int, tp: int, *, title: str |
     ax.set_xlim(-1.0, 12.8)
     ax.set_ylim(-1.0, (tp - 1) * 1.4 + 1.3)
     ax.axis("off")
-    if title:
-        ax.set_title(title, fontsize=10)
-    return fig
-
-
-def per_rank_bars_figure(values: Mapping[str, Sequence[float]], *, ylabel: str, title: str | None = None,
-                         note: str | None = None) -> Figure:
-    """Grouped bars of one quantity per rank (x: rank), a bar series per split (``values[label]``), each
-    series' max/mean printed in its legend entry; bars carry ``gid = "<label>:<rank>"``."""
-    labels = list(values)
-    ranks = max(len(v) for v in values.values())
-    fig = new_figure((7.5, 3.6))
-    ax = fig.add_subplot()
-    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.14, top=0.88)
-    w = 0.8 / len(labels)
-    handles = []
-    for i, lab in enumerate(labels):
-        v = list(values[lab])
-        c = SPLIT_COLORS[i % len(SPLIT_COLORS)]
-        bars = ax.bar([r - 0.4 + w * (i + 0.5) for r in range(len(v))], v, w, color=c, edgecolor="white")
-        for r, b in enumerate(bars):
-            b.set_gid(f"{lab}:{r}")
-        mean = sum(v) / len(v)
-        handles.append(Patch(color=c, label=f"{lab}: max / mean {max(v) / mean:.2f}" if mean else lab))
-    ax.set_xticks(range(ranks), [f"rank {r}" for r in range(ranks)])
-    ax.set_ylabel(ylabel)
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_axisbelow(True)
-    ax.legend(handles=handles, fontsize=8, frameon=False, loc="upper left")
-    ax.set_ylim(0, max(max(v) for v in values.values()) * 1.3)
-    if note:
-        ax.text(0.99, 0.97, note, transform=ax.transAxes, ha="right", va="top", fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)
     return fig
