@@ -1,10 +1,11 @@
 """The lessons' central pictures as static figures: plain data in, a matplotlib ``Figure`` out.
 
 Each function draws what one lesson explains, from numbers the lesson computes with the library (the ledger's
-bytes per rank, the process grid's groups, a layer's shard shapes), so that the executed notebook and the docs
-site show it without an explorer: ZeRO's shards per rank and stage (:func:`zero_shards_figure`), the grid's
-groups on nodes along every axis (:func:`grid_groups_figure`), the column- then row-parallel MLP with its ``f``
-and ``g`` (:func:`tp_split_figure`).
+bytes per rank, the process grid's groups, a layer's shard shapes, the simulator's bubbles), so that the
+executed notebook and the docs site show it without an explorer: ZeRO's shards per rank and stage
+(:func:`zero_shards_figure`), the grid's groups on nodes along every axis (:func:`grid_groups_figure`), the
+column- then row-parallel MLP with its ``f`` and ``g`` (:func:`tp_split_figure`), and the pipeline bubble of
+each schedule as the micro-batches grow (:func:`bubble_sweep_figure`).
 """
 
 from __future__ import annotations
@@ -130,4 +131,31 @@ def tp_split_figure(tokens: int, hidden: int, ffn: int, tp: int, *, title: str |
     ax.axis("off")
     if title:
         ax.set_title(title, fontsize=10)
+    return fig
+
+
+def bubble_sweep_figure(microbatches: Sequence[int], bubble: Mapping[str, Sequence[float | None]],
+                        idle: Mapping[str, Sequence[float | None]], closed_form: Sequence[float], *,
+                        title: str | None = None) -> Figure:
+    """Two panels over the micro-batch counts: the bubble ratio (left) and the idle fraction (right) of each
+    schedule (a line per name, ``None`` where it cannot run), the closed form ``(p-1)/m`` dashed on the left."""
+    fig = new_figure((9.6, 3.6))
+    axes = fig.subplots(1, 2)
+    fig.subplots_adjust(left=0.07, right=0.8, bottom=0.15, top=0.86, wspace=0.25)
+    for ax, values, label in ((axes[0], bubble, "bubble ratio (idle / compute)"),
+                              (axes[1], idle, "idle fraction (of p x step)")):
+        for i, (name, ys) in enumerate(values.items()):
+            pts = [(m, 100 * y) for m, y in zip(microbatches, ys, strict=True) if y is not None]
+            ax.plot([m for m, _ in pts], [y for _, y in pts], "o-", ms=4, label=name, gid=f"{label}:{name}",
+                    color=f"C{i}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(microbatches), [str(m) for m in microbatches])
+        ax.set_xlabel("micro-batches m")
+        ax.set_ylabel(f"{label} (%)")
+        ax.set_ylim(0, None)
+        ax.grid(alpha=0.3)
+    axes[0].plot(list(microbatches), [100 * y for y in closed_form], "k--", lw=1, label="(p-1)/m")
+    axes[0].legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(2.28, 1.0))
+    if title:
+        fig.suptitle(title, fontsize=10)
     return fig
