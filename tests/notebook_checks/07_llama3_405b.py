@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 
-from notebook_checks import assert_no_answer_everywhere, markdown_of
+from notebook_checks import assert_no_answer_everywhere, figures, markdown_of
 
 
 def check(text: str, nb) -> None:
+    assert figures(nb) >= 2, figures(nb)       # the memory of Meta's plans, the re-shard's pairs
     # the re-shard prediction's own code on the page: a pair's bytes are the overlaps of written and read boxes
     assert "out[(i, j)] = out.get((i, j), 0) + n * STATE_BYTES" in text
     assert "405,853,388,800 parameters" in text

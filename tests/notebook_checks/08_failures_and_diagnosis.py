@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
-from notebook_checks import number
+from notebook_checks import figures, number
 
 
 def check(text: str, nb) -> None:
+    assert figures(nb) >= 2, figures(nb)       # each rank's compute and wait, the loss curves
     # the diagnosis's own code on the page: the straggler's ratio, the first rank to die, the hung rank
     assert 'ratio = slow["compute_s"] / others if others > 0 else float("inf")' in text
     assert "return self._died(min(gone, key=lambda r: (self.exited_at[r], r))) if gone else None" in text
