@@ -3,7 +3,7 @@ and the real-scale fake-tensor step) and the feedback of every prediction cell."
 
 from __future__ import annotations
 
-from notebook_checks import assert_no_answer_everywhere, number
+from notebook_checks import assert_no_answer_everywhere, figures, number
 from parallel_lab.hardware import ClusterSpec
 from parallel_lab.ledger import memory
 from parallel_lab.specs import ModelSpec, Plan
@@ -13,6 +13,10 @@ def check(text: str, nb) -> None:
     for figure in ("112.00 GB", "38.50", "26.25", "14.00", "104.15 GB", "18.25 GB", "1.07 GB"):
         assert figure in text, figure
     assert "linear x2, scores x4" in text
+    # the ledger's own code on the page: the optimizer's split and the rank view's three sharding conditions
+    assert '"adam-mixed": (2, 2, 12),' in text
+    assert '"optimizer_states": float((sharded if p.zero >= 1 else full) * o.optim_bytes),' in text
+    assert figures(nb) >= 4, figures(nb)       # ZeRO sweep, activation terms, measured rank, three plans
     # every prediction cell gives feedback (the placeholders: "no answer yet"), never a silent pass
     checks = [c for c in nb.cells if c.cell_type == "code" and "check(" in c.source]
     assert len(checks) >= 8, len(checks)

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import re
 
-from notebook_checks import assert_no_answer_everywhere, number
+from notebook_checks import assert_no_answer_everywhere, figures, number
 
 
 def check(text: str, nb) -> None:
+    # ZeRO's shards per rank and stage, as a picture drawn from the ledger (what each stage shards, printed)
+    assert "ZeRO-1: sharded ['optimizer_states']" in text
+    assert "ZeRO-2: sharded ['gradients', 'optimizer_states']" in text
+    assert "ZeRO-3: sharded ['parameters', 'gradients', 'optimizer_states']" in text
+    assert figures(nb) >= 5, figures(nb)   # DDP timelines, shards per stage, state per rank, unit peaks, losses
     assert "global batch = 1 x 16 x 128 = 2048 sequences = 16,777,216 tokens" in text
     # every prediction cell gives feedback (the placeholders: "no answer yet"), never a silent pass
     checks = [c for c in nb.cells if c.cell_type == "code" and "check(" in c.source]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 
-from notebook_checks import assert_no_answer_everywhere
+from notebook_checks import assert_no_answer_everywhere, figures
 
 
 def check(text: str, nb) -> None:
     assert_no_answer_everywhere(text, nb)
+    # the pictures: s vs s^2, causal work per rank, work under a document mask, the runs' bytes, measured pairs
+    assert figures(nb) >= 5, figures(nb)
+    assert "contiguous busiest rank / mean: " in text and "pairs [" not in text   # a chart, not wrapped lists
     # the library's own code is on the page: the online-softmax merge, then the ring loop before the runs
     for key in ("def update(self, a: int, z: int, scores: Tensor, v: Tensor) -> None:",
                 "alpha = torch.exp(m_old - ref)",
@@ -22,9 +25,9 @@ def check(text: str, nb) -> None:
                    "busiest / least busy 7.00", "zigzag     pairs per rank ['8,389,632', '8,389,632', '8,389,632', "
                    "'8,389,632'], busiest / least busy 1.00",
                    "zigzag     busiest rank / mean: 1.27", "work       busiest rank / mean: 1.03",
-                   "allgather: forward all_gather x1 of 262,144 B",
                    "TP 8 + SP + CP 16  activations   0.71 GB per layer"):
         assert figure in text, figure
+    assert re.search(r"^allgather +forward +all_gather +1 +262,144 B  gather K and V$", text, re.M)
     merged, full = map(float, re.search(r"merged output ([\d.]+), softmax over all three keys at once ([\d.]+)",
                                         text).groups())
     assert abs(merged - full) < 1e-5 * full, (merged, full)

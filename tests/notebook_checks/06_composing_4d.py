@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import re
 
-from notebook_checks import assert_no_answer_everywhere, markdown_of
+from notebook_checks import assert_no_answer_everywhere, figures, markdown_of
 from parallel_lab import planner
 from parallel_lab.hardware import ClusterSpec
 from parallel_lab.quantities import fmt_seconds
@@ -19,6 +19,11 @@ META = dict(tp=8, pp=16, sp=True, zero=2, zero2_accumulate="sharded", optimizer=
 
 def check(text: str, nb) -> None:
     assert_no_answer_everywhere(text, nb)
+    # the grid's own code on the page (rank -> coordinates, a group along one axis), then its picture
+    assert "rest, tp = divmod(rank, plan.tp)" in text
+    assert "return [rank_of(plan, **{**c, dim: i}) for i in range(sizes[dim])]" in text
+    assert "groups that cross nodes: tp 0 of 8, cp 32 of 32, pp 32 of 32, dp 32 of 32" in text
+    assert figures(nb) >= 3, figures(nb)          # the grid on nodes, the 4-D run's bytes, the planner's plans
     # Meta's 8K and 131K plans under the settings of tests/test_llama3_published.py fit, and DP's bytes are said
     assert "ledger: 63.9 GB per GPU on its fullest stage (1) of 72 GB usable; fits: True" in text
     assert re.search(r"ledger: [\d.]+ GB per GPU; fits: True", text)

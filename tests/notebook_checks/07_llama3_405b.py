@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import re
 
-from notebook_checks import assert_no_answer_everywhere, markdown_of
+from notebook_checks import assert_no_answer_everywhere, figures, markdown_of
 
 
 def check(text: str, nb) -> None:
+    assert figures(nb) >= 2, figures(nb)       # the memory of Meta's plans, the re-shard's pairs
+    # the re-shard prediction's own code on the page: a pair's bytes are the overlaps of written and read boxes
+    assert "out[(i, j)] = out.get((i, j), 0) + n * STATE_BYTES" in text
     assert "405,853,388,800 parameters" in text
     assert "library: 6.49 TB = 16 B x 405,853,388,800 parameters" in text
     assert re.search(r"fits in 72 GB\s+True\s+True\s+True\n", text)            # Table 4, Meta's settings

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import re
 
-from notebook_checks import number
+from notebook_checks import figures, number
 
 
 def check(text: str, nb) -> None:
+    assert figures(nb) >= 2, figures(nb)       # each rank's compute and wait, the loss curves
+    # the diagnosis's own code on the page: the straggler's ratio, the first rank to die, the hung rank
+    assert 'ratio = slow["compute_s"] / others if others > 0 else float("inf")' in text
+    assert "return self._died(min(gone, key=lambda r: (self.exited_at[r], r))) if gone else None" in text
+    assert "busy = [r for r in behind if not self.action(r)[1]]" in text
     # 1 and 4 are lessons 03 and 04's: a pointer each, not a repeat of their questions
     markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert "Lesson 03 (section 4" in markdown and "Lesson 04 measures and prices this one" in markdown

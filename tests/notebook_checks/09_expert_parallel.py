@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from notebook_checks import figures
+
 
 def check(text: str, nb) -> None:
+    assert figures(nb) >= 2, figures(nb)       # the lesson's two pictures
     for figure in ("active per token: 12.88B", "routed experts 45.10B of 46.70B", "ep=8: parameters  14.49 GB",
                    "capacity C = ceil(1.25 * 2 * 4096 / 8) = 1280", "= 83.89 MB = 2.5 activations",
                    "no answer yet"):

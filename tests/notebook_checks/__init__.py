@@ -44,3 +44,8 @@ def markdown_of(nb) -> str:
     """The text/markdown of every output (the "What to remember" cells and other ``Markdown(...)`` results):
     the text the test passes holds one form per output, text/plain, which for a Markdown object is its repr."""
     return "\n".join(str(o.get("data", {}).get("text/markdown", "")) for c in nb.cells for o in c.get("outputs", []))
+
+
+def figures(nb) -> int:
+    """How many image/png outputs the executed notebook holds (a removed static figure lowers it)."""
+    return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
