@@ -16,11 +16,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from ...quantities import fmt_bytes
-from .base import CATEGORY_COLORS, CATEGORY_LABELS, lighten, new_figure
+from ..palette import CATEGORY_COLORS, INK, MARK_COLORS, RANK_COLORS
+from .base import CATEGORY_LABELS, lighten, new_figure
 from .grid import draw_grid, grid_legend_handles
 
 STATE = ("parameters", "gradients", "optimizer_states")
-SPLIT_COLORS = ("#c44e52", "#4c72b0", "#55a868", "#8172b2")
 
 
 def zero_shards_figure(per_rank: Sequence[Mapping[str, float]], sharded: Sequence[Mapping[str, bool]], dp: int,
@@ -85,15 +85,16 @@ def grid_groups_figure(coords: Mapping[int, tuple[int, int, int, int]], groups: 
 
 
 def _box(ax, x: float, y: float, w: float, h: float, text: str, color: str, *, gid: str | None = None) -> None:
-    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor="#333333", linewidth=0.8, gid=gid))
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=INK, linewidth=0.8, gid=gid))
     ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=7.5)
 
 
 def _op(ax, x: float, y: float, name: str, forward: str, backward: str, below: float) -> None:
-    ax.add_patch(FancyBboxPatch((x - 0.32, y - 0.3), 0.64, 0.6, boxstyle="round,pad=0.02", facecolor="#ffe8a3",
-                                edgecolor="#b8860b", gid=f"op:{name}"))
+    ax.add_patch(FancyBboxPatch((x - 0.32, y - 0.3), 0.64, 0.6, boxstyle="round,pad=0.02",
+                                facecolor=MARK_COLORS["operator_fill"], edgecolor=MARK_COLORS["operator"],
+                                gid=f"op:{name}"))
     ax.text(x, y, name, ha="center", va="center", fontsize=11, fontweight="bold")
-    ax.text(x, below, f"fwd: {forward}\nbwd: {backward}", ha="center", va="top", fontsize=7)
+    ax.text(x, below, f"fwd: {forward}\nbwd: {backward}", ha="center", va="top", fontsize=8)
 
 
 def tp_split_figure(tokens: int, hidden: int, ffn: int, tp: int, *, title: str | None = None) -> Figure:
@@ -106,7 +107,7 @@ def tp_split_figure(tokens: int, hidden: int, ffn: int, tp: int, *, title: str |
     k = ffn // tp
     for r in range(tp):
         y = (tp - 1 - r) * 1.4
-        c = SPLIT_COLORS[r % len(SPLIT_COLORS)]
+        c = RANK_COLORS[r % len(RANK_COLORS)]
         light = lighten(c, 0.6)
         ax.text(-0.2, y + 0.4, f"rank {r}", ha="right", va="center", fontsize=9)
         _box(ax, 0.0, y, 1.3, 0.8, f"X\n[{tokens}, {hidden}]", "#dddddd")
@@ -118,10 +119,10 @@ def tp_split_figure(tokens: int, hidden: int, ffn: int, tp: int, *, title: str |
         for x0, x1 in ((1.3, 1.65), (2.35, 2.6), (4.1, 4.5), (5.8, 6.2), (7.7, 8.1), (9.4, 9.75), (10.65, 11.0)):
             ax.annotate("", (x1, y + 0.4), (x0, y + 0.4), arrowprops={"arrowstyle": "->", "lw": 0.8})
     mid = (tp - 1) * 0.7 + 0.4
-    ax.add_patch(Rectangle((1.68, -0.1), 0.64, (tp - 1) * 1.4 + 1.0, facecolor="none", edgecolor="#b8860b",
-                           linestyle="--"))
-    ax.add_patch(Rectangle((9.78, -0.1), 0.64, (tp - 1) * 1.4 + 1.0, facecolor="none", edgecolor="#b8860b",
-                           linestyle="--"))
+    ax.add_patch(Rectangle((1.68, -0.1), 0.64, (tp - 1) * 1.4 + 1.0, facecolor="none",
+                           edgecolor=MARK_COLORS["operator"], linestyle="--"))
+    ax.add_patch(Rectangle((9.78, -0.1), 0.64, (tp - 1) * 1.4 + 1.0, facecolor="none",
+                           edgecolor=MARK_COLORS["operator"], linestyle="--"))
     _op(ax, 2.0, mid, "f", "identity", "all-reduce", -0.2)
     _op(ax, 10.1, mid, "g", "all-reduce", "identity", -0.2)
     ax.text(3.35, (tp - 1) * 1.4 + 1.05, "column-parallel", ha="center", fontsize=8.5, style="italic")
