@@ -76,6 +76,8 @@ _MERMAID = re.compile(r'<script type="module">\s*document\.addEventListener\("DO
                       r'\s*const diagrams = document\.querySelectorAll\("\.jp-Mermaid.*?</script>', re.S)
 _NB_LINK = re.compile(r'href="((?!https?:|#)[^"]*?)\.ipynb(#[^"]*)?"')
 _README_LINK = re.compile(r'href="((?!https?:)[^"]*?)README\.md(#[^"]*)?"')
+#: a lesson's link to a page of docs/ (right from notebooks/ in JupyterLab): the site has that page one level up
+_DOCS_LINK = re.compile(r'href="\.\./docs/([^"#]*?)\.md(#[^"]*)?"')
 
 
 #: nbconvert's loader of the widget renderer (from a CDN at view time), the widgets' saved state, and a view
@@ -93,4 +95,5 @@ def on_post_page(output: str, page, config) -> str:
     if page.file.src_uri.endswith(".ipynb"):
         output = _NB_LINK.sub(lambda m: f'href="{m[1]}.html{m[2] or ""}"', output)
         output = _README_LINK.sub(lambda m: f'href="{m[1]}index.html{m[2] or ""}"', output)
+        output = _DOCS_LINK.sub(lambda m: f'href="../{m[1]}.html{m[2] or ""}"', output)
     return output

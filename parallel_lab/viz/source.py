@@ -11,6 +11,7 @@ than showing stale code. The result renders as highlighted code in JupyterLab, V
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,8 @@ class SourceSpan:
     def _repr_html_(self) -> str:
         from IPython.display import Code
 
-        return Code(self.text, language="python")._repr_html_()
+        html = Code(self.text, language="python")._repr_html_()
+        return re.sub(r"/\*.*?\*/", "", html)          # pygments' CSS comments name token types, e.g. Traceback
 
     def _repr_markdown_(self) -> str:
         return f"```python\n{self.text}\n```"
