@@ -1,7 +1,7 @@
 """mkdocs hooks of ``make docs``: the lessons and the exercise handout join the site, and nothing is fetched.
 
 The lessons live in ``notebooks/`` and the handout in ``exercises/``, outside ``docs/``: ``on_files`` adds
-them (lessons as ``lessons/NN_*.ipynb``, which mkdocs-jupyter executes and renders; every file of
+them (lessons and the companion 10 as ``lessons/NN_*.ipynb``, which mkdocs-jupyter executes and renders; every file of
 ``exercises/`` as ``exercises/...``, the handout ``README.md`` as ``exercises/index.md``, and a page per
 exercise with its statement) before the plugins see the file list. A notebook's links name ``.ipynb``
 files and ``../exercises/README.md``; ``on_post_page`` points them at the rendered pages, and drops
@@ -29,14 +29,15 @@ def on_config(config):
     executed; the others are rendered without outputs (the docs test executes one: every lesson already runs
     in ``tests/test_notebooks.py``)."""
     wanted = os.environ.get("PARALLEL_LAB_DOCS_EXECUTE", "*")
-    skipped = [nb.name for nb in (REPO / "notebooks").glob("0*.ipynb") if not fnmatch.fnmatch(nb.stem, wanted)]
+    skipped = [nb.name for nb in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")
+               if not fnmatch.fnmatch(nb.stem, wanted)]
     config.plugins["mkdocs-jupyter"].config["execute_ignore"] = skipped
     return config
 
 
 @event_priority(100)          # before mkdocs-jupyter wraps the notebooks
 def on_files(files: Files, config) -> Files:
-    for nb in sorted((REPO / "notebooks").glob("0*.ipynb")):
+    for nb in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         files.append(File.generated(config, f"lessons/{nb.name}", abs_src_path=str(nb)))
     for path in sorted((REPO / "exercises").rglob("*")):
         if path.is_file() and not any(part in SKIP for part in path.parts) and path.suffix != ".pyc":
