@@ -15,11 +15,12 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ...quantities import BYTE_UNITS, fmt_quantity
+from ..palette import CURVE_COLORS, MEASURED, PREDICTED_EDGE
 from .base import LABEL_BOX, new_figure, set_title, unit_axis
 
-SERIES = (("predicted", {"facecolor": "white", "edgecolor": "#1f2328", "linewidth": 1.2}),
-          ("lab", {"color": "#dd8452"}),
-          ("torch", {"facecolor": "#4c72b0", "hatch": "//", "edgecolor": "white"}))
+SERIES = (("predicted", {"facecolor": "white", "edgecolor": PREDICTED_EDGE, "linewidth": 1.2}),
+          ("lab", {"color": MEASURED}),
+          ("torch", {"facecolor": CURVE_COLORS[1], "hatch": "//", "edgecolor": "white"}))
 
 
 def plot_lab_vs_torch(labels: Sequence[str], bytes_: Sequence[Sequence[float]], calls: Sequence[Sequence[int]],
@@ -35,7 +36,7 @@ def plot_lab_vs_torch(labels: Sequence[str], bytes_: Sequence[Sequence[float]], 
         for j, ((series, style), v, c) in enumerate(zip(SERIES, row, n, strict=True)):
             yy = y + (1 - j) * h
             ax.barh(yy, v, h, gid=f"{series}:{lab}", **style)
-            ax.text(v + 0.01 * top, yy, f"{fmt_quantity(v, BYTE_UNITS)}, {c} calls", va="center", fontsize=7,
+            ax.text(v + 0.01 * top, yy, f"{fmt_quantity(v, BYTE_UNITS)}, {c} calls", va="center", fontsize=8,
                     bbox=LABEL_BOX)
     ax.set_yticks(range(len(labels)), list(labels)[::-1])
     ax.set_ylim(-0.6, len(labels) - 0.4)
