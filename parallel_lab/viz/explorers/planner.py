@@ -104,8 +104,8 @@ class PlannerExplorer(Explorer):
         self.on_open: Callable[[Any, Any, Any, int], str] | None = None
         self.open_button.on_click(lambda _: self.open_in_tabs())
         self.load_button.on_click(lambda _: self.load())
-        columns = [[c["model"], custom, c["cluster"]], [c["gpus"], c["seq"], c["batch_tokens"], c["engine"]],
-                   [c["top"], c["chosen"]]]
+        columns = [[c["model"], custom, c["cluster"]], [c["gpus"], c["seq"], c["batch_tokens"]],
+                   [c["top"], c["chosen"], c["engine"]]]
         save_row = W.HBox([self.path, self.phase, self.save_button, self.load_button, self.open_button],
                           layout=W.Layout(flex_flow="row wrap"))
         super().__init__(c, columns)
