@@ -222,6 +222,8 @@ def _direction(x: float, total: float) -> str:
         return "it should be 0"
     ratio = x / total
     side = "high" if x > total else "low"
+    if x == 0:                                  # 0 for 1 is too low, not a wrong sign
+        return f"too {side} (it should not be 0)"
     if ratio <= 0:
         return f"the sign is wrong (it should be {'positive' if total > 0 else 'negative'})"
     if 0.8 <= ratio <= 1.25:

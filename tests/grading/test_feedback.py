@@ -199,3 +199,10 @@ def test_an_mfu_estimate_read_off_a_round_peak_is_right():
     # 400 TFLOPS on an H100's 989: 0.404; read as 400 / 1,000 = 0.400 (-1.1%), inside an estimate's 5%
     fb = hinting_check(0.400, 400e12 / 989e12, name="mfu")
     assert fb and "tolerance 5%" in fb.message
+
+
+def test_a_zero_answer_is_too_low_not_a_wrong_sign():
+    fb = hinting_check(0, 1, name="first step")
+    assert not fb and "too low (it should not be 0)" in fb.message and "sign" not in fb.message
+    assert "too high" in hinting_check(0, -2.0, name="negative").message
+    assert "the sign is wrong" in hinting_check(-1.0, 1.0, name="sign").message
