@@ -5,7 +5,10 @@ wrong answer first gets a **hint** that does not give the expected value away: w
 doubled, which unit slip it looks like, or which direction (too high / too low) and how far. A second wrong
 try of the same question in the same kernel (or ``reveal=True``) shows the expected value and the full
 diagnosis: a *missed term* (every subset of up to 10 terms is tried), a *doubled term*, a *unit slip*
-(10^3, 10^6, 10^9, 2^10, 2^20, 2^30, GB vs GiB, bits vs bytes, a factor 2) or the signed relative error.
+(10^3, 10^6, 10^9, 2^10, 2^20, 2^30, GB vs GiB, bits vs bytes, a factor 2) or the signed relative error. A
+question may name its own likely mistakes, ``slips={answer / expected: hint}`` (the bubble ratio given for
+the idle fraction, the forward pass's 2 N D for 6 N D): they come first, and their words replace the
+generic ones.
 
 Tolerance ``|answer - total| <= max(atol, rtol * |total|)``; by default an estimate (a float ``expected``)
 passes within 5% and a count (an ``int``) must be exact. An answer may be a string with a size unit
@@ -28,6 +31,7 @@ ESTIMATE_RTOL = 0.05
 DEFAULT_RTOL = ESTIMATE_RTOL        # kept for callers that import it: the tolerance of an estimate
 MAX_TERMS_FOR_SUBSETS = 10
 SLIP_RTOL = 0.01                    # a unit slip is named only when the ratio is this close (GB/GiB is 7% apart)
+SCIENTIFIC_FROM = 1e15              # numbers this large are written 1.27e+25, not digit by digit
 
 #: ``ratio -> what it usually means`` (answer / expected).
 UNIT_SLIPS: dict[float, str] = {
@@ -69,8 +73,11 @@ def _fmt(x: float, unit: str) -> str:
     if unit == "B":
         for scale, name in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
             if abs(x) >= scale:
-                return f"{x / scale:,.3f} {name} ({x:,.0f} B)"
+                whole = f"{x:,.0f}" if abs(x) < SCIENTIFIC_FROM else f"{float(x):.6g}"
+                return f"{x / scale:,.3f} {name} ({whole} B)"
         return f"{x:,.0f} B"
+    if abs(x) >= SCIENTIFIC_FROM:                   # 1.27e+25, not 12,700,000,000,000,000,914,358,272
+        return f"{float(x):.6g}{' ' + unit if unit else ''}"
     if isinstance(x, int) or (abs(x) >= 1000 and float(x).is_integer()):
         return f"{x:,.0f}{' ' + unit if unit else ''}"
     return f"{x:.6g}{' ' + unit if unit else ''}"
@@ -165,8 +172,19 @@ def _slip_text(why: str, unit: str) -> str | None:
     return why.split(" (")[0]
 
 
+def _own_slip(x: float, total: float, slips: Mapping[float, str], rtol: float, atol: float) -> str:
+    """The question's own words for a likely mistake: ``slips`` maps ``answer / expected`` to the hint. The
+    answer matches a slip when it is within the question's tolerance of ``ratio x expected``."""
+    for ratio, why in slips.items():
+        if _close(x, float(ratio) * total, max(rtol, 1e-9), atol):
+            return why
+    return ""
+
+
 def _diagnose(x: float, total: float, terms: Mapping[str, float], rtol: float, atol: float, unit: str,
-              reveal: bool) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+              reveal: bool, slips: Mapping[float, str] | None = None) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    if slips and (own := _own_slip(x, total, slips, rtol, atol)):
+        return own, (), ()
     val = (lambda k: f" ({_fmt(terms[k], unit)})") if reveal else (lambda k: "")
     names = [k for k, v in terms.items() if v]
     if 0 < len(names) <= MAX_TERMS_FOR_SUBSETS:
@@ -204,6 +222,8 @@ def _direction(x: float, total: float) -> str:
         return "it should be 0"
     ratio = x / total
     side = "high" if x > total else "low"
+    if x == 0:                                  # 0 for 1 is too low, not a wrong sign
+        return f"too {side} (it should not be 0)"
     if ratio <= 0:
         return f"the sign is wrong (it should be {'positive' if total > 0 else 'negative'})"
     if 0.8 <= ratio <= 1.25:
@@ -226,7 +246,7 @@ _AGAIN = "; try again (a second wrong try, or check(..., reveal=True), shows the
 
 def check(answer: Any, expected: Any, *, rtol: float | None = None, atol: float = 0.0,
           terms: Mapping[str, float] | None = None, name: str = "your answer", unit: str = "",
-          reveal: bool | None = None) -> Feedback:
+          reveal: bool | None = None, slips: Mapping[float, str] | None = None) -> Feedback:
     """Compare ``answer`` with ``expected``; return a :class:`Feedback` (truthy when right).
 
     ``expected``: a number, a mapping ``{term: value}`` whose values add up to the expected total, or a string
@@ -237,6 +257,10 @@ def check(answer: Any, expected: Any, *, rtol: float | None = None, atol: float 
     ``unit``: ``"B"`` prints bytes as kB/MB/GB; another size unit (``"GB"``) converts answers given with a
     unit; any other string is appended to numbers. ``reveal``: ``True`` shows the expected value at once,
     ``False`` never, ``None`` (default) from the second wrong try of this question in this kernel.
+    ``slips``: the question's own likely mistakes, ``{answer / expected: hint}`` (``{2.0: "both halves of the
+    moments? rank 0 reads only rank 1's half"}``); an answer within tolerance of ``ratio x expected`` gets that
+    hint, before the terms and the generic unit slips (whose factor-2 words it overrides). Name the mistake,
+    not the value: the hint is shown at the first wrong try.
     """
     if answer is None or answer is Ellipsis:
         return _no_answer(name)
@@ -260,7 +284,7 @@ def check(answer: Any, expected: Any, *, rtol: float | None = None, atol: float 
         return Feedback(True, f"{name}: right, {_fmt(x, unit)} (expected {_fmt(total, unit)}, "
                               f"{_pct(rel)}; tolerance {_tolerance(rtol, atol, unit)})", answer, expected, rel)
     show = _first_try(name, expected, reveal)
-    why, missed, doubled = _diagnose(x, total, parts, rtol, atol, unit, show)
+    why, missed, doubled = _diagnose(x, total, parts, rtol, atol, unit, show, slips)
     if not show:
         msg = f"{name}: not yet, {_fmt(x, unit)}: {why or _direction(x, total)}"
         if not why and parts:

@@ -162,3 +162,47 @@ def test_marks_are_plain_text():
     assert check(1.0, 1.0)._repr_markdown_().startswith("**[right]**")
     assert hinting_check(2.0, 1.0, name="m")._repr_markdown_().startswith("**[not yet]**")
     assert not any(ord(ch) > 0x2000 for ch in check(2.0, 1.0)._repr_markdown_())
+
+
+def test_a_question_names_its_own_likely_mistake():
+    # 704,512 B read; 2x that is "both halves of the moments", not bytes per element or a ring's factor
+    why = "rank 1 of A wrote only the second half of each unit's moments"
+    fb = hinting_check(2 * 704512, 704512, unit="B", name="own", slips={2.0: why})
+    assert not fb and not fb.revealed and why in fb.message
+    assert "bytes per element" not in fb.message and "704,512" not in fb.message
+    assert "bytes per element" in hinting_check(2 * 704512, 704512, unit="B", name="generic").message
+    # a ratio that is no unit slip: the bubble ratio (p-1)/m for the idle fraction (p-1)/(m+p-1), p = m = 8
+    bubble, idle = 100 * 7 / 8, 100 * 7 / 15
+    fb = check(46.7, bubble, rtol=0, atol=1.0, unit="%", slips={idle / bubble: "looks like the idle fraction"})
+    assert not fb and "looks like the idle fraction" in fb.message and "expected 87.5 %" in fb.message
+    # matched within the question's own tolerance, and only that ratio
+    assert "idle" in check(47.5, bubble, rtol=0, atol=1.0, unit="%", slips={idle / bubble: "idle"}).message
+    assert "idle" not in check(50.0, bubble, rtol=0, atol=1.0, unit="%", slips={idle / bubble: "idle"}).message
+    assert check(87.0, bubble, rtol=0, atol=1.0, slips={idle / bubble: "idle"})        # right stays right
+    # the question's slip comes before the terms' diagnosis
+    fb = check(2.1, 4.34, rtol=0.1, unit="GB", terms={"fp32 log-probabilities": 4.2, "inputs": 0.14},
+               slips={2.1 / 4.34: "that is the bf16 logits"})
+    assert "that is the bf16 logits" in fb.message and "leaves out" not in fb.message
+
+
+def test_large_numbers_are_written_in_scientific_notation():
+    fb = hinting_check(1.27e25, 3.8e25, name="flops")
+    assert "1.27e+25" in fb.message and "914" not in fb.message
+    assert "expected 3.8e+25" in check(1.27e25, 3.8e25).message
+    assert "1.27e+25 FLOPs" in check(1.27e25, 3.8e25, unit="FLOPs").message
+    assert "(1.27e+25 B)" in check(1.27e25, 3.8e25, unit="B").message
+    assert "4,000,000 B" in check(4e6, 4e6, unit="B").message and "1,000" in check(1000.0, 1000.0).message
+    assert "999,999,999,999,999" in check(999_999_999_999_999, 999_999_999_999_999).message
+
+
+def test_an_mfu_estimate_read_off_a_round_peak_is_right():
+    # 400 TFLOPS on an H100's 989: 0.404; read as 400 / 1,000 = 0.400 (-1.1%), inside an estimate's 5%
+    fb = hinting_check(0.400, 400e12 / 989e12, name="mfu")
+    assert fb and "tolerance 5%" in fb.message
+
+
+def test_a_zero_answer_is_too_low_not_a_wrong_sign():
+    fb = hinting_check(0, 1, name="first step")
+    assert not fb and "too low (it should not be 0)" in fb.message and "sign" not in fb.message
+    assert "too high" in hinting_check(0, -2.0, name="negative").message
+    assert "the sign is wrong" in hinting_check(-1.0, 1.0, name="sign").message

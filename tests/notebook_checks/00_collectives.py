@@ -58,3 +58,32 @@ def check(text: str, nb) -> None:
     assert "def ring_reduce_scatter_" in md and "dist.isend" in md
     hidden = [c for c in nb.cells if c.metadata.get("jupyter", {}).get("source_hidden")]
     assert len(hidden) >= 4 and all("hide-input" in c.metadata.get("tags", []) for c in hidden)
+
+
+# The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
+# text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
+ANSWERS = {
+    "my_rank3_chunk2": 3333,                      # 3 + 30 + 300 + 3000: chunk 2 of every rank, summed
+    "my_ring_bytes": 1500000,                     # 2 (n-1)/n x M = 2 x 3 x 250,000
+    "my_latency_bound_bytes": 4e6,                # 14 steps x 10 us = 1.75 x m / 50 GB/s
+    "my_crossover_bytes": 941176,                 # 14 a + 1.75 m/B = 6 a + 6 m/B: m = 8 a B / 4.25
+    "my_tp_shared_ms": 5.33,                      # 125.8 MB at 25 GB/s while both run, + 30 steps x 10 us
+    "my_busbw": 350,                              # 200 GB/s x 2 (n-1)/n = 1.75
+    "my_tree_nodes": 32,                          # 256 GPUs: tree 16 x 330 us < ring 510 x 10 us + 640 us
+}
+WRONG = {
+    "my_rank3_chunk2": 3330,                      # rank 0's share (digit 0) left out
+    "my_ring_bytes": 750000,                      # one phase only
+    "my_latency_bound_bytes": 7e6,                # the ring's wire factor 1.75 forgotten
+    "my_crossover_bytes": 1e6,                    # the ring's wire taken as 2 m, not 2 (p-1)/p m
+    "my_tp_shared_ms": 2.82,                      # the TP call's time alone, the card not shared
+    "my_busbw": 400,                              # the factor 2 without its (n-1)/n
+    "my_tree_nodes": 16,                          # one doubling short: at 16 nodes the ring still wins
+}
+HINTS = {
+    "my_rank3_chunk2": "too low",
+    "my_ring_bytes": "leaves out one of",
+    "my_latency_bound_bytes": "too high",
+    "my_tp_shared_ms": "too low",
+    "my_tree_nodes": "a factor 2 smaller",
+}

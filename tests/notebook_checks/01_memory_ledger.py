@@ -72,7 +72,7 @@ WRONG = {
     "my_growth": {"linear": 2, "scores": 2},      # the scores taken as linear in s
     "my_gap_gb": 52.61,                           # dropout alone, the MLP's difference forgotten
     "my_state_bytes": 8443904,                    # parameters and gradients, no Adam moments
-    "my_shard_gb": 7.69,                          # the whole model's bf16 parameters, not one rank's shard of 8
+    "my_shard_gb": 7.69,                          # the whole model's fp32 parameters, not one rank's shard of 8
     "my_longest_seq": 16384,
 }
 HINTS = {
@@ -81,6 +81,6 @@ HINTS = {
     "my_growth": "a factor 2 smaller",
     "my_gap_gb": "leaves out SwiGLU MLP",
     "my_state_bytes": "leaves out optimizer_states",
-    "my_shard_gb": "a factor 8 larger",
+    "my_shard_gb": "each of the 8 ranks holds one shard",
     "my_longest_seq": "a factor 2 larger",
 }

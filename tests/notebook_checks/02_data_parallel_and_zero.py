@@ -74,7 +74,7 @@ ANSWERS = {
 }
 WRONG = {
     "my_grad_accum": 2048,                        # the 128 data-parallel ranks forgotten
-    "my_buckets": 6,                              # one bucket short
+    "my_buckets": 6,                              # 6,332,928 B / 10^6 rounded down, as if every bucket were full
     "my_zero2_gradients": 6332928,                # the gradients of both ranks: no sharding
     "my_zero3_ratio": 1.0,                        # "ZeRO-3 sends what DDP sends"
     "my_root_peak": 6332928,                      # the gathered model alone, the rank's own shard forgotten

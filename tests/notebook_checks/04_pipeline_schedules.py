@@ -70,10 +70,12 @@ WRONG = {
     "my_bubble_pct": 46.7,                        # the idle fraction, not the bubble ratio
     "my_idle_pct": 87.5,                          # the bubble ratio, not the idle fraction
     "my_inflight": 64,                            # every micro-batch, as in GPipe
-    "my_kept": 0.9,
+    "my_kept": 0.9,                                # a guess: the fill and drain taken as a tenth of the step
     "my_m_1f1b": 46,                              # 7 / 46 is 15.2%: not under 15%
     "my_m_zbh1": 71,                              # 1F1B's bubble, (p - 1) / m < 10%
 }
 HINTS = {
+    "my_bubble_pct": "looks like the idle fraction",
+    "my_idle_pct": "looks like the bubble ratio",
     "my_inflight": "a factor 8 larger",
 }

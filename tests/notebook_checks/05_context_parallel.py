@@ -71,5 +71,7 @@ WRONG = {
     "my_explorer_ratio": 8,                       # the degree cp
 }
 HINTS = {
+    "my_scores_131k_gb": "scaled by 16 like the linear terms",
+    "my_l": "must first be rescaled",
     "my_allgather_bytes": "leaves out one of",
 }

@@ -84,8 +84,8 @@ ANSWERS = {
 WRONG = {
     "my_rank": 13,                                # dp taken as the fastest dimension
     "my_groups": 8,                               # the groups of one dimension only
-    "my_tp_on_ib_s": 3.05,
-    "my_best_tp": 4,
+    "my_tp_on_ib_s": 3.05,                         # the card taken as 100 GB/s (both directions)
+    "my_best_tp": 4,                               # half a node: TP kept small to save bytes
     "my_ib_gb": 8.275,                            # dp and cp, as if the cp groups crossed the nodes too
 }
 HINTS = {

@@ -63,13 +63,13 @@ def check(text: str, nb) -> None:
 # The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
 # text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
 ANSWERS = {
-    "my_state_tb": 6.49,                          # 16 B x 405.85e9 parameters
+    "my_state_tb": 6.494,                         # 16 B x 405.85e9 parameters
     "my_replica_nodes": 16,                       # tp 8 x pp 16 = 128 GPUs
     "my_flops": 3.8e25,
-    "my_mfu": 0.404,                              # 400 / 989 TFLOPS
+    "my_mfu": 0.4,                                # 400 / 989 = 0.404, read as 400 / 1,000: an estimate (5%)
     "my_contiguous_speedup": 2.29,
-    "my_read_gb": 0.2989,                         # about 12 B x 405.85e9 / 16,384
-    "my_bytes_0_from_1": 704512,
+    "my_read_gb": 0.299,                          # about 12 B x 405.85e9 / 16,384
+    "my_bytes_0_from_1": 704512,                  # rank 1's half of both moments of what rank 0 of B holds
     "my_cp_nodes": 4,
 }
 WRONG = {
@@ -85,6 +85,7 @@ WRONG = {
 HINTS = {
     "my_state_tb": "leaves out optimizer_states",
     "my_replica_nodes": "a factor 8 larger",
+    "my_flops": "the forward pass alone",
     "my_mfu": "a factor 2 smaller",
-    "my_bytes_0_from_1": "a factor 2",
+    "my_bytes_0_from_1": "wrote only the second half",
 }

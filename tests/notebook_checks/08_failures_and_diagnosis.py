@@ -47,7 +47,7 @@ def check(text: str, nb) -> None:
 # text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
 ANSWERS = {
     "my_root_buffers_gb": 32.1,                   # the gathered bf16 model and its full bf16 gradient
-    "my_logits_gb": 4.34,
+    "my_logits_gb": 4.34,                          # fp32 log-probabilities s b V x 4 B + 2 s b h x 2 B inputs
     "my_wait_s": 2.0,
     "my_first_step": 1,
     "my_blamed_rank": 1,
@@ -63,6 +63,9 @@ WRONG = {
 }
 HINTS = {
     "my_root_buffers_gb": "leaves out one of",
+    "my_logits_gb": "that is the bf16 logits",
     "my_wait_s": "leaves out one of",
+    "my_first_step": "too low",
+    "my_blamed_rank": "too low",
     "my_largest_tp": "a factor 2 larger",
 }

@@ -35,7 +35,7 @@ def check(text: str, nb) -> None:
 # The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
 # text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
 ANSWERS = {
-    "my_active_billions": 12.9,
+    "my_active_billions": 12.88,                   # the dense part 1.60B + 2 of 8 experts 11.27B
     "my_params_gb_ep8": 14.49,                    # the dense part and one expert per block, bf16
     "my_dispatch_mb": 83.89,                      # E b C h x 2 bytes
     "my_ep_bytes": 2621440,
@@ -51,5 +51,6 @@ WRONG = {
 HINTS = {
     "my_active_billions": "leaves out dense part",
     "my_params_gb_ep8": "leaves out dense part",
-    "my_ep_bytes": "a factor 2",
+    "my_dispatch_mb": "that is one activation",
+    "my_ep_bytes": "count 2 steps",
 }
