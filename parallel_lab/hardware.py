@@ -10,7 +10,7 @@ forward and its backward by :func:`flash_efficiency`. :class:`StepProfile` holds
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import ParallelLabError, check_positive_int, check_real, lookup_preset
 
@@ -203,3 +203,18 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     "cpu-gloo": ClusterSpec("cpu-gloo", 2, 12 * 2**30, 20e9, LinkTier("loopback", 1.4e9, 0.5e-3),
                             LinkTier("loopback-remote", 1.0e9, 1.0e-3), mfu_achievable=0.5),
 }
+
+#: Default profiles fitted on one published set each (``parallel-lab calibrate``, memory-bound term on at the
+#: prior ``hbm_efficiency``); tests/test_steptime_heldout.py refits them and holds them against every other
+#: set (docs/validation.md, "Held out"). A100: the six Megatron-LM PTD-P runs (Narayanan et al. 2021, Table 2;
+#: examples/calibration/megatron_2021.csv). H100: Llama 3 405B at 8K on 16,384 GPUs (Dubey et al. 2024,
+#: Table 4), counted causally with cuDNN's published attention speed (docs/validation.md).
+FITTED_PROFILES: dict[str, StepProfile] = {
+    "a100-80gb": StepProfile(matmul_efficiency=0.7067,
+                             attention_efficiency=default_attention_efficiency(A100_PEAK_FLOPS),
+                             source="fitted to 6 run(s): examples/calibration/megatron_2021.csv"),
+    "h100-sxm": StepProfile(matmul_efficiency=0.5731, attention_efficiency=attention_kernel_efficiency("cudnn"),
+                            source="fitted to 1 run(s): llama3-405b 8K 16384 GPUs (causal); attention prior: cudnn"),
+}
+for _name, _profile in FITTED_PROFILES.items():
+    CLUSTER_PRESETS[f"{_name}-fitted"] = replace(CLUSTER_PRESETS[_name], name=f"{_name}-fitted", profile=_profile)
