@@ -1,4 +1,4 @@
-"""Hardware figures: GPU peaks and HBM, the link tiers, published attention-kernel speeds, cluster presets.
+"""Hardware figures: GPU peaks, HBM size and bandwidth, the link tiers, attention-kernel speeds, cluster presets.
 
 Pure Python, no torch. A :class:`ClusterSpec` is a homogeneous cluster: nodes of ``gpus_per_node`` GPUs with
 two :class:`LinkTier` (intra-node, inter-node) for the alpha-beta model ``t = latency + bytes / bandwidth``.
