@@ -1,4 +1,4 @@
-"""Hardware figures: GPU peaks and HBM, the link tiers, published attention-kernel speeds, cluster presets.
+"""Hardware figures: GPU peaks, HBM size and bandwidth, the link tiers, attention-kernel speeds, cluster presets.
 
 Pure Python, no torch. A :class:`ClusterSpec` is a homogeneous cluster: nodes of ``gpus_per_node`` GPUs with
 two :class:`LinkTier` (intra-node, inter-node) for the alpha-beta model ``t = latency + bytes / bandwidth``.
@@ -10,7 +10,7 @@ forward and its backward by :func:`flash_efficiency`. :class:`StepProfile` holds
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import ParallelLabError, check_positive_int, check_real, lookup_preset
 
@@ -101,6 +101,12 @@ def default_attention_efficiency(peak_flops: float) -> float:
     return attention_kernel_efficiency("fa2", peak_flops if peak_flops in ATTENTION_KERNELS else H100_PEAK_FLOPS)
 
 
+#: The fraction of the datasheet HBM bandwidth the memory-bound ops reach: a round prior, not fitted to a
+#: published run (streaming kernels such as STREAM's copy reach 80-90% of it; small elementwise kernels less).
+#: Measure it on the GPU to replace it; docs/step_time.md, "Memory-bound work".
+HBM_EFFICIENCY_PRIOR = 0.8
+
+
 @dataclass(frozen=True)
 class StepProfile:
     """Parameters of the roofline step-time model (``parallel_lab.steptime``, "Roofline compute"), fitted by
@@ -115,6 +121,8 @@ class StepProfile:
     rate, :func:`default_attention_efficiency`, and ``--attention-kernel`` picks another).
     ``overhead_s``: seconds per micro-batch per model chunk (launches, synchronisation).
     ``tp_overlap``: the fraction of sequence-parallel TP traffic hidden behind the neighbouring GEMMs.
+    ``hbm_efficiency``: the fraction of the GPU's ``hbm_bandwidth`` its memory-bound ops reach
+    (``parallel_lab.membound``; a prior, :data:`HBM_EFFICIENCY_PRIOR`).
     """
 
     matmul_efficiency: float = 0.8
@@ -122,12 +130,14 @@ class StepProfile:
     attention_efficiency: float = attention_kernel_efficiency("fa2")
     overhead_s: float = 0.0
     tp_overlap: float = 0.0
+    hbm_efficiency: float = HBM_EFFICIENCY_PRIOR
     source: str = "defaults"
 
     def __post_init__(self) -> None:
-        for f in ("matmul_efficiency", "half_width", "attention_efficiency", "overhead_s", "tp_overlap"):
+        for f in ("matmul_efficiency", "half_width", "attention_efficiency", "overhead_s", "tp_overlap",
+                  "hbm_efficiency"):
             check_real("StepProfile", f, getattr(self, f))
-        for f in ("matmul_efficiency", "attention_efficiency"):
+        for f in ("matmul_efficiency", "attention_efficiency", "hbm_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise ParallelLabError(f"StepProfile.{f}={getattr(self, f)} must be in (0, 1]")
         if self.half_width < 0 or self.overhead_s < 0 or not 0 <= self.tp_overlap <= 1:
@@ -147,14 +157,17 @@ class ClusterSpec:
     inter: LinkTier            # between nodes (InfiniBand / RoCE), per GPU
     mfu_achievable: float = 0.5  # fraction of peak a well-tuned dense step reaches (planner's compute time)
     profile: StepProfile | None = None   # fitted roofline parameters (parallel-lab calibrate); None: mfu_achievable
+    hbm_bandwidth: float = 0.0  # bytes/s of HBM per GPU (datasheet); 0: no memory-bound term (steptime)
 
     def __post_init__(self) -> None:
         check_positive_int("ClusterSpec", "gpus_per_node", self.gpus_per_node)
-        for f in ("hbm_bytes", "peak_flops", "mfu_achievable"):
+        for f in ("hbm_bytes", "peak_flops", "mfu_achievable", "hbm_bandwidth"):
             check_real("ClusterSpec", f, getattr(self, f))
         for f in ("hbm_bytes", "peak_flops"):
             if not getattr(self, f) > 0:
                 raise ParallelLabError(f"ClusterSpec.{f}={getattr(self, f)} must be > 0")
+        if self.hbm_bandwidth < 0:
+            raise ParallelLabError(f"ClusterSpec.hbm_bandwidth={self.hbm_bandwidth} must be >= 0")
         if not 0 < self.mfu_achievable <= 1:
             raise ParallelLabError(f"ClusterSpec.mfu_achievable={self.mfu_achievable} must be in (0, 1]")
 
@@ -175,17 +188,33 @@ class ClusterSpec:
 #: (``parallel-lab calibrate --microbench`` fits the intra-node tier).
 CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     # H100 SXM5: 80 GB HBM3, 989 TFLOP/s dense bf16, NVLink 4 900 GB/s bidirectional (450 per direction),
-    # one 400 Gb/s (50 GB/s) NIC per GPU.
+    # one 400 Gb/s (50 GB/s) NIC per GPU; HBM3 3.35 TB/s (NVIDIA H100 datasheet, SXM).
     "h100-sxm": ClusterSpec("h100-sxm", 8, 80e9, H100_PEAK_FLOPS, LinkTier("nvlink4", 450e9, 3e-6),
-                            LinkTier("ib-400g", 50e9, 10e-6)),
-    # A100 SXM4 80 GB: 312 TFLOP/s bf16, NVLink 3 600 GB/s bidirectional, 200 Gb/s HDR per GPU.
+                            LinkTier("ib-400g", 50e9, 10e-6), hbm_bandwidth=3.35e12),
+    # A100 SXM4 80 GB: 312 TFLOP/s bf16, NVLink 3 600 GB/s bidirectional, 200 Gb/s HDR per GPU; HBM2e
+    # 2,039 GB/s (NVIDIA A100 datasheet, 80GB SXM).
     "a100-80gb": ClusterSpec("a100-80gb", 8, 80e9, A100_PEAK_FLOPS, LinkTier("nvlink3", 300e9, 3e-6),
-                             LinkTier("ib-200g", 25e9, 10e-6)),
-    # H200 SXM: the H100 compute die with 141 GB HBM3e.
+                             LinkTier("ib-200g", 25e9, 10e-6), hbm_bandwidth=2.039e12),
+    # H200 SXM: the H100 compute die with 141 GB HBM3e at 4.8 TB/s (NVIDIA H200 datasheet).
     "h200": ClusterSpec("h200", 8, 141e9, H100_PEAK_FLOPS, LinkTier("nvlink4", 450e9, 3e-6),
-                        LinkTier("ib-400g", 50e9, 10e-6)),
+                        LinkTier("ib-400g", 50e9, 10e-6), hbm_bandwidth=4.8e12),
     # A 2-core laptop-class CPU, gloo over loopback (measured with torch 2.13: all_reduce
     # ~1.4 GB/s at 64 MB, 0.1-1.9 ms for 1 KB). "HBM" is the RAM one rank may use.
     "cpu-gloo": ClusterSpec("cpu-gloo", 2, 12 * 2**30, 20e9, LinkTier("loopback", 1.4e9, 0.5e-3),
                             LinkTier("loopback-remote", 1.0e9, 1.0e-3), mfu_achievable=0.5),
 }
+
+#: Default profiles fitted on one published set each (``parallel-lab calibrate``, memory-bound term on at the
+#: prior ``hbm_efficiency``); tests/test_steptime_heldout.py refits them and holds them against every other
+#: set (docs/validation.md, "Held out"). A100: the six Megatron-LM PTD-P runs (Narayanan et al. 2021, Table 2;
+#: examples/calibration/megatron_2021.csv). H100: Llama 3 405B at 8K on 16,384 GPUs (Dubey et al. 2024,
+#: Table 4), counted causally with cuDNN's published attention speed (docs/validation.md).
+FITTED_PROFILES: dict[str, StepProfile] = {
+    "a100-80gb": StepProfile(matmul_efficiency=0.7067,
+                             attention_efficiency=default_attention_efficiency(A100_PEAK_FLOPS),
+                             source="fitted to 6 run(s): examples/calibration/megatron_2021.csv"),
+    "h100-sxm": StepProfile(matmul_efficiency=0.5731, attention_efficiency=attention_kernel_efficiency("cudnn"),
+                            source="fitted to 1 run(s): llama3-405b 8K 16384 GPUs (causal); attention prior: cudnn"),
+}
+for _name, _profile in FITTED_PROFILES.items():
+    CLUSTER_PRESETS[f"{_name}-fitted"] = replace(CLUSTER_PRESETS[_name], name=f"{_name}-fitted", profile=_profile)

@@ -112,10 +112,11 @@ PLAN_FILE_LIMITS: dict[str, dict[str, tuple[float, float]]] = {
                                        "interleave")},
              "loss_chunk": (0, 2**24), "bucket_mb": (0.0, 1e15)},
     "cluster": {"gpus_per_node": (1, 2**17), "hbm_bytes": (0.0, 1e15), "peak_flops": (0.0, 1e18),
-                "mfu_achievable": (0.0, 1.0)},
+                "mfu_achievable": (0.0, 1.0), "hbm_bandwidth": (0.0, 1e15)},
     "link": {"bandwidth": (0.0, 1e15), "latency": (0.0, 60.0)},
     "profile": {"matmul_efficiency": (0.0, 1.0), "half_width": (0.0, 1e15), "attention_efficiency": (0.0, 1.0),
-                "overhead_s": (0.0, 60.0), "tp_overlap": (0.0, 1.0)},
+                "overhead_s": (0.0, 60.0), "tp_overlap": (0.0, 1.0),
+                "hbm_efficiency": (0.0, 1.0)},
     "gpus": {"gpus": LIMITS["gpus"]},
 }
 MAX_NAME = 100       #: characters of a name in a plan file (model, cluster, link, profile source)

@@ -33,7 +33,7 @@ from .errors import ParallelLabError, divisors
 from .flops import flops_per_token, step_flops
 from .hardware import ClusterSpec, LinkTier
 from .planner_constraints import Constraints, global_batch_sequences
-from .planner_fast import FastPath, stage_compute, tp_overlap
+from .planner_fast import FastPath, stage_compute, stage_optimizer, tp_overlap
 from .planner_result import Estimate, PlannerResult
 from .rank_view import block_inflight
 from .schedules.inflight import head_inflight
@@ -73,10 +73,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
         tier = mesh.group_tier(cluster, plan, "dp", s)
         compute, attention = stage_compute(model, cluster, fl, plan.seq, plan.tp, plan.cp, plan.micro_batch,
                                            plan.microbatches, plan.pp, plan.interleave, s, plan.recompute, tok,
-                                           rate)
+                                           rate, plan.sp)
         stages.append(StageTimes(compute, attention, dict(rep.time_s),
                                  dp_times(rep.collectives, tier, plan.zero, plan.microbatches),
-                                 tp_overlap(cluster, plan.sp)))
+                                 tp_overlap(cluster, plan.sp),
+                                 stage_optimizer(model, cluster, fl, plan.optimizer, plan.tp, plan.pp, plan.interleave,
+                                                 s, plan.zero, plan.dp * plan.cp)))
     bub = plan_bubble(plan) if bubble_ratio is None else bubble_ratio
     mf = step_flops(model, plan).model_flops_per_step
     step, comm_s, exposed, compute = combine(plan.zero, plan.cp_kind, plan.microbatches, plan.recompute, bub,
@@ -169,6 +171,7 @@ class _Family:
     zeros: list[tuple[int, str]]   # (ZeRO stage, ZeRO-2 accumulation) variants
     _state: dict[tuple[int, tuple[int, str], bool], list[float]] = field(default_factory=dict)
     _dp: dict[tuple[int, tuple[int, str], int], list[DpTimes]] = field(default_factory=dict)
+    _opt: dict[tuple[int, int], list[float]] = field(default_factory=dict)
 
     def zeros_for(self, m: int) -> list[tuple[int, str]]:
         """The ZeRO variants that differ at ``m`` micro-batches. With ``m > 1`` ZeRO-2 that holds full
@@ -187,6 +190,14 @@ class _Family:
             self._state[key] = [sum(fast.state_and_buffers(self.tp, self.pp, v, s, g, zv[0], m=m, accumulate=zv[1]))
                                 for s in self.stages]
         return self._state[key]
+
+    def optimizer(self, fast: FastPath, v: int, zero: int) -> list[float]:
+        """Per stage: the optimizer step's seconds (:func:`planner_fast.stage_optimizer`)."""
+        key = (v, zero)
+        if key not in self._opt:
+            self._opt[key] = [stage_optimizer(fast.model, fast.cluster, fast.fl, fast.c.optimizer, self.tp, self.pp,
+                                              v, s, zero, self.dp * self.cp) for s in self.stages]
+        return self._opt[key]
 
     def dp_times(self, fast: FastPath, v: int, zv: tuple[int, str], m: int) -> list[DpTimes]:
         """Per stage: :meth:`FastPath.dp_times` (zeros without data parallelism)."""
@@ -255,9 +266,10 @@ class _Search:
             states = {v: [(zv, fam.state(fast, v, zv, m)) for zv in zeros] for _, v, _, _ in scheds}
             candidates = len(scheds) * len(zeros)      # per (recompute, SP) choice
             for recompute in c.options("recompute", c.recompute):
-                # per interleave and ZeRO variant, the exposed DP time of each checked stage (SP's too)
-                exposed: dict[int, dict[tuple[int, str], list[float]]] = {}
                 for sp in c.options("sp", c.sp):
+                    # per interleave and ZeRO variant, the exposed DP time of each checked stage (the
+                    # compute it hides behind depends on SP through the memory-bound work)
+                    exposed: dict[int, dict[tuple[int, str], tuple[list[float], list[float]]]] = {}
                     if not sp or tp > 1:
                         self.candidates += candidates
                         self._variants(fam, mb, m, recompute, sp, scheds, states, exposed)
@@ -266,7 +278,7 @@ class _Search:
     def _variants(self, fam: _Family, mb: int, m: int, recompute: str, sp: bool,
                   scheds: list[tuple[str, int, list[float], float]],
                   states: dict[int, list[tuple[tuple[int, str], list[float]]]],
-                  exposed: dict[int, dict[tuple[int, str], list[float]]]) -> None:
+                  exposed: dict[int, dict[tuple[int, str], tuple[list[float], list[float]]]]) -> None:
         """Every schedule and ZeRO stage of one (micro-batch, recompute, SP) choice of a family.
 
         A candidate fits when its largest checked stage does: state + buffers + activations (+ logits on
@@ -302,14 +314,17 @@ class _Search:
                     bub = bubble(sched, pp, m, v, recompute)
                     variant = (tp, cp, pp, dp, mb, m, sched, v, recompute, sp, bub)
                     cores = [critical_path(st, c.cp_kind, bub, parts)[0] for st, parts in zip(*timed, strict=True)]
-                dps = exposed_v.get(zv)
-                if dps is None:      # per checked stage: the exposed DP seconds
-                    dps = exposed_v[zv] = [dp_exposed(zv[0], st.compute, m, recompute, dpt)
-                                           for st, dpt in zip(timed[0], fam.dp_times(fast, v, zv, m), strict=True)]
+                dps_opt = exposed_v.get(zv)
+                if dps_opt is None:  # per checked stage: the exposed DP seconds, and those plus the optimizer step
+                    dps = [dp_exposed(zv[0], st.compute, m, recompute, dpt)
+                           for st, dpt in zip(timed[0], fam.dp_times(fast, v, zv, m), strict=True)]
+                    dps_opt = exposed_v[zv] = dps, [d + o for d, o in zip(dps, fam.optimizer(fast, v, zv[0]),
+                                                                          strict=True)]
+                dps, after = dps_opt
                 # the checked stage with the longest step sets it (the first, on a tie)
-                i, step = 0, cores[0] + dps[0]
+                i, step = 0, cores[0] + after[0]
                 for j in later:
-                    step_j = cores[j] + dps[j]
+                    step_j = cores[j] + after[j]
                     if step_j > step:
                         i, step = j, step_j
                 records.append((step, mem, variant, zv[0], zv[1], i, dps[i]))

@@ -15,7 +15,7 @@ from functools import cache
 from typing import Any
 
 from . import comm as comm_mod
-from . import ledger_activations, ledger_buffers, mesh
+from . import ledger_activations, ledger_buffers, membound, mesh
 from .errors import ParallelLabError
 from .hardware import ClusterSpec, LinkTier
 from .planner_constraints import Constraints
@@ -26,13 +26,26 @@ from .steptime import NO_DP, DpTimes, StageFlops, StageTimes, dp_times, roofline
 
 
 def stage_compute(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, seq: int, tp: int, cp: int, mb: int,
-                  m: int, pp: int, v: int, stage: int, recompute: str, tok: float, rate: float) -> tuple[float, float]:
-    """(compute, attention) seconds of a stage: the roofline of ``cluster.profile`` when it has one, else
-    the stage's hardware FLOPs at ``mfu_achievable`` of peak (``steptime`` module docstring)."""
+                  m: int, pp: int, v: int, stage: int, recompute: str, tok: float, rate: float,
+                  sp: bool = False) -> tuple[float, float]:
+    """(compute, attention) seconds of a stage: the roofline of ``cluster.profile`` when it has one (with
+    the memory-bound work at the cluster's ``hbm_bandwidth``), else the stage's hardware FLOPs at
+    ``mfu_achievable`` of peak (``steptime`` module docstring)."""
     if cluster.profile is None:
         return fl.stage(pp, v, stage, recompute) * tok / rate, fl.attention(pp, v, stage) * tok / rate
     return roofline_stage(model, cluster.profile, cluster.peak_flops, seq, tp, cp, mb, m, fl.n_layers(pp, v, stage),
-                          v, stage == pp - 1, recompute, fl.attention_kernel, fl.mlp)
+                          v, stage == pp - 1, recompute, fl.attention_kernel, fl.mlp, sp, cluster.hbm_bandwidth)
+
+
+def stage_optimizer(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, optimizer: str, tp: int, pp: int, v: int,
+                    stage: int, zero: int, shards: int) -> float:
+    """Seconds of a stage's optimizer step at the cluster's HBM speed (``membound.optimizer_bytes``; ZeRO
+    shards it over ``shards = dp * cp``); 0 without a roofline profile or an HBM bandwidth."""
+    if cluster.profile is None or not cluster.hbm_bandwidth:
+        return 0.0
+    b = membound.optimizer_bytes(model, optimizer, tp, fl.n_layers(pp, v, stage), stage == pp - 1,
+                                 shards if zero else 1)
+    return b / (cluster.hbm_bandwidth * cluster.profile.hbm_efficiency)
 
 
 def tp_overlap(cluster: ClusterSpec, sp: bool) -> float:
@@ -258,11 +271,11 @@ class FastPath:
         tok = mb * m * self.seq / (t * c)
         # without a roofline profile the compute sees the micro-batches only through the tokens of the step
         # (the same for every micro-batch size of a family); with one, through both sizes
-        sizes = (mb, m) if self.cluster.profile is not None else ()
+        sizes = (mb, m, sp) if self.cluster.profile is not None else ()
         flops = memo.get(key := ("compute", t, c, pp, v, stage, recompute, tok, sizes))
         if flops is None:
             flops = memo[key] = stage_compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
-                                              recompute, tok, self.rate)
+                                              recompute, tok, self.rate, sp)
         return StageTimes(*flops, out, NO_DP, self.tp_overlap[sp])
 
     def times(self, plan: Plan, stage: int) -> StageTimes:
@@ -272,8 +285,9 @@ class FastPath:
             raise ParallelLabError("the planner's fast path models bucketed DDP only; use evaluate()")
         st = self.times_raw(p.dp, p.tp, p.pp, p.cp, p.interleave, p.microbatches, p.micro_batch, p.sp,
                             p.recompute, p.cp_kind, stage)
-        st = StageTimes(st.compute, st.attention, dict(st.comm))
         g = p.dp * p.cp
+        st = StageTimes(st.compute, st.attention, dict(st.comm), optimizer=stage_optimizer(
+            self.model, self.cluster, self.fl, p.optimizer, p.tp, p.pp, p.interleave, stage, p.zero, g))
         if g > 1:
             tier = self.tiers(p.dp, p.pp, p.cp, p.tp, stage, p.interleave)["dp"]
             st.dp = self.dp_times(p.tp, p.pp, p.interleave, stage, g, p.zero, tier, p.zero_unit,

@@ -1,11 +1,12 @@
 """The step-time model: seconds per optimizer step of one plan, from FLOPs, collectives and the bubble.
 
-    step = (compute + tp + cp_exposed) * (1 + bubble_ratio) + pp + dp_exposed
+    step = (compute + tp + cp_exposed) * (1 + bubble_ratio) + pp + dp_exposed + optimizer
 
 ``compute``: hardware FLOPs of the busiest stage over its ``tp * cp`` GPUs at ``cluster.mfu_achievable`` of
 peak, or, with a fitted profile, the roofline (:func:`roofline_stage`): each GEMM ``(T x k) @ (k x n)``
 takes ``2 T n k / (peak e(d))`` with ``e(d) = e_max d / (d + d_half)`` for its smallest dimension ``d``,
-and attention its causal count at ``attention_efficiency``. ``tp`` is exposed (with SP a fraction
+and attention its causal count at ``attention_efficiency``, plus the memory-bound ops' bytes at HBM
+speed (``parallel_lab.membound``; ``optimizer``: the optimizer step's). ``tp`` is exposed (with SP a fraction
 ``tp_overlap`` hides, Megatron's TP overlap); ring CP hides its transfers behind attention; ``bubble_ratio``
 is :func:`parallel_lab.simulate.bubble_formula`; ``pp`` every point-to-point transfer; ``dp_exposed``
 the gradient sync beyond the backward it overlaps. Collective times are comm's alpha-beta model on the
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from . import sharding
+from . import membound, sharding
 from .comm import Collective, collective_time
 from .flops import ATTENTION_FWD_BWD, attention_core_flops, attention_keys, matmul_params, recomputed
 from .hardware import LinkTier, StepProfile
@@ -57,6 +58,7 @@ class StageTimes:
     comm: dict[str, float]
     dp: DpTimes = NO_DP
     tp_overlap: float = 0.0     # fraction of the TP time hidden (profile.tp_overlap with SP, else 0)
+    optimizer: float = 0.0      # the optimizer step's memory-bound time, once per step after the last backward
 
 
 def dp_times(colls: Iterable[Collective], tier: LinkTier, zero: int, m: int,
@@ -157,7 +159,7 @@ def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float
     for st in stages:
         core, tp, cp_exp, pp = critical_path(st, cp_kind, bubble_ratio)
         dp = dp_exposed(zero, st.compute, m, recompute, st.dp)
-        step = core + dp
+        step = core + dp + st.optimizer
         if best is None or step > best[0]:
             exposed = {"tp": tp, "cp": cp_exp, "pp": pp, "dp": dp}
             if st.comm.get("ep"):
@@ -271,14 +273,19 @@ def roofline_layer(model: ModelSpec, prof: StepProfile, peak: float, seq: int, t
 
 def roofline_stage(model: ModelSpec, prof: StepProfile, peak: float, plan_seq: int, tp: int, cp: int, mb: int,
                    m: int, n_layers: int, v: int, last: bool, recompute: str, attention: str = "eager",
-                   mlp: str = "eager") -> tuple[float, float]:
+                   mlp: str = "eager", sp: bool = False, hbm_bandwidth: float = 0.0) -> tuple[float, float]:
     """``(compute, attention)`` seconds of one stage for the whole step under the roofline (``m``
     micro-batches, ``n_layers`` blocks, the head on the last stage, ``overhead_s`` per micro-batch per
-    chunk)."""
+    chunk), plus the memory-bound work (``membound``) at ``hbm_bandwidth * hbm_efficiency`` (none at 0)."""
     layer, attn, again = roofline_layer(model, prof, peak, plan_seq, tp, cp, mb, recompute, attention, mlp)
     head = 0.0
     if last:
         tokens = mb * plan_seq / cp
         head = 3.0 * gemm_time(tokens, sharding.vocab_local(model, tp), model.hidden, peak, prof)
+    if hbm_bandwidth:
+        rate = hbm_bandwidth * prof.hbm_efficiency
+        layer += membound.block_bytes(model, plan_seq, tp, cp, sp, mb, recompute, attention) / rate
+        if last:
+            head += membound.head_bytes(model, plan_seq, tp, cp, sp, mb) / rate
     compute = m * (n_layers * (layer + again) + head + v * prof.overhead_s)
     return compute, m * n_layers * attn

@@ -125,7 +125,7 @@ def test_the_convention_changes_only_the_count():
 def test_the_calibrated_planner_ranks_metas_configurations():
     """With the profile that holds on every row (causal count, cuDNN's speed, fitted on row 2), the planner
     given Meta's settings puts Meta's 131K degrees 2nd, 0.07% behind the first; at 8K Meta's degrees are 7th
-    and 6.7% behind the best plan (dp 32 tp 4 pp 16 cp 8, ZeRO-3): a bubble of 0.029
+    and 6.8% behind the best plan (dp 32 tp 4 pp 16 cp 8, ZeRO-3): a bubble of 0.029
     against 0.117 (64 micro-batches instead of 16) and half the exposed TP time (tp 4)."""
     cluster, _ = fit_profile([load_runs(RUNS, "causal")[1]], with_attention_kernel(H100, "cudnn"))
     model = ModelSpec.preset("llama3-405b")
@@ -262,22 +262,23 @@ def test_megatron_2021_runs_calibrated_on_one_row():
     """A second set of published runs: Narayanan et al. 2021, Table 2, PTD-P rows (A100 80 GB, GPT 174.6B
     and 529.6B, micro-batch 1, full recomputation, the paper's eq. 3 count: ``hardware``). Calibrated on one
     row, the runs of the same model on 2x and 4x the GPUs follow within 1.5% (only the bubble (p - 1)/m
-    changes). Across the two models the model is 9-10% off: fitted on 174.6B, the 529.6B runs are predicted
-    8.9-10.1% slow; fitted on 529.6B, the 174.6B runs 8.7-9.4% fast. The larger model runs more
-    efficiently than this roofline says (README: "A second set of published runs")."""
+    changes). Across the two models the roofline alone (no HBM bandwidth) is 9-10% off: fitted on 174.6B, the
+    529.6B runs are predicted 8.9-10.1% slow; fitted on 529.6B, the 174.6B runs 8.7-9.4% fast. With the
+    memory-bound term (``membound``) the gap is 3-5.5%: 4.2-5.5% slow and 3.3-4.0% fast (docs/validation.md)."""
     from parallel_lab import ledger
     a100 = ClusterSpec.preset("a100-80gb")
     runs = load_runs(MEGATRON)
     assert {r.convention for r in runs} == {"hardware"} and len(runs) == 6
     assert all(ledger.memory(r.model, r.plan, a100).fits for r in runs)
-    for fit, sign in ((0, -1), (3, +1)):
-        cluster, _ = fit_profile([runs[fit]], a100)
-        for r in runs:
-            miss = predicted_tflops(r, cluster) / r.tflops_per_gpu - 1
-            if r.model == runs[fit].model:
-                assert abs(miss) < 0.015, (r.name, miss)
-            else:
-                assert 0.08 < sign * miss < 0.11, (runs[fit].name, r.name, miss)
+    for cluster_used, band in ((replace(a100, hbm_bandwidth=0.0), (0.08, 0.11)), (a100, (0.03, 0.06))):
+        for fit, sign in ((0, -1), (3, +1)):
+            cluster, _ = fit_profile([runs[fit]], cluster_used)
+            for r in runs:
+                miss = predicted_tflops(r, cluster) / r.tflops_per_gpu - 1
+                if r.model == runs[fit].model:
+                    assert abs(miss) < 0.015, (r.name, miss)
+                else:
+                    assert band[0] < sign * miss < band[1], (runs[fit].name, r.name, miss)
 
 
 def test_cli_fit_on(tmp_path):
@@ -285,7 +286,7 @@ def test_cli_fit_on(tmp_path):
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
     assert data["profile"]["source"] == "fitted to 1 run(s): megatron 174.6B 384 GPUs"
-    assert [round(r["predicted_tflops_per_gpu"], 1) for r in data["runs"]][:3] == [153.0, 148.5, 140.2]
+    assert [round(r["predicted_tflops_per_gpu"], 1) for r in data["runs"]][:3] == [153.0, 148.5, 140.1]
     for bad in ("7", "0", "x", ""):
         p = run_cli("calibrate", "--runs", str(MEGATRON), "--cluster", "a100-80gb", "--fit-on", bad)
         assert p.returncode == 2 and "give run numbers from 1 to 6" in p.stderr, (bad, p.stderr)
