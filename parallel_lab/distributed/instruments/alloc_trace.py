@@ -1,0 +1,90 @@
+"""The allocation trace of a training step: every storage torch makes, in order, and when it is freed.
+
+:class:`AllocTrace` is a ``TorchDispatchMode``: each op's outputs whose storage is new are recorded as
+``("alloc", key, nbytes)``, and a ``weakref.finalize`` on the storage records ``("free", key)`` when torch
+releases it (torch keeps one Python object per live storage, so the callback fires when the storage dies,
+views included). Storages that exist before the mode starts (parameters, optimizer states) are added with
+:meth:`AllocTrace.existing`. The events feed ``parallel_lab.allocator.replay`` (docs/reserve.md).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from parallel_lab.distributed.model.model import build_model, loss_fn
+from parallel_lab.specs import ModelSpec
+
+
+class AllocTrace(TorchDispatchMode):
+    """Record the storages the ops make and free (module docstring); ``events`` in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple] = []
+        self._live: dict[int, int] = {}             # the StorageImpl's address -> key
+        self._n = 0
+
+    def _free(self, cdata: int, key: int) -> None:
+        if self._live.get(cdata) == key:
+            del self._live[cdata]
+            self.events.append(("free", key))
+
+    def track(self, t: Any) -> None:
+        """Record ``t``'s storage as allocated now, unless already recorded."""
+        if not isinstance(t, Tensor) or t.device.type == "meta":
+            return
+        st = t.untyped_storage()
+        cdata = st._cdata
+        if cdata in self._live or st.nbytes() == 0:
+            return
+        self._n += 1
+        self._live[cdata] = self._n
+        self.events.append(("alloc", self._n, int(st.nbytes())))
+        weakref.finalize(st, self._free, cdata, self._n)
+
+    def existing(self, tensors: list[Tensor]) -> None:
+        """Storages made before the trace (parameters, optimizer states), allocated at its start."""
+        for t in tensors:
+            self.track(t)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            self.track(t)
+        return out
+
+    def stop(self) -> None:
+        """Stop recording frees (storages still alive stay allocated in :attr:`events`)."""
+        self._live.clear()
+
+
+def training_step_trace(spec: ModelSpec, seq: int, micro_batch: int = 1, *, seed: int = 0) -> list[tuple]:
+    """The allocation events of the second training step (forward, backward, AdamW step, ``zero_grad``) of
+    the lab's model on CPU in fp32: the first step creates AdamW's moments, which the second holds from its
+    start, as every later step does."""
+    torch.manual_seed(seed)
+    net = build_model(spec, seed=seed)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=False)
+    tokens = torch.randint(0, spec.vocab, (micro_batch, seq + 1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def step() -> None:
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    trace = AllocTrace()
+    state = [*net.parameters(), *(v for s in opt.state.values() for v in s.values() if isinstance(v, Tensor))]
+    trace.existing(state)
+    with trace:
+        step()
+    trace.stop()
+    return trace.events
