@@ -78,8 +78,9 @@ def ledger_events(model: ModelSpec, plan: Plan, stage: int, *, activation_model:
     """The ledger's tensors as allocations: parameters and optimizer states (per parameter, per ZeRO unit
     once sharded; one fp32 tensor per 4 bytes of optimizer state per element), the cuBLAS ``workspaces``,
     then the moments of :func:`peak_moments` in order, each part grown (new tensors) or shrunk (its newest
-    tensors freed) to its bytes there: gradients per parameter (per unit once sharded), activations as the
-    per-op saves of one block repeated, any other part one tensor."""
+    tensors freed) to its bytes there, frees and allocations interleaved by bytes: gradients per parameter
+    (per unit once sharded, the last layers' first), activations as the per-op saves of one block repeated,
+    any other part one tensor."""
     pm = peak_moments(model, plan, stage, activation_model=activation_model)
     view = rank_view(model, plan, stage)
     per_param = [p.numel for p in view.params]
@@ -112,19 +113,42 @@ def ledger_events(model: ModelSpec, plan: Plan, stage: int, *, activation_model:
     live: dict[str, list[tuple[tuple, int]]] = {}          # part -> its tensors, oldest first
     for moment, parts in pm.moments.items():
         want = {p: v for p, v in parts.items() if p not in ("parameters", "optimizer_states") and v > 0}
-        for part in list(live):                            # shrink or free first (backward frees the last saves first)
+        frees: list[tuple[str, tuple, int]] = []           # parts that shrink give back their newest tensors
+        for part in list(live):
             held = live[part]
             target = want.get(part, 0.0)
             if part == "gradients" and target and target != sum(n for _, n in held):
                 target = 0.0                               # another layout (reduced shards): made anew
             while held and sum(n for _, n in held) > target:
-                events.append(("free", held.pop()[0]))
+                frees.append((part, *held.pop()))
             if not held:
                 del live[part]
+        made: list[tuple[str, tuple, int]] = []
         for part, nbytes in want.items():
             have = sum(n for _, n in live.get(part, []))
             if nbytes > have:
-                live.setdefault(part, []).extend(put((moment, part), pieces(part, nbytes - have)))
+                sizes = pieces(part, nbytes - have)
+                if part == "gradients":                    # backward makes the last layers' gradients first
+                    sizes = sizes[::-1]
+                made += [(part, (moment, part, i), n) for i, n in enumerate(sizes) if n > 0]
+        # other parts' frees first, then backward's: the saves freed as the gradients are made, interleaved by
+        # bytes (a free first while no more is freed than made), then the moment's other tensors
+        events.extend(("free", key) for part, key, _ in frees if part != "activations")
+        saved = [(key, n) for part, key, n in frees if part == "activations"]
+        grads = [(key, n) for part, key, n in made if part == "gradients"]
+        freed = grown = 0
+        while saved or grads:
+            if saved and (not grads or freed <= grown):
+                key, n = saved.pop(0)
+                events.append(("free", key))
+                freed += n
+            else:
+                key, n = grads.pop(0)
+                events.append(("alloc", key, n))
+                grown += n
+        events.extend(("alloc", key, n) for part, key, n in made if part != "gradients")
+        for part, key, n in made:
+            live.setdefault(part, []).append((key, n))
     return events
 
 
