@@ -35,6 +35,9 @@ NCCL_CHANNELS = 16
 #: Threads that run GEMMs, each with its own cuBLAS handle: forward on the main thread, backward on
 #: autograd's device thread (torch keeps one workspace per (handle, stream)).
 GEMM_THREADS = 2
+#: Moment parts that are one tensor per parameter: the weight gradients backward has just made, and the
+#: step's temporaries without ZeRO (``MasterAdamW`` casts each gradient to fp32; AdamW's two temporaries).
+PER_PARAMETER = ("fresh weight gradients", "optimizer temporaries")
 
 
 def compute_capability(cluster: ClusterSpec) -> int:
@@ -79,8 +82,8 @@ def ledger_events(model: ModelSpec, plan: Plan, stage: int, *, activation_model:
     once sharded; one fp32 tensor per 4 bytes of optimizer state per element), the cuBLAS ``workspaces``,
     then the moments of :func:`peak_moments` in order, each part grown (new tensors) or shrunk (its newest
     tensors freed) to its bytes there, frees and allocations interleaved by bytes: gradients per parameter
-    (per unit once sharded, the last layers' first), activations as the per-op saves of one block repeated,
-    any other part one tensor."""
+    (per unit once sharded, the last layers' first), :data:`PER_PARAMETER` parts per parameter, activations
+    as the per-op saves of one block repeated, any other part one tensor."""
     pm = peak_moments(model, plan, stage, activation_model=activation_model)
     view = rank_view(model, plan, stage)
     per_param = [p.numel for p in view.params]
@@ -105,6 +108,8 @@ def ledger_events(model: ModelSpec, plan: Plan, stage: int, *, activation_model:
     def pieces(part: str, nbytes: float) -> list[int]:
         if part == "gradients":
             return _split(nbytes, per_param if nbytes >= full_grads else per_unit)
+        if part in PER_PARAMETER and not (part == "optimizer temporaries" and plan.zero >= 1):
+            return _split(nbytes, per_param)
         if part == "activations" and sum(saves) > 0:
             whole = int(nbytes // sum(saves))
             return saves * whole + [int(nbytes - whole * sum(saves))]
