@@ -121,11 +121,14 @@ def ledger_events(model: ModelSpec, plan: Plan, stage: int, *, activation_model:
         frees: list[tuple[str, tuple, int]] = []           # parts that shrink give back their newest tensors
         for part in list(live):
             held = live[part]
+            total = sum(n for _, n in held)
             target = want.get(part, 0.0)
-            if part == "gradients" and target and target != sum(n for _, n in held):
+            if part == "gradients" and target and target != total:
                 target = 0.0                               # another layout (reduced shards): made anew
-            while held and sum(n for _, n in held) > target:
-                frees.append((part, *held.pop()))
+            while held and total > target:
+                key, n = held.pop()
+                frees.append((part, key, n))
+                total -= n
             if not held:
                 del live[part]
         made: list[tuple[str, tuple, int]] = []
@@ -141,16 +144,16 @@ def ledger_events(model: ModelSpec, plan: Plan, stage: int, *, activation_model:
         events.extend(("free", key) for part, key, _ in frees if part != "activations")
         saved = [(key, n) for part, key, n in frees if part == "activations"]
         grads = [(key, n) for part, key, n in made if part == "gradients"]
-        freed = grown = 0
-        while saved or grads:
-            if saved and (not grads or freed <= grown):
-                key, n = saved.pop(0)
-                events.append(("free", key))
-                freed += n
+        freed = grown = i = j = 0
+        while i < len(saved) or j < len(grads):
+            if i < len(saved) and (j == len(grads) or freed <= grown):
+                events.append(("free", saved[i][0]))
+                freed += saved[i][1]
+                i += 1
             else:
-                key, n = grads.pop(0)
-                events.append(("alloc", key, n))
-                grown += n
+                events.append(("alloc", *grads[j]))
+                grown += grads[j][1]
+                j += 1
         events.extend(("alloc", key, n) for part, key, n in made if part != "gradients")
         for part, key, n in made:
             live.setdefault(part, []).append((key, n))
