@@ -121,6 +121,7 @@ class CachingAllocator:
         self.live: dict[Hashable, tuple[_Block, int]] = {}
         self.segs: dict[int, int] = {}            # base -> size
         self.grow: dict[bool, int] = {}           # expandable: the pool's segment base
+        self.tail: dict[int, _Block] = {}         # expandable: the segment's last block
         self.next_addr = 0
         self.reserved = self.allocated = self.requested = 0
         self.peak_reserved = self.peak_allocated = self.peak_requested = 0
@@ -173,7 +174,7 @@ class CachingAllocator:
             self.next_addr += 1 << 48                     # the reserved address range
         base = self.grow[small]
         end = base + self.segs[base]
-        tail = next((b for b in self.blocks.values() if b.seg == base and b.addr + b.size == end), None)
+        tail = self.tail.get(base)
         have = tail.size if tail is not None and not tail.allocated else 0
         more = page * -(-(size - have) // page)
         if not self._device_alloc(more):
@@ -187,6 +188,7 @@ class CachingAllocator:
         if tail is not None:
             tail.next = b
         self.blocks[b.addr] = b
+        self.tail[base] = b
         return b
 
     def _release_cached(self) -> None:
@@ -197,6 +199,7 @@ class CachingAllocator:
                 self._remove(b)
                 del self.blocks[base], self.segs[base]
                 self.reserved -= size
+                self.tail.pop(base, None)
                 if self.grow.get(b.small) == base:
                     self.segs[base] = 0
 
@@ -226,6 +229,8 @@ class CachingAllocator:
             if b.next is not None:
                 b.next.prev = r
             b.next, b.size = r, size
+            if self.tail.get(b.seg) is b:
+                self.tail[b.seg] = r
             self.blocks[r.addr] = r
             self._insert(r)
         b.allocated = True
@@ -255,6 +260,8 @@ class CachingAllocator:
                     b.next = other.next
                     if b.next is not None:
                         b.next.prev = b
+                    if self.tail.get(b.seg) is other:
+                        self.tail[b.seg] = b
                 b.size += other.size
         self.blocks[b.addr] = b
         self._insert(b)

@@ -161,3 +161,40 @@ def test_memory_prints_the_reserve_beside_an_unchanged_verdict(capsys):
     assert exp["reserve"]["allocator_config"]["expandable_segments"] is True and exp["fits"] == data["fits"]
     bare = json.loads(run_cli(["memory", "--params", "7e9", "--dp", "8", "--json"], capsys))
     assert bare["reserve"] is None
+
+
+def check_segments(a: CachingAllocator) -> None:
+    """Every segment is tiled by its blocks, in address order, neighbours linked both ways; the free sets
+    hold exactly the free blocks; reserved is the sum of the segments."""
+    heads = [b for b in a.blocks.values() if b.prev is None]
+    for head in heads:
+        b, end = head, head.addr
+        while b is not None:
+            assert b.addr == end and b.seg == head.seg and (b.next is None or b.next.prev is b)
+            end, b = b.addr + b.size, b.next
+        assert end - head.seg == a.segs[head.seg]
+    free = sorted((b.size, b.addr) for b in a.blocks.values() if not b.allocated)
+    assert free == sorted(a.free_sets[True] + a.free_sets[False])
+    assert a.reserved == sum(a.segs.values())
+    assert a.allocated == sum(b.size for b, _ in a.live.values())
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True", "max_split_size_mb:40", "roundup_power2_divisions:4"])
+def test_random_sequences_keep_the_segments_whole(conf):
+    import random
+
+    rng = random.Random(0)
+    a = CachingAllocator(AllocatorConfig.parse(conf), capacity=3 << 30)
+    live: list[int] = []
+    for i in range(3000):
+        if live and rng.random() < 0.45:
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            a.alloc(i, rng.choice([rng.randint(1, 4096), rng.randint(1, 2 * MiB), rng.randint(1, 60 * MiB)]))
+            live.append(i)
+        if i % 97 == 0:
+            check_segments(a)
+    for k in live:
+        a.free(k)
+    check_segments(a)
+    assert a.allocated == 0 and a.peak_reserved >= a.peak_allocated
