@@ -19,11 +19,20 @@ from parallel_lab.distributed.instruments.alloc_trace import training_step_trace
 #: the MLP's weights (0.7 MiB) exercise both pools
 SPEC = ModelSpec(layers=2, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=8192, flavour="llama", name="trace")
 SEQ, MICRO = 128, 2
+#: Llama 3.2 1B's width (h 2048, GQA 32/8, SwiGLU 8192, 128256 vocabulary) with 4 blocks, 2K tokens, at full
+#: size in fake tensors (15.2 GiB at the peak)
+WIDE = ModelSpec(layers=4, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, flavour="llama",
+                 name="llama3.2-1b-width")
 
 
 @pytest.fixture(scope="module")
 def events() -> list[tuple]:
     return training_step_trace(SPEC, SEQ, MICRO)
+
+
+@pytest.fixture(scope="module")
+def fake_events() -> list[tuple]:
+    return training_step_trace(WIDE, 2048, 1, fake=True)
 
 
 def live_peaks(events: list[tuple]) -> tuple[int, int]:
@@ -72,3 +81,15 @@ def test_the_ledgers_peak_and_reserve_beside_the_trace(events):
     traced = replay(events).peak_reserved
     predicted = replay(ledger_events(SPEC, plan, 0, activation_model="per-op")).peak_reserved
     assert predicted >= peak_req and traced >= peak_req
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True"])
+def test_a_full_size_fake_step_replays_within_the_same_bounds(fake_events, conf):
+    peak_req, peak_rnd = live_peaks(fake_events)
+    r = replay(fake_events, AllocatorConfig.parse(conf))
+    assert r.peak_requested == peak_req and r.peak_reserved >= r.peak_allocated >= peak_rnd
+    plan = Plan(seq=2048, micro_batch=1, dtype="fp32", optimizer="adam-fp32")
+    assert abs(peak_moments(WIDE, plan, 0, activation_model="per-op").peak_bytes / peak_req - 1) < 0.01
+    predicted = replay(ledger_events(WIDE, plan, 0, activation_model="per-op"), AllocatorConfig.parse(conf))
+    assert predicted.peak_reserved >= peak_req

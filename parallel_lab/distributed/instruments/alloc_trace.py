@@ -9,6 +9,7 @@ views included). Storages that exist before the mode starts (parameters, optimiz
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -17,7 +18,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from parallel_lab.distributed.model.model import build_model, loss_fn
+from parallel_lab.distributed.model.model import Transformer, build_model, loss_fn
 from parallel_lab.specs import ModelSpec
 
 
@@ -64,27 +65,35 @@ class AllocTrace(TorchDispatchMode):
         self._live.clear()
 
 
-def training_step_trace(spec: ModelSpec, seq: int, micro_batch: int = 1, *, seed: int = 0) -> list[tuple]:
+def training_step_trace(spec: ModelSpec, seq: int, micro_batch: int = 1, *, seed: int = 0,
+                        fake: bool = False) -> list[tuple]:
     """The allocation events of the second training step (forward, backward, AdamW step, ``zero_grad``) of
-    the lab's model on CPU in fp32: the first step creates AdamW's moments, which the second holds from its
-    start, as every later step does."""
+    the lab's model in fp32 on one process: the first step creates AdamW's moments, which the second holds
+    from its start, as every later step does. ``fake``: under ``FakeTensorMode`` (full-size shapes, no
+    memory; scalar reads answer as in ``measure.py``), else real tensors on CPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from parallel_lab.distributed.instruments.measure import _ValuesOfTheBatch
+
     torch.manual_seed(seed)
-    net = build_model(spec, seed=seed)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=False)
     tokens = torch.randint(0, spec.vocab, (micro_batch, seq + 1))
     x, y = tokens[:, :-1], tokens[:, 1:]
-
-    def step() -> None:
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()
     trace = AllocTrace()
-    state = [*net.parameters(), *(v for s in opt.state.values() for v in s.values() if isinstance(v, Tensor))]
-    trace.existing(state)
-    with trace:
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), \
+            _ValuesOfTheBatch() if fake else contextlib.nullcontext():
+        net = Transformer(spec).train() if fake else build_model(spec, seed=seed)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=False)
+
+        def step() -> None:
+            loss = loss_fn(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
         step()
-    trace.stop()
+        trace.existing([*net.parameters(),
+                        *(v for st in opt.state.values() for v in st.values() if isinstance(v, Tensor))])
+        with trace:
+            step()
+        trace.stop()
     return trace.events
