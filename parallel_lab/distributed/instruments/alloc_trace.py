@@ -60,9 +60,31 @@ class AllocTrace(TorchDispatchMode):
             self.track(t)
         return out
 
+    def key_of(self, t: Any) -> int | None:
+        """The key of ``t``'s storage while it is alive and recorded, else None."""
+        return self._live.get(t.untyped_storage()._cdata) if isinstance(t, Tensor) else None
+
     def stop(self) -> None:
         """Stop recording frees (storages still alive stay allocated in :attr:`events`)."""
         self._live.clear()
+
+
+def steady_state(events: list[tuple], first: list[int]) -> list[tuple]:
+    """``events`` with the allocations of the keys ``first`` moved to the start: state a first step creates
+    lazily (AdamW's moments) and every later step holds from its start."""
+    keys = set(first)
+    return [e for e in events if e[0] == "alloc" and e[1] in keys] + [
+        e for e in events if not (e[0] == "alloc" and e[1] in keys)]
+
+
+def reserve_of_trace(events: list[tuple]) -> dict[str, float]:
+    """The trace replayed (``parallel_lab.allocator``): its peak of requested bytes and the peak reserved
+    with torch's default options and with ``expandable_segments:True``."""
+    from parallel_lab.allocator import AllocatorConfig, replay
+
+    default, expandable = replay(events), replay(events, AllocatorConfig(expandable_segments=True))
+    return {"peak_requested": float(default.peak_requested), "reserved": float(default.peak_reserved),
+            "reserved_expandable": float(expandable.peak_reserved), "events": float(len(events))}
 
 
 def training_step_trace(spec: ModelSpec, seq: int, micro_batch: int = 1, *, seed: int = 0,
