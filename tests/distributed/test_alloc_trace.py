@@ -13,7 +13,7 @@ from parallel_lab.specs import ModelSpec, Plan
 
 pytest.importorskip("torch")
 
-from parallel_lab.distributed.instruments.alloc_trace import training_step_trace  # noqa: E402
+from parallel_lab.distributed.instruments.measure import training_step_trace  # noqa: E402
 
 #: small enough for a CPU, large enough that the logits, the embedding and its gradient (8 MiB each) and
 #: the MLP's weights (0.7 MiB) exercise both pools

@@ -4,22 +4,18 @@
 ``("alloc", key, nbytes)``, and a ``weakref.finalize`` on the storage records ``("free", key)`` when torch
 releases it (torch keeps one Python object per live storage, so the callback fires when the storage dies,
 views included). Storages that exist before the mode starts (parameters, optimizer states) are added with
-:meth:`AllocTrace.existing`. The events feed ``parallel_lab.allocator.replay`` (docs/reserve.md).
+:meth:`AllocTrace.existing`. The events feed ``parallel_lab.allocator.replay`` (docs/reserve.md);
+``measure.training_step_trace`` records a step of the lab's model with it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from typing import Any
 
-import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-
-from parallel_lab.distributed.model.model import Transformer, build_model, loss_fn
-from parallel_lab.specs import ModelSpec
 
 
 class AllocTrace(TorchDispatchMode):
@@ -85,37 +81,3 @@ def reserve_of_trace(events: list[tuple]) -> dict[str, float]:
     default, expandable = replay(events), replay(events, AllocatorConfig(expandable_segments=True))
     return {"peak_requested": float(default.peak_requested), "reserved": float(default.peak_reserved),
             "reserved_expandable": float(expandable.peak_reserved), "events": float(len(events))}
-
-
-def training_step_trace(spec: ModelSpec, seq: int, micro_batch: int = 1, *, seed: int = 0,
-                        fake: bool = False) -> list[tuple]:
-    """The allocation events of the second training step (forward, backward, AdamW step, ``zero_grad``) of
-    the lab's model in fp32 on one process: the first step creates AdamW's moments, which the second holds
-    from its start, as every later step does. ``fake``: under ``FakeTensorMode`` (full-size shapes, no
-    memory; scalar reads answer as in ``measure.py``), else real tensors on CPU."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from parallel_lab.distributed.instruments.measure import _ValuesOfTheBatch
-
-    torch.manual_seed(seed)
-    tokens = torch.randint(0, spec.vocab, (micro_batch, seq + 1))
-    x, y = tokens[:, :-1], tokens[:, 1:]
-    trace = AllocTrace()
-    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), \
-            _ValuesOfTheBatch() if fake else contextlib.nullcontext():
-        net = Transformer(spec).train() if fake else build_model(spec, seed=seed)
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=False)
-
-        def step() -> None:
-            loss = loss_fn(net(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        step()
-        trace.existing([*net.parameters(),
-                        *(v for st in opt.state.values() for v in st.values() if isinstance(v, Tensor))])
-        with trace:
-            step()
-        trace.stop()
-    return trace.events

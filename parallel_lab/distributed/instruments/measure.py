@@ -14,6 +14,7 @@ Details: docs/measure.md; the comparison with the ledger: README, "Measured at r
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -32,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from parallel_lab.distributed.instruments.alloc_trace import AllocTrace, reserve_of_trace, steady_state
 from parallel_lab.distributed.instruments.tracer import CommTracer
 from parallel_lab.distributed.model.data import Batch
-from parallel_lab.distributed.model.model import Transformer
+from parallel_lab.distributed.model.model import Transformer, build_model, loss_fn
 from parallel_lab.distributed.runtime.grid import Grid, mesh
 from parallel_lab.distributed.runtime.runtime import Runtime, sequential_forward_backward
 from parallel_lab.distributed.runtime.train import check_parallelisms, parallelize
@@ -410,3 +411,33 @@ def measure_json(model: ModelSpec, plan: Plan, stage: int | None = None, *, prog
     [Measurement.to_json(), ...], "categories": [...], "formulas": [...]}``."""
     return {"stages": [m.to_json() for m in measure(model, plan, stage, progress=progress)],
             "categories": [*CATEGORIES, "peak"], "formulas": list(FORMULAS)}
+
+
+def training_step_trace(spec: ModelSpec, seq: int, micro_batch: int = 1, *, seed: int = 0,
+                        fake: bool = False) -> list[tuple]:
+    """The allocation events of the second training step (forward, backward, AdamW step, ``zero_grad``) of
+    the lab's model in fp32 on one process: the first step creates AdamW's moments, which the second holds
+    from its start, as every later step does. ``fake``: under ``FakeTensorMode`` (full-size shapes, no
+    memory; scalar reads answer as in ``measure.py``), else real tensors on CPU."""
+    torch.manual_seed(seed)
+    tokens = torch.randint(0, spec.vocab, (micro_batch, seq + 1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    trace = AllocTrace()
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), \
+            _ValuesOfTheBatch() if fake else contextlib.nullcontext():
+        net = Transformer(spec).train() if fake else build_model(spec, seed=seed)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=False)
+
+        def step() -> None:
+            loss = loss_fn(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step()
+        trace.existing([*net.parameters(),
+                        *(v for st in opt.state.values() for v in st.values() if isinstance(v, Tensor))])
+        with trace:
+            step()
+        trace.stop()
+    return trace.events
