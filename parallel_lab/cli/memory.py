@@ -20,10 +20,30 @@ def add(sub: Any) -> None:
     p.add_argument("--measure", action="store_true",
                    help="also run one training step of the reported stage's rank at full size in fake tensors "
                         "and print measured beside predicted (torch; seconds to minutes)")
+    p.add_argument("--alloc-conf", default="", metavar="OPTIONS",
+                   help="PYTORCH_CUDA_ALLOC_CONF the reserve is modelled under, e.g. expandable_segments:True "
+                        "(also max_split_size_mb:N, roundup_power2_divisions:N; default: torch's defaults)")
+
+
+def reserve_lines(res: Any, hbm: float) -> list[str]:
+    """The reserve beside the tensors' peak (:mod:`parallel_lab.ledger_reserve`), in three lines."""
+    lo, hi = res.priors["cuda_context_range"]
+    expandable = ", expandable segments" if res.config.expandable_segments else ""
+    return [
+        f"reserve (beside the verdict, which weighs the tensors; docs/reserve.md): tensors' peak "
+        f"{fmt_bytes_gib(res.tensors_peak)} + cuBLAS workspaces {fmt_bytes_gib(res.cublas_workspace)} + allocator "
+        f"{fmt_bytes_gib(res.allocator_overhead)} (segments, rounding, cached blocks{expandable}) = max reserved "
+        f"{fmt_bytes_gib(res.allocator_reserved)}",
+        f"outside the allocator: CUDA context ~{fmt_bytes_gib(res.cuda_context)} (prior, {lo / 1e9:g}-{hi / 1e9:g} "
+        f"GB), NCCL buffers ~{fmt_bytes_gib(res.nccl_buffers)} ({res.priors['nccl_channels']} channels per "
+        f"communicator, a prior)",
+        f"nvidia-smi would show ~{fmt_bytes_gib(res.nvidia_smi_estimate)} of {fmt_bytes_gib(hbm)}"]
 
 
 def handle(args: argparse.Namespace) -> Output:
+    from ..allocator import AllocatorConfig
     from ..ledger import memory
+    from ..ledger_reserve import reserve
 
     model = model_from_args(args)
     plan = plan_from_args(args, model)
@@ -39,6 +59,10 @@ def handle(args: argparse.Namespace) -> Output:
         f"peak at one moment: {fmt_bytes_gib(pm.peak_bytes)} ({pm.peak}"
         + (f", stage {pm.stage}" if pm.stage != led.stage else "") + f"; {pm.activation_model} activations)"]
     weighed = "its peak at one moment" if led.peak_decides else "the total"
+    res = None
+    if pm is not None:
+        res = reserve(model, plan, cluster, pm.stage, activation_model=pm.activation_model,
+                      config=AllocatorConfig.parse(args.alloc_conf))
     text = "\n".join([
         describe(model, plan),
         f"memory per GPU (pipeline stage {led.stage} of {plan.pp}):",
@@ -46,11 +70,13 @@ def handle(args: argparse.Namespace) -> Output:
         *peak_line,
         f"{verdict}: {fmt_bytes_gib(led.need_bytes)} ({weighed}) vs {fmt_bytes_gib(budget)} usable "
         f"({cluster.name} HBM {fmt_bytes_gib(led.hbm_bytes)} minus a {led.margin:.0%} margin)",
+        *(reserve_lines(res, led.hbm_bytes) if res is not None else []),
         *[f"note: {n}" for n in led.notes],
     ])
     data = {**led.to_json(), **echo(model, plan)}
     if pm is not None:
         data["peak_at_one_moment"] = pm.to_json()
+    data["reserve"] = res.to_json() if res is not None else None
     if args.measure:
         from ..distributed.instruments.measure import measure
 

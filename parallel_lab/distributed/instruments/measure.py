@@ -14,6 +14,7 @@ Details: docs/measure.md; the comparison with the ledger: README, "Measured at r
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -29,9 +30,10 @@ from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRef
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from parallel_lab.distributed.instruments.alloc_trace import AllocTrace, reserve_of_trace, steady_state
 from parallel_lab.distributed.instruments.tracer import CommTracer
 from parallel_lab.distributed.model.data import Batch
-from parallel_lab.distributed.model.model import Transformer
+from parallel_lab.distributed.model.model import Transformer, build_model, loss_fn
 from parallel_lab.distributed.runtime.grid import Grid, mesh
 from parallel_lab.distributed.runtime.runtime import Runtime, sequential_forward_backward
 from parallel_lab.distributed.runtime.train import check_parallelisms, parallelize
@@ -39,6 +41,7 @@ from parallel_lab.errors import ParallelLabError
 from parallel_lab.ledger import CATEGORIES, memory
 from parallel_lab.ledger_buffers import comm_buffer_parts
 from parallel_lab.ledger_peak import peak_moments
+from parallel_lab.ledger_reserve import ledger_events
 from parallel_lab.measurable import measurable_layout
 from parallel_lab.specs import ModelSpec, Plan
 
@@ -110,6 +113,9 @@ class Measurement:
     comm_parts: dict[str, dict[str, float]] = field(default_factory=dict)
     #: ``ledger_peak.peak_moments(...).to_json()``: the bytes alive at one moment, its peak beside the measured one
     moments: dict[str, Any] = field(default_factory=dict)
+    #: the step's allocation trace replayed through ``parallel_lab.allocator`` beside the ledger's moments
+    #: replayed (docs/reserve.md): ``{"measured": reserve_of_trace(...), "predicted": {...}}``
+    reserve: dict[str, Any] = field(default_factory=dict)
 
     def error(self, category: str, formula: str = "per-op") -> float | None:
         """``predicted / measured - 1`` for ``category`` (``peak`` compares with the ledger's total,
@@ -170,7 +176,8 @@ class Measurement:
                 "tracker_peak": dict(self.tracker_peak),
                 "tracker_activations": self.tracker_activations, "seconds": self.seconds,
                 "cpu_seconds": self.cpu_seconds, "notes": list(self.notes),
-                "comm_parts": {k: dict(v) for k, v in self.comm_parts.items()}}
+                "comm_parts": {k: dict(v) for k, v in self.comm_parts.items()},
+                "reserve": {k: dict(v) for k, v in self.reserve.items()}}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -258,15 +265,17 @@ class _Tracker(MemTracker):
         return sum(snap.get(kind, 0) for snap in self._curr_mem_snap.values())
 
 
-def _register_state(tracker: MemTracker, rt: Runtime) -> None:
-    """Tell the tracker about the state built before it started: parameters (module parameters and
-    ZeRO-3's shards) and the optimizers' own tensors (master copies that are not parameters)."""
+def _register_state(tracker: MemTracker, rt: Runtime, trace: AllocTrace | None = None) -> None:
+    """Tell the tracker (and ``trace``) about the state built before it started: parameters (module
+    parameters and ZeRO-3's shards) and the optimizers' own tensors (master copies that are not parameters)."""
     seen: set[int] = set()
 
     def add(t: Tensor | None, kind: _MemRefType) -> None:
         if isinstance(t, Tensor) and t.untyped_storage()._cdata not in seen:
             seen.add(t.untyped_storage()._cdata)
             tracker._update_and_maybe_create_winfos(t, kind)     # torch's own registration (private API)
+            if trace is not None:
+                trace.track(t)
 
     tracker.track_external(rt.model)
     for p in [*rt.model.parameters(), *rt.dp.params]:
@@ -277,6 +286,14 @@ def _register_state(tracker: MemTracker, rt: Runtime) -> None:
         for group in getattr(inner, "param_groups", []):
             for p in group["params"]:
                 add(p, _MemRefType.OPT)
+
+
+def _optimizer_tensors(rt: Runtime) -> list[Tensor]:
+    """The tensors the optimizers keep per parameter (AdamW's moments and step counts), made at the first step."""
+    optimizers = getattr(rt.dp, "optimizers", None) or [getattr(rt.dp, "optimizer", None)]
+    inner = [getattr(opt, "inner", opt) for opt in optimizers if opt is not None]
+    return [v for opt in inner for st in getattr(opt, "state", {}).values() for v in st.values()
+            if isinstance(v, Tensor)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -321,10 +338,11 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
             with unset_fake_temporarily():
                 micro = rt.micro_batches(batch)
             tracker = _Tracker()
-            _register_state(tracker, rt)
+            alloc = AllocTrace()                     # every storage of the step, for the allocator's replay
+            _register_state(tracker, rt, alloc)
             opt_before = tracker.current(_MemRefType.OPT)
             probe = _Probe(tracker, rt)
-            with tracker, _ValuesOfTheBatch(), tracer.observe():
+            with tracker, _ValuesOfTheBatch(), tracer.observe(), alloc:
                 say(f"stage {stage}: forward and backward of {len(micro)} micro-batch(es) "
                     f"[{time.perf_counter() - t0:.0f} s]")
                 rt.dp.zero_grad()
@@ -337,6 +355,8 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
                 tracker.phase = "step"
                 rt.dp.step()
                 state = dict(rt.dp.measure_state())
+            lazy_keys = [alloc.key_of(t) for t in _optimizer_tensors(rt)]
+            alloc.stop()
             probe.remove()
             lazy = tracker.current(_MemRefType.OPT) - opt_before
     finally:
@@ -364,11 +384,18 @@ def measure_stage(model: ModelSpec, plan: Plan, stage: int = 0, *, progress: Pro
         led = memory(model, plan, activation_model=f, stage=stage)
         predicted[f] = {**led.per_gpu_bytes, "total": led.total_bytes}
     moments = peak_moments(model, plan, stage).to_json()
+    traced = reserve_of_trace(steady_state(alloc.events, [k for k in lazy_keys if k is not None]))
+    ledger_list = reserve_of_trace(ledger_events(model, plan, stage, activation_model="per-op"))
+    gb = {k: {f: v / 1e9 for f, v in d.items()} for k, d in (("t", traced), ("l", ledger_list))}
+    notes.append(f"allocator (docs/reserve.md): this step's {traced['events']:.0f} allocations and frees replayed "
+                 f"reserve {gb['t']['reserved']:.3g} GB for {gb['t']['peak_requested']:.3g} GB of tensors "
+                 f"({gb['t']['reserved_expandable']:.3g} GB with expandable segments); the ledger's moments "
+                 f"replayed: {gb['l']['reserved']:.3g} GB ({gb['l']['reserved_expandable']:.3g} GB)")
     seconds = time.perf_counter() - t0
     say(f"stage {stage}: done [{seconds:.0f} s]")
     return Measurement(model, plan, stage, rank, measured, predicted, peak, float(probe.activations), seconds,
                        time.process_time() - c0, notes, {"measured": parts, "predicted": predicted_parts},
-                       moments)
+                       moments, {"measured": traced, "predicted": ledger_list})
 
 
 def measure(model: ModelSpec, plan: Plan, stage: int | None = None, *, progress: Progress | None = None
@@ -384,3 +411,33 @@ def measure_json(model: ModelSpec, plan: Plan, stage: int | None = None, *, prog
     [Measurement.to_json(), ...], "categories": [...], "formulas": [...]}``."""
     return {"stages": [m.to_json() for m in measure(model, plan, stage, progress=progress)],
             "categories": [*CATEGORIES, "peak"], "formulas": list(FORMULAS)}
+
+
+def training_step_trace(spec: ModelSpec, seq: int, micro_batch: int = 1, *, seed: int = 0,
+                        fake: bool = False) -> list[tuple]:
+    """The allocation events of the second training step (forward, backward, AdamW step, ``zero_grad``) of
+    the lab's model in fp32 on one process: the first step creates AdamW's moments, which the second holds
+    from its start, as every later step does. ``fake``: under ``FakeTensorMode`` (full-size shapes, no
+    memory; scalar reads answer as in ``measure.py``), else real tensors on CPU."""
+    torch.manual_seed(seed)
+    tokens = torch.randint(0, spec.vocab, (micro_batch, seq + 1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    trace = AllocTrace()
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), \
+            _ValuesOfTheBatch() if fake else contextlib.nullcontext():
+        net = Transformer(spec).train() if fake else build_model(spec, seed=seed)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=False)
+
+        def step() -> None:
+            loss = loss_fn(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step()
+        trace.existing([*net.parameters(),
+                        *(v for st in opt.state.values() for v in st.values() if isinstance(v, Tensor))])
+        with trace:
+            step()
+        trace.stop()
+    return trace.events
