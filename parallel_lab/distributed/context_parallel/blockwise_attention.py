@@ -13,6 +13,7 @@ boundaries (at most ``tile`` tokens): a tile pair the mask fully hides (causal o
 skipped, a fully visible one needs no mask, and only tiles on a mask's edge build one (:func:`tile_mask`),
 so a rank's time follows its attention work. :func:`local_attention` runs the kernel over a whole
 sequence: the fair single-process reference of bench/bench_cp.py. Derivations: docs/context_parallel.md.
+In fake tensors (``memory --measure``) the loop runs a few representative pairs (blockwise_replay.py).
 """
 
 from __future__ import annotations

@@ -22,23 +22,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from parallel_lab.distributed.context_parallel.blockwise_attention import KernelStats, Tile, Tokens
 
-Pair = tuple["Tile", "Tile"]
 #: ``blockwise_attention.tile_mask``; with ``build=False``: False (hidden), None (visible), True (masked)
 MaskOf = Callable[..., Any]
 
 
-def _size(pair: Pair | None) -> tuple[int, int] | None:
+def _size(pair: tuple[Tile, Tile] | None) -> tuple[int, int] | None:
     return None if pair is None else (pair[0].stop - pair[0].start, pair[1].stop - pair[1].start)
 
 
 def replay_runs(q: Tokens, kv: Tokens, causal: bool, mask_of: MaskOf, batch: int,
-                stats: KernelStats | None = None) -> list[list[Pair]]:
+                stats: KernelStats | None = None) -> list[list[tuple[Tile, Tile]]]:
     """Runs of ``(query tile, key tile)`` pairs whose replay meets every (state, shape) of the full loop over
     ``q.tiles x kv.tiles``; ``stats`` (optional) counts the full loop's pairs as the loop would."""
-    runs: list[list[Pair]] = []
+    runs: list[list[tuple[Tile, Tile]]] = []
     seen: set[Any] = set()
-    last: Pair | None = None              # the last computed pair
-    prev: Pair | None = None              # the previous pair, and what it left
+    last: tuple[Tile, Tile] | None = None              # the last computed pair
+    prev: tuple[Tile, Tile] | None = None              # the previous pair, and what it left
     prev_masked = prev_skipped = False
     end: Any = None                       # the state after the last run's last pair
     for qt in q.tiles:
