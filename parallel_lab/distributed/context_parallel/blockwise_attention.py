@@ -13,20 +13,25 @@ boundaries (at most ``tile`` tokens): a tile pair the mask fully hides (causal o
 skipped, a fully visible one needs no mask, and only tiles on a mask's edge build one (:func:`tile_mask`),
 so a rank's time follows its attention work. :func:`local_attention` runs the kernel over a whole
 sequence: the fair single-process reference of bench/bench_cp.py. Derivations: docs/context_parallel.md.
+In fake tensors (``memory --measure``) the loop runs a few representative pairs (blockwise_replay.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
+
+from parallel_lab.distributed.context_parallel.blockwise_replay import replay_runs
 
 NEG_INF = float("-inf")
 #: Largest tile (tokens) of the blockwise kernel; tiles never cross a chunk boundary.
 DEFAULT_TILE = 256
+REPLAY_FAKE = True          # in fake tensors: a few tile pairs (blockwise_replay.py); False: all (tests)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -82,9 +87,10 @@ class Tokens:
         return len(self.positions)
 
 
-def tile_mask(q: Tokens, qt: Tile, k: Tokens, kt: Tile, causal: bool) -> Tensor | bool | None:
+def tile_mask(q: Tokens, qt: Tile, k: Tokens, kt: Tile, causal: bool, build: bool = True) -> Tensor | bool | None:
     """The additive mask of one (query tile, key tile) pair, shaped ``(b or 1, 1, tq, 1, tk)`` (0 or -inf);
-    ``False``: the mask hides every pair (skip the tile); ``None``: it hides none (no mask needed)."""
+    ``False``: the mask hides every pair (skip the tile); ``None``: it hides none (no mask needed);
+    ``build=False``: ``True`` instead of building a mask (the tiles' metadata only, no tensor)."""
     partial = False
     if causal:
         if qt.pmax < kt.pmin:
@@ -97,6 +103,8 @@ def tile_mask(q: Tokens, qt: Tile, k: Tokens, kt: Tile, causal: bool) -> Tensor 
         partial = partial or not all(qt.dmin[i] == qt.dmax[i] == kt.dmin[i] == kt.dmax[i] for i in rows)
     if not partial:
         return None
+    if not build:
+        return True
     qp, kp = q.positions[qt.start:qt.stop], k.positions[kt.start:kt.stop]
     ok = torch.ones(1, len(qp), len(kp), dtype=torch.bool, device=qp.device)
     if causal:
@@ -176,58 +184,73 @@ class KernelStats:
 
 
 def attend_forward(state: OnlineSoftmax, qg: Tensor, k: Tensor, v: Tensor, q: Tokens, kv: Tokens,
-                   causal: bool, stats: KernelStats | None = None) -> None:
-    """Fold the key/value block ``k, v (b, g, s_k, d)`` (tokens ``kv``) into ``state`` for queries ``q``."""
+                   causal: bool, stats: KernelStats | None = None,
+                   pairs: Iterable[tuple[Tile, Tile]] | None = None) -> None:
+    """Fold the key/value block ``k, v (b, g, s_k, d)`` (tokens ``kv``) into ``state`` for queries ``q``;
+    ``pairs``: the (query tile, key tile) pairs run (default: all; in fake tensors, blockwise_replay's)."""
+    if pairs is None and REPLAY_FAKE and is_fake(qg):       # measured: a few pairs, the same peak
+        for run in replay_runs(q, kv, causal, tile_mask, qg.shape[0], stats):
+            attend_forward(state, qg, k, v, q, kv, causal, None, run)
+        return
     b, g, _, r, d = qg.shape
-    for qt in q.tiles:
-        q_t = qg[:, :, qt.start:qt.stop].reshape(b, g, -1, d)
-        for kt in kv.tiles:
-            mask = tile_mask(q, qt, kv, kt, causal)
-            if mask is False:
-                if stats is not None:
-                    stats.tiles_skipped += 1
-                continue
-            k_t = k[:, :, kt.start:kt.stop]
-            scores = torch.matmul(q_t, k_t.transpose(-1, -2)).view(b, g, qt.stop - qt.start, r, -1)
-            scores = scores.float()
-            if mask is not None:
-                scores.add_(mask)
-            state.update(qt.start, qt.stop, scores, v[:, :, kt.start:kt.stop])
+    last = None
+    for qt, kt in pairs if pairs is not None else ((qt, kt) for qt in q.tiles for kt in kv.tiles):
+        if qt is not last:
+            q_t, last = qg[:, :, qt.start:qt.stop].reshape(b, g, -1, d), qt
+        mask = tile_mask(q, qt, kv, kt, causal)
+        if mask is False:
             if stats is not None:
-                stats.tiles_computed += 1
-                stats.pairs_computed += b * (qt.stop - qt.start) * (kt.stop - kt.start)
+                stats.tiles_skipped += 1
+            continue
+        k_t = k[:, :, kt.start:kt.stop]
+        scores = torch.matmul(q_t, k_t.transpose(-1, -2)).view(b, g, qt.stop - qt.start, r, -1)
+        scores = scores.float()
+        if mask is not None:
+            scores.add_(mask)
+        state.update(qt.start, qt.stop, scores, v[:, :, kt.start:kt.stop])
+        if stats is not None:
+            stats.tiles_computed += 1
+            stats.pairs_computed += b * (qt.stop - qt.start) * (kt.stop - kt.start)
 
 
 def attend_backward(qg: Tensor, k: Tensor, v: Tensor, dog: Tensor, lse: Tensor, delta: Tensor, q: Tokens,
-                    kv: Tokens, causal: bool, dqg: Tensor, dk: Tensor, dv: Tensor) -> None:
+                    kv: Tokens, causal: bool, dqg: Tensor, dk: Tensor, dv: Tensor,
+                    pairs: Iterable[tuple[Tile, Tile]] | None = None) -> None:
     """Add this key/value block's part of the gradients (FlashAttention's backward, recomputing ``P``).
 
     ``dog``: output gradient grouped like ``qg``; ``lse``, ``delta = rowsum(dO * O)``: ``(b, g, s, r)``.
     ``dqg`` (like ``qg``) receives the gradient of the *scaled* queries; ``dk, dv (b, g, s_k, d)`` fp32.
+    ``pairs`` (the runs of blockwise_replay, in fake tensors): only these pairs, ``lse`` already masked.
     """
+    if pairs is None:
+        lse = lse.masked_fill(lse == NEG_INF, float("inf"))      # a query that sees nothing: P = 0
+        if REPLAY_FAKE and is_fake(qg):                          # measured: a few pairs, the same peak
+            for run in replay_runs(q, kv, causal, tile_mask, qg.shape[0]):
+                attend_backward(qg, k, v, dog, lse, delta, q, kv, causal, dqg, dk, dv, run)
+            return
     b, g, _, r, d = qg.shape
-    lse = lse.masked_fill(lse == NEG_INF, float("inf"))          # a query that sees nothing: P = 0
-    for qt in q.tiles:
+    last = None
+    for qt, kt in pairs if pairs is not None else ((qt, kt) for qt in q.tiles for kt in kv.tiles):
         a, z = qt.start, qt.stop
-        q_t = qg[:, :, a:z].reshape(b, g, -1, d)
-        do_t = dog[:, :, a:z].reshape(b, g, -1, d)
-        dq_t = dqg[:, :, a:z].view(b, g, -1, d)
-        lse_t, delta_t = lse[:, :, a:z, :, None], delta[:, :, a:z, :, None]
-        for kt in kv.tiles:
-            mask = tile_mask(q, qt, kv, kt, causal)
-            if mask is False:
-                continue
-            k_t, v_t = k[:, :, kt.start:kt.stop], v[:, :, kt.start:kt.stop]
-            scores = torch.matmul(q_t, k_t.transpose(-1, -2)).view(b, g, z - a, r, -1).float()
-            if mask is not None:
-                scores.add_(mask)
-            p = scores.sub_(lse_t).exp_()                                        # (b, g, tq, r, tk)
-            dp = torch.matmul(do_t, v_t.transpose(-1, -2)).view(p.shape).float()
-            ds = dp.sub_(delta_t).mul_(p).view(b, g, (z - a) * r, -1)          # P * (dP - delta)
-            p = p.view(ds.shape)
-            dv[:, :, kt.start:kt.stop] += torch.matmul(p.transpose(-1, -2), do_t.float())
-            dk[:, :, kt.start:kt.stop] += torch.matmul(ds.transpose(-1, -2), q_t.float())
-            dq_t += torch.matmul(ds, k_t.float()).to(dq_t.dtype)
+        if qt is not last:
+            q_t, last = qg[:, :, a:z].reshape(b, g, -1, d), qt
+            do_t = dog[:, :, a:z].reshape(b, g, -1, d)
+            dq_t = dqg[:, :, a:z].view(b, g, -1, d)
+            lse_t, delta_t = lse[:, :, a:z, :, None], delta[:, :, a:z, :, None]
+        mask = tile_mask(q, qt, kv, kt, causal)
+        if mask is False:
+            continue
+        k_t, v_t = k[:, :, kt.start:kt.stop], v[:, :, kt.start:kt.stop]
+        scores = torch.matmul(q_t, k_t.transpose(-1, -2)).view(b, g, z - a, r, -1).float()
+        if mask is not None:
+            scores.add_(mask)
+        p = scores.sub_(lse_t).exp_()                                        # (b, g, tq, r, tk)
+        dp = torch.matmul(do_t, v_t.transpose(-1, -2)).view(p.shape).float()
+        ds = dp.sub_(delta_t).mul_(p).view(b, g, (z - a) * r, -1)          # P * (dP - delta)
+        p = p.view(ds.shape)
+        dv[:, :, kt.start:kt.stop] += torch.matmul(p.transpose(-1, -2), do_t.float())
+        dk[:, :, kt.start:kt.stop] += torch.matmul(ds.transpose(-1, -2), q_t.float())
+        dq_t += torch.matmul(ds, k_t.float()).to(dq_t.dtype)
 
 
 def local_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, doc_ids: Tensor | None = None,
