@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-from ..palette import CURVE_COLORS, INK, MARK_COLORS
+from ..palette import CURVE_COLORS, MARK_COLORS
 from .base import new_figure
 
 
@@ -15,17 +15,17 @@ def goodput_figure(intervals_min: Sequence[float], curves: Mapping[str, Sequence
                    optima: Mapping[str, tuple[float, float]], n_ranks: Sequence[int],
                    clean: Mapping[str, Sequence[float]], *, title: str | None = None) -> Figure:
     """Left: goodput (%) against the checkpoint interval (minutes), one curve per job, its optimum
-    ``(interval, goodput)`` marked. Right: P(no slow rank) against the number of ranks, one curve per ``p``."""
+    ``(interval, goodput)`` marked (and written in the legend). Right: P(no slow rank) against the number of
+    ranks, one curve per ``p``."""
     fig = new_figure((9.6, 3.8))
     left, right = fig.subplots(1, 2)
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.15, top=0.85, wspace=0.28)
     for i, (name, ys) in enumerate(curves.items()):
         color = CURVE_COLORS[i % len(CURVE_COLORS)]
-        left.plot(list(intervals_min), [100 * y for y in ys], color=color, lw=1.6, label=name, gid=f"goodput:{name}")
         x, y = optima[name]
+        left.plot(list(intervals_min), [100 * y for y in ys], color=color, lw=1.6, gid=f"goodput:{name}",
+                  label=f"{name}: best {x:.0f} min, {100 * y:.1f}%")
         left.plot([x], [100 * y], "o", color=MARK_COLORS["peak"], ms=6, gid=f"optimum:{name}")
-        left.annotate(f"{x:.0f} min, {100 * y:.1f}%", (x, 100 * y), xytext=(6, 6), textcoords="offset points",
-                      fontsize=8, color=INK)
     left.set_xscale("log")
     left.set_xlabel("checkpoint interval (minutes of work)")
     left.set_ylabel("goodput: useful / wall time (%)")
