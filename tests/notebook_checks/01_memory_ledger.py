@@ -16,7 +16,10 @@ def check(text: str, nb) -> None:
     # the ledger's own code on the page: the optimizer's split and the rank view's three sharding conditions
     assert '"adam-mixed": (2, 2, 12),' in text
     assert '"optimizer_states": float((sharded if p.zero >= 1 else full) * o.optim_bytes),' in text
-    assert figures(nb) >= 4, figures(nb)       # ZeRO sweep, activation terms, measured rank, three plans
+    assert figures(nb) >= 5, figures(nb)       # optimizers, ZeRO sweep, activation terms, measured rank, three plans
+    # 1b. the model state of the 7B model per optimizer: 8-bit Adam's 10 B and SGD with momentum's 12 B per parameter
+    assert "adam-8bit           10     14.0     14.0       42.0      70.0" in text
+    assert "sgd-momentum        12     28.0     28.0       28.0      84.0" in text
     # every prediction cell gives feedback (the placeholders: "no answer yet"), never a silent pass
     checks = [c for c in nb.cells if c.cell_type == "code" and "check(" in c.source]
     assert len(checks) >= 8, len(checks)
@@ -64,6 +67,7 @@ ANSWERS = {
     "my_state_bytes": 16887808,                   # 16 B x 1,055,488 parameters (fp32 Adam, ZeRO-0)
     "my_shard_gb": 0.9616,
     "my_longest_seq": 8192,
+    "my_adam8bit_gb": 70,                         # 10 B per parameter x 7e9
 }
 WRONG = {
     "my_prediction_gb": 28,                       # bf16 weights and gradients, the optimizer states forgotten
@@ -74,6 +78,7 @@ WRONG = {
     "my_state_bytes": 8443904,                    # parameters and gradients, no Adam moments
     "my_shard_gb": 7.69,                          # the whole model's fp32 parameters, not one rank's shard of 8
     "my_longest_seq": 16384,
+    "my_adam8bit_gb": 112,                        # mixed-precision Adam's 16 B, the 8-bit moments missed
 }
 HINTS = {
     "my_prediction_gb": "leaves out optimizer states",
@@ -83,4 +88,5 @@ HINTS = {
     "my_state_bytes": "leaves out optimizer_states",
     "my_shard_gb": "each of the 8 ranks holds one shard",
     "my_longest_seq": "a factor 2 larger",
+    "my_adam8bit_gb": "mixed-precision Adam's 16 B",
 }

@@ -16,7 +16,16 @@ def check(text: str, nb) -> None:
         assert re.search(name + r"\s+87\.5% / 46\.7%\s+10\.9% /  9\.9%", text), name
     # the pictures: GPipe/1F1B timelines, the bubble sweep, 1F1B against interleaved, the measured runs
     assert "1f1b, p=4, m=8: bubble 37.5%" in text and "interleaved v=2, p=4, m=8: bubble 18.8%" in text
-    assert figures(nb) >= 5, figures(nb)
+    assert figures(nb) >= 7, figures(nb)     # and 4b's bubble of Meta's settings, 4c's exposed all-to-all
+    # 4b. Llama 3 405B's pipeline: the embedding and the head in a slot each, the bubble of each Table 4 row
+    assert "blocks per stage: [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]" in text
+    assert re.search(r"8K, 8,192 GPUs \(dp 64, m 32\)\s+simulated bubble\s+5\.9%", text)
+    assert re.search(r"131K, 16,384 GPUs \(cp 16, dp 8, m 16\)\s+simulated bubble\s+11\.7%", text)
+    assert "131K without context parallelism (dp 128): m = 1, bubble 1500%" in text
+    assert "m=24 is not a multiple of it" in text
+    # 4c. DualPipe's overlapped pairs on the lab's lists, and the pair time with and without the overlap
+    assert "[F7.0+B3.1] [F4.1+B0.0]" in text and "5 overlapped (forward, backward) pairs on rank 0" in text
+    assert "serial 6.0, zero-bubble B/W split 6.0, DualPipe 3.0 -> 2.00x" in text
     assert re.search(r"interleaved v=2\s+43\.8% / 30\.4%", text)         # (p-1)/(v m)
     assert "1f1b             [8, 7, 6, 5, 4, 3, 2, 1]" in text            # p - r in flight
     assert "gpipe            [64, 64, 64, 64, 64, 64, 64, 64]" in text
@@ -65,6 +74,8 @@ ANSWERS = {
     "my_kept": 0.77,
     "my_m_1f1b": 47,
     "my_m_zbh1": 24,
+    "my_meta_bubble_pct": 11.7,                   # (p - 1) / (v m) = 15 / 128
+    "my_pair_speedup": 2.0,                       # (1 + 2 + 3) / max(3, 3)
 }
 WRONG = {
     "my_bubble_pct": 46.7,                        # the idle fraction, not the bubble ratio
@@ -73,9 +84,13 @@ WRONG = {
     "my_kept": 0.9,                                # a guess: the fill and drain taken as a tenth of the step
     "my_m_1f1b": 46,                              # 7 / 46 is 15.2%: not under 15%
     "my_m_zbh1": 71,                              # 1F1B's bubble, (p - 1) / m < 10%
+    "my_meta_bubble_pct": 93.8,                   # (p - 1) / m: the v = 8 chunks forgotten
+    "my_pair_speedup": 1.0,                       # nothing hidden, as if DualPipe were zero-bubble's B/W split
 }
 HINTS = {
     "my_bubble_pct": "looks like the idle fraction",
     "my_idle_pct": "looks like the bubble ratio",
     "my_inflight": "a factor 8 larger",
+    "my_meta_bubble_pct": "without interleaving",
+    "my_pair_speedup": "nothing hidden",
 }

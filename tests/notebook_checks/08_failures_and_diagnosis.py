@@ -8,7 +8,7 @@ from notebook_checks import figures, number
 
 
 def check(text: str, nb) -> None:
-    assert figures(nb) >= 2, figures(nb)       # each rank's compute and wait, the loss curves
+    assert figures(nb) >= 3, figures(nb)       # each rank's compute and wait, the loss curves, goodput
     # the diagnosis's own code on the page: the straggler's ratio, the first rank to die, the hung rank
     assert 'ratio = slow["compute_s"] / others if others > 0 else float("inf")' in text
     assert "return self._died(min(gone, key=lambda r: (self.exited_at[r], r))) if gone else None" in text
@@ -37,10 +37,16 @@ def check(text: str, nb) -> None:
     assert "rank 1 failed after step 1: process killed by SIGKILL" in text
     assert re.search(r"its last action: step 2: forward phase \(last call: .* pp (recv|send) ", text)
     assert number(r"named ([\d.]+) s after the launch", text) < 60
+    # 7. goodput: Llama 3's 419 unexpected interruptions in 54 days, Young's interval, the clean steps of N ranks
+    assert "job MTBF 3.09 h; one GPU's MTBF 5.8 years" in text
+    assert "Young's optimal interval: 19.3 min of work between checkpoints" in text
+    assert "16,384 GPUs: MTBF   3.1 h, best interval  19.3 min, goodput 84.2%" in text
+    assert "P(no slow rank) at N = 16,384, p = 0.0001: 19.4%" in text
+    assert "by halving the suspects: 14 rounds" in text
     # every prediction cell ran with its placeholder and said so (never a silent pass)
     said = [c for c in nb.cells if c.cell_type == "code" and "check(my_" in c.source
             and "no answer yet" in str(c.get("outputs", []))]
-    assert len(said) == 6, len(said)
+    assert len(said) == 8, len(said)
 
 
 # The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
@@ -52,6 +58,8 @@ ANSWERS = {
     "my_first_step": 1,
     "my_blamed_rank": 1,
     "my_largest_tp": 2,                           # cpu-gloo has 2 ranks per node
+    "my_ckpt_interval_min": 19.3,                 # sqrt(2 x 60 s x 11,135 s) = 1156 s
+    "my_p_clean": 0.194,                          # (1 - 1e-4)^16,384
 }
 WRONG = {
     "my_root_buffers_gb": 16.06,                  # the gathered parameters only, not their gradient
@@ -60,6 +68,8 @@ WRONG = {
     "my_first_step": 0,
     "my_blamed_rank": 0,                          # the rank that reported the broken pipe
     "my_largest_tp": 4,                           # the whole dp = 4 grid
+    "my_ckpt_interval_min": 13.6,                 # sqrt(checkpoint x MTBF): the 2 left out
+    "my_p_clean": 0.9999,                         # one rank's chance, not all N ranks'
 }
 HINTS = {
     "my_root_buffers_gb": "leaves out one of",
@@ -68,4 +78,6 @@ HINTS = {
     "my_first_step": "too low",
     "my_blamed_rank": "too low",
     "my_largest_tp": "a factor 2 larger",
+    "my_ckpt_interval_min": "a factor 2 under the root",
+    "my_p_clean": "that is one rank's chance",
 }

@@ -379,3 +379,29 @@ def memory_sweep_figure(values: Sequence[Any], ledgers: Sequence[Any], knob: str
     return fig
 
 
+
+
+def optimizer_state_figure(per_optimizer: Mapping[str, Mapping[str, float]], hbm_bytes: float, *,
+                           title: str | None = None) -> Figure:
+    """One stacked bar per optimizer: bytes of parameters, gradients and optimizer states (GB), the HBM of
+    one GPU as a dashed line and each bar's total written above it."""
+    fig = new_figure((9.6, 3.6))
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.08, right=0.78, bottom=0.22, top=0.86)
+    names = list(per_optimizer)
+    bottoms = [0.0] * len(names)
+    for cat in ("parameters", "gradients", "optimizer_states"):
+        vals = [per_optimizer[n].get(cat, 0.0) / 1e9 for n in names]
+        ax.bar(range(len(names)), vals, bottom=bottoms, color=CATEGORY_COLORS[cat],
+               label=CATEGORY_LABELS[cat], gid=f"optimizer:{cat}")
+        bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+    for i, total in enumerate(bottoms):
+        ax.text(i, total, f"{total:.0f} GB", ha="center", va="bottom", fontsize=8, color=INK)
+    ax.axhline(hbm_bytes / 1e9, color=MUTED, ls="--", lw=1)
+    ax.set_xticks(range(len(names)), names, fontsize=8, rotation=15)
+    ax.set_ylabel("model state (GB)")
+    ax.set_ylim(0, 1.15 * max(max(bottoms), hbm_bytes / 1e9))
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if title:
+        ax.set_title(title, fontsize=10)
+    return fig
