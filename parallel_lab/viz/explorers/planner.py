@@ -32,7 +32,7 @@ from ..plots.base import CATEGORIES, draw_message, dynamic_title
 from ..plots.comm import draw_comm_bytes
 from ..plots.memory import category_legend, draw_memory
 from ..plots.planner import plan_label
-from ..plots.timeline import draw_timeline
+from ..plots.timeline import draw_timeline, draw_timeline_ends, needs_ends
 from .base import (
     DESC,
     ROW_ITEM,
@@ -233,10 +233,12 @@ class PlannerExplorer(Explorer):
                          + (f", v={plan.interleave}" if plan.interleave > 1 else "")
                          + f"; bubble {est.bubble_ratio:.1%}")
                 if self._drawn_timeline != (r["sim"], title, axes[2]):     # plans often share a schedule
-                    draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
-                                  title=title, memo=self._timeline_memo)
                     if len(axes) > 3:
-                        _zoom(axes[2], axes[3], r["sim"], plan, title, self._timeline_memo)
+                        draw_timeline_ends(axes[2], axes[3], r["sim"], plan.pp, title=title,
+                                           time_unit="time (F = 1)", memo=self._timeline_memo)
+                    else:
+                        draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
+                                      title=title, memo=self._timeline_memo)
                     self._drawn_timeline = (r["sim"], title, axes[2])
             else:
                 draw_message(axes[2], f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}: too many "
@@ -335,31 +337,8 @@ class PlannerExplorer(Explorer):
         return self.saved_path
 
 
-#: More micro-batches than this (times the interleave) draw the timeline's start and end, not a moire.
-ZOOM_MICROBATCHES = 24
-
-
 def _zoomed(plan: Plan) -> bool:
-    return plan.pp > 1 and plan.microbatches * max(plan.interleave, 1) > ZOOM_MICROBATCHES
-
-
-def _zoom(start: Axes, end: Axes, sim: Any, plan: Plan, title: str, memo: dict[Any, Any]) -> None:
-    """The step's start (warm-up into the steady state) on ``start`` and its end (cool-down) on ``end``,
-    each a window of about ``2 p + 6`` micro-batches' compute, so each box is wide enough to see."""
-    draw_timeline(end, sim, time_unit="", step_time=sim.step_time, title="", memo=memo)
-    total = sim.step_time
-    window = min(total / 2, 3.0 * (2 * plan.pp + 6))
-    start.set_xlim(0, window)
-    end.set_xlim(total - window, total)
-    start.set_title(title + ": the start", fontsize=10)
-    end.set_title(f"... the end (the step is {total:g})", fontsize=10)
-    end.set_yticks([])
-    if end.get_legend() is not None:
-        end.get_legend().remove()
-    if start.get_legend() is not None:                   # the legend right of the pair
-        handles, labels = start.get_legend().legend_handles, [t.get_text() for t in start.get_legend().get_texts()]
-        start.get_legend().remove()
-        end.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return needs_ends(plan.pp, plan.microbatches, plan.interleave)
 
 
 FILE_ERROR = "Plan file error"

@@ -239,6 +239,38 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     return {"ranks": ranks, "makespan": makespan, "busy": dict(prep.busy)}
 
 
+#: More micro-batches than this (times the interleave) draw the timeline's start and end, not a moire.
+ZOOM_MICROBATCHES = 24
+
+
+def needs_ends(stages: int, microbatches: int, interleave: int = 1) -> bool:
+    """Whether a schedule has too many boxes for one readable row per rank: :func:`draw_timeline_ends` then."""
+    return stages > 1 and microbatches * max(interleave, 1) > ZOOM_MICROBATCHES
+
+
+def draw_timeline_ends(start: Axes, end: Axes, sim: Any, stages: int, *, title: str, time_unit: str = "time",
+                       memo: dict[Any, Any] | None = None) -> None:
+    """A long schedule as two windows side by side: the step's start (warm-up into the steady state) on
+    ``start`` and its end (the steady state into the cool-down) on ``end``, each about ``2 p + 6``
+    micro-batches' compute wide, so each box is wide enough to see (one legend, right of the pair).
+    ``sim``: a ``simulate.SimResult`` (its ``step_time`` closes the window)."""
+    total = sim.step_time
+    draw_timeline(start, sim, time_unit=f"{time_unit}: the start, warm-up", step_time=total, title=title, memo=memo)
+    draw_timeline(end, sim, time_unit=f"... the end, cool-down (step {total:g})", step_time=total, title="",
+                  memo=memo)
+    window = min(total / 2, 3.0 * (2 * stages + 6))
+    start.set_xlim(0, window)
+    end.set_xlim(total - window, total)
+    end.set_yticks([])
+    if end.get_legend() is not None:
+        end.get_legend().remove()
+    legend = start.get_legend()
+    if legend is not None:                               # the legend right of the pair
+        handles, labels = legend.legend_handles, [t.get_text() for t in legend.get_texts()]
+        legend.remove()
+        end.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
 def timeline_figure(timeline: Any, *, title: str | None = None, time_unit: str = "time (cost units)",
                     time_scale: float = 1.0) -> Figure:
     """A simulated (or measured) pipeline timeline, one row per rank."""
