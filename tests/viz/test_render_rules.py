@@ -67,13 +67,21 @@ SETTINGS: dict[type, list[dict[str, Any]]] = {
     TPExplorer: [{}, {"tp": 8, "sp": True, "ring_step": 7}, {"tp": 2, "ring_step": 1}, {"tp": 1},
                  {"model": "tiny-llama", "tp": 4, "ring_step": 3}],
     PipelineExplorer: [{}, {"schedule": "gpipe", "stages": 8, "microbatches": 64},
-                       {"stages": 16, "microbatches": 64, "interleave": 4}, {"stages": 1}],
+                       {"stages": 16, "microbatches": 64, "interleave": 4}, {"stages": 1},
+                       # many micro-batches: the step's start and end side by side, not a moire of stripes
+                       {"schedule": "1f1b", "stages": 8, "microbatches": 128},
+                       {"schedule": "interleaved", "stages": 4, "microbatches": 128, "interleave": 2},
+                       {"schedule": "interleaved", "stages": 8, "microbatches": 64, "interleave": 4},
+                       {"schedule": "zb-h1", "stages": 4, "microbatches": 25}],
     RingExplorer: [{}, {"cp": 8, "step": 8, "balance": "contiguous"}, {"cp": 2, "step": 2}],
     GridExplorer: [{}, {"dp": 4, "tp": 8, "pp": 2, "cp": 2}, {"dp": 1, "tp": 1, "pp": 1, "cp": 1}],
     RoutingExplorer: [{}, {"skew": 2.0}, {"model": "deepseekmoe-16b", "ep": 8, "skew": 1.5},
                       {"model": "tiny-moe", "ep": 1, "skew": 0.0, "capacity_factor": 4.0}],
     RunExplorer: [{}, {"pp": 1, "dp": 4, "zero": 3}],
-    PlannerExplorer: [{}],                 # its best plan has m=128: the timeline's start and end, zoomed
+    # the default's best plan has pp=2, m=128: the timeline's start and end side by side; small searches
+    # (under 1 s each) cover a plan without a pipeline, another plan chosen, and a pipeline drawn whole
+    PlannerExplorer: [{}, {"gpus": 8}, {"gpus": 8, "chosen": 3, "top": 3},
+                      {"model": "tiny-llama", "gpus": 64}],
 }
 CASES = [(cls, s) for cls, ss in SETTINGS.items() for s in ss]
 

@@ -22,6 +22,7 @@ from ... import comm as comm_mod
 from ...quantities import fmt_bytes
 from ...sharding import check_tp, kv_heads_local, kv_replicas
 from ...specs import ModelSpec, Plan
+from ..palette import MUTED
 from ..plots.base import draw_message, two_panels
 from ..plots.tp import Split, draw_ring_allreduce, draw_tp_block
 from .base import Explorer, fresh, int_slider, labelled, model_controls, model_from, slider, status_line, toggles
@@ -117,4 +118,4 @@ class TPExplorer(Explorer):
                 f"2 (n - 1) / n x M = {fmt_bytes(sent)}.")
         return (status_line(f"<b>Per block and micro-batch</b> (s b h = {plan.seq} x {plan.micro_batch} x "
                             f"{r['model'].hidden} values): {rows}.")
-                + status_line(ring, "#57606a"))
+                + status_line(ring, MUTED))

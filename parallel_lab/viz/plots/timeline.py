@@ -225,10 +225,11 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     present = [k for k in ("F", "B", "W") if k in colls]
     legend_key = (tuple(present), max_chunk)
     if chart.parts.get("legend") != legend_key:
-        handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in present]
+        chunk0 = " (chunk 0)" if max_chunk else ""          # chunk 0 is the kind's own colour: one label
+        handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k] + chunk0) for k in present]
         if 0 < max_chunk <= 3:
             handles += [Patch(facecolor=lighten(KIND_COLORS["F"], 0.45 * c / max_chunk), label=f"chunk {c}")
-                        for c in range(max_chunk + 1)]
+                        for c in range(1, max_chunk + 1)]
         elif max_chunk > 3:
             handles.append(Patch(facecolor=lighten(KIND_COLORS["F"], 0.45),
                                  label=f"lighter: later chunk (v={max_chunk + 1})"))
