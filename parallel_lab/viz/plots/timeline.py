@@ -225,9 +225,8 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     present = [k for k in ("F", "B", "W") if k in colls]
     legend_key = (tuple(present), max_chunk)
     if chart.parts.get("legend") != legend_key:
-        chunk0 = " (chunk 0)" if max_chunk else ""          # chunk 0 is the kind's own colour: one label
-        handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k] + chunk0) for k in present]
-        if 0 < max_chunk <= 3:
+        handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in present]
+        if 0 < max_chunk <= 3:              # chunk 0 is the kind's own colour: one colour, one label
             handles += [Patch(facecolor=lighten(KIND_COLORS["F"], 0.45 * c / max_chunk), label=f"chunk {c}")
                         for c in range(1, max_chunk + 1)]
         elif max_chunk > 3:
@@ -263,10 +262,8 @@ def draw_timeline_ends(start: Axes, end: Axes, sim: Any, stages: int, *, title: 
     start.set_xlim(0, window)
     end.set_xlim(total - window, total)
     end.set_yticks([])
-    if end.get_legend() is not None:
-        end.get_legend().remove()
-    legend = start.get_legend()
-    if legend is not None:                               # the legend right of the pair
+    legend = start.get_legend()                          # new when the kinds shown changed (else kept on end)
+    if legend is not None:                               # the legend right of the pair, replacing end's own
         handles, labels = legend.legend_handles, [t.get_text() for t in legend.get_texts()]
         legend.remove()
         end.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
