@@ -65,8 +65,11 @@ MEASURE_COLORS: dict[str, str] = {"measured": MEASURED}
 INK, MUTED, GHOST, IDLE, IDLE_EDGE, HIGHLIGHT = "#1f2328", "#57606a", "#8c959f", "#f2f2f2", "#c8c8c8", "#ffe9a8"
 NEUTRALS: frozenset[str] = frozenset({INK, MUTED, GHOST, IDLE, IDLE_EDGE, HIGHLIGHT, "#ffffff", "#000000",
                                       "#888888", "#999999", "#bbbbbb", "#dddddd", "#eeeeee", "#cccccc"})
-#: HTML status colours (text, not figures).
+#: HTML status colours (text, not figures): good news, bad news, a warning; an error box's text, fill and
+#: edge; a link; the chosen row of a table. Explorers write no other colour in their HTML (tests/viz).
 OK, BAD, WARN = "#1a7f37", "#b00020", "#9a6700"
+ERROR_TEXT, ERROR_FILL, ERROR_EDGE, LINK, CHOSEN_ROW = "#9b1c1c", "#fdecea", "#d93025", "#0969da", "#fff3c4"
+HTML_COLORS: frozenset[str] = frozenset({OK, BAD, WARN, ERROR_TEXT, ERROR_FILL, ERROR_EDGE, LINK, CHOSEN_ROW})
 
 PALETTES: dict[str, Mapping[str, str]] = {
     "category": CATEGORY_COLORS, "dim": DIM_COLORS,

@@ -2,7 +2,10 @@
 sees broken: no two texts overlap, no text is crossed by a reference line (``axhline`` / ``axvline``), no
 text under 8 pt, no text cut at the figure's edge, no text hard to read on the fill under it (contrast
 under 3:1), and no colour with two meanings in one figure (two legend labels for one colour, unless both
-name the colour's palette meaning).
+name the colour's palette meaning), no colour drawn without a legend entry (itself or lightened, as later
+pipeline chunks) or a text naming it (its palette meaning, or a caption "colour: <palette>" such as
+"colour = rank"; neutral greys are exempt, so the legends of grey marks are checked by eye), and no status
+HTML colour outside the palette.
 Text extents come from the Agg renderer after a full draw. One explorer per tab is reused for all its
 settings (as in the app).
 
@@ -67,13 +70,21 @@ SETTINGS: dict[type, list[dict[str, Any]]] = {
     TPExplorer: [{}, {"tp": 8, "sp": True, "ring_step": 7}, {"tp": 2, "ring_step": 1}, {"tp": 1},
                  {"model": "tiny-llama", "tp": 4, "ring_step": 3}],
     PipelineExplorer: [{}, {"schedule": "gpipe", "stages": 8, "microbatches": 64},
-                       {"stages": 16, "microbatches": 64, "interleave": 4}, {"stages": 1}],
+                       {"stages": 16, "microbatches": 64, "interleave": 4}, {"stages": 1},
+                       # many micro-batches: the step's start and end side by side, not a moire of stripes
+                       {"schedule": "1f1b", "stages": 8, "microbatches": 128},
+                       {"schedule": "interleaved", "stages": 4, "microbatches": 128, "interleave": 2},
+                       {"schedule": "interleaved", "stages": 8, "microbatches": 64, "interleave": 4},
+                       {"schedule": "zb-h1", "stages": 4, "microbatches": 25}],
     RingExplorer: [{}, {"cp": 8, "step": 8, "balance": "contiguous"}, {"cp": 2, "step": 2}],
     GridExplorer: [{}, {"dp": 4, "tp": 8, "pp": 2, "cp": 2}, {"dp": 1, "tp": 1, "pp": 1, "cp": 1}],
     RoutingExplorer: [{}, {"skew": 2.0}, {"model": "deepseekmoe-16b", "ep": 8, "skew": 1.5},
                       {"model": "tiny-moe", "ep": 1, "skew": 0.0, "capacity_factor": 4.0}],
     RunExplorer: [{}, {"pp": 1, "dp": 4, "zero": 3}],
-    PlannerExplorer: [{}],                 # its best plan has m=128: the timeline's start and end, zoomed
+    # the default's best plan has pp=2, m=128: the timeline's start and end side by side; small searches
+    # (under 1 s each) cover a plan without a pipeline, another plan chosen, and a pipeline drawn whole
+    PlannerExplorer: [{}, {"gpus": 8}, {"gpus": 8, "chosen": 3, "top": 3},
+                      {"model": "tiny-llama", "gpus": 64}],
 }
 CASES = [(cls, s) for cls, ss in SETTINGS.items() for s in ss]
 
@@ -110,12 +121,14 @@ def _candidate_texts(fig: Figure) -> list[Text]:
 def _texts(fig: Figure, renderer: Any) -> list[tuple[Text, Any]]:
     """Visible, non-empty texts with their window extents (clipped texts outside their axes left out)."""
     out = []
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
+    in_legends = {id(t) for leg in legends for t in [*leg.get_texts(), leg.get_title()]}
     for t in _candidate_texts(fig):
         if not t.get_visible() or not t.get_text().strip() or t.get_gid() == "current-label":
             continue
         box = t.get_window_extent(renderer)
         ax = t.axes
-        if ax is not None and t.get_clip_on() and not ax.bbox.overlaps(box):
+        if ax is not None and t.get_clip_on() and not ax.bbox.overlaps(box) and id(t) not in in_legends:
             continue
         out.append((t, box))
     return out
@@ -151,6 +164,71 @@ def _legend_colours(fig: Figure) -> dict[str, set[str]]:
             else:
                 continue
             out.setdefault(to_hex(color), set()).add(text.get_text())
+    return out
+
+
+def _legend_marks(fig: Figure) -> set[str]:
+    """Every face and edge colour of every legend handle of ``fig`` (hex)."""
+    out: set[str] = set()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
+    for leg in legends:
+        for handle in leg.legend_handles:
+            if isinstance(handle, Patch):
+                out |= {to_hex(handle.get_facecolor()), to_hex(handle.get_edgecolor())}
+            elif isinstance(handle, Line2D):
+                out |= {to_hex(handle.get_color()), to_hex(handle.get_markerfacecolor())}
+    return out
+
+
+def _lighter_of(color: str, base: str) -> bool:
+    """``color`` is ``base`` lightened towards white (``plots.base.lighten``), e.g. a later pipeline chunk."""
+    from matplotlib.colors import to_rgb
+
+    c, b = to_rgb(color), to_rgb(base)
+    i = min(range(3), key=lambda k: b[k])                 # the channel farthest from white fixes the amount
+    t = (c[i] - b[i]) / (1 - b[i]) if b[i] < 0.99 else 0.0
+    return 0 <= t <= 1 and all(abs(b[k] + (1 - b[k]) * t - c[k]) < 2.5 / 255 for k in range(3))
+
+
+def _marks(fig: Figure) -> set[str]:
+    """The non-neutral colours of the visible patches and collections of ``fig``: fills and outlines (an
+    outline counts where it is drawn, linewidth > 0)."""
+    from matplotlib.collections import Collection
+
+    out: set[str] = set()
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        for art in [*ax.patches, *ax.collections]:
+            if not art.get_visible():
+                continue
+            if isinstance(art, Collection):
+                faces = list(art.get_facecolors())
+                edges = list(art.get_edgecolors()) if max(art.get_linewidths(), default=0) > 0 else []
+            else:
+                faces = [art.get_facecolor()] if art.get_fill() else []
+                edges = [art.get_edgecolor()] if art.get_linewidth() > 0 else []
+            out |= {to_hex(c) for c in [*faces, *edges] if c[3] > 0}
+    return {c for c in out if c not in palette.NEUTRALS}
+
+
+def unexplained_marks(fig: Figure) -> list[str]:
+    """Colours drawn in ``fig`` that neither a legend handle shows (itself, or lightened) nor a text of the
+    figure names (the colour's palette meaning, e.g. "partial" for the ring's partial sums)."""
+    shown = _legend_marks(fig)
+    words = "\n".join(t.get_text() for ax in fig.axes for t in [*ax.texts, ax.title, ax.xaxis.label,
+                                                                  ax.yaxis.label]) + "\n".join(
+        t.get_text() for t in fig.texts)
+    captions = [t for t in words.split("\n") if "colour" in t]
+    out = []
+    for c in sorted(_marks(fig)):
+        family, name = (palette.meaning(c) or ":").split(":", 1)
+        name = name.replace("_", " ").split(" ")[0]        # "operator fill": named by "operator"
+        if c in shown or any(_lighter_of(c, s) for s in shown) or (name and name in words):
+            continue
+        if family and any(family in t for t in captions):      # "colour = rank", "colour: tp groups"
+            continue
+        out.append(f"colour {c} ({palette.meaning(c) or 'no meaning'}) has no legend entry or caption")
     return out
 
 
@@ -236,8 +314,33 @@ def test_every_picture_keeps_the_layout_rules(cls, settings, explorers):
     assert ex.error is None, f"{cls.__name__}({settings}): {ex.error}"
     if cls is MemoryExplorer:
         check_memory_verdict(ex)
-    problems = layout_problems(ex.figure)
+    problems = layout_problems(ex.figure) + unexplained_marks(ex.figure) + unpalette_html(ex.status.value)
     assert not problems, f"{cls.__name__}({settings}): " + "; ".join(problems)
+
+
+def unpalette_html(markup: str) -> list[str]:
+    """Hex colours in an explorer's status HTML that are not the palette's (its HTML status colours, its
+    neutrals, or a meaning's colour, e.g. the Planner's step breakdown)."""
+    import re
+
+    allowed = palette.HTML_COLORS | palette.NEUTRALS | set(palette.MEANINGS)
+    return [f"status HTML colour {h} is not the palette's" for h in re.findall(r"#[0-9a-fA-F]{6}\b", markup)
+            if h.lower() not in allowed]
+
+
+def test_explorers_write_no_colour_of_their_own():
+    """The explorers' HTML (status lines, tables, error boxes) names no hex colour: each comes from
+    ``viz.palette`` (``OK``, ``BAD``, ``WARN``, ``MUTED``...), so a status colour means one thing."""
+    import re
+    from pathlib import Path
+
+    import parallel_lab.viz.explorers as explorers
+
+    found = {f"{p.name}: {h}" for p in Path(explorers.__file__).parent.glob("*.py")
+             for h in re.findall(r"(?<!&)#[0-9a-fA-F]{3}(?:[0-9a-fA-F]{3})?\b", p.read_text())}
+    assert not found, sorted(found)
+    assert unpalette_html('<div style="color:#123456">x</div>')
+    assert not unpalette_html(f"<b style='color:{palette.OK}'>")
 
 
 def test_the_rules_catch_what_they_are_for():
@@ -256,6 +359,8 @@ def test_the_rules_catch_what_they_are_for():
     ax.legend(handles=[Patch(color="#1b9e77", label="dp"), Patch(color="#1b9e77", label="compute")])
     ax.add_patch(Rectangle((0.6, 0.05), 0.3, 0.12, facecolor="#ffff99"))
     ax.text(0.75, 0.11, "pale", ha="center", va="center", color="white", fontsize=9)
+    ax.add_patch(Rectangle((0.1, 0.3), 0.1, 0.1, facecolor=palette.DIM_COLORS["tp"]))
+    assert "colour #e7298a (dim:tp) has no legend entry or caption" in unexplained_marks(fig)
     found = " | ".join(layout_problems(fig))
     assert "'one' overlaps 'two'" in found and "crossed by a horizontal" in found
     assert "'tiny' is 6.0 pt" in found and "colour #1b9e77 means" in found

@@ -14,6 +14,7 @@ import ipywidgets as W
 
 from ...hardware import ClusterSpec
 from ...specs import ModelSpec, Plan
+from ..palette import MUTED
 from .base import no_null_tooltips
 from .comm import CommExplorer
 from .grid import GridExplorer
@@ -99,11 +100,11 @@ class App(W.VBox):
         }
         intro = '<p class="pl-intro" style="font-size:14px;margin:4px 0 8px">{}</p>'
         self._pages = {n: W.VBox([W.HTML(intro.format(INTROS[n])),
-                                  W.HTML("<i style='color:#57606a'>building this tab...</i>")]) for n in makers}
+                                  W.HTML(f"<i style='color:{MUTED}'>building this tab...</i>")]) for n in makers}
         self.explorers = Explorers(makers, self._built)
         self.tabs = W.Tab(children=list(self._pages.values()), titles=list(makers))
         header = W.HTML("<div style='margin:4px 0'><b style='font-size:18px'>parallel_lab</b> "
-                        "<span style='color:#57606a'>Predict the memory, the communication and "
+                        f"<span style='color:{MUTED}'>Predict the memory, the communication and "
                         "the pipeline bubble of a multi-GPU "
                         "training plan; change any input and watch the numbers move.</span></div>")
         self.glossary = W.HTML(glossary_html())

@@ -34,6 +34,7 @@ from ...errors import ParallelLabError
 from ...hardware import CLUSTER_PRESETS, ClusterSpec
 from ...specs import MODEL_PRESETS, ModelSpec, Plan
 from ..frames import Frames
+from ..palette import ERROR_EDGE, ERROR_FILL, ERROR_TEXT, INK
 from ..plots.base import DPI, FIGSIZE, new_figure
 from .help import tooltip
 from .lessons import EXPLAINED_BY, lesson_link
@@ -130,11 +131,12 @@ def error_html(err: BaseException, head: str = "Invalid combination") -> str:
         msg = str(err)
     else:
         head, msg = "Internal error (please report it)", f"{type(err).__name__}: {err}"
-    return (f'<div class="pl-error" style="color:#9b1c1c;background:#fdecea;border-left:4px solid #d93025;'
+    return (f'<div class="pl-error" style="color:{ERROR_TEXT};background:{ERROR_FILL};'
+            f'border-left:4px solid {ERROR_EDGE};'
             f'padding:6px 10px;margin:4px 0"><b>{head}:</b> {html.escape(msg)}</div>')
 
 
-def status_line(text: str, color: str = "#1f2328") -> str:
+def status_line(text: str, color: str = INK) -> str:
     return f'<div style="color:{color};margin:2px 0">{text}</div>'
 
 

@@ -21,6 +21,7 @@ from ...hardware import CLUSTER_PRESETS, ClusterSpec
 from ...mesh import node_count, rank_of, tier_of
 from ...quantities import fmt_bytes
 from ...specs import Plan
+from ..palette import MUTED
 from ..plots.grid import draw_grid, draw_tier_bytes, grid_legend_handles
 from .base import SEQS, Explorer, dropdown, labelled, model_controls, model_from, slider, status_line, toggles
 
@@ -112,4 +113,4 @@ class GridExplorer(Explorer):
         where = ", ".join(f"{d} on {t}" for d, t in r["report"].tiers.items())
         return (status_line(f"<b>{k} of {n}</b> {r['dim']} groups span more than one node of "
                             f"{r['cluster'].gpus_per_node} GPUs. Bytes per GPU per step by tier: {tiers}.")
-                + status_line(f"Each dimension's collectives land on: {where or 'no communication'}.", "#57606a"))
+                + status_line(f"Each dimension's collectives land on: {where or 'no communication'}.", MUTED))

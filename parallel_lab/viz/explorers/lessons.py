@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import html
 
+from ..palette import LINK
+
 LAB_PORT = 8888          #: the port of ``make lab`` (Makefile LAB_PORT)
 
 #: lesson file stem -> title, in order
@@ -56,7 +58,7 @@ def lesson_url(stem: str, lab_port: int = LAB_PORT) -> str:
 def lesson_link(stem: str) -> str:
     """``<a class="pl-lesson" ...>Lesson 01: The memory ledger</a>`` (opens in a new tab)."""
     return (f'<a class="pl-lesson" data-lesson="{stem}" href="{html.escape(lesson_url(stem))}" target="_blank" '
-            f'rel="noopener" style="color:#0969da;text-decoration:underline">'
+            f'rel="noopener" style="color:{LINK};text-decoration:underline">'
             f'Lesson {stem[:2]}: {html.escape(LESSONS[stem])}</a>')
 
 

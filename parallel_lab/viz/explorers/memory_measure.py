@@ -30,6 +30,7 @@ from ...ledger import CATEGORIES
 from ...measurable import measurable_layout
 from ...quantities import fmt_bytes, fmt_seconds
 from ...specs import ModelSpec, Plan
+from ..palette import MUTED
 from ..plots.base import CATEGORY_LABELS, DPI, new_figure, to_png
 from ..plots.measured import draw_predicted_measured
 from ..plots.memory import category_legend, draw_memory
@@ -166,7 +167,7 @@ class MeasurePanel(W.VBox):
         if job.cancelled:
             self.progress_text.value = "cancelled (the measurement's process stopped)"
             self.failed = "cancelled"
-            self.status.value = status_line("Measurement cancelled: nothing was measured.", "#57606a")
+            self.status.value = status_line("Measurement cancelled: nothing was measured.", MUTED)
         elif job.report is None:
             self.progress_text.value = "failed"
             self.failed = job.error or "the command did not answer"
@@ -208,13 +209,13 @@ class MeasurePanel(W.VBox):
             self.status.value = status_line(
                 f"The last measurement was of another plan ({html.escape(m.name)}, dp={p.dp} tp={p.tp} "
                 f"pp={p.pp} cp={p.cp} zero={p.zero}, seq {p.seq}, stage {s}); press <i>measure this plan</i> "
-                f"for this one.", "#57606a")
+                f"for this one.", MUTED)
         else:
             self.status.value = status_line(
                 "<i>measure this plan</i> runs one training step of the fullest stage's rank at full size in "
                 "fake tensors, in a process of its own (<code>parallel-lab memory ... --measure</code>): "
                 "seconds to a minute, nothing allocated; the measured bytes appear here beside the ledger's.",
-                "#57606a")
+                MUTED)
 
     def on_refresh(self) -> None:
         """The explorer redrew: drop a refusal that was about another plan, then :meth:`show_for`."""
@@ -243,9 +244,9 @@ class MeasurePanel(W.VBox):
         self.image.value = to_png(fig)
         self.table.value = measure_table(report, entry) + status_line(
             "error = predicted / measured - 1; the peak row is torch's tracker's peak against the ledger's total",
-            "#57606a") + "".join(
-            status_line(html.escape(n), "#57606a") for n in entry["notes"]) + status_line(
-            f"command: <code>{html.escape(command)}</code>", "#57606a")
+            MUTED) + "".join(
+            status_line(html.escape(n), MUTED) for n in entry["notes"]) + status_line(
+            f"command: <code>{html.escape(command)}</code>", MUTED)
         peak = entry["measured"]["peak"]
         worst = max((abs(e) for k, e in entry["error"]["per-op"].items() if k != "peak" and e is not None),
                     default=0.0)

@@ -19,7 +19,8 @@ from ... import simulate as simulate_mod
 from ...quantities import fmt_seconds
 from ...schedules.generators import build_schedule
 from ...specs import SCHEDULES
-from ..plots.timeline import draw_timeline, timeline_rows
+from ..palette import MUTED
+from ..plots.timeline import draw_timeline, draw_timeline_ends, needs_ends, timeline_rows
 from .base import DESC, ROW_ITEM, Explorer, int_slider, labelled, status_line, toggles
 
 
@@ -42,7 +43,7 @@ class PipelineExplorer(Explorer):
         c: dict[str, W.ValueWidget] = {
             "schedule": toggles("schedule", SCHEDULES, schedule, "86px"),
             "stages": int_slider("stages p", 1, 16, stages),
-            "microbatches": int_slider("micro-batches m", 1, 64, microbatches),
+            "microbatches": int_slider("micro-batches m", 1, 128, microbatches),
             "interleave": int_slider("interleave v", 1, 32, interleave),
             "f": W.FloatSlider(value=1.0, min=0.25, max=3.0, step=0.25, description="forward f",
                                continuous_update=False, style=DESC, layout=ROW_ITEM),
@@ -87,19 +88,24 @@ class PipelineExplorer(Explorer):
 
     def layout_key(self, r: dict[str, Any]) -> Any:
         mp = len({row[0] for row in r["measured"]}) if r["measured"] else 0
-        return (r["p"], mp)
+        return (r["p"], mp, not mp and needs_ends(r["p"], r["m"], r["v"]))
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
-        p, mp = self.layout_key(r)
+        p, mp, ends = self.layout_key(r)
         rows = [p] + ([mp] if mp else [])
         title_in, label_in = 0.32, 0.5                       # inches above (title) and below (x label)
         h_in = [0.45 + 0.3 * n for n in rows]
         total = sum(title_in + h + label_in for h in h_in) + 0.05
         fig.set_size_inches(self.figsize[0], total)
         axes, top = [], 1.0
-        for h in h_in:
+        for i, h in enumerate(h_in):
             bottom = top - (title_in + h) / total
-            axes.append(fig.add_axes((0.085, bottom, 0.77, h / total)))
+            if ends and i == 0:                    # the step's start and its end, side by side
+                gs = fig.add_gridspec(1, 2, wspace=0.12, left=0.085, right=0.855, bottom=bottom,
+                                      top=bottom + h / total)
+                axes += [fig.add_subplot(gs[0]), fig.add_subplot(gs[1])]
+            else:
+                axes.append(fig.add_axes((0.085, bottom, 0.77, h / total)))
             top = bottom - label_in / total
         return axes
 
@@ -111,6 +117,8 @@ class PipelineExplorer(Explorer):
         if r["measured"] and self.unit_s:            # both in ms on one axis: simulated beside measured
             draw_timeline(axes[0], sim, title=title + f" (F = {self.unit_s * 1e3:.3g} ms, as measured)",
                           time_unit="time (ms)", step_time=sim.step_time, time_scale=self.unit_s * 1e3)
+        elif len(axes) > 1 and not r["measured"]:     # many micro-batches: the start and the end, not a moire
+            draw_timeline_ends(axes[0], axes[1], sim, r["p"], title=title, time_unit="time (cost units)")
         else:
             # a time axis on round numbers: it stays put (and shows the step growing) while m or p change
             draw_timeline(axes[0], sim, title=title, time_unit="time (cost units)", step_time=sim.step_time,
@@ -133,7 +141,7 @@ class PipelineExplorer(Explorer):
             status_line(f"Peak in-flight (micro-batch, chunk) pairs per rank: [{peaks}]"
                   + (f"; in micro-batches of a whole stage: "
                      f"[{', '.join(f'{x:g}' for x in sim.peak_activation_units)}]" if r["v"] > 1 else "")
-                  + ".", "#57606a"),
+                  + ".", MUTED),
         ]
         if r["measured"]:
             rows = r["measured"]

@@ -27,12 +27,12 @@ from ...planner_constraints import Constraints
 from ...quantities import fmt_bytes, fmt_seconds
 from ...schedules.generators import build_schedule
 from ...specs import Plan
-from ..palette import DIM_COLORS, STEP_COLORS
+from ..palette import CHOSEN_ROW, DIM_COLORS, GHOST, IDLE_EDGE, MUTED, OK, STEP_COLORS, WARN
 from ..plots.base import CATEGORIES, draw_message, dynamic_title
 from ..plots.comm import draw_comm_bytes
 from ..plots.memory import category_legend, draw_memory
 from ..plots.planner import plan_label
-from ..plots.timeline import draw_timeline
+from ..plots.timeline import draw_timeline, draw_timeline_ends, needs_ends
 from .base import (
     DESC,
     ROW_ITEM,
@@ -132,7 +132,7 @@ class PlannerExplorer(Explorer):
         if key != self._search_key:
             # the kernel sends this at once: the learner sees the search running, not a frozen page
             self.status.value = status_line(f"<b>Searching</b> every plan for {html.escape(model.name)} on "
-                                            f"{v['gpus']:,} x {html.escape(cluster.name)}...", "#57606a")
+                                            f"{v['gpus']:,} x {html.escape(cluster.name)}...", MUTED)
             self._search = None                         # free the old result before the new search
             self._shown.clear()
             self._schedules.clear()
@@ -233,10 +233,12 @@ class PlannerExplorer(Explorer):
                          + (f", v={plan.interleave}" if plan.interleave > 1 else "")
                          + f"; bubble {est.bubble_ratio:.1%}")
                 if self._drawn_timeline != (r["sim"], title, axes[2]):     # plans often share a schedule
-                    draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
-                                  title=title, memo=self._timeline_memo)
                     if len(axes) > 3:
-                        _zoom(axes[2], axes[3], r["sim"], plan, title, self._timeline_memo)
+                        draw_timeline_ends(axes[2], axes[3], r["sim"], plan.pp, title=title,
+                                           time_unit="time (F = 1)", memo=self._timeline_memo)
+                    else:
+                        draw_timeline(axes[2], r["sim"], time_unit="time (F = 1)", step_time=r["sim"].step_time,
+                                      title=title, memo=self._timeline_memo)
                     self._drawn_timeline = (r["sim"], title, axes[2])
             else:
                 draw_message(axes[2], f"{plan.schedule}: p={plan.pp}, m={plan.microbatches}: too many "
@@ -264,7 +266,7 @@ class PlannerExplorer(Explorer):
         poor = poor_plan_reasons(best)
         if poor:
             lines.append(status_line(f"<b>Warning</b>: even the best plan is poor ({'; '.join(poor)}): try fewer "
-                                     "GPUs, a larger global batch or a longer sequence per GPU", "#9a6700"))
+                                     "GPUs, a larger global batch or a longer sequence per GPU", WARN))
         return "".join(lines)
 
     # ---- one plan across the tabs -----------------------------------------------------------------
@@ -277,7 +279,7 @@ class PlannerExplorer(Explorer):
         r = self.result
         msg = self.on_open(r["model"], r["cluster"], r["plan"], r["result"].gpus)
         self.save_message.value = status_line(f"Plan #{r['index'] + 1} ({html.escape(plan_label(r['plan']))}) "
-                                              f"{msg}", "#1a7f37")
+                                              f"{msg}", OK)
         return msg
 
     def load(self) -> str | None:
@@ -301,7 +303,7 @@ class PlannerExplorer(Explorer):
             return None
         msg = self.on_open(pf.model, pf.cluster, pf.plan, pf.gpus)
         self.save_message.value = status_line(f"Plan file <code>{html.escape(str(path.resolve()))}</code> "
-                                              f"({html.escape(plan_label(pf.plan))}) {msg}", "#1a7f37")
+                                              f"({html.escape(plan_label(pf.plan))}) {msg}", OK)
         return msg
 
     # ---- plan file ------------------------------------------------------------------------------
@@ -331,35 +333,12 @@ class PlannerExplorer(Explorer):
         where = html.escape(str(self.saved_path))
         label = html.escape(plan_label(r["plan"]))
         self.save_message.value = status_line(f"Saved plan #{r['index'] + 1} ({label}, phase "
-                                        f"{html.escape(phase)}) to <code>{where}</code>", "#1a7f37")
+                                        f"{html.escape(phase)}) to <code>{where}</code>", OK)
         return self.saved_path
 
 
-#: More micro-batches than this (times the interleave) draw the timeline's start and end, not a moire.
-ZOOM_MICROBATCHES = 24
-
-
 def _zoomed(plan: Plan) -> bool:
-    return plan.pp > 1 and plan.microbatches * max(plan.interleave, 1) > ZOOM_MICROBATCHES
-
-
-def _zoom(start: Axes, end: Axes, sim: Any, plan: Plan, title: str, memo: dict[Any, Any]) -> None:
-    """The step's start (warm-up into the steady state) on ``start`` and its end (cool-down) on ``end``,
-    each a window of about ``2 p + 6`` micro-batches' compute, so each box is wide enough to see."""
-    draw_timeline(end, sim, time_unit="", step_time=sim.step_time, title="", memo=memo)
-    total = sim.step_time
-    window = min(total / 2, 3.0 * (2 * plan.pp + 6))
-    start.set_xlim(0, window)
-    end.set_xlim(total - window, total)
-    start.set_title(title + ": the start", fontsize=10)
-    end.set_title(f"... the end (the step is {total:g})", fontsize=10)
-    end.set_yticks([])
-    if end.get_legend() is not None:
-        end.get_legend().remove()
-    if start.get_legend() is not None:                   # the legend right of the pair
-        handles, labels = start.get_legend().legend_handles, [t.get_text() for t in start.get_legend().get_texts()]
-        start.get_legend().remove()
-        end.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return needs_ends(plan.pp, plan.microbatches, plan.interleave)
 
 
 FILE_ERROR = "Plan file error"
@@ -387,13 +366,13 @@ def step_breakdown_html(est: Any) -> str:
     total = sum(parts.values()) or 1.0
     segs = "".join(
         f"<div class='pl-step-part' data-part='{k}' data-seconds='{t!r}' title='{k} {fmt_seconds(t)}' "
-        f"style='width:{100 * t / total:.2f}%;background:{BREAKDOWN_COLORS.get(k, '#999')};height:14px'></div>"
+        f"style='width:{100 * t / total:.2f}%;background:{BREAKDOWN_COLORS.get(k, GHOST)};height:14px'></div>"
         for k, t in parts.items())
-    legend = ", ".join(f"<span style='color:{BREAKDOWN_COLORS.get(k, '#999')}'>&#9632;</span> "
+    legend = ", ".join(f"<span style='color:{BREAKDOWN_COLORS.get(k, GHOST)}'>&#9632;</span> "
                        f"{'exposed ' + k if k in ('tp', 'cp', 'pp', 'dp') else k} {fmt_seconds(t)}"
                        for k, t in parts.items())
     return (f"<div class='pl-step' style='margin:4px 0;font-size:12px'>Step {fmt_seconds(est.step_time_s)} = "
-            f"{legend}<div style='display:flex;width:560px;border:1px solid #ccc'>{segs}</div></div>")
+            f"{legend}<div style='display:flex;width:560px;border:1px solid {IDLE_EDGE}'>{segs}</div></div>")
 
 
 def poor_plan_reasons(est: Any) -> list[str]:
@@ -419,7 +398,7 @@ def plans_table(estimates: Sequence[Any], chosen: int) -> str:
                  p.recompute, sched, fmt_bytes(e.memory_bytes if e.need_bytes is None else e.need_bytes),
                  fmt_seconds(e.step_time_s),
                  f"{e.mfu:.1%}", f"{e.bubble_ratio:.1%}")
-        style = " style='background:#fff3c4;font-weight:bold'" if i == chosen else ""
+        style = f" style='background:{CHOSEN_ROW};font-weight:bold'" if i == chosen else ""
         td = "<td style='padding:2px 8px;text-align:right'>{}</td>"
         rows.append(f"<tr{style}>" + "".join(td.format(html.escape(str(x))) for x in cells) + "</tr>")
     return ("<div style='font-size:12px;margin-top:6px'><b>Ranked plans</b> (estimated step time, best first)"

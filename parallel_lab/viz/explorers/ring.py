@@ -16,6 +16,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from ..palette import MUTED
 from ..plots.base import two_panels
 from ..plots.ring import BALANCES, draw_ring_tiles, draw_work, rank_chunks, ring_tiles, work_per_rank
 from .base import Explorer, int_slider, labelled, slider, status_line, toggles
@@ -78,4 +79,4 @@ class RingExplorer(Explorer):
         return (status_line(f"<b>Step {r['step'] + 1}</b>: {holds}. {busy} of {r['cp']} ranks compute tiles "
                             f"this step (the others wait for the next K/V block).")
                 + status_line(f"Busiest over least busy rank over the ring: contiguous "
-                              f"{spread['contiguous']:.2f}x, zigzag {spread['zigzag']:.2f}x.", "#57606a"))
+                              f"{spread['contiguous']:.2f}x, zigzag {spread['zigzag']:.2f}x.", MUTED))

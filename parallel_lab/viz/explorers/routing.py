@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from ... import comm
 from ...routing import load_report
 from ...specs import ModelSpec, Plan
+from ..palette import MUTED
 from ..plots.base import two_panels
 from ..plots.routing import draw_ep_bytes, draw_expert_load
 from .base import Explorer, dropdown, slider, status_line
@@ -78,4 +79,4 @@ class RoutingExplorer(Explorer):
         return (status_line(f"<b>{load.dropped:.1%}</b> of the token choices find their expert full and are "
                             f"dropped (capacity {load.capacity:,} per expert over {SEQUENCES} sequences).")
                 + status_line(f"Tokens each expert rank computes: {ranks}; the busiest does "
-                              f"{load.imbalance:.2f}x the mean, and the others wait for it.", "#57606a"))
+                              f"{load.imbalance:.2f}x the mean, and the others wait for it.", MUTED))

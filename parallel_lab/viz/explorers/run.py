@@ -32,7 +32,7 @@ from ...errors import ParallelLabError
 from ...plan_flags import check_fits_this_machine
 from ...quantities import fmt_seconds, unit_for
 from ...specs import MODEL_PRESETS, RUN_DEFAULTS, SCHEDULES, ModelSpec, Plan
-from ..palette import CURVE_COLORS, MEASURED, PREDICTED_EDGE
+from ..palette import CURVE_COLORS, MEASURED, MUTED, PREDICTED_EDGE
 from ..plots.base import draw_message, reset_axes
 from .base import Explorer, error_html, int_slider, job_controls, labelled, slider, status_line, toggles
 from .jobs import CliJob, loop_caller
@@ -236,7 +236,7 @@ class RunExplorer(Explorer):
         head = (f"tiny run: {r['model'].name}, dp={plan.dp} tp={plan.tp} pp={plan.pp} cp={plan.cp} "
                 f"zero={plan.zero}: {plan.world} CPU ranks, global batch {plan.global_batch} x {plan.seq} tokens")
         if self.run_error and rep is None:
-            return error_html(ParallelLabError(self.run_error), self.run_error_head) + status_line(head, "#57606a")
+            return error_html(ParallelLabError(self.run_error), self.run_error_head) + status_line(head, MUTED)
         if self.job is not None and self.job.running() and getattr(self, "_running", None) == (r["model"], plan):
             return status_line(f"<b>Running</b> {self.progress_text.value or 'starting...'}: {head}. Cancel "
                                f"stops every rank.")
@@ -248,7 +248,7 @@ class RunExplorer(Explorer):
         return (status_line(f"<b>Measured</b> in {fmt_seconds(rep['wall_s'])}: {head}.")
                 + status_line(f"Bytes per collective dimension {'equal the prediction' if same else 'DIFFER'}; "
                               f"largest loss difference from the one-process reference {gap:.1e}; "
-                              f"largest parameter difference {rep['max_abs_param_diff']:.1e}.", "#57606a"))
+                              f"largest parameter difference {rep['max_abs_param_diff']:.1e}.", MUTED))
 
 
 def _pair_bars(ax: Axes, rows: dict[str, dict[str, int]], title: str) -> None:

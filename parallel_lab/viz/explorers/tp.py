@@ -22,6 +22,7 @@ from ... import comm as comm_mod
 from ...quantities import fmt_bytes
 from ...sharding import check_tp, kv_heads_local, kv_replicas
 from ...specs import ModelSpec, Plan
+from ..palette import MUTED
 from ..plots.base import draw_message, two_panels
 from ..plots.tp import Split, draw_ring_allreduce, draw_tp_block
 from .base import Explorer, fresh, int_slider, labelled, model_controls, model_from, slider, status_line, toggles
@@ -48,7 +49,7 @@ def block_splits(model: ModelSpec, tp: int) -> tuple[list[Split], list[Split]]:
 class TPExplorer(Explorer):
     """Megatron tensor parallelism in one block, and the ring all-reduce its ``g`` operator runs."""
 
-    figsize = (9.6, 4.0)
+    figsize = (9.6, 4.3)
 
     def __init__(self, model: str = "llama2-7b", tp: int = 4, sp: bool = False, seq: int = 4096,
                  micro_batch: int = 1, ring_step: int = 0) -> None:
@@ -89,13 +90,14 @@ class TPExplorer(Explorer):
         return (r["model"], r["plan"].tp, r["plan"].sp)
 
     def make_axes(self, fig: Figure, r: dict[str, Any]) -> Sequence[Axes]:
-        return two_panels(fig, (1.55, 1.0), wspace=0.12, left=0.01, right=0.97, bottom=0.14, top=0.9)
+        return two_panels(fig, (1.55, 1.0), wspace=0.12, left=0.01, right=0.97, bottom=0.19, top=0.91)
 
     def draw(self, r: dict[str, Any], axes: list[Axes]) -> None:
         plan = r["plan"]
         if fresh(axes[0], (r["model"], plan.tp, plan.sp)):   # an axes left alone keeps its cached picture
             draw_tp_block(axes[0], r["attention"], r["mlp"], plan.tp, plan.sp,
-                          title=f"one block of {r['model'].name} over tp={plan.tp} (colour = rank)")
+                          title=f"one block of {r['model'].name} over tp={plan.tp} "
+                                f"(colour = rank; f, g: the operators)")
         if not fresh(axes[1], (plan.tp, r["step"], r["message"])):
             return
         if plan.tp == 1:
@@ -117,4 +119,4 @@ class TPExplorer(Explorer):
                 f"2 (n - 1) / n x M = {fmt_bytes(sent)}.")
         return (status_line(f"<b>Per block and micro-batch</b> (s b h = {plan.seq} x {plan.micro_batch} x "
                             f"{r['model'].hidden} values): {rows}.")
-                + status_line(ring, "#57606a"))
+                + status_line(ring, MUTED))

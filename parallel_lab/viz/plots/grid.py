@@ -115,4 +115,5 @@ def draw_tier_bytes(ax: Axes, per_tier: Mapping[str, Mapping[str, float]], tier_
 
 
 def grid_legend_handles() -> list[Patch]:
-    return [Patch(facecolor="white", edgecolor=CROSSING, linewidth=2.0, label="group spans nodes")]
+    return [Patch(facecolor="white", edgecolor=CROSSING, linewidth=2.0, label="group spans nodes"),
+            Patch(facecolor="white", edgecolor="#c8c8c8", label="cell: rank, then its (dp, pp, cp, tp) coordinates")]

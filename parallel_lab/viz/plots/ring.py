@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch, Rectangle
 
-from ..palette import CURVE_COLORS, RANK_COLORS
+from ..palette import CURVE_COLORS, INK, RANK_COLORS
 from .base import chart_on, empty_bars, set_ticks, set_title
 
 BALANCES = ("contiguous", "zigzag")
@@ -71,7 +71,7 @@ def work_per_rank(tiles: Sequence[Tile], cp: int) -> list[int]:
 def draw_ring_tiles(ax: Axes, tiles: Sequence[Tile], n_chunks: int, step: int, cp: int, *,
                     title: str | None = None) -> dict[str, int]:
     """The causal mask as ``n_chunks x n_chunks`` tiles (queries down, keys across): a tile computed at a
-    step up to ``step`` in its rank's colour (this step's with a black border), a later one pale grey,
+    step up to ``step`` in its rank's colour (this step's with an ink border), a later one pale grey,
     masked ones empty. Tiles carry ``gid = "tile:<q>:<k>"``. Returns counts of done / now / later tiles."""
     chart, same = chart_on(ax, "ring_tiles", (n_chunks, cp))
     if not same:
@@ -92,8 +92,11 @@ def draw_ring_tiles(ax: Axes, tiles: Sequence[Tile], n_chunks: int, step: int, c
         ax.set_xlabel("key/value chunk")
         ax.set_ylabel("query chunk")
         ax.tick_params(length=0)
+        states = [Patch(facecolor="white", edgecolor=INK, linewidth=1.6, label="this step"),
+                  Patch(facecolor="#eeeeee", edgecolor="white", label="a later step"),
+                  Patch(facecolor="white", edgecolor="#dddddd", label="masked: never")]
         ax.legend(handles=[Patch(facecolor=RANK_COLORS[r % len(RANK_COLORS)], label=f"rank {r}")
-                           for r in range(cp)], loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
+                           for r in range(cp)] + states, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
                   frameon=False)
     counts = {"done": 0, "now": 0, "later": 0}
     for sq in chart.parts["squares"].values():
@@ -103,7 +106,7 @@ def draw_ring_tiles(ax: Axes, tiles: Sequence[Tile], n_chunks: int, step: int, c
         if tile.step <= step:
             sq.set_facecolor(RANK_COLORS[tile.rank % len(RANK_COLORS)])
             now = tile.step == step
-            sq.set_edgecolor("black" if now else "white")
+            sq.set_edgecolor(INK if now else "white")
             sq.set_linewidth(1.6 if now else 0.8)
             counts["now" if now else "done"] += 1
         else:

@@ -54,7 +54,7 @@ def draw_expert_load(ax: Axes, report: Any, ep: int = 1, *, title: str | None = 
         ax.axhline(cap, color=INK, linestyle="--", linewidth=1.2)
         ax.text(1.0, cap, " capacity", va="center", ha="left", fontsize=8, transform=ax.get_yaxis_transform(),
                 clip_on=False)
-    ax.set_xlabel("expert" + (f" (colour: expert rank of ep={ep})" if ep > 1 else ""))
+    ax.set_xlabel("expert" + (f" (colour: expert rank of ep={ep})" if ep > 1 else " (colour: rank 0, ep=1)"))
     ax.set_ylabel("token choices")
     ax.set_xlim(-0.6, n - 0.4)
     ax.set_ylim(0, top)

@@ -31,7 +31,7 @@ from matplotlib.transforms import Affine2D
 from parallel_lab.simulate import Interval, timeline_stats
 
 from ..palette import IDLE, IDLE_EDGE, KIND_COLORS, KIND_LABELS
-from .base import chart_on, field, lighten, new_figure, set_title, sticky_ceil
+from .base import CHART_ATTR, chart_on, field, lighten, new_figure, set_title, sticky_ceil
 
 
 def kind_key(kind: Any) -> str:
@@ -116,11 +116,15 @@ class _Prepared:
 _HEIGHT = 0.72                                          # of a box, in rows
 
 
-def _prepare(timeline: Any, time_scale: float, step_time: float | None) -> _Prepared:
+def _prepare(timeline: Any, time_scale: float, step_time: float | None,
+             window: tuple[float, float] | None = None, origin: float = 0.0) -> _Prepared:
     rows = timeline_rows(timeline)
     ranks = sorted({r[0] for r in rows})
     t0 = min((r[1] for r in rows), default=0.0)
     makespan = (max([r[2] for r in rows] + [t0 + (step_time or 0.0)], default=0.0) - t0) * time_scale
+    if window is not None:                              # only the boxes a zoomed axis shows
+        lo, hi = window
+        rows = [r for r in rows if (r[2] - t0) * time_scale >= lo and (r[1] - t0) * time_scale <= hi]
 
     def row(spans: Sequence[tuple[float, float]], rank: int) -> Path:
         """The ``(start, width)`` boxes of one row as one path of closed rectangles."""
@@ -133,7 +137,7 @@ def _prepare(timeline: Any, time_scale: float, step_time: float | None) -> _Prep
         key = kind_key(kind)
         if key == "other" and end <= start:
             continue
-        span = ((start - t0) * time_scale, (end - start) * time_scale)
+        span = ((start - t0) * time_scale - origin, (end - start) * time_scale)
         groups.setdefault((key, chunk, rank), []).append(span)
         busy[rank] += (end - start) * time_scale
         if key != "other":
@@ -145,14 +149,15 @@ def _prepare(timeline: Any, time_scale: float, step_time: float | None) -> _Prep
         if mine:                                       # one path per (chunk, rank), later chunks lighter
             colors = [lighten(KIND_COLORS[kind], 0.45 * c / max(max_chunk, 1)) for c, _ in mine]
             kinds.append((kind, [row(groups[kind, c, r], r) for c, r in mine], colors))
-    return _Prepared(ranks, makespan, busy, [row([(0.0, makespan)], rank) for rank in ranks], kinds, max_chunk,
+    return _Prepared(ranks, makespan, busy, [row([(-origin, makespan)], rank) for rank in ranks], kinds, max_chunk,
                      len(rows) > 60 * max(len(ranks), 1), labels, len(rows))
 
 
 def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_unit: str = "time",
                   time_scale: float = 1.0, label_microbatches: bool | None = None,
                   step_time: float | None = None, sticky: bool = False,
-                  memo: dict[Any, Any] | None = None) -> dict[str, Any]:
+                  memo: dict[Any, Any] | None = None, window: tuple[float, float] | None = None,
+                  origin: float = 0.0, legend: bool = True) -> dict[str, Any]:
     """One row per rank: forward / backward / weight-gradient actions as coloured boxes on a hatched grey
     band, so that idle gaps (the bubble) stay visible. Later chunks (interleaving) are drawn lighter;
     each box wide enough shows its micro-batch number.
@@ -166,16 +171,19 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     kind (``gid`` ``"F"``, ``"B"``, ``"W"``) holding one path of boxes per (chunk, rank) (count them with
     :func:`n_boxes`); the idle bands are the collection ``"idle"`` (one path per rank), the numbers
     ``"microbatch-labels"``.
+    ``window``: ``(start, end)`` (scaled): draw only the boxes in it (an axis zoomed on part of the step);
+    ``origin`` (scaled) is drawn at x = 0 (the step's end, for a time axis counting to it). ``legend=False``:
+    no legend (the caller draws one for several axes).
     Updates an earlier timeline on ``ax`` in place when the ranks match. ``memo``: a dictionary the caller
     keeps for timelines it does not change, so that drawing one of them again skips building its boxes
     (an explorer toggling between the schedules of two plans); a timeline is found there by identity.
     """
-    key = (id(timeline), time_scale, step_time)
+    key = (id(timeline), time_scale, step_time, window, origin)
     hit = memo.get(key) if memo is not None else None
     if hit is not None and hit[0] is timeline:
         prep = hit[1]
     else:
-        prep = _prepare(timeline, time_scale, step_time)
+        prep = _prepare(timeline, time_scale, step_time, window, origin)
         if memo is not None:
             memo[key] = (timeline, prep)
     ranks, makespan = prep.ranks, prep.makespan
@@ -223,20 +231,58 @@ def draw_timeline(ax: Axes, timeline: Any, *, title: str | None = None, time_uni
     ax.set_xlim(0, right)
     ax.set_xlabel(time_unit)
     present = [k for k in ("F", "B", "W") if k in colls]
-    legend_key = (tuple(present), max_chunk)
-    if chart.parts.get("legend") != legend_key:
-        handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in present]
-        if 0 < max_chunk <= 3:
-            handles += [Patch(facecolor=lighten(KIND_COLORS["F"], 0.45 * c / max_chunk), label=f"chunk {c}")
-                        for c in range(max_chunk + 1)]
-        elif max_chunk > 3:
-            handles.append(Patch(facecolor=lighten(KIND_COLORS["F"], 0.45),
-                                 label=f"lighter: later chunk (v={max_chunk + 1})"))
-        handles.append(Patch(facecolor=IDLE, edgecolor=IDLE_EDGE, hatch="////", label="idle"))
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
-        chart.parts["legend"] = legend_key
+    if legend:
+        _kinds_legend(ax, chart, present, max_chunk)
     set_title(ax, title)
-    return {"ranks": ranks, "makespan": makespan, "busy": dict(prep.busy)}
+    return {"ranks": ranks, "makespan": makespan, "busy": dict(prep.busy), "kinds": present,
+            "max_chunk": max_chunk}
+
+
+def _kinds_legend(ax: Axes, chart: Any, present: Sequence[str], max_chunk: int, x: float = 1.005) -> None:
+    """The kinds' legend right of ``ax`` (rebuilt only when the kinds or chunks shown change)."""
+    legend_key = (tuple(present), max_chunk)
+    if chart.parts.get("legend") == legend_key:
+        return
+    handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in present]
+    if 0 < max_chunk <= 3:              # chunk 0 is the kind's own colour: one colour, one label
+        handles += [Patch(facecolor=lighten(KIND_COLORS["F"], 0.45 * c / max_chunk), label=f"chunk {c}")
+                    for c in range(1, max_chunk + 1)]
+    elif max_chunk > 3:
+        handles.append(Patch(facecolor=lighten(KIND_COLORS["F"], 0.45),
+                             label=f"lighter: later chunk (v={max_chunk + 1})"))
+    handles.append(Patch(facecolor=IDLE, edgecolor=IDLE_EDGE, hatch="////", label="idle"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(x, 1.0), fontsize=8, frameon=False)
+    chart.parts["legend"] = legend_key
+
+
+#: More micro-batches than this (times the interleave) draw the timeline's start and end, not a moire.
+ZOOM_MICROBATCHES = 24
+
+
+def needs_ends(stages: int, microbatches: int, interleave: int = 1) -> bool:
+    """Whether a schedule has too many boxes for one readable row per rank: :func:`draw_timeline_ends` then."""
+    return stages > 1 and microbatches * max(interleave, 1) > ZOOM_MICROBATCHES
+
+
+def draw_timeline_ends(start: Axes, end: Axes, sim: Any, stages: int, *, title: str, time_unit: str = "time",
+                       memo: dict[Any, Any] | None = None) -> None:
+    """A long schedule as two windows side by side: the step's start (warm-up into the steady state) on
+    ``start`` and its end (the steady state into the cool-down) on ``end``, each about ``2 p + 6``
+    micro-batches' compute wide, so each box is wide enough to see (one legend, right of the pair).
+    ``sim``: a ``simulate.SimResult`` (its ``step_time`` closes the window)."""
+    total = sim.step_time
+    window = min(total / 2, 3.0 * (2 * stages + 6))
+    a = draw_timeline(start, sim, time_unit=f"{time_unit}: the start, warm-up", step_time=total, title=title,
+                      memo=memo, window=(0.0, window), legend=False)
+    b = draw_timeline(end, sim, time_unit="... the end, cool-down: time to the step's end", step_time=total,
+                      title=f"(the step is {total:g})", memo=memo, window=(total - window, total), origin=total,
+                      legend=False)
+    start.set_xlim(0, window)                           # both axes stay put while m changes: no new background
+    end.set_xlim(-window, 0)
+    if len(end.get_yticks()):
+        end.set_yticks([])
+    kinds = [k for k in ("F", "B", "W") if k in a["kinds"] or k in b["kinds"]]
+    _kinds_legend(end, getattr(end, CHART_ATTR), kinds, max(a["max_chunk"], b["max_chunk"]), x=1.01)
 
 
 def timeline_figure(timeline: Any, *, title: str | None = None, time_unit: str = "time (cost units)",

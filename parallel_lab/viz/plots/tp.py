@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from matplotlib.axes import Axes
-from matplotlib.patches import Circle, Rectangle
+from matplotlib.patches import Circle, Patch, Rectangle
 
 from ...comm import ring_steps
 from ..palette import MARK_COLORS, MUTED, RANK_COLORS, RING_COLORS, text_on
@@ -81,6 +81,11 @@ def draw_ring_allreduce(ax: Axes, n: int, step: int, message_bytes: int | None =
             sp.set_visible(False)
         if title:
             ax.set_title(title, fontsize=9)
+        ax.legend(handles=[Patch(facecolor=RING_COLORS["partial"], alpha=0.6, label="partial sum (k/n)"),
+                           Patch(facecolor=RING_COLORS["complete"], label="complete"),
+                           Patch(facecolor="white", edgecolor=RING_COLORS["sent"], linewidth=2, label="sent now")],
+                  loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, fontsize=8, frameon=False,
+                  handlelength=1.2, columnspacing=1.0)
     state = ring_allreduce_states(n)[step]
     sent = set(ring_sent_chunks(n, step))
     for (r, c), cell in chart.parts["cells"].items():
