@@ -14,7 +14,7 @@ def _pngs(cell) -> int:
 
 
 def check(text: str, nb) -> None:
-    assert "Core path: about 35 minutes" in nb.cells[0].source
+    assert re.search(r"Core path: about \d+ minutes", nb.cells[0].source)   # its value: tests/test_lesson_time.py
     assert "4 ranks ran 7 collectives" in text
     checks = [c for c in nb.cells if c.cell_type == "code" and "check(" in c.source]
     assert len(checks) >= 7, len(checks)
