@@ -100,6 +100,21 @@ def test_cli_memory_measure_json_text_and_progress(capsys):
     assert "measured in fake tensors: rank 0 of 2" in text and "(torch tracker)" in text
 
 
+def test_cli_measures_a_gpt_model_given_by_flags(capsys):
+    """A gpt block (learned positions) given by its shape: the position bound is checked without reading a
+    value of a fake tensor, and the measurement equals the ledger."""
+    from parallel_lab.cli import main
+
+    assert main(["memory", "--layers", "2", "--hidden", "128", "--heads", "4", "--seq", "64", "--measure",
+                 "--json"]) == 0
+    (m,) = json.loads(capsys.readouterr().out)["measured"]
+    for cat in ("parameters", "gradients", "optimizer_states"):
+        assert m["measured"][cat] == m["predicted"]["per-op"][cat], cat
+    # about 1 KB of 0.7 MB apart (the llama block of the same shape is equal to the byte); not yet explained
+    for cat in ("activations", "logits_and_loss"):
+        assert abs(m["measured"][cat] / m["predicted"]["per-op"][cat] - 1) < 0.002, cat
+
+
 def test_cli_measure_error_is_one_line(capsys):
     from parallel_lab.cli import main
 

@@ -335,10 +335,10 @@ class Transformer(nn.Module):
         """Token embedding (+ learned positions and dropout for gpt): ``(b, s) -> (b, s, h)``."""
         h = self.tok_emb(tokens)
         if self.pos_emb is not None:
-            if int(positions.max()) >= self.pos_emb.num_embeddings:
-                raise ParallelLabError(
-                    f"position {int(positions.max())} exceeds max_positions={self.pos_emb.num_embeddings}; "
-                    f"use a shorter seq")
+            # an assert the tensor library checks, not a value read into Python: fake tensors (memory
+            # --measure) have no values to read, and it keeps a GPU from synchronising every step
+            n = self.pos_emb.num_embeddings
+            torch._assert_async(positions.max() < n, f"a position exceeds max_positions={n}; use a shorter seq")
             h = h + self.pos_emb(positions)
             h = dropout(h, self.spec.dropout, self.training)
         return h
