@@ -9,7 +9,7 @@ its all-reduce starts only after backward; torch's DDP always closes its first b
 (``dist._DEFAULT_FIRST_BUCKET_BYTES``), so part of its all-reduce overlaps backward. At a 1 MB cap both
 have about the same buckets (ours: 1e6 bytes each; torch: 1 MiB first, then 1e6), the like-for-like
 comparison. Then a profile of one rank (``torch.profiler``, self CPU time per op over the timed steps)
-shows where each implementation spends its step. With 4 ranks the 2 cores of this machine are
+shows where each implementation spends its step. With 4 ranks on a 2-core host the cores are
 oversubscribed, so those figures are noisier.
 """
 

@@ -6,8 +6,8 @@ stages r and 2p - 1 - r: rank 0 the embedding and the head), the same weights cu
 optimizer (AdamW, foreach=False), in one launch: each round runs one step of each of the four
 implementations after a barrier, and a step's time is the slowest rank's median after warm-up. Prints the
 step times and the ratios ours / torch per schedule (goal <= 1.0). Our lists are action for action torch's
-(tests/test_schedules_v.py); ours also traces every message and records a timeline. On this 2-core
-machine p = 4 oversubscribes the cores: those figures are noisier. Nothing here is asserted.
+(tests/test_schedules_v.py); ours also traces every message and records a timeline. On a host with
+2 cores p = 4 oversubscribes them: those figures are noisier. Nothing here is asserted.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Rowwise (vocabulary-parallel, outputs all-reduced), the LM head Colwise with voc
 of ``wk``/``wv`` would cut tiny-llama's 2 key/value heads in halves, so 4 ranks run the same model with
 ``kv_heads=4`` (ours would replicate the kv heads instead). Our SP variant is timed too (torch's
 SequenceParallel needs the block's inputs as DTensors, which this model's attention context is not).
-With 4 ranks the 2 cores of this machine are oversubscribed, so those figures are noisier.
+With 4 ranks on a 2-core host the cores are oversubscribed, so those figures are noisier.
 """
 
 from __future__ import annotations

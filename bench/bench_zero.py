@@ -4,7 +4,7 @@ Same tiny model (tiny-llama, seq 128, 4 sequences per rank), same ranks, same op
 foreach=False, fp32), in one run: each rank alternates one step of every implementation (order rotated),
 after warm-up, and a step's time is the slowest rank's. FSDP2 wraps each block and then the root, like our
 ``zero_unit="block"``; "root only" wraps just the model (our ``zero_unit="root"``). Prints the median
-step times and the ratios ours / torch (goal <= 1.0). With 4 ranks the 2 cores of this machine are
+step times and the ratios ours / torch (goal <= 1.0). With 4 ranks on a 2-core host the cores are
 oversubscribed, so those figures are noisier. FSDP2's parameters are DTensors: the launcher's teardown
 (``gc.collect()`` + barrier before ``destroy_process_group``) avoids the exit crash seen with them.
 """

@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     reason = no_gpu_reason()
     if reason is not None:
-        print(f"gpu-check: {reason}; nothing to check on this machine (the CPU tests cover the rest)")
+        print(f"gpu-check: {reason}; nothing to check on this host (the CPU tests cover the rest)")
         return 0
     t0 = time.perf_counter()
     n = torch.cuda.device_count()

@@ -352,7 +352,7 @@ def check_fits_this_machine(model: ModelSpec, plan: Plan) -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     most = MAX_RANKS_PER_CORE * cores
     if here > most:
-        raise ParallelLabError(f"the plan has {here:,} ranks on this machine (dp*tp*pp*cp = {plan.dp}*{plan.tp}*"
+        raise ParallelLabError(f"the plan has {here:,} ranks on this host (dp*tp*pp*cp = {plan.dp}*{plan.tp}*"
                                f"{plan.pp}*{plan.cp}) but it runs at most {most} ({MAX_RANKS_PER_CORE} per core x "
                                f"{cores} cores); pick smaller degrees, e.g. --dp 2 --tp 2")
     per_rank = memory(model, plan, ClusterSpec.preset("cpu-gloo")).total_bytes
@@ -362,6 +362,6 @@ def check_fits_this_machine(model: ModelSpec, plan: Plan) -> None:
         ref = " + the one-process reference" if reference else ""
         raise ParallelLabError(f"{here} ranks{ref} need about {fmt_bytes_gib(need)} "
                                f"({here + reference} x {fmt_bytes_gib(per_rank)} by the ledger + {here} x "
-                               f"{RANK_OVERHEAD_BYTES / 1e6:.0f} MB per process) but this machine has "
+                               f"{RANK_OVERHEAD_BYTES / 1e6:.0f} MB per process) but this host has "
                                f"{fmt_bytes_gib(have)} available; pick a smaller model (e.g. --model tiny-llama) or "
                                f"shard more (--zero 3, --tp, --pp)")

@@ -312,7 +312,7 @@ def test_run_refuses_a_plan_that_does_not_fit_this_machine(capsys, no_launch, mo
     assert "16,384 ranks" in err and "per core" in err
     monkeypatch.setattr(plan_flags, "available_memory_bytes", lambda: 10**6)       # a machine with 1 MB free
     err = one_line_error(capsys, "run", "--dp", "2")
-    assert "this machine has 1.00 MB (0.95 MiB) available" in err
+    assert "this host has 1.00 MB (0.95 MiB) available" in err
 
 
 def test_run_plan_empty_path_is_refused(capsys, no_launch):

@@ -101,7 +101,7 @@ def test_notebook_executes(path):
     check = lesson_check(path)
     if check is not None:
         check(text_of(nb), nb)
-    # The budget of a lesson is 90 s on this 2-core machine. Wall time depends on what else runs, so the
+    # The budget of a lesson is 90 s on 2 CPU cores. Wall time depends on what else runs, so the
     # test asserts the CPU time of the kernel and its ranks (which load does not inflate much) always, and
     # the wall time only when the machine is idle.
     print(f"{path.name}: {seconds:.1f} s wall, {cpu:.1f} s CPU")

@@ -4,7 +4,7 @@ Each block fenced by a bare ``` (not ```console) that starts with ``$ parallel-l
 directory holding a copy of ``examples/`` (some write a profile or a plan file). A block shown whole must
 come out line for line; a block that is an excerpt (it leaves out lines, or marks a cut with ``...``) must
 have each of its lines in the output. Lines that carry a wall-clock time (``searched in``) and the
-micro-benchmark's timings are not compared: they are measurements of this machine; a run's parameter
+micro-benchmark's timings are not compared: they are measurements of the host that ran them; a run's parameter
 difference from its reference must be round-off on both sides.
 """
 
@@ -85,7 +85,7 @@ def test_the_readme_has_examples():
 @pytest.mark.parametrize("commands,expected", EXAMPLES, ids=[c[0][13:60] for c, _ in EXAMPLES])
 def test_readme_example_prints_what_the_readme_shows(commands, expected, tmp_path):
     if any(m in c for c in commands for m in MEASURED):
-        pytest.skip("timings of this machine (the format is tested in tests/test_microbench.py)")
+        pytest.skip("timings of the host (the format is tested in tests/test_microbench.py)")
     shutil.copytree(REPO / "examples", tmp_path / "examples")
     bindir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1"}

@@ -1,6 +1,6 @@
 """Tensor and sequence parallelism against the single-process reference, the comm prediction and the ledger.
 
-Tolerances (fp32, measured on this machine): TP ranks sum partial products in a different order than the
+Tolerances (fp32, measured on CPU): TP ranks sum partial products in a different order than the
 single process, so results agree to rounding. Seen over tp = 2, 4, both flavours, with and without SP:
 logits within 5.1e-7, losses within 4.8e-7, every gradient within 9.3e-7 of the largest entry of that
 tensor's reference gradient, parameters after 3 AdamW steps within 2.0e-5 (AdamW divides by sqrt(v), which
