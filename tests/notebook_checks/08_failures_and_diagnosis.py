@@ -52,6 +52,7 @@ def check(text: str, nb) -> None:
 # The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
 # text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
 ANSWERS = {
+    "my_restart_pct": 5.388,                      # 600 s / (54 days / 419)
     "my_root_buffers_gb": 32.1,                   # the gathered bf16 model and its full bf16 gradient
     "my_logits_gb": 4.34,                          # fp32 log-probabilities s b V x 4 B + 2 s b h x 2 B inputs
     "my_wait_s": 2.0,
@@ -62,6 +63,7 @@ ANSWERS = {
     "my_p_clean": 0.194,                          # (1 - 1e-4)^16,384
 }
 WRONG = {
+    "my_restart_pct": 5.993,                      # all 466 interruptions counted as failures
     "my_root_buffers_gb": 16.06,                  # the gathered parameters only, not their gradient
     "my_logits_gb": 2.1,                          # the bf16 logits alone, s b V x 2 bytes
     "my_wait_s": 1.0,                             # one step's sleep
@@ -72,6 +74,7 @@ WRONG = {
     "my_p_clean": 0.9999,                         # one rank's chance, not all N ranks'
 }
 HINTS = {
+    "my_restart_pct": "466",
     "my_root_buffers_gb": "leaves out one of",
     "my_logits_gb": "that is the bf16 logits",
     "my_wait_s": "leaves out one of",
