@@ -43,10 +43,11 @@ def check(text: str, nb) -> None:
     assert "16,384 GPUs: MTBF   3.1 h, best interval  19.3 min, goodput 84.2%" in text
     assert "P(no slow rank) at N = 16,384, p = 0.0001: 19.4%" in text
     assert "by halving the suspects: 14 rounds" in text
+    assert "one failure every 3.09 h: 5.4% of the wall time" in text        # the restart term, 600 s / MTBF
     # every prediction cell ran with its placeholder and said so (never a silent pass)
     said = [c for c in nb.cells if c.cell_type == "code" and "check(my_" in c.source
             and "no answer yet" in str(c.get("outputs", []))]
-    assert len(said) == 8, len(said)
+    assert len(said) == 9, len(said)
 
 
 # The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
