@@ -337,3 +337,20 @@ def summary(pred: ReshardPrediction, label_a: str = "A", label_b: str = "B", row
     lines.append(f"fullest rank of {label_b} reads {_gb(pred.max_read_bytes)}; estimated time "
                  f"{pred.time_s * 1e3:.3f} ms ({pred.assumption})")
     return "\n".join(lines)
+
+
+def switch_seconds(checkpoint_bytes: float, storage_bytes_per_s: float, restart_s: float,
+                   network_s: float = 0.0) -> float:
+    """Wall time a change of plan costs the job: write the checkpoint to storage under the old plan, read it
+    back under the new one (``2 x checkpoint / storage bandwidth``), restart (reload, warm up) and the
+    network's re-shard (``ReshardPrediction.time_s``, milliseconds at scale)."""
+    if storage_bytes_per_s <= 0:
+        raise ParallelLabError(f"storage bandwidth {storage_bytes_per_s} B/s must be positive")
+    return 2 * checkpoint_bytes / storage_bytes_per_s + restart_s + network_s
+
+
+def payback_steps(switch_s: float, step_old_s: float, step_new_s: float) -> float:
+    """Steps of the new phase after which a re-shard has paid for itself: the switch's cost over what each
+    step saves (``switch / (old step - new step)``); ``inf`` when the new plan is not faster."""
+    saved = step_old_s - step_new_s
+    return math.inf if saved <= 0 else switch_s / saved

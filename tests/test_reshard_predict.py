@@ -112,3 +112,16 @@ def test_cli_refuses_two_models_in_one_line(capsys):
                      "examples/plans/llama3-405b-planner-8k.yaml"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("parallel-lab reshard: error: ") and "same model" in err and "\n" not in err
+
+
+def test_switch_cost_and_payback_by_hand():
+    # Llama 3 405B's checkpoint, 12 B x 405.85e9 parameters = 4.87 TB, written and read back at Tectonic's
+    # sustained 2 TB/s (Dubey et al. 2024, section 3.3.1): 2 x 4.87 / 2 = 4.87 s, plus a 600 s restart
+    assert reshard.switch_seconds(4.87e12, 2e12, 600.0) == pytest.approx(604.87)
+    assert reshard.switch_seconds(1e12, 1e11, 0.0, network_s=0.5) == pytest.approx(20.5)
+    # 604.87 s recovered at 16.0 - 14.4 = 1.6 s a step: 378.04 steps
+    assert reshard.payback_steps(604.87, 16.0, 14.4) == pytest.approx(378.04375)
+    assert reshard.payback_steps(100.0, 10.0, 10.0) == math.inf          # no gain: never pays
+    assert reshard.payback_steps(100.0, 10.0, 12.0) == math.inf          # a slower plan: never pays
+    with pytest.raises(ParallelLabError):
+        reshard.switch_seconds(1e12, 0.0, 0.0)

@@ -63,6 +63,8 @@ def check(text: str, nb) -> None:
 # The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
 # text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
 ANSWERS = {
+    "my_rd_crossover_bytes": 14883720,            # (126 - 6) alpha B / (6 - 2 x 63/64)
+    "my_hier_network_bytes": 218750000,           # 2 (8-1)/8 x 1 GB / 8
     "my_rank3_chunk2": 3333,                      # 3 + 30 + 300 + 3000: chunk 2 of every rank, summed
     "my_ring_bytes": 1500000,                     # 2 (n-1)/n x M = 2 x 3 x 250,000
     "my_latency_bound_bytes": 4e6,                # 14 steps x 10 us = 1.75 x m / 50 GB/s
@@ -72,6 +74,8 @@ ANSWERS = {
     "my_tree_nodes": 32,                          # 256 GPUs: tree 16 x 330 us < ring 510 x 10 us + 640 us
 }
 WRONG = {
+    "my_rd_crossover_bytes": 10000000,            # (126 - 6) alpha B / 6: the ring's own bytes forgotten
+    "my_hier_network_bytes": 1968750000,          # the flat ring over 64 GPUs
     "my_rank3_chunk2": 3330,                      # rank 0's share (digit 0) left out
     "my_ring_bytes": 750000,                      # one phase only
     "my_latency_bound_bytes": 7e6,                # the ring's wire factor 1.75 forgotten
@@ -81,6 +85,8 @@ WRONG = {
     "my_tree_nodes": 16,                          # one doubling short: at 16 nodes the ring still wins
 }
 HINTS = {
+    "my_rd_crossover_bytes": "bytes count too",
+    "my_hier_network_bytes": "flat ring",
     "my_rank3_chunk2": "too low",
     "my_ring_bytes": "leaves out one of",
     "my_latency_bound_bytes": "too high",

@@ -59,6 +59,7 @@ def check(text: str, nb) -> None:
 # The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
 # text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
 ANSWERS = {
+    "my_sgd_gb": 84,                              # 12 B per parameter x 7e9
     "my_prediction_gb": 112,                      # 16 B per parameter x 7e9
     "my_first_zero_stage": 1,
     "my_activations_gb": 104.15,
@@ -70,6 +71,7 @@ ANSWERS = {
     "my_adam8bit_gb": 70,                         # 10 B per parameter x 7e9
 }
 WRONG = {
+    "my_sgd_gb": 56,                              # weights and gradients, the momentum forgotten
     "my_prediction_gb": 28,                       # bf16 weights and gradients, the optimizer states forgotten
     "my_first_zero_stage": 3,                     # "only ZeRO-3 fits"
     "my_activations_gb": 18.25,                   # the s^2 attention scores forgotten
@@ -81,6 +83,7 @@ WRONG = {
     "my_adam8bit_gb": 112,                        # mixed-precision Adam's 16 B, the 8-bit moments missed
 }
 HINTS = {
+    "my_sgd_gb": "momentum",
     "my_prediction_gb": "leaves out optimizer states",
     "my_activations_gb": "leaves out scores",
     "my_growth": "a factor 2 smaller",

@@ -18,7 +18,7 @@ def _equal_pair(text: str, label: str) -> int:
 def check(text: str, nb) -> None:
     # the picture of the split, with f and g, from the library's sharding of the tiny GPT
     assert "TP split of the MLP on tp = 2: A 128 x 512 -> 128 x 256 per rank, B 512 x 128 -> 256 x 128 per rank" in text
-    assert figures(nb) >= 2, figures(nb)          # the split with f and g, the measured bytes
+    assert figures(nb) >= 3, figures(nb)          # split, step inside vs across nodes, bytes
     # the seed's figure: 4 all-reduces of s*b*h*2 bytes per layer, ring 2(t-1)/t, 32 layers, t=8
     assert "TP bytes per GPU per step: 7.52 GB   (formula L * 4 * sbh*2 * 2(t-1)/t = 7.516192768 GB)" in text
     assert "forward  2 x all_reduce" in text and "backward 2 x all_reduce" in text

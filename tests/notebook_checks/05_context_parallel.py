@@ -53,6 +53,7 @@ def check(text: str, nb) -> None:
 # The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
 # text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
 ANSWERS = {
+    "my_doc_imbalance": 1.599,                    # 262,400 / 164,096 pairs
     "my_linear_131k_gb": 10.27,                   # 16 x the 8K figure
     "my_scores_131k_gb": 549.8,                   # 256 x the 8K figure
     "my_cp": 16,
@@ -62,6 +63,7 @@ ANSWERS = {
     "my_explorer_ratio": 15.0,
 }
 WRONG = {
+    "my_doc_imbalance": 1.0,                      # the zigzag taken as balanced under documents
     "my_linear_131k_gb": 0.642,                   # the 8K figure, not scaled with s
     "my_scores_131k_gb": 34.36,                   # the scores scaled by 16 like the linear terms, not by 16^2
     "my_cp": 4,                                   # sqrt(16), as if the linear terms grew with s^2
@@ -71,6 +73,7 @@ WRONG = {
     "my_explorer_ratio": 8,                       # the degree cp
 }
 HINTS = {
+    "my_doc_imbalance": "balances positions",
     "my_scores_131k_gb": "scaled by 16 like the linear terms",
     "my_l": "must first be rescaled",
     "my_allgather_bytes": "leaves out one of",

@@ -75,6 +75,7 @@ def check(text: str, nb) -> None:
 # The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
 # text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
 ANSWERS = {
+    "my_pp_message_bytes": 131072,                # 4 x 64 tokens x 128 x 4 B
     "my_rank": 11,                                # ((1 x 2 + 0) x 2 + 1) x 2 + 1, tp fastest
     "my_groups": 32,                              # 8 groups of 2 along each of 4 dims
     "my_tp_on_ib_s": 6.1,                         # an estimate: the check allows 5%
@@ -82,6 +83,7 @@ ANSWERS = {
     "my_ib_gb": 5.054,                            # the dp traffic alone crosses ib-400g
 }
 WRONG = {
+    "my_pp_message_bytes": 262144,                # the whole sequence, CP forgotten
     "my_rank": 13,                                # dp taken as the fastest dimension
     "my_groups": 8,                               # the groups of one dimension only
     "my_tp_on_ib_s": 3.05,                         # the card taken as 100 GB/s (both directions)
@@ -89,6 +91,7 @@ WRONG = {
     "my_ib_gb": 8.275,                            # dp and cp, as if the cp groups crossed the nodes too
 }
 HINTS = {
+    "my_pp_message_bytes": "half of the sequence",
     "my_tp_on_ib_s": "a factor 2 smaller",
     "my_best_tp": "a factor 2 smaller",
 }

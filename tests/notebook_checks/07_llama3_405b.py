@@ -9,7 +9,7 @@ from notebook_checks import assert_no_answer_everywhere, figures, markdown_of
 
 
 def check(text: str, nb) -> None:
-    assert figures(nb) >= 2, figures(nb)       # the memory of Meta's plans, the re-shard's pairs
+    assert figures(nb) >= 4, figures(nb)       # memory of Meta's plans, misses per FLOP story, re-shard payback, pairs
     # the re-shard prediction's own code on the page: a pair's bytes are the overlaps of written and read boxes
     assert "out[(i, j)] = out.get((i, j), 0) + n * STATE_BYTES" in text
     assert "405,853,388,800 parameters" in text
@@ -62,6 +62,9 @@ def check(text: str, nb) -> None:
 # The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
 # text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
 ANSWERS = {
+    "my_payback_steps": 378.04,                   # (2 x 4.87 TB / 2 TB/s + 600 s) / 1.6 s
+    "my_131k_microbatches": 16,                   # 128 sequences / dp 8
+    "my_attention_share": 0.5727,                 # 12 L d s / (6 N + 12 L d s) at s = 131,072
     "my_state_tb": 6.494,                         # 16 B x 405.85e9 parameters
     "my_replica_nodes": 16,                       # tp 8 x pp 16 = 128 GPUs
     "my_flops": 3.8e25,
@@ -72,6 +75,9 @@ ANSWERS = {
     "my_cp_nodes": 4,
 }
 WRONG = {
+    "my_payback_steps": 3.04,                     # the storage time alone, the restart forgotten
+    "my_131k_microbatches": 1,                    # dp = 128, as without CP
+    "my_attention_share": 0.4013,                 # the causal count, (s + 1) / 2 keys
     "my_state_tb": 1.62,                          # bf16 weights and gradients, no optimizer states
     "my_replica_nodes": 128,                      # GPUs, not nodes of 8
     "my_flops": 1.27e25,                          # 2 N D, the forward pass only
@@ -82,6 +88,9 @@ WRONG = {
     "my_cp_nodes": 1,                             # "4 GPUs fit in one node"
 }
 HINTS = {
+    "my_payback_steps": "the restart is most",
+    "my_131k_microbatches": "without context parallelism",
+    "my_attention_share": "the causal count",
     "my_state_tb": "leaves out optimizer_states",
     "my_replica_nodes": "a factor 8 larger",
     "my_flops": "the forward pass alone",

@@ -43,15 +43,17 @@ def check(text: str, nb) -> None:
     assert "16,384 GPUs: MTBF   3.1 h, best interval  19.3 min, goodput 84.2%" in text
     assert "P(no slow rank) at N = 16,384, p = 0.0001: 19.4%" in text
     assert "by halving the suspects: 14 rounds" in text
+    assert "one failure every 3.09 h: 5.4% of the wall time" in text        # the restart term, 600 s / MTBF
     # every prediction cell ran with its placeholder and said so (never a silent pass)
     said = [c for c in nb.cells if c.cell_type == "code" and "check(my_" in c.source
             and "no answer yet" in str(c.get("outputs", []))]
-    assert len(said) == 8, len(said)
+    assert len(said) == 9, len(said)
 
 
 # The answer key (tests/test_lesson_answers.py): a right answer to every question, worked out from the lesson's
 # text; a plausible wrong one (the mistake in its comment); and the diagnosis the feedback must give for it.
 ANSWERS = {
+    "my_restart_pct": 5.388,                      # 600 s / (54 days / 419)
     "my_root_buffers_gb": 32.1,                   # the gathered bf16 model and its full bf16 gradient
     "my_logits_gb": 4.34,                          # fp32 log-probabilities s b V x 4 B + 2 s b h x 2 B inputs
     "my_wait_s": 2.0,
@@ -62,6 +64,7 @@ ANSWERS = {
     "my_p_clean": 0.194,                          # (1 - 1e-4)^16,384
 }
 WRONG = {
+    "my_restart_pct": 5.993,                      # all 466 interruptions counted as failures
     "my_root_buffers_gb": 16.06,                  # the gathered parameters only, not their gradient
     "my_logits_gb": 2.1,                          # the bf16 logits alone, s b V x 2 bytes
     "my_wait_s": 1.0,                             # one step's sleep
@@ -72,6 +75,7 @@ WRONG = {
     "my_p_clean": 0.9999,                         # one rank's chance, not all N ranks'
 }
 HINTS = {
+    "my_restart_pct": "466",
     "my_root_buffers_gb": "leaves out one of",
     "my_logits_gb": "that is the bf16 logits",
     "my_wait_s": "leaves out one of",

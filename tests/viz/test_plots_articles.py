@@ -1,13 +1,18 @@
 """The pictures of the articles' ideas: goodput against the checkpoint interval, Meta's pipeline bubble,
-DualPipe's exposed all-to-all and the model state per optimizer draw what they are given, no text under 8 pt."""
+DualPipe's exposed all-to-all, the model state per optimizer, the bandwidth map, a step's parts, the payback of
+a re-shard and the misses per FLOP story draw what they are given, no text under 8 pt."""
 
 from __future__ import annotations
 
 from matplotlib.text import Text
 
+from parallel_lab.viz.plots.collectives import bandwidth_map_figure
+from parallel_lab.viz.plots.diagnosis import step_parts_figure
 from parallel_lab.viz.plots.goodput import goodput_figure
+from parallel_lab.viz.plots.measured import misses_figure
 from parallel_lab.viz.plots.memory import optimizer_state_figure
 from parallel_lab.viz.plots.overlap import bubble_bars_figure, exposed_comm_figure
+from parallel_lab.viz.plots.reshard import payback_figure
 
 
 def _texts(fig) -> list[Text]:
@@ -39,3 +44,33 @@ def test_optimizer_state_figure_writes_each_total():
                                  80e9)
     assert any(t.get_text() == "70 GB" for t in _texts(fig))
     assert {"optimizer:parameters", "optimizer:optimizer_states"} <= _gids(fig)
+
+
+def test_bandwidth_map_writes_the_tier_ratio():
+    fig = bandwidth_map_figure([1e3, 1e9], {"NVLink, intra": [1e9, 450e9], "IB, inter": [0.5e9, 50e9]},
+                               measured={"measured": ([1e3, 1e6], [1e8, 1e9])})
+    assert {"tier:NVLink, intra", "tier:IB, inter", "measured:measured", "ratio"} <= _gids(fig)
+    assert any("9.0x" in t.get_text() for t in _texts(fig))
+    assert min(t.get_fontsize() for t in _texts(fig)) >= 8
+
+
+def test_step_parts_figure_stacks_and_totals():
+    fig = step_parts_figure({"inside": {"compute": 0.5, "tp": 0.1}, "across": {"compute": 0.5, "tp": 0.9}})
+    assert {"part:inside:compute", "part:across:tp"} <= _gids(fig)
+    assert any(t.get_text().strip() == "1,400 ms" for t in _texts(fig))
+    assert min(t.get_fontsize() for t in _texts(fig)) >= 8
+
+
+def test_payback_figure_marks_the_crossing():
+    fig = payback_figure([1, 10, 100, 1000], {"faster plan": 2.0, "same plan": 0.0}, 100.0, phase_steps=500)
+    assert {"saved:faster plan", "payback:faster plan"} <= _gids(fig)
+    assert "payback:same plan" not in _gids(fig)
+    texts = [t.get_text() for t in _texts(fig)]
+    assert any("pays after 50 steps" in t for t in texts) and any("never pays" in t for t in texts)
+    assert min(t.get_fontsize() for t in _texts(fig)) >= 8
+
+
+def test_misses_figure_one_bar_per_story_and_row():
+    fig = misses_figure(["8K", "128K"], {"palm": [0.0, 0.14], "causal": [0.01, -0.17]})
+    bars = [a for a in fig.findobj() if a.get_gid() == "miss:causal"]
+    assert bars and min(t.get_fontsize() for t in _texts(fig)) >= 8

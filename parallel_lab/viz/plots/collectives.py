@@ -1,5 +1,6 @@
 """Pictures of the collectives: what every rank holds before and after a call, the ring step by step, the
-alpha-beta time of all-reduce algorithms against the message size, and two collectives sharing one link.
+alpha-beta time of all-reduce algorithms against the message size, two collectives sharing one link, and a
+cluster's bandwidth map (bus bandwidth per link tier against the message size).
 
 The grids draw real tensors: ranks as rows, chunks as columns, one number per cell (a chunk's first
 element). Lesson 00 fills rank ``r``'s chunk ``c`` with :func:`tag` ``(r, c) = 10**r * (c + 1)``, so that a
@@ -18,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from ...quantities import fmt_bytes, fmt_seconds
-from ..palette import CURVE_COLORS, GHOST, IDLE_EDGE, INK, MUTED, RANK_COLORS, RING_COLORS
+from ..palette import CURVE_COLORS, GHOST, IDLE_EDGE, INK, MEASURED, MUTED, RANK_COLORS, RING_COLORS, TIER_COLORS
 from .base import new_figure
 
 COMPLETE = RING_COLORS["complete"]   #: a chunk summed over every rank
@@ -155,5 +156,34 @@ def shared_link_figure(lanes: Mapping[str, Sequence[tuple[str, float, float]]], 
     ax.set_yticks(range(len(lanes)), list(lanes), fontsize=8)
     ax.set_ylim(len(lanes) - 0.5, -0.5)
     ax.set_xlabel("time (ms)")
+    ax.set_title(title, fontsize=9.5)
+    return fig
+
+
+def bandwidth_map_figure(sizes: Sequence[float], busbw: Mapping[str, Sequence[float]], *,
+                         measured: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+                         title: str = "") -> Figure:
+    """A bandwidth map: bus bandwidth (GB/s, nccl-tests' ``busbw``) against the message size, one line per
+    link tier (``busbw``: bytes per second at each of ``sizes``), the ratio of the first tier to the second at
+    the largest size written beside them; ``measured``: ``{name: (sizes, busbw)}`` drawn as filled points."""
+    fig = new_figure((8.0, 4.0))
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.14, top=0.9)
+    ax = fig.add_subplot()
+    for i, (name, bw) in enumerate(busbw.items()):
+        ax.plot(sizes, [b / 1e9 for b in bw], label=name, color=TIER_COLORS[i % len(TIER_COLORS)], linewidth=1.8,
+                gid=f"tier:{name}")
+    for name, (xs, bw) in (measured or {}).items():
+        ax.plot(xs, [b / 1e9 for b in bw], "o", color=MEASURED, ms=6, label=name, gid=f"measured:{name}")
+    if len(busbw) >= 2:
+        (a, bw_a), (b, bw_b) = list(busbw.items())[:2]
+        ratio = bw_a[-1] / bw_b[-1]
+        ax.text(0.98, 0.5, f"at {fmt_bytes(sizes[-1])}: {ratio:.1f}x\n{a.split(',')[0]} / {b.split(',')[0]}",
+                transform=ax.transAxes, ha="right", va="center", fontsize=9, color=INK, gid="ratio")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
     ax.set_title(title, fontsize=9.5)
     return fig

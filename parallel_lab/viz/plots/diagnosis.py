@@ -5,7 +5,8 @@ lie on top of each other, and the first step where one leaves the others is wher
 normalisation shows. :func:`rank_times_figure` draws, per rank, its compute and its wait (blocked on peers)
 as stacked bars, from ``distributed.runtime.diagnosis.step_time_report`` (or ``run --json``'s ``step_times``): a
 straggler has the longest compute bar and the shortest wait, its peers the reverse. Both take plain data
-and return a matplotlib ``Figure`` (see :mod:`parallel_lab.viz.plots`).
+and return a matplotlib ``Figure`` (see :mod:`parallel_lab.viz.plots`). :func:`step_parts_figure` stacks
+one step's time per plan: compute, then each dimension's exposed communication (a TP group across nodes).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..palette import CATEGORY_COLORS, CURVE_COLORS, STEP_COLORS
+from ..palette import CATEGORY_COLORS, CURVE_COLORS, DIM_COLORS, INK, STEP_COLORS
 from .base import new_figure, set_title
 
 #: Line styles for the curves, in order: solid, dashed, dotted (so that overlapping curves stay visible).
@@ -92,4 +93,31 @@ def knob_figure(microbatches: Sequence[int], bubbles: Sequence[float], activatio
     fig = new_figure((6.4, 3.6))
     draw_knob(fig.add_subplot(), microbatches, bubbles, activations, title=title)
     fig.tight_layout()
+    return fig
+
+
+def step_parts_figure(rows: Mapping[str, Mapping[str, float]], *, title: str | None = None) -> Figure:
+    """One horizontal stacked bar per plan: its step's parts in ms (``{"compute": s, "tp": s, "dp": s}``:
+    compute, then each dimension's exposed communication in its dimension's colour), the total written at the
+    bar's end."""
+    fig = new_figure((9.0, 1.2 + 0.6 * len(rows)))
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.2, right=0.88, bottom=0.3, top=0.8)
+    names = list(rows)
+    parts = list(dict.fromkeys(k for r in rows.values() for k in r))
+    for i, n in enumerate(names):
+        left = 0.0
+        for k in parts:
+            w = 1e3 * rows[n].get(k, 0.0)
+            color = STEP_COLORS.get(k) or DIM_COLORS[k]
+            ax.barh(i, w, left=left, color=color, edgecolor=INK, linewidth=0.5, gid=f"part:{n}:{k}",
+                    label=(k if k == "compute" else f"{k} (exposed)") if i == 0 else None)
+            left += w
+        ax.text(left, i, f" {left:,.0f} ms", va="center", fontsize=8, color=INK)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.2 * max(1e3 * sum(r.values()) for r in rows.values()))
+    ax.set_xlabel("time of one step (ms)")
+    ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=len(parts))
+    set_title(ax, title)
     return fig

@@ -79,3 +79,25 @@ def predicted_measured_figure(labels: Sequence[str], predicted: Sequence[float],
     fig.subplots_adjust(left=0.24, right=0.86, bottom=0.55 / height + 0.05, top=1 - 0.45 / height)
     draw_predicted_measured(ax, labels, predicted, measured, units=units, quantity=quantity, title=title)
     return fig
+
+
+def misses_figure(rows: Sequence[str], misses: dict[str, Sequence[float]], *, band: float = 0.1,
+                  title: str | None = None) -> Figure:
+    """Prediction / measured - 1 per row (a published run), one bar per story (``{story: [miss per row]}``),
+    grouped by row; a grey band of +-``band`` around zero."""
+    fig = new_figure((8.6, 3.8))
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.1, right=0.72, bottom=0.14, top=0.88)
+    k = len(misses)
+    width = 0.8 / max(k, 1)
+    ax.axhspan(-100 * band, 100 * band, color=palette.IDLE, zorder=0)
+    for i, (story, ys) in enumerate(misses.items()):
+        xs = [r + (i - (k - 1) / 2) * width for r in range(len(rows))]
+        ax.bar(xs, [100 * y for y in ys], width, color=palette.CURVE_COLORS[i % len(palette.CURVE_COLORS)],
+               edgecolor=palette.INK, linewidth=0.5, label=story, gid=f"miss:{story}")
+    ax.axhline(0, color=palette.INK, lw=0.8)
+    ax.set_xticks(range(len(rows)), list(rows), fontsize=8)
+    ax.set_ylabel("prediction / measured - 1 (%)")
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    set_title(ax, title)
+    return fig

@@ -4,15 +4,20 @@
 A that wrote a file; columns: the rank of plan B that read from it; each cell the bytes, labelled) from
 ``parallel_lab.reshard.transfers`` and ``distributed.runtime.reshard_run.ReshardResult.measured`` (or the ``pairs`` of
 ``parallel-lab reshard --json``). The diagonal is what a GPU keeps when it keeps its rank number.
+
+``payback_figure`` draws when a change of plan pays: the time the new plan saves, summed over the steps of
+the phase, against the switch's one-off cost (``reshard.switch_seconds``, ``reshard.payback_steps``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
 from ...quantities import fmt_bytes
+from ..palette import CURVE_COLORS, GHOST, INK, MARK_COLORS, MUTED
 from .base import new_figure
 
 
@@ -46,4 +51,35 @@ def reshard_pairs_figure(predicted: Mapping[tuple[int, int], int], measured: Map
         ax.set_title(name, fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(left=0.1, right=0.97, bottom=0.16, top=0.82, wspace=0.35)
+    return fig
+
+
+def payback_figure(steps: Sequence[float], saved_per_step: Mapping[str, float], switch_s: float, *,
+                   phase_steps: float | None = None, title: str | None = None) -> Figure:
+    """Seconds saved by the new plan, summed over the steps (one line per case, ``{name: seconds saved a
+    step}``), against the switch's cost (a horizontal line); each crossing (the payback) marked, and the
+    phase's length (``phase_steps``) as a vertical line. Log-log."""
+    fig = new_figure((8.6, 4.0))
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.14, top=0.88)
+    for i, (name, s) in enumerate(saved_per_step.items()):
+        color = CURVE_COLORS[i % len(CURVE_COLORS)]
+        ax.plot(list(steps), [n * s for n in steps], color=color, lw=1.8, gid=f"saved:{name}",
+                label=f"{name}: pays after {switch_s / s:,.0f} steps" if s > 0 else f"{name}: never pays")
+        if s > 0 and math.isfinite(switch_s / s):
+            ax.plot([switch_s / s], [switch_s], "o", color=MARK_COLORS["peak"], ms=6, gid=f"payback:{name}")
+    ax.axhline(switch_s, color=INK, lw=1, ls="--")
+    ax.text(steps[0], switch_s, f" switch: {switch_s:,.0f} s", va="bottom", fontsize=8, color=INK)
+    if phase_steps:
+        ax.axvline(phase_steps, color=GHOST, lw=1, ls=":")
+        ax.text(phase_steps, 0.02, f"phase: {phase_steps:,.0f} steps ", transform=ax.get_xaxis_transform(),
+                ha="right", fontsize=8, color=MUTED)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("steps of the new phase")
+    ax.set_ylabel("seconds saved by the new plan")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    if title:
+        ax.set_title(title, fontsize=9.5)
     return fig
