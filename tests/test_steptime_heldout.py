@@ -143,3 +143,29 @@ def test_the_fitted_a100_preset_ranks_megatrons_plans():
         if rank > 1:
             assert (top[0].fields["dp"], top[0].fields["tp"], top[0].fields["pp"]) == (6, 4, 16)
 
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}".replace("-0.0%", "+0.0%")
+
+
+def test_the_default_presets_before_and_after_on_the_published_rows():
+    """docs/validation.md, "The default presets, before and after": each published row's step time on the
+    ``-prior`` preset (fixed half of peak) and on the default (fitted) one, against the step time its throughput
+    implies (Llama 3 counted causally); every cell of the table is this computation's."""
+    import re
+
+    from parallel_lab.planner import evaluate
+    doc = (CAL.parents[1] / "docs" / "validation.md").read_text()
+    table = doc.split("### The default presets, before and after")[1].split("How the planner ranks")[0]
+    shown = {m[0]: m[1:] for m in re.findall(r"^\| ([\w.\- ]+ (?:GPUs|A100)) \| ([\d.]+) \| ([^|]+) \| ([^|]+) \|",
+                                             table, re.M)}
+    rows = [(r, "h100-sxm") for r in load_runs(CAL / "llama3_405b.csv", "causal")]
+    rows += [(r, "a100-80gb") for s in _sets().values() for r in s]
+    assert set(shown) == {r.name for r, _ in rows}
+    for r, gpu in rows:
+        implied = r.model_flops() / (r.tflops_per_gpu * 1e12 * r.plan.world)
+        before, after = (evaluate(r.model, ClusterSpec.preset(name), r.plan).step_time_s
+                         for name in (f"{gpu}-prior", gpu))
+        want = (f"{implied:.3f}", f"{before:.3f} ({_pct(before / implied - 1)})",
+                f"{after:.3f} ({_pct(after / implied - 1)})")
+        assert tuple(x.strip() for x in shown[r.name]) == want, r.name
