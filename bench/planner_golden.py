@@ -23,7 +23,8 @@ from parallel_lab.planner import plan_search
 from parallel_lab.planner_constraints import Constraints
 from parallel_lab.specs import ModelSpec
 
-H100 = ClusterSpec.preset("h100-sxm")
+#: the fixed-efficiency preset, so that the searches cover both compute paths (the default h100-sxm is fitted)
+H100 = ClusterSpec.preset("h100-sxm-prior")
 ROOFLINE = replace(H100, profile=StepProfile(overhead_s=1e-4, tp_overlap=0.3))
 BOTH = {"zero2_accumulate": ("unsharded", "sharded")}
 #: name -> (model, cluster, GPUs, seq, global batch tokens, Constraints fields)

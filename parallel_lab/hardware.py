@@ -5,7 +5,9 @@ two :class:`LinkTier` (intra-node, inter-node) for the alpha-beta model ``t = la
 The datasheets give the peaks (H100 SXM5 989 TFLOP/s, A100 SXM4 312 TFLOP/s dense BF16); the attention
 kernels' speeds come from the FlashAttention-2 and -3 papers (Dao 2023; Shah et al. 2024), combined over a
 forward and its backward by :func:`flash_efficiency`. :class:`StepProfile` holds the roofline parameters
-``parallel-lab calibrate`` fits (``parallel_lab.steptime``).
+``parallel-lab calibrate`` fits (``parallel_lab.steptime``). The A100, H100 and H200 presets carry the profiles
+fitted to published runs (:data:`FITTED_PROFILES`, sources named there); ``NAME-prior`` keeps the fixed
+``mfu_achievable`` model.
 """
 
 from __future__ import annotations
@@ -204,17 +206,27 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
                             LinkTier("loopback-remote", 1.0e9, 1.0e-3), mfu_achievable=0.5),
 }
 
-#: Default profiles fitted on one published set each (``parallel-lab calibrate``, memory-bound term on at the
-#: prior ``hbm_efficiency``); tests/test_steptime_heldout.py refits them and holds them against every other
-#: set (docs/validation.md, "Held out"). A100: the six Megatron-LM PTD-P runs (Narayanan et al. 2021, Table 2;
-#: examples/calibration/megatron_2021.csv). H100: Llama 3 405B at 8K on 16,384 GPUs (Dubey et al. 2024,
-#: Table 4), counted causally with cuDNN's published attention speed (docs/validation.md).
+#: The default presets' profiles, each fitted on one published set (``parallel-lab calibrate``, memory-bound
+#: term on at the prior ``hbm_efficiency``); tests/test_steptime_heldout.py refits them from the sources (starting
+#: from the ``-prior`` presets) and holds them against every other set (docs/validation.md, "Held out").
+#: A100: the six Megatron-LM PTD-P runs (Narayanan et al. 2021, Table 2; examples/calibration/megatron_2021.csv).
+#: H100: Llama 3 405B at 8K on 16,384 GPUs (Dubey et al. 2024, Table 4; examples/calibration/llama3_405b.csv),
+#: counted causally with cuDNN's published attention speed (docs/validation.md). H200: no published H200 run is
+#: held here; it shares H100's compute die and peak, so it takes H100's fit (its GEMM efficiency and attention
+#: speed) untested, with its own HBM bandwidth at the same prior fraction.
+_H100_FIT = StepProfile(matmul_efficiency=0.5731, attention_efficiency=attention_kernel_efficiency("cudnn"),
+                        source="fitted to 1 run(s): llama3-405b 8K 16384 GPUs (causal; Dubey et al. 2024, "
+                               "Table 4); attention prior: cudnn")
 FITTED_PROFILES: dict[str, StepProfile] = {
     "a100-80gb": StepProfile(matmul_efficiency=0.7067,
                              attention_efficiency=default_attention_efficiency(A100_PEAK_FLOPS),
-                             source="fitted to 6 run(s): examples/calibration/megatron_2021.csv"),
-    "h100-sxm": StepProfile(matmul_efficiency=0.5731, attention_efficiency=attention_kernel_efficiency("cudnn"),
-                            source="fitted to 1 run(s): llama3-405b 8K 16384 GPUs (causal); attention prior: cudnn"),
+                             source="fitted to 6 run(s): examples/calibration/megatron_2021.csv (Narayanan et al. "
+                                    "2021, Table 2)"),
+    "h100-sxm": _H100_FIT,
+    "h200": replace(_H100_FIT, source="H100's fit, untested on H200: " + _H100_FIT.source),
 }
+#: ``NAME-prior``: the preset as it was before a fit, the fixed ``mfu_achievable`` model (no roofline and no
+#: memory-bound term), kept for lessons that teach that model and for comparison.
 for _name, _profile in FITTED_PROFILES.items():
-    CLUSTER_PRESETS[f"{_name}-fitted"] = replace(CLUSTER_PRESETS[_name], name=f"{_name}-fitted", profile=_profile)
+    CLUSTER_PRESETS[f"{_name}-prior"] = replace(CLUSTER_PRESETS[_name], name=f"{_name}-prior")
+    CLUSTER_PRESETS[_name] = replace(CLUSTER_PRESETS[_name], profile=_profile)

@@ -81,11 +81,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, margin: floa
                                                  s, plan.zero, plan.dp * plan.cp)))
     bub = plan_bubble(plan) if bubble_ratio is None else bubble_ratio
     mf = step_flops(model, plan).model_flops_per_step
-    step, comm_s, exposed, compute = combine(plan.zero, plan.cp_kind, plan.microbatches, plan.recompute, bub,
-                                             stages)
+    step, comm_s, exposed, compute, opt = combine(plan.zero, plan.cp_kind, plan.microbatches, plan.recompute, bub,
+                                                  stages)
     mfu = mf / (step * plan.world * cluster.peak_flops)
     return Estimate(plan.to_dict(), led.total_bytes, cluster.hbm_bytes * (1 - margin), compute, bub,
-                    dict(comm_s), exposed, step, mfu, _plan=plan, need_bytes=led.need_bytes)
+                    dict(comm_s), exposed, step, mfu, _plan=plan, need_bytes=led.need_bytes, optimizer_s=opt)
 
 
 def _family_reason(model: ModelSpec, cluster: ClusterSpec, c: Constraints, tp: int, cp: int, pp: int,
@@ -348,7 +348,8 @@ class _Search:
                   "zero2_accumulate": accumulate, **self.common}
         exposed = {"tp": tp_s, "cp": cp_s, "pp": pp_s, "dp": dp_exposed_s}
         mfu = self.model_flops / (step * self.gpus * self.cluster.peak_flops)
-        return Estimate(fields, memory, self.usable, st.compute, bub, comm_s, exposed, step, mfu)
+        opt = stage_optimizer(fast.model, fast.cluster, fast.fl, self.c.optimizer, tp, pp, v, stage, zero, dp * cp)
+        return Estimate(fields, memory, self.usable, st.compute, bub, comm_s, exposed, step, mfu, optimizer_s=opt)
 
 
 def plan_search(model: ModelSpec, cluster: ClusterSpec, gpus: int, seq: int, *,

@@ -39,6 +39,8 @@ class Estimate:
     #: ``memory``'s verdict on the plan, the larger of the total and the peak at one moment
     #: (``ledger.MemoryLedger.need_bytes``); set by :meth:`PlannerResult.top`, None until checked
     need_bytes: float | None = field(default=None, compare=False)
+    #: the optimizer step's memory-bound seconds of the stage that sets the step (0 without a roofline profile)
+    optimizer_s: float = 0.0
 
     @property
     def plan(self) -> Plan:

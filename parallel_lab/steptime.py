@@ -151,11 +151,11 @@ def critical_path(st: StageTimes, cp_kind: str, bubble_ratio: float,
 
 
 def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float,
-            stages: list[StageTimes]) -> tuple[float, dict[str, float], dict[str, float], float]:
+            stages: list[StageTimes]) -> tuple[float, dict[str, float], dict[str, float], float, float]:
     """The step time of the module docstring; the stage with the longest step sets it.
 
-    Returns (step time, comm time per dim, exposed time per dim, compute) of that stage."""
-    best: tuple[float, dict[str, float], dict[str, float], float] | None = None
+    Returns (step time, comm time per dim, exposed time per dim, compute, optimizer step) of that stage."""
+    best: tuple[float, dict[str, float], dict[str, float], float, float] | None = None
     for st in stages:
         core, tp, cp_exp, pp = critical_path(st, cp_kind, bubble_ratio)
         dp = dp_exposed(zero, st.compute, m, recompute, st.dp)
@@ -164,7 +164,7 @@ def combine(zero: int, cp_kind: str, m: int, recompute: str, bubble_ratio: float
             exposed = {"tp": tp, "cp": cp_exp, "pp": pp, "dp": dp}
             if st.comm.get("ep"):
                 exposed["ep"] = st.comm["ep"]
-            best = (step, st.comm, exposed, st.compute)
+            best = (step, st.comm, exposed, st.compute, st.optimizer)
     assert best is not None
     return best
 

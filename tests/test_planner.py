@@ -17,6 +17,8 @@ from parallel_lab.specs import ModelSpec, Plan
 from parallel_lab.steptime import dp_times
 
 H100 = ClusterSpec.preset("h100-sxm")
+#: the fixed-efficiency model (mfu_achievable, no roofline): the scenarios below built on its ranking keep it
+H100_PRIOR = ClusterSpec.preset("h100-sxm-prior")
 L405 = ModelSpec.preset("llama3-405b")
 
 
@@ -262,8 +264,10 @@ def test_llama3_plans_in_the_ledger(seq, reported_tflops, search_8k, search_131k
     # with full recomputation the same degrees fit, and rank well below the top
     full = res.best_matching(**META[seq], recompute="full")
     assert full is not None and full.step_time_s > res.top(1)[0].step_time_s
-    # time: with Meta's interleaved bubble the estimate is within 15% of the reported throughput
-    est = evaluate(L405, H100, plan, bubble_ratio=15 / 128)
+    # time: with Meta's interleaved bubble the fixed-efficiency model's estimate of this approximate plan (eager
+    # core, selective recomputation) is within 15% of the reported throughput; the default profile, fitted to
+    # Meta's own settings, is held against the published rows in tests/test_steptime_heldout.py
+    est = evaluate(L405, H100_PRIOR, plan, bubble_ratio=15 / 128)
     tflops = est.mfu * H100.peak_flops / 1e12
     assert tflops == pytest.approx(reported_tflops, rel=0.15)
     # and the planner's best plan is at least as fast as that estimate (it also may use ZB-H1 and CP)
@@ -326,9 +330,10 @@ def test_the_plans_shown_pass_memorys_whole_verdict_and_the_rest_are_named():
     """The search ranks by totals; ``top`` leaves out every plan whose peak at one moment does not fit, so no
     plan the planner proposes is one ``parallel-lab memory`` rejects. Llama 2 70B on 32 H100s at 4K: ten plans
     among the first ranked (ZeRO-0 or 1, most with selective recomputation) hold 62.6-71.2 GB in total but
-    72.5-79.5 GB at one moment (the eager attention core's transients on top of the saved activations)."""
+    72.5-79.5 GB at one moment (the eager attention core's transients on top of the saved activations). The
+    fixed-efficiency model's ranking (``h100-sxm-prior``), under which the leaders are such plans."""
     model = ModelSpec.preset("llama2-70b")
-    res = plan_search(model, H100, 32, 4096, global_batch_tokens="1M")
+    res = plan_search(model, H100_PRIOR, 32, 4096, global_batch_tokens="1M")
     shown, dropped = res.top(10), res.dropped_at_peak(10)
     assert len(shown) == 10 and dropped
     assert len(res.estimates) >= len(shown) + len(dropped)
@@ -357,24 +362,25 @@ def test_the_peak_check_stops_after_a_bounded_number_of_plans(monkeypatch):
     ``PEAK_SCAN_MIN``) and says when it stopped with plans left unchecked."""
     import parallel_lab.planner_result as planner_mod
     model = ModelSpec.preset("llama2-70b")
-    res = plan_search(model, H100, 32, 4096, global_batch_tokens="1M")
+    res = plan_search(model, H100_PRIOR, 32, 4096, global_batch_tokens="1M")
     first_fit = res.estimates.index(res.top(1)[0])
     assert first_fit >= 2 and not res.scan_stopped(1)        # the leaders fail at their peak (test above)
     monkeypatch.setattr(planner_mod, "PEAK_SCAN_MIN", 2)
     monkeypatch.setattr(planner_mod, "PEAK_SCAN_PER_PLAN", 1)
-    fresh = plan_search(model, H100, 32, 4096, global_batch_tokens="1M")
+    fresh = plan_search(model, H100_PRIOR, 32, 4096, global_batch_tokens="1M")
     assert fresh.scan_limit(1) == 2 and fresh.top(1) == [] and fresh.scan_stopped(1)
     assert len(fresh.dropped_at_peak(1)) == 2 and len(fresh._at_peak) == 2       # only two peaks computed
     assert fresh.scan_limit(None) == len(fresh.estimates)
 
 
 def test_plan_cli_names_the_plans_left_out_at_their_peak(capsys):
+    # the scenario of the test above: the fixed-efficiency model's ranking
     code, out, _ = _cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "32", "--seq", "4096",
-                        "--global-batch-tokens", "1M", "--top", "10")
+                        "--global-batch-tokens", "1M", "--top", "10", "--cluster", "h100-sxm-prior")
     assert code == 0 and "fit by their totals" in out
     assert "left out:" in out and "not at their peaks at one moment" in out
     code, j, _ = _cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "32", "--seq", "4096",
-                      "--global-batch-tokens", "1M", "--top", "10", "--json")
+                      "--global-batch-tokens", "1M", "--top", "10", "--json", "--cluster", "h100-sxm-prior")
     assert code == 0 and len(j["plans"]) == 10 and j["dropped_at_peak"]
     budget = H100.hbm_bytes * (1 - j["margin"])
     assert all(row["need_bytes"] <= budget for row in j["plans"])

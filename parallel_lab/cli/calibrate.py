@@ -81,7 +81,8 @@ def handle(args: argparse.Namespace) -> Output:
     runs = load_runs(args.runs, args.flops_convention)
     cluster = cluster_from_args(args)
     if args.no_fit and cluster.profile is None:
-        raise ParallelLabError("--no-fit compares with a profile: give --cluster PROFILE.json")
+        raise ParallelLabError(f"--no-fit compares with a profile; {cluster.name} has none (the fixed mfu_achievable "
+                               "model): give --cluster PROFILE.json or a preset with a fitted profile")
     if args.attention_kernel:
         cluster = with_attention_kernel(cluster, args.attention_kernel)
     if args.no_fit:

@@ -55,7 +55,7 @@ def check(text: str, nb) -> None:
 ANSWERS = {
     "my_tp_gb": 7.52,                             # 4 all-reduces per layer x 32 layers x 2(t-1)/t x 2 s b h bytes
     "my_tiny_tp_payload": 4194304,
-    "my_step_ratio": 3.0,                         # an estimate: the check allows 5%
+    "my_step_ratio": 2.3,                         # an estimate: the check allows 5% (the library: 2.298)
     "my_sp_activations_gb": 13.02,
     "my_across_factor": 7.6,
     "my_sp_factor": 1.25,

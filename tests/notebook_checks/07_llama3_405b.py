@@ -36,6 +36,10 @@ def check(text: str, nb) -> None:
         row = re.search(rf"^{kernel}\s+{e}\s+-1\.\d%\s+[+-]0\.0%\s+\+(\d\.\d)%$", text, re.M)
         assert row and float(row.group(1)) < 10, (kernel, row)
     assert re.search(r"^llama3-405b 8K 16384 GPUs\s+400\.0\s+[+-]0\.0%\s+[+-]0\.0%", text, re.M)
+    # the preset the planner and the app use carries the cudnn row's fit (hardware.FITTED_PROFILES)
+    shipped = re.search(r"h100-sxm ships the cudnn row's fit: matmul efficiency (0\.\d{4}) \(refitted here: "
+                        r"(0\.\d{4})\), attention 0\.528 of peak", text)
+    assert shipped and shipped.group(1) == shipped.group(2), shipped
     prose = markdown_of(nb)
     assert "400 TFLOPS is **40.4%** MFU" in prose
     assert "by\n  +14% with attention counted as the full square" in prose

@@ -346,17 +346,21 @@ FILE_ERROR = "Plan file error"
 POOR_MFU = 0.10
 POOR_BUBBLE = 1.0
 BREAKDOWN_COLORS = {"compute": STEP_COLORS["compute"], "tp": DIM_COLORS["tp"], "cp": DIM_COLORS["cp"],
-                    "pp": DIM_COLORS["pp"], "dp": DIM_COLORS["dp"], "bubble": STEP_COLORS["bubble"]}
+                    "pp": DIM_COLORS["pp"], "dp": DIM_COLORS["dp"], "bubble": STEP_COLORS["bubble"],
+                    "optimizer": STEP_COLORS["step"]}
 
 
 def step_breakdown(est: Any) -> dict[str, float]:
     """The planner's step time of ``est`` in its parts (seconds): compute of the busiest stage, the exposed
-    communication per dimension, and the pipeline bubble; they add up to ``est.step_time_s``
-    (``parallel_lab.planner``: step = (compute + tp + cp) (1 + bubble ratio) + pp + dp)."""
+    communication per dimension, the pipeline bubble and the optimizer step's memory-bound time (with a roofline
+    profile); they add up to ``est.step_time_s`` (``parallel_lab.steptime``: step = (compute + tp + cp)
+    (1 + bubble ratio) + pp + dp + optimizer)."""
     parts = {"compute": est.compute_s}
     parts.update({d: t for d, t in est.exposed_s.items() if t > 0})
     if est.bubble_s > 0:
         parts["bubble"] = est.bubble_s
+    if est.optimizer_s > 0:
+        parts["optimizer"] = est.optimizer_s
     return parts
 
 
