@@ -7,6 +7,8 @@ import argparse
 import sys
 from typing import Any
 
+from ..engines import DEFAULT_ENGINE, ENGINES
+from ..errors import ParallelLabError
 from ..plan_flags import Output, cluster_from_args, float_in, int_in, model_from_args, plan_from_args, plan_subcommand
 from ..quantities import fmt_bytes_gib
 from .output import PROG, describe, echo, table
@@ -20,6 +22,9 @@ def add(sub: Any) -> None:
     p.add_argument("--measure", action="store_true",
                    help="also run one training step of the reported stage's rank at full size in fake tensors "
                         "and print measured beside predicted (torch; seconds to minutes)")
+    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                   help="with --measure: whose job is measured, the lab's model (lab, default) or torchtitan 0.3's "
+                        "own Llama 3 job under its parallelize function (torchtitan; the titan extra)")
     p.add_argument("--alloc-conf", default="", metavar="OPTIONS",
                    help="PYTORCH_CUDA_ALLOC_CONF the reserve is modelled under, e.g. expandable_segments:True "
                         "(also max_split_size_mb:N, roundup_power2_divisions:N; default: torch's defaults)")
@@ -48,6 +53,9 @@ def handle(args: argparse.Namespace) -> Output:
     model = model_from_args(args)
     plan = plan_from_args(args, model)
     cluster = cluster_from_args(args)
+    titan = None
+    if args.engine == "torchtitan":
+        titan = _measure_titan(args, model, plan)
     led = memory(model, plan, cluster, activation_model=args.activation_model or "korthikanti",
                  stage=args.stage, margin=args.margin)
     rows = [(k, fmt_bytes_gib(v)) for k, v in led.per_gpu_bytes.items()]
@@ -77,7 +85,11 @@ def handle(args: argparse.Namespace) -> Output:
     if pm is not None:
         data["peak_at_one_moment"] = pm.to_json()
     data["reserve"] = res.to_json() if res is not None else None
-    if args.measure:
+    if titan is not None:
+        data["measured_torchtitan"] = titan.to_json()
+        text += f"\n\n{titan.title()}\n" + table(titan.table_rows(fmt_bytes_gib), titan.TABLE_HEADER) + "".join(
+            f"\nnote: {n}" for n in titan.notes)
+    elif args.measure:
         from ..distributed.instruments.measure import measure
 
         def say(msg: str) -> None:
@@ -88,3 +100,19 @@ def handle(args: argparse.Namespace) -> Output:
             text += f"\n\n{m.title()}\n" + table(m.table_rows(fmt_bytes_gib), m.TABLE_HEADER) + "".join(
                 f"\nnote: {n}" for n in m.notes)
     return Output(data, text)
+
+
+def _measure_titan(args: argparse.Namespace, model: Any, plan: Any) -> Any:
+    """``--measure --engine torchtitan``: refused (exit 2, one line) without --measure, without torchtitan, or
+    for a plan torchtitan cannot run; else torchtitan's job measured (``instruments/titan_measure.py``)."""
+    if not args.measure:
+        raise ParallelLabError("--engine torchtitan selects whose job --measure runs; add --measure")
+    from ..distributed.instruments.titan_measure import measure_titan, require_torchtitan, titan_args
+
+    require_torchtitan()
+    titan_args(model, plan)                  # refuses a plan torchtitan cannot run before anything is built
+
+    def say(msg: str) -> None:
+        print(f"{PROG} memory --measure --engine torchtitan: {msg}", file=sys.stderr, flush=True)
+
+    return measure_titan(model, plan, progress=say)
