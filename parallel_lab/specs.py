@@ -26,6 +26,7 @@ if TYPE_CHECKING:                                   # annotations only
 Flavour = Literal["gpt", "llama"]
 Recompute = Literal["none", "selective", "full", "op-sac"]
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full", "op-sac")
+ROPE_SCALINGS: tuple[str, ...] = ("none", "llama3")
 
 GB = 10**9
 GiB = 2**30
@@ -44,7 +45,9 @@ class ModelSpec:
     * ``gpt``: LayerNorm (weight and bias), GeLU MLP ``ffn = 4 h`` by default, biases on every linear,
       learned position embeddings (``max_positions`` rows), dropout.
     * ``llama``: RMSNorm (weight only), SwiGLU MLP (gate, up, down), rotary positions (no parameters),
-      grouped-query attention (``kv_heads`` < ``heads``), no biases, no dropout.
+      grouped-query attention (``kv_heads`` < ``heads``), no biases, no dropout. Rotary base ``rope_theta``
+      (10000, Su et al.; Llama 3: 500000) and ``rope_scaling`` ("none"; "llama3": Llama 3.1's
+      long-context frequency scaling, factor 8 above wavelength 8192, as torchtitan's llama3 models use).
 
     ``n_params_override`` describes a model known only by its parameter count (``ModelSpec.from_params``):
     enough for model-state memory and data-parallel bytes, not for activations or tensor parallelism.
@@ -79,6 +82,8 @@ class ModelSpec:
     capacity_factor: float = 1.25
     aux_loss_coef: float = 0.01
     first_dense: int = 0
+    rope_theta: float = 10000.0
+    rope_scaling: str = "none"
 
     def __post_init__(self) -> None:
         o = "ModelSpec"
@@ -97,6 +102,10 @@ class ModelSpec:
         if self.dropout is None:
             object.__setattr__(self, "dropout", 0.1 if self.flavour == "gpt" else 0.0)
         check_real(o, "dropout", self.dropout)
+        check_real(o, "rope_theta", self.rope_theta)
+        if not self.rope_theta > 1:
+            raise ParallelLabError(f"ModelSpec.rope_theta={self.rope_theta} must be > 1; e.g. 10000 or 500000")
+        check_choice(o, "rope_scaling", self.rope_scaling, ROPE_SCALINGS)
         if not 0.0 <= self.dropout < 1.0:
             raise ParallelLabError(f"ModelSpec.dropout={self.dropout} must be in [0, 1); e.g. dropout=0.1")
         if self.hidden % self.heads:

@@ -130,3 +130,15 @@ def test_one_answer_everywhere_for_kv_heads_tp_does_not_split():
         messages.add(str(e.value))
     assert len(messages) == 1 and "pick tp in {1, 2}" in messages.pop()
     assert 3 not in sharding.valid_tp(model) and sharding.valid_tp(model) == [1, 2]
+
+
+@pytest.mark.parametrize("bad,match", [({"rope_theta": 1.0}, "rope_theta=1.0 must be > 1"),
+                                       ({"rope_theta": "1e4"}, "must be a number"),
+                                       ({"rope_scaling": "yarn"}, "rope_scaling='yarn' is not known")])
+def test_rope_settings_are_checked(bad, match):
+    """Llama 3's rotary base and Llama 3.1's scaling (tests/test_torchtitan_losses.py); defaults 10000, none."""
+    m = ModelSpec(layers=2, hidden=64, heads=4, flavour="llama")
+    assert (m.rope_theta, m.rope_scaling) == (10000.0, "none")
+    assert m.with_(rope_theta=500000.0, rope_scaling="llama3").rope_scaling == "llama3"
+    with pytest.raises(ParallelLabError, match=match):
+        m.with_(**bad)

@@ -92,16 +92,34 @@ class AttnContext:
             self.cache[key] = bias
         return bias
 
-    def rope(self, head_dim: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """Rotary tables ``cos, sin`` of shape ``(s, 1, head_dim)`` for these positions (built once)."""
-        key = ("rope", head_dim, dtype)
+    def rope(self, head_dim: int, dtype: torch.dtype, theta: float = ROPE_BASE,
+             scaling: str = "none") -> tuple[Tensor, Tensor]:
+        """Rotary tables ``cos, sin`` of shape ``(s, 1, head_dim)`` for these positions (built once);
+        ``theta``, ``scaling``: ``ModelSpec.rope_theta`` and ``rope_scaling`` (:func:`rope_frequencies`)."""
+        key = ("rope", head_dim, dtype, theta, scaling)
         if key not in self.cache:
-            inv_freq = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float64,
-                                                   device=self.positions.device) / head_dim)
+            inv_freq = rope_frequencies(head_dim, theta, scaling, self.positions.device)
             angles = self.positions.to(torch.float64)[:, None] * inv_freq[None, :]      # (s, d/2)
             angles = torch.cat([angles, angles], dim=-1)[:, None, :]                    # (s, 1, d)
             self.cache[key] = (angles.cos().to(dtype), angles.sin().to(dtype))
         return self.cache[key]
+
+
+def rope_frequencies(head_dim: int, theta: float = ROPE_BASE, scaling: str = "none",
+                     device: torch.device | str | None = None) -> Tensor:
+    """The ``head_dim / 2`` rotation frequencies ``theta^(-2i/d)`` (float64); ``scaling="llama3"``: Llama 3.1's
+    (factor 8, wavelengths of 1..4 x 8192 / 4 blended, longer ones divided by 8: Meta's reference code)."""
+    inv = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+    if scaling == "none":
+        return inv
+    if scaling != "llama3":
+        raise ParallelLabError(f"rope scaling {scaling!r} is not known; pick none or llama3")
+    factor, low, high, original = 8.0, 1.0, 4.0, 8192.0
+    wavelen = 2 * math.pi / inv
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * inv / factor + smooth * inv
+    out = torch.where(wavelen > original / low, inv / factor, inv)
+    return torch.where((wavelen >= original / high) & (wavelen <= original / low), blended, out)
 
 
 def make_context(positions: Tensor, doc_ids: Tensor | None = None, causal: bool = True) -> AttnContext:
@@ -187,6 +205,7 @@ class Attention(nn.Module):
         q_dim, kv_dim = spec.heads * spec.head_dim, spec.kv_dim
         self.head_dim = spec.head_dim
         self.rotary = spec.flavour == "llama"
+        self.rope_args = (spec.rope_theta, spec.rope_scaling)
         self.wq = nn.Linear(spec.hidden, q_dim, bias=spec.bias)
         self.wk = nn.Linear(spec.hidden, kv_dim, bias=spec.bias)
         self.wv = nn.Linear(spec.hidden, kv_dim, bias=spec.bias)
@@ -202,7 +221,7 @@ class Attention(nn.Module):
         k = k.view(b, s, -1, d)
         v = v.view(b, s, -1, d)
         if self.rotary:
-            cos, sin = ctx.rope(d, q.dtype)
+            cos, sin = ctx.rope(d, q.dtype, *self.rope_args)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.selective_recompute and self.training:
