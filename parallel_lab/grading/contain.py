@@ -12,9 +12,12 @@ every descendant, guards in the submission's interpreter, feedback without hidde
   code decides, once every process of it is gone (:mod:`parallel_lab.grading.tape`).
 * Feedback (:func:`clean_message`): bounded, and withheld when it quotes a line of a hidden test file.
 
-Limits: the run of a test happens in the submission's process, so code that walks its memory can read the
-hidden tests' compiled code, and fake what a test measures there (its outputs, not the verdict). Grade
-untrusted classes inside a container as well.
+* Hidden tests: never in the submission's process (:mod:`parallel_lab.grading.remote`); the grader's own
+  memory is closed to other processes of its user (:func:`undumpable`).
+
+Limits: without namespaces the bundle's files stay readable to the grader's user, and a grader run as root
+without them leaves every process's memory readable; a submission can fake what a test measures in its
+process (its outputs, not the verdict). Grade untrusted classes inside a container as well.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-PR_SET_CHILD_SUBREAPER = 36
+PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 36, 4
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 0x40000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -45,6 +48,15 @@ def become_subreaper() -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def undumpable() -> bool:
+    """Make this process's memory and files unreadable through ``/proc`` to processes without
+    ``CAP_SYS_PTRACE`` (``prctl(PR_SET_DUMPABLE, 0)``; its forks too); False where unavailable."""
+    try:
+        return int(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 

@@ -1,13 +1,13 @@
-"""What a test of an exercise uses: points, failures with a message for the learner, and ranks that fail
-instead of hanging.
+"""What a test of an exercise uses: points, failures with a message for the learner, ranks that fail, not hang.
 
 A test is a function ``test_NAME(sub)`` in an exercise's ``public_tests.py`` (shipped to learners) or
 ``hidden_tests.py`` (instructor bundle only); ``sub`` is the learner's submission, imported as a module
 named ``submission``. ``@points(n)`` and ``@limit(seconds)`` set what a test is worth and its wall-clock
 limit; ``@checks(property, hint)`` names the property a public test checks and a hint, both appended to its
-failure message. A test passes when it returns and fails when it raises. Raise :class:`Fail` (or ``assert cond,
-"message"``) with a message that says what is wrong and how to look for it: that message is all a learner
-sees of a hidden test (never its source).
+failure message. A test passes when it returns and fails when it raises: :class:`Fail` (or ``assert``) with
+a message that says what is wrong and how to look for it, all a learner sees of a hidden test. A function
+given to ``run_ranks`` with ``sub`` runs in the submission's processes (a hidden test's goes by value, with the
+globals it names): keep checks and expected values out of it.
 
 ``run_ranks(fn, world, *args)`` runs ``fn(grid, *args)`` on ``world`` CPU ranks through the project's
 launcher (fork, a free port, one torch thread per rank, a process-group timeout) with a short launch timeout.

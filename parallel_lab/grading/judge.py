@@ -1,11 +1,12 @@
-"""The two processes of a submission's grading: the run, which records, and the judge, which decides.
+"""The judge, which decides, and the test modules' setup shared by the driver and the judge.
 
-:func:`record` runs in the submission's process (forked by the grader, limited, isolated): it imports the
-submission and runs each test with ``sub`` a :class:`tape.Recorder` proxy, writing frames (``start``, the
-events, ``end``) to a pipe; whatever a test raises there is only a note. :func:`judge` runs in a process forked
-from the grader after every process of the submission is gone; it never imports the submission (a ``.yaml``
-plan file aside, whose ``submission.py`` the grader wrote): it replays each test from its frames with a
-:class:`tape.Replayer` and writes ``start`` and ``result`` frames, the only verdicts the grader reads.
+The run (the tape) comes from :mod:`parallel_lab.grading.remote`: a driver forked from the grader runs each
+test against the submission's process, which executes and records (frames ``start``, the events, ``end``).
+:func:`judge` runs in a process forked from the grader after every process of the submission is gone; it never
+imports the submission (a ``.yaml`` plan file aside, whose ``submission.py`` the grader wrote): it replays
+each test from its frames with a :class:`tape.Replayer` and writes ``start`` and ``result`` frames, the only
+verdicts the grader reads. :func:`setup_of` (new session, limits, the test modules with ``SESSION``) serves
+the driver and the judge, the two processes that hold hidden tests; neither runs submission code.
 Design: :mod:`parallel_lab.grading.tape`; the grader's side (deadlines, kills, sweep): ``runner.py``.
 """
 
@@ -80,33 +81,6 @@ def _setup(work: Path, limits: Any, scale: float, files: list[tuple[Path, str]],
     if isolate:                           # the bundle out of sight, loopback only (where Linux allows)
         contain.isolate({path.parents[1] for path, vis in files if vis == "hidden"})
     return mods
-
-
-def record(write: Callable[[bytes], None], work: Path, tests: list[Any], limits: Any, mods_of: Callable[[], dict]
-           ) -> None:
-    """The submission's process: import it, run every test against a recording proxy, frame by frame."""
-    mods = mods_of()
-    sys.addaudithook(contain.guard_hook)
-    sys.path.insert(0, str(work))
-    sys.modules.pop("submission", None)
-    try:
-        import submission as sub
-    except BaseException as e:             # noqa: BLE001 - any error of the learner's file is feedback
-        write(tape.frame({"k": "import_error", "m": tape.submission_error(e)}))
-        os._exit(0)
-    rec = tape.Recorder(write, sub)
-    tape.ACTIVE = rec
-    for t in tests:
-        write(tape.frame({"k": "start", "test": t.key}))
-        tape.seed()
-        rec.begin(t.key)
-        note = ""
-        try:
-            getattr(mods[t.file], t.name)(rec.root)
-        except BaseException as e:        # noqa: BLE001 - the judge decides; this only explains a short tape
-            note = f"{type(e).__name__}: {str(e).strip()[:300]}"
-        write(tape.frame({"k": "end", "test": t.key, "note": note}))
-    os._exit(0)
 
 
 def judge(emit: Emit, work: Path, tests: list[Any], tapes: dict[str, dict] | None, limits: Any,

@@ -4,15 +4,16 @@
 (``DIR/LEARNER/EXERCISE.py``, or ``.yaml`` for a plan file), written to a CSV by ``write_csv``; the CLI is
 ``parallel-lab grade``. Without a bundle only the public tests run (the learner's loop).
 
-Per submission the grader forks a child (the parent runs no submission code) that starts a new session,
-lowers its limits, loads the tests, enters namespaces that hide the bundle and close the network where Linux
-allows (:mod:`parallel_lab.grading.contain`), imports the submission and runs the tests in order, recording
-what the submission's code hands back as data frames on a pipe; its output is drained and capped, a test past
-its limit is killed with its process group, and every descendant left is killed after it. Then a judge forked
-from the grader, which never imports the submission, replays each test from its frames and decides: the child
-can write data, never a verdict (:mod:`parallel_lab.grading.tape`, :mod:`parallel_lab.grading.judge`).
-Feedback is bounded and never quotes a hidden file. ``session_values()`` of a test file (references that do
-not depend on the submission) are computed once per session. Details: docs/grading.md.
+Per submission, a driver forked from the grader runs the tests (it holds them, hidden ones included) and the
+submission's process executes what they ask of its code: forked by a zygote that never held a hidden test
+(:mod:`parallel_lab.grading.zygote`, :mod:`parallel_lab.grading.remote`), it starts a new session, lowers its
+limits, enters namespaces that hide the bundle and close the network where Linux allows
+(:mod:`parallel_lab.grading.contain`), imports the submission and records what its code hands back as data
+frames on a pipe; its output is drained and capped, a test past its limit is killed with its process group,
+and every descendant left is killed after it. Then a judge forked from the grader, which never imports the
+submission, replays each test from its frames and decides (:mod:`parallel_lab.grading.tape`,
+:mod:`parallel_lab.grading.judge`). Feedback is bounded and never quotes a hidden file. ``session_values()``
+of a test file are computed once per session. Details: docs/grading.md.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from parallel_lab.errors import ParallelLabError
-from parallel_lab.grading import contain, judge, tape
+from parallel_lab.grading import contain, judge, remote, tape, zygote
 from parallel_lab.grading.catalog import answers_text
 from parallel_lab.grading.harness import DEFAULT_LIMIT_S, DEFAULT_POINTS
 
@@ -209,15 +210,72 @@ def discover(files: list[tuple[Path, str]]) -> list[TestSpec]:
 # The parent: deadlines, kills, carrying on
 # --------------------------------------------------------------------------------------------------
 
-def _kill_group(pid: int) -> None:
+class _Child:
+    """A process the grader forked itself: ``poll`` and ``wait`` for its exit status."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        wpid, st = os.waitpid(self.pid, os.WNOHANG)
+        return st if wpid == self.pid else None
+
+    def wait(self) -> int:
+        return os.waitpid(self.pid, 0)[1]
+
+
+class _Zygoted(_Child):
+    """A submission's process, forked by the zygote: its exit status comes from there."""
+
+    def __init__(self, pid: int, zygote: Any) -> None:
+        super().__init__(pid)
+        self.zygote = zygote
+
+    def poll(self) -> int | None:
+        return self.zygote.poll(self.pid)
+
+    def wait(self) -> int:
+        return self.zygote.wait(self.pid)
+
+
+def _kill_group(child: _Child) -> None:
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
+        child.wait()
+    except (ChildProcessError, OSError):
         pass
+
+
+def _forked(body: Callable[[int], None]) -> Callable[[int, int, int, int], _Child]:
+    """Start ``body(fd)`` in a process forked from the grader (a judge), stdout and stderr to ``out_w``."""
+    def start(r: int, w: int, out_r: int, out_w: int) -> _Child:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                os.close(out_r)
+                os.dup2(out_w, 1)
+                os.dup2(out_w, 2)
+                os.close(out_w)
+                body(w)
+            finally:
+                os._exit(0)
+        return _Child(pid)
+    return start
+
+
+#: the zygote of this grading process (:mod:`parallel_lab.grading.zygote`), started at its first grade
+_ZYGOTE: zygote.Zygote | None = None
+
+
+def _the_zygote() -> zygote.Zygote:
+    global _ZYGOTE
+    if _ZYGOTE is None or not _ZYGOTE.alive():
+        _ZYGOTE = zygote.Zygote()
+    return _ZYGOTE
 
 
 def _status_text(status: int) -> str:
@@ -249,32 +307,26 @@ class _Stop(Exception):
         self.what, self.running, self.t0 = what, running, t0
 
 
-def _process(body: Callable[[int], None], tests: list[TestSpec], limits: Limits, closing: str
+def _process(start: Callable[[int, int, int, int], _Child], tests: list[TestSpec], limits: Limits, closing: str
              ) -> tuple[list[tuple[TestSpec, dict]], int]:
-    """Fork ``body(fd)``, its stdout and stderr drained; watch its frames (a test is done at its ``closing``
-    frame). The tests done, a failure for the one it stopped or died in, and the processes that left its group."""
+    """``start(r, w, out_r, out_w)`` a process that writes frames to ``w``, its stdout and stderr drained; watch
+    its frames (a test is done at its ``closing`` frame). The tests done, a failure for the one it stopped or
+    died in, and the processes that left its group."""
     r, w = os.pipe()
     out_r, out_w = os.pipe()                          # stdout and stderr: drained, capped
     keep = set(contain.descendants(os.getpid()))      # this process's own children: not the submission's
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            os.close(out_r)
-            os.dup2(out_w, 1)
-            os.dup2(out_w, 2)
-            os.close(out_w)
-            body(w)
-        finally:
-            os._exit(0)
-    os.close(w)
-    os.close(out_w)
+    try:
+        child = start(r, w, out_r, out_w)
+    finally:
+        os.close(w)
+        os.close(out_w)
+    pid = child.pid
     done: list[tuple[TestSpec, dict]] = []
     try:
         try:
-            _watch(pid, r, out_r, tests, limits, done, closing)
+            _watch(child, r, out_r, tests, limits, done, closing)
         except _Stop as stop:
-            _kill_group(pid)
+            _kill_group(child)
             if stop.running is None:                      # no test running: the same fate for all left
                 done += [(t, {"passed": False, "message": stop.what, "seconds": 0.0}) for t in tests[len(done):]]
             else:
@@ -294,8 +346,8 @@ def _judged(work: Path, files: list[tuple[Path, str]], tests: list[TestSpec], ta
     todo = list(tests)
     while todo:
         setup = judge.setup_of(work, limits, files, _SOURCES, _SESSION, ISOLATE)
-        res, _ = _process(lambda w, todo=todo, setup=setup: judge.judge(judge.emitter(w), work, todo, tapes, limits,
-                                                                             setup),
+        res, _ = _process(_forked(lambda w, todo=todo, setup=setup: judge.judge(judge.emitter(w), work, todo, tapes,
+                                                                                     limits, setup)),
                           todo, limits, "result")
         res = res or [(todo[0], {"passed": False, "message": "the judge died at start", "seconds": 0.0})]
         out += res
@@ -314,9 +366,7 @@ def _run_some(submission: Path, files: list[tuple[Path, str]], tests: list[TestS
             (work / "submission.py").write_text(f"PATH = {str(work / ('submission' + submission.suffix))!r}\n")
             return _judged(work, files, tests, None, limits)
         shutil.copy(submission, work / "submission.py")
-        setup = judge.setup_of(work, limits, files, _SOURCES, _SESSION, ISOLATE)
-        ran, escaped = _process(lambda w: judge.record(judge.writer(w), work, tests, limits, setup), tests, limits,
-                                "end")
+        ran, escaped = _recorded(work, files, tests, limits)
         tapes = {t.key: ev for t, ev in ran if "tape" in ev}
         verdicts = {t.key: {**ev, "seconds": tapes[t.key]["seconds"]}
                     for t, ev in _judged(work, files, [t for t, _ in ran if t.key in tapes], tapes, limits)}
@@ -331,13 +381,52 @@ def _run_some(submission: Path, files: list[tuple[Path, str]], tests: list[TestS
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _recorded(work: Path, files: list[tuple[Path, str]], tests: list[TestSpec], limits: Limits
+              ) -> tuple[list[tuple[TestSpec, dict]], int]:
+    """The run of ``tests``: a driver forked from here (it holds the tests) asks, the submission's process forked
+    by the zygote (it never holds a hidden test) executes and records (:mod:`parallel_lab.grading.remote`)."""
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    setup = judge.setup_of(work, limits, files, _SOURCES, _SESSION, False)
+    driver = os.fork()
+    if driver == 0:
+        try:
+            os.close(req_r)
+            os.close(rep_w)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            remote.drive(req_w, rep_r, tests, setup())
+        finally:
+            os._exit(0)
+    os.close(req_w)
+    os.close(rep_r)
+    public = [str(p) for p, vis in files if vis == "public"]
+    spec = {"work": str(work), "memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "scale": limits.scale,
+            "public": public[0] if public else "", "isolate": ISOLATE,
+            "hide": sorted({str(p.parents[1]) for p, vis in files if vis == "hidden"})}
+
+    ends = [req_r, rep_w]                             # the executor's: closed here once it has them
+
+    def start(r: int, w: int, out_r: int, out_w: int) -> _Child:
+        z = _the_zygote()
+        return _Zygoted(z.fork(spec, [w, out_w, *ends]), z)
+
+    try:
+        return _process(start, tests, limits, "end")
+    finally:
+        for fd in ends:
+            os.close(fd)
+        _kill_group(_Child(driver))
+
+
 def _gone(current: TestSpec | None, status: int, started: float, done: list[tuple[TestSpec, dict]]) -> None:
     if current is not None:
         done.append((current, {"passed": False, "seconds": time.monotonic() - started,
                                "message": f"the grading process {_status_text(status)} during this test"}))
 
 
-def _watch(pid: int, r: int, out_r: int, tests: list[TestSpec], limits: Limits, done: list[tuple[TestSpec, dict]],
+def _watch(child: _Child, r: int, out_r: int, tests: list[TestSpec], limits: Limits, done: list[tuple[TestSpec, dict]],
            closing: str) -> None:
     """Read the child's frames into ``done`` until it ends; raise :class:`_Stop` to stop it. A recording child
     closes a test with ``end`` (its frames are the test's tape), a judge with ``result``."""
@@ -367,14 +456,12 @@ def _watch(pid: int, r: int, out_r: int, tests: list[TestSpec], limits: Limits, 
         if r not in ready:
             if status is not None:                       # exited, and nothing more in the pipe
                 return _gone(current, status, started, done)
-            wpid, st = os.waitpid(pid, os.WNOHANG)
-            if wpid == pid:
-                status = st                               # one more look at the pipe, then gone
+            status = child.poll()                         # if gone: one more look at the pipe
             continue
         chunk = os.read(r, 1 << 16)
         if not chunk:                                    # the child is gone
             if status is None:
-                _, status = os.waitpid(pid, 0)
+                status = child.wait()
             return _gone(current, status, started, done)
         try:
             got = reader.feed(chunk)
@@ -412,6 +499,8 @@ def grade(exercise: str, submission: str | Path, *, bundle: str | Path | None = 
     torch.set_num_threads(1)    # one thread per process (and no thread pool to break in forked children)
     prime_lazy_imports()        # once here, not once per submission's child (each forks its ranks)
     contain.become_subreaper()  # what a submission leaves behind comes back here, to be swept
+    contain.undumpable()        # no other process of this user reads this one's memory (the hidden tests)
+    _the_zygote()               # the submissions' clean parent, started now: it imports torch meanwhile
 
     limits = limits or Limits()
     exercises_dir = (Path(exercises_dir) if exercises_dir else default_exercises_dir()).resolve()

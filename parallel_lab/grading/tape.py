@@ -1,13 +1,14 @@
 """Results a submission cannot write: its process records what its code handed back, a judge decides.
 
-The submission's process (the *recorder*) runs each test with ``sub`` a proxy of the submission: every value
-its code hands back (an attribute, a call's result or exception, ``len``, ``iter``, ``str``...) and the result
-of every ``run_ranks`` that is given ``sub`` goes to a pipe as a *frame* of plain data (JSON, and raw bytes for
-tensors: never pickle), and the test goes on with what the frame decodes to. Once every process of the
-submission is gone, a *judge* forked from the grader (it never imports the submission) runs the same test
-with a proxy that answers from those frames, and its assertions decide. No frame can say "passed": a frame
-that does not decode, or a test that asks of the tape what the run did not record, fails that test.
-Objects the test handed in come back by reference (a model's parameters), other objects as handles.
+The submission's process (the *recorder*) executes each use of ``sub`` (a proxy of the submission) that a test
+run by the driver asks for (:mod:`parallel_lab.grading.remote`): every value its code hands back (an attribute, a
+call's result or exception, ``len``, ``iter``, ``str``...) and the result of every ``run_ranks`` that is given
+``sub`` goes to a pipe as a *frame* of plain data (JSON, and raw bytes for tensors: never pickle), and the test
+goes on with what the frame decodes to. Once every process of the submission is gone, a *judge* forked from the
+grader (it never imports the submission) runs the same test with a proxy that answers from those frames, and its
+assertions decide. No frame can say "passed": a frame that does not decode, or a test that asks of the tape what
+the run did not record, fails that test. Objects the test handed in come back by reference (a model's
+parameters), other objects as handles.
 
 Rules for a test: pass ``sub`` to ``run_ranks`` as an argument (never in a closure); what the submission does
 to the test's own objects counts through what comes back (a rank's return value), and values measured
@@ -540,7 +541,10 @@ class Replayer(Session):
         sig, found = self._event(kind, h, args)
         for key, obj in found:
             self.keys.setdefault(key, obj)
-        ev = next(self.events, None)
+        return self.answer(kind, h, sig, next(self.events, None))
+
+    def answer(self, kind: str, h: int, sig: str, ev: tuple[dict, bytes] | None) -> Any:
+        """The value (or the exception) of the event ``ev``, which must be the one the test asks for."""
         if ev is None:
             why = f" (there: {self.note[:300]})" if self.note else ""
             raise TapeError("the run of this test in your process recorded less than the test asks of your code: it "
