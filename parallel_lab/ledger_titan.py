@@ -66,17 +66,21 @@ def titan_op_sac_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     micro-batch: the block input, the 1st, 3rd and 5th of :data:`TITAN_MATMULS` (its "every second mm" rule on
     the fused QKV: wqkv, w1, w2, not the lab's wq, wv, gate, down) and every output of the attention kernel,
     which its save list names (flex attention: the output and the fp32 log-sum-exp and max score per query and
-    head). Measured exact in fake tensors (docs/measure.md)."""
+    head); with sequence parallelism also the outputs of the two reduce-scatters after ``wo`` and ``w2`` (its
+    save list names ``reduce_scatter_tensor``), ``s b h d / t`` each. Measured exact in fake tensors, TP + SP in
+    bench/bench_titan_memory.py (docs/measure.md)."""
     _require_titan_block(model, "op-level checkpointing")
     view = rank_view(model, plan)
     d, sb, h = plan.dtype_bytes, plan.seq / plan.cp * plan.micro_batch, model.hidden
     widths = dict(zip(TITAN_MATMULS, (view.q_width + 2 * view.kv_width, h, model.ffn / plan.tp,
                                       model.ffn / plan.tp, h), strict=True))
     kept = TITAN_MATMULS[0::2]
-    return {"layer_input": sb * h * d / (plan.tp if plan.sp else 1),
+    sp = plan.tp if plan.sp else 1
+    return {"layer_input": sb * h * d / sp,
             "kept_matmul_outputs": sb * sum(widths[k] for k in kept) * d,
             "attention_output": sb * view.q_width * d,
-            "attention_stats": sb * model.heads / plan.tp * 2 * activations.LSE_BYTES}
+            "attention_stats": sb * model.heads / plan.tp * 2 * activations.LSE_BYTES,
+            "reduce_scatter_outputs": 2 * sb * h * d / sp if plan.sp else 0.0}
 
 
 def titan_activation_bytes(model: ModelSpec, plan: Plan, stage: int = 0, *, norm: str = "composite") -> float:
