@@ -103,3 +103,16 @@ def test_missing_torchtitan_is_refused_naming_the_install(capsys, monkeypatch):
                  "--measure", "--engine", "torchtitan"]) == 2
     err = capsys.readouterr().err
     assert "pip install -e '.[titan]'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_titan_terms_name_the_norm_and_refuse_what_they_do_not_model():
+    from parallel_lab.errors import ParallelLabError
+    from parallel_lab.ledger_titan import titan_block_terms
+
+    model, plan = ModelSpec.preset("llama3-8b"), _plan(8, 1, "none")
+    per_token = {n: titan_block_terms(model, plan, norm=n)["norms"] / 8192 for n in ("composite", "fused")}
+    assert per_token == {"composite": 2 * (4096 * 8 + 4), "fused": 2 * (4096 * 2 + 4)}
+    with pytest.raises(ParallelLabError, match="norm="):
+        titan_block_terms(model, plan, norm="eager")
+    with pytest.raises(ParallelLabError, match="dense llama3 block"):
+        titan_block_terms(ModelSpec.preset("gpt3-1.3b"), plan, norm="fused")
