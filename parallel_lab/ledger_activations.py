@@ -202,39 +202,6 @@ def logits_bytes(model: ModelSpec, plan: Plan, *, formula: str = "korthikanti") 
     return per_mb * kept
 
 
-#: torchtitan 0.3's llama3 block (``models/common``): one fused ``wqkv`` matmul, then ``wo``, and the feed-forward
-#: ``w2(silu(w1 x) * w3 x)``: the aten.linear calls its SelectiveAC policy counts, in forward order
-TITAN_MATMULS = ("wqkv", "wo", "w1", "w3", "w2")
-
-
-def titan_op_sac_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
-    """Bytes one torchtitan llama3 block keeps under its op-level SelectiveAC (``recompute="op-sac"``), per
-    micro-batch: the block input, the 1st, 3rd and 5th of :data:`TITAN_MATMULS` (its "every second mm" rule on
-    the fused QKV: wqkv, w1, w2, not the lab's wq, wv, gate, down) and every output of the attention kernel,
-    which its save list names (flex attention: the output and the fp32 log-sum-exp and max score per query and
-    head). Measured exact in fake tensors (``distributed/instruments/titan_measure.py``, docs/measure.md)."""
-    if model.flavour != "llama" or model.is_moe:
-        raise ParallelLabError(f"torchtitan's op-level checkpointing is modelled for its dense llama3 block; "
-                               f"model {model.name!r} is {model.flavour}{' MoE' if model.is_moe else ''}")
-    view = rank_view(model, plan)
-    d, sb, h = plan.dtype_bytes, plan.seq / plan.cp * plan.micro_batch, model.hidden
-    widths = dict(zip(TITAN_MATMULS, (view.q_width + 2 * view.kv_width, h, model.ffn / plan.tp,
-                                      model.ffn / plan.tp, h), strict=True))
-    kept = TITAN_MATMULS[0::2]
-    return {"layer_input": sb * h * d / (plan.tp if plan.sp else 1),
-            "kept_matmul_outputs": sb * sum(widths[k] for k in kept) * d,
-            "attention_output": sb * view.q_width * d,
-            "attention_stats": sb * model.heads / plan.tp * 2 * activations.LSE_BYTES}
-
-
-def titan_activation_bytes(model: ModelSpec, plan: Plan, stage: int = 0) -> float:
-    """The ``activations`` of torchtitan's job: op-sac by :func:`titan_op_sac_terms` per block in flight, the
-    other modes as the per-op ledger (``full`` keeps the block input either way; ``none``: docs/measure.md)."""
-    if plan.recompute != "op-sac":
-        return activation_bytes(model, plan, stage, formula="per-op")
-    return float(sum(titan_op_sac_terms(model, plan).values())) * rank_view(model, plan, stage).blocks_inflight
-
-
 def check_activation_model(activation_model: str) -> None:
     if activation_model not in ("korthikanti", "per-op"):
         raise ParallelLabError(f"activation_model={activation_model!r} is not known; "

@@ -218,14 +218,20 @@ def measure_titan(model: ModelSpec, plan: Plan, *, layers: int | None = None,
 
 
 def titan_ledger(model: ModelSpec, plan: Plan) -> dict[str, float]:
-    """The ledger of torchtitan's job: :func:`titan_plan`'s per-op ledger, its activations by
-    ``ledger_activations.titan_activation_bytes`` (torchtitan's block and op-level save list)."""
+    """The ledger of torchtitan's job: :func:`titan_plan`'s per-op ledger for the model states, and
+    ``ledger_titan``'s torchtitan terms for ``activations`` (its norm as this CPU build of torch runs it:
+    composite), ``logits_and_loss`` (its chunked loss) and ``comm_buffers`` (FSDP2's buffers, each at its peak)."""
     from parallel_lab.ledger import memory
-    from parallel_lab.ledger_activations import titan_activation_bytes
+    from parallel_lab.ledger_titan import titan_activation_bytes, titan_fsdp2_buffers, titan_loss_terms
 
     tp = titan_plan(model, plan)
     led = memory(model, tp, activation_model="per-op")
-    return {**led.per_gpu_bytes, "activations": titan_activation_bytes(model, tp, led.stage)}
+    out = {**led.per_gpu_bytes, "activations": titan_activation_bytes(model, tp, led.stage, norm="composite"),
+           "logits_and_loss": sum(titan_loss_terms(model, tp, chunks=TITAN_LOSS_CHUNKS).values())}
+    fsdp2 = titan_fsdp2_buffers(model, tp)
+    if fsdp2:
+        out["comm_buffers"] = float(sum(fsdp2.values()))
+    return out
 
 
 def _step(net: Any, cfg: Any, b: int, s: int, positions: Any, masks: Any, chunked: type, say: Progress
