@@ -22,7 +22,16 @@ from .planner_constraints import Constraints
 from .rank_view import grads_stay_sharded, rank_view
 from .schedules.inflight import messages_at_once
 from .specs import ModelSpec, Plan
-from .steptime import NO_DP, DpTimes, StageFlops, StageTimes, dp_times, roofline_stage
+from .steptime import (
+    NO_DP,
+    DpTimes,
+    StageFlops,
+    StageTimes,
+    dp_times,
+    roofline_parts,
+    roofline_stage,
+    stage_of_parts,
+)
 
 
 def stage_compute(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, seq: int, tp: int, cp: int, mb: int,
@@ -273,7 +282,15 @@ class FastPath:
         # (the same for every micro-batch size of a family); with one, through both sizes
         sizes = (mb, m, sp) if self.cluster.profile is not None else ()
         flops = memo.get(key := ("compute", t, c, pp, v, stage, recompute, tok, sizes))
-        if flops is None:
+        if flops is None and sizes:     # one micro-batch's parts, shared by every m, pp, v and stage
+            prof, last = self.cluster.profile, stage == pp - 1
+            parts = memo.get(pkey := ("roofline", t, c, mb, recompute, sp, last))
+            if parts is None:
+                parts = memo[pkey] = roofline_parts(self.model, prof, self.cluster.peak_flops, self.seq, t, c, mb,
+                                                    last, recompute, self.fl.attention_kernel, self.fl.mlp, sp,
+                                                    self.cluster.hbm_bandwidth)
+            flops = memo[key] = stage_of_parts(parts, prof, m, self.fl.n_layers(pp, v, stage), v)
+        elif flops is None:
             flops = memo[key] = stage_compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
                                               recompute, tok, self.rate, sp)
         return StageTimes(*flops, out, NO_DP, self.tp_overlap[sp])

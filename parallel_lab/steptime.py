@@ -222,7 +222,8 @@ class StageFlops:
 # Roofline compute (cluster profiles fitted by `parallel-lab calibrate`)
 # --------------------------------------------------------------------------------------------------
 
-def block_gemms(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
+@lru_cache(maxsize=256)
+def block_gemms(model: ModelSpec, tp: int) -> tuple[tuple[str, int, int], ...]:
     """``(name, n, k)`` of each weight GEMM of one block on one TP rank: output and input widths."""
     out = []
     for name, shape in model.parameter_shapes():
@@ -234,7 +235,7 @@ def block_gemms(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
             out.append((leaf, sharding.column_rows(model, leaf, fan_out, tp), fan_in))
         else:
             out.append((leaf, fan_out, fan_in // tp))
-    return out
+    return tuple(out)
 
 
 def gemm_rate(d: float, peak: float, prof: StepProfile) -> float:
@@ -271,12 +272,12 @@ def roofline_layer(model: ModelSpec, prof: StepProfile, peak: float, seq: int, t
     return 3.0 * fwd + attn, attn, again
 
 
-def roofline_stage(model: ModelSpec, prof: StepProfile, peak: float, plan_seq: int, tp: int, cp: int, mb: int,
-                   m: int, n_layers: int, v: int, last: bool, recompute: str, attention: str = "eager",
-                   mlp: str = "eager", sp: bool = False, hbm_bandwidth: float = 0.0) -> tuple[float, float]:
-    """``(compute, attention)`` seconds of one stage for the whole step under the roofline (``m``
-    micro-batches, ``n_layers`` blocks, the head on the last stage, ``overhead_s`` per micro-batch per
-    chunk), plus the memory-bound work (``membound``) at ``hbm_bandwidth * hbm_efficiency`` (none at 0)."""
+def roofline_parts(model: ModelSpec, prof: StepProfile, peak: float, plan_seq: int, tp: int, cp: int, mb: int,
+                   last: bool, recompute: str, attention: str = "eager", mlp: str = "eager", sp: bool = False,
+                   hbm_bandwidth: float = 0.0) -> tuple[float, float, float, float]:
+    """One micro-batch's ``(block, recomputed, head, attention)`` seconds under the roofline: a block's
+    forward and backward with its memory-bound work, what recomputation adds to a block, the head (last
+    stage only) and a block's attention core. :func:`roofline_stage` scales them to a stage's step."""
     layer, attn, again = roofline_layer(model, prof, peak, plan_seq, tp, cp, mb, recompute, attention, mlp)
     head = 0.0
     if last:
@@ -287,5 +288,24 @@ def roofline_stage(model: ModelSpec, prof: StepProfile, peak: float, plan_seq: i
         layer += membound.block_bytes(model, plan_seq, tp, cp, sp, mb, recompute, attention) / rate
         if last:
             head += membound.head_bytes(model, plan_seq, tp, cp, sp, mb) / rate
+    return layer, again, head, attn
+
+
+def stage_of_parts(parts: tuple[float, float, float, float], prof: StepProfile, m: int, n_layers: int,
+                   v: int) -> tuple[float, float]:
+    """``(compute, attention)`` of a stage's step from :func:`roofline_parts`: ``m`` micro-batches of
+    ``n_layers`` blocks, the head, and ``overhead_s`` per micro-batch per chunk."""
+    layer, again, head, attn = parts
     compute = m * (n_layers * (layer + again) + head + v * prof.overhead_s)
     return compute, m * n_layers * attn
+
+
+def roofline_stage(model: ModelSpec, prof: StepProfile, peak: float, plan_seq: int, tp: int, cp: int, mb: int,
+                   m: int, n_layers: int, v: int, last: bool, recompute: str, attention: str = "eager",
+                   mlp: str = "eager", sp: bool = False, hbm_bandwidth: float = 0.0) -> tuple[float, float]:
+    """``(compute, attention)`` seconds of one stage for the whole step under the roofline (``m``
+    micro-batches, ``n_layers`` blocks, the head on the last stage, ``overhead_s`` per micro-batch per
+    chunk), plus the memory-bound work (``membound``) at ``hbm_bandwidth * hbm_efficiency`` (none at 0)."""
+    parts = roofline_parts(model, prof, peak, plan_seq, tp, cp, mb, last, recompute, attention, mlp, sp,
+                           hbm_bandwidth)
+    return stage_of_parts(parts, prof, m, n_layers, v)
