@@ -117,6 +117,17 @@ def ring_steps_figure(states: Sequence[tuple[str, Grid]], n: int, message_bytes:
     return fig
 
 
+def _against_message_size(ax: Axes, ylabel: str, title: str) -> None:
+    """Log-log axes against the message size, a light grid, the legend top left, the title."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title, fontsize=9.5)
+
+
 def alpha_beta_figure(sizes: Sequence[float], times: Mapping[str, Sequence[float]], *,
                       crossovers: Mapping[str, float] | None = None, title: str = "") -> Figure:
     """Seconds per call against message bytes, log-log, one line per algorithm; ``crossovers`` marks sizes."""
@@ -129,13 +140,7 @@ def alpha_beta_figure(sizes: Sequence[float], times: Mapping[str, Sequence[float
         ax.axvline(m, color=GHOST, linestyle=":", linewidth=1)
         ax.text(m, 0.02, f" {label}\n {fmt_bytes(m)}", transform=ax.get_xaxis_transform(), fontsize=8,
                 color=MUTED, va="bottom")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("time of one all-reduce (s)")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(title, fontsize=9.5)
+    _against_message_size(ax, "time of one all-reduce (s)", title)
     return fig
 
 
@@ -179,11 +184,5 @@ def bandwidth_map_figure(sizes: Sequence[float], busbw: Mapping[str, Sequence[fl
         ratio = bw_a[-1] / bw_b[-1]
         ax.text(0.98, 0.5, f"at {fmt_bytes(sizes[-1])}: {ratio:.1f}x\n{a.split(',')[0]} / {b.split(',')[0]}",
                 transform=ax.transAxes, ha="right", va="center", fontsize=9, color=INK, gid="ratio")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(title, fontsize=9.5)
+    _against_message_size(ax, "bus bandwidth (GB/s)", title)
     return fig
