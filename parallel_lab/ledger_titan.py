@@ -122,10 +122,9 @@ def titan_units(model: ModelSpec, plan: Plan) -> dict[str, list[tuple[int, ...]]
     lm_head]``, one per block, each a list of its parameters' local shapes under TP (column-parallel weights
     split their rows, row-parallel ones their columns, the embedding and head their vocabulary)."""
     _require_titan_block(model, "FSDP2 layout")
-    t, h, f = plan.tp, model.hidden, model.ffn
-    v = math.ceil(model.vocab / t)
-    q, kv = model.heads * model.head_dim // t, model.kv_dim // t
-    block = [(q + 2 * kv, h), (h, q), (f // t, h), (f // t, h), (h, f // t), (h,), (h,)]
+    view, h, f = rank_view(model, plan), model.hidden, model.ffn // plan.tp
+    q, kv, v = view.q_width, view.kv_width, view.vocab
+    block = [(q + 2 * kv, h), (h, q), (f, h), (f, h), (h, f), (h,), (h,)]
     return {"tok_embeddings": [(v, h)], "norm+lm_head": [(h,), (v, h)], "block": block}
 
 
