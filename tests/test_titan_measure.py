@@ -28,7 +28,8 @@ def _plan(world: int, batch: int, recompute: str) -> Plan:
 
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    pytest.importorskip("torchtitan", reason="the titan extra: pip install -e '.[titan]'")
+    import torchtitan  # noqa: F401  (the titan extra, which make test installs: a missing one fails, not skips)
+
     from parallel_lab.distributed.instruments.titan_measure import measure_titan
 
     model = ModelSpec.preset("llama3-8b")
@@ -58,7 +59,8 @@ def test_state_shards_with_the_world_and_activations_with_the_batch(measured):
 def test_tensor_and_sequence_parallel_job_within_1_percent(batch, recompute):
     # Llama 3 70B, TP 8 + SP, FSDP 8: op-sac also keeps the two reduce-scatter outputs (its save list names
     # reduce_scatter_tensor); measured within 0.25% (about 80 kB per sequence of small tensors not named)
-    pytest.importorskip("torchtitan")
+    import torchtitan  # noqa: F401
+
     from parallel_lab.distributed.instruments.titan_measure import measure_titan
 
     plan = Plan(seq=8192, micro_batch=batch, dp=8, tp=8, sp=True, zero=3, optimizer="fsdp2-mixed", dtype="bf16",
@@ -69,7 +71,8 @@ def test_tensor_and_sequence_parallel_job_within_1_percent(batch, recompute):
 
 
 def test_cli_measures_torchtitans_job_and_refuses_cleanly(capsys, monkeypatch):
-    pytest.importorskip("torchtitan")
+    import torchtitan  # noqa: F401
+
     import parallel_lab.distributed.instruments.titan_measure as tm
 
     real = tm.measure_titan

@@ -104,13 +104,11 @@ def handle(args: argparse.Namespace) -> Output:
 
 def _measure_titan(args: argparse.Namespace, model: Any, plan: Any) -> Any:
     """``--measure --engine torchtitan``: refused (exit 2, one line) without --measure, without torchtitan, or
-    for a plan torchtitan cannot run; else torchtitan's job measured (``instruments/titan_measure.py``)."""
+    for a plan torchtitan cannot run (``measure_titan`` checks both before it builds anything); else
+    torchtitan's job measured (``instruments/titan_measure.py``)."""
     if not args.measure:
         raise ParallelLabError("--engine torchtitan selects whose job --measure runs; add --measure")
-    from ..distributed.instruments.titan_measure import measure_titan, require_torchtitan, titan_args
-
-    require_torchtitan()
-    titan_args(model, plan)                  # refuses a plan torchtitan cannot run before anything is built
+    from ..distributed.instruments.titan_measure import measure_titan
 
     def say(msg: str) -> None:
         print(f"{PROG} memory --measure --engine torchtitan: {msg}", file=sys.stderr, flush=True)
