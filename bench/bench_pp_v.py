@@ -6,7 +6,7 @@ stages r and 2p - 1 - r: rank 0 the embedding and the head), the same weights cu
 optimizer (AdamW, foreach=False), in one launch: each round runs one step of each of the four
 implementations after a barrier, and a step's time is the slowest rank's median after warm-up. Prints the
 step times and the ratios ours / torch per schedule (goal <= 1.0). Our lists are action for action torch's
-(tests/test_schedules_v.py); ours also traces every message and records a timeline. On a host with
+(tests/test_schedules_v.py); ours runs with no measurement attached and records its timeline. On a host with
 2 cores p = 4 oversubscribes them: those figures are noisier. Nothing here is asserted.
 """
 
@@ -15,14 +15,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from bench.common import side_by_side, slowest_rank_median
-from parallel_lab.distributed.instruments.tracer import CommTracer
+from bench.common import our_runtime, side_by_side, slowest_rank_median
 from parallel_lab.distributed.model.data import synthetic_batch
 from parallel_lab.distributed.model.model import build_model, loss_fn, make_context, make_optimizer
 from parallel_lab.distributed.pipeline_parallel.stages import keep_stage, stage_layout
 from parallel_lab.distributed.runtime.grid import Grid
 from parallel_lab.distributed.runtime.launch import launch
-from parallel_lab.distributed.runtime.train import parallelize
 from parallel_lab.schedules.actions import Placement
 from parallel_lab.schedules.generators import build_schedule
 from parallel_lab.specs import ModelSpec, Plan
@@ -57,18 +55,11 @@ class _Chunk(nn.Module):
 
 
 def _ours(grid: Grid, spec: ModelSpec, plan: Plan, name: str):
-    tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    rt = parallelize(build_model(spec, device=grid.device), grid, plan, tracer,
-                     schedule=build_schedule(name, plan.pp, M))
+    rt = our_runtime(grid, spec, plan, schedule=build_schedule(name, plan.pp, M))
     micro = rt.micro_batches(synthetic_batch(spec, plan, 0))
 
     def step() -> None:
-        with rt.tracer.observe():
-            rt.dp.zero_grad()
-            rt.forward_backward(rt, micro)
-            rt.dp.finish()
-            rt.dp.step()
-        rt.tracer.clear()
+        rt.train_step(micro)
         rt.timeline.spans.clear()
     return step
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from parallel_lab.distributed.instruments.tracer import CommTracer
 from parallel_lab.distributed.model.data import Batch
 from parallel_lab.distributed.model.model import build_model
 from parallel_lab.distributed.runtime.grid import Grid
@@ -23,11 +22,11 @@ from parallel_lab.distributed.runtime.train import parallelize
 from parallel_lab.specs import ModelSpec, Plan
 
 
-def our_runtime(grid: Grid, spec: ModelSpec, plan: Plan) -> Runtime:
-    """Our parallel runtime for ``plan`` (the same composition ``parallel-lab run`` uses), without the
-    saved-tensor meter (its hooks are measurement, not training)."""
-    tracer = CommTracer(grid.rank, grid.groups_by_dim())
-    return parallelize(build_model(spec, device=grid.device), grid, plan, tracer, meter=False)
+def our_runtime(grid: Grid, spec: ModelSpec, plan: Plan, schedule: Any = None) -> Runtime:
+    """Our parallel runtime for ``plan`` (the same composition ``parallel-lab run`` uses) with no measurement
+    attached: no comm tracer and no saved-tensor meter (torch's side has neither). ``schedule``: pipeline
+    action lists instead of ``plan.schedule``'s."""
+    return parallelize(build_model(spec, device=grid.device), grid, plan, None, meter=False, schedule=schedule)
 
 
 def our_step(grid: Grid, spec: ModelSpec, plan: Plan) -> Callable[[Batch], float]:
@@ -36,7 +35,6 @@ def our_step(grid: Grid, spec: ModelSpec, plan: Plan) -> Callable[[Batch], float
 
     def step(batch: Batch) -> float:
         loss = rt.train_step([batch])
-        rt.tracer.clear()
         rt.timeline.spans.clear()
         return loss
     return step

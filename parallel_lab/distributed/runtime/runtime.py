@@ -53,8 +53,8 @@ class Runtime:
     model: nn.Module
     grid: Grid
     plan: Plan
-    tracer: CommTracer
     timeline: Timeline
+    tracer: CommTracer | None = None             # None: no measurement attached (the benchmarks)
     meter: SavedTensorMeter | None = None
     dp: LocalGrads | None = None
     shard_micro: Callable[[Batch], Batch] = lambda b: b
@@ -87,9 +87,9 @@ class Runtime:
 
         ``before_step``: called once the gradients are final, before the optimizer step (a test reads
         the synchronised gradients there). The saved-tensor meter, if any, watches forward and backward;
-        the comm tracer observes the whole step (``CommTracer.observe``).
+        the comm tracer, if attached, observes the whole step (``CommTracer.observe``).
         """
-        with self.tracer.observe():
+        with self.tracer.observe() if self.tracer is not None else nullcontext():
             self.dp.zero_grad()
             with self.meter if self.meter is not None else nullcontext():
                 loss = (self.forward_backward or sequential_forward_backward)(self, micro_batches)
@@ -106,7 +106,7 @@ class Runtime:
     def phase_as(self, phase: str) -> AbstractContextManager[None]:
         """The step phase the calls inside belong to ("forward", "backward", "step"): the loop's, and a
         pipeline executor's (it is the loop there)."""
-        return self.tracer.phase_as(phase)
+        return self.tracer.phase_as(phase) if self.tracer is not None else nullcontext()
 
     def full_parameters(self) -> dict[str, Tensor]:
         """This rank's parameters rebuilt to full tensors (``gather_full``: TP's untraced gathers; every rank

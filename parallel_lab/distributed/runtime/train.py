@@ -45,15 +45,16 @@ from parallel_lab.simulate import Interval
 from parallel_lab.specs import ModelSpec, Plan
 
 
-def parallelize(model: nn.Module, grid: Grid, plan: Plan, tracer: CommTracer, meter: bool = True,
+def parallelize(model: nn.Module, grid: Grid, plan: Plan, tracer: CommTracer | None, meter: bool = True,
                 schedule: Any = None) -> Runtime:
     """Apply the plan's parallelisms to ``model`` in the fixed order TP, CP, PP, then ZeRO or DDP.
     ``schedule``: pipeline action lists to run instead of ``plan.schedule``'s (``pipeline.apply_pp``).
 
+    ``tracer``: the comm tracer that observes every step, or None (nothing measures: the benchmarks).
     ``meter``: attach the saved-tensor meter (created last: it hooks the final modules by name); the
     benchmarks time the step without it.
     """
-    rt = Runtime(model, grid, plan, tracer, Timeline(grid.rank))
+    rt = Runtime(model, grid, plan, Timeline(grid.rank), tracer)
     rt.owns_loss = grid.tp_rank == 0
     rt.param_owner = grid.dp_rank == 0 and grid.cp_rank == 0 and grid.tp_rank == 0
     if plan.tp > 1:
