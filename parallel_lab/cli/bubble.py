@@ -10,17 +10,14 @@ from ..errors import ParallelLabError
 from ..plan_flags import Output, float_in, int_in, positive_float, subcommand
 from ..schedules.generators import SCHEDULE_NAMES
 
-BUBBLE_HELP = (
-    "Simulate one pipeline schedule (the action lists the executor runs) and print its bubble ratio, idle "
-    "fraction, in-flight micro-batches and a text timeline. Costs are per micro-batch per model chunk: F "
-    "forward, B the input-gradient part of a backward, W its weight-gradient part; a backward that the "
-    "schedule does not split costs B + W. Defaults F = B = W = 1 (so F = 1, full backward 2; with these "
-    "GPipe and 1F1B give exactly (p-1)/m).")
-
 
 def add(sub: Any) -> None:
-    p = subcommand(sub, "bubble", handle, "pipeline bubble and timeline of a schedule (simulated)",
-                   description=BUBBLE_HELP)
+    p = subcommand(sub, "bubble", handle, "pipeline bubble and timeline of a schedule (simulated)", description=(
+        "Simulate one pipeline schedule (the action lists the executor runs) and print its bubble ratio, idle "
+        "fraction, in-flight micro-batches and a text timeline. Costs are per micro-batch per model chunk: F "
+        "forward, B the input-gradient part of a backward, W its weight-gradient part; a backward that the "
+        "schedule does not split costs B + W. Defaults F = B = W = 1 (so F = 1, full backward 2; with these "
+        "GPipe and 1F1B give exactly (p-1)/m)."))
     p.add_argument("--schedule", choices=SCHEDULE_NAMES, help="pipeline schedule (or --schedule-file)")
     p.add_argument("--schedule-file", metavar="FILE.csv",
                    help="a schedule in torch's pipelining CSV format (compute-only or with comms), validated")

@@ -37,8 +37,7 @@ def add(sub: Any) -> None:
                         "with --microbench on cpu: cpu-gloo, on cuda: the preset of the GPU's name)")
     p.add_argument("--out", metavar="PROFILE.json", help="where to write the profile (default: print only)")
     p.add_argument("--fit-on", metavar="ROWS",
-                   help="fit to these runs only, 1-based and comma-separated (e.g. 2); every run is still compared "
-                        "(default: fit to all)")
+                   help="fit to these runs only, 1-based, comma-separated (default: all); every run is compared")
     p.add_argument("--no-fit", action="store_true",
                    help="only compare the runs with the --cluster profile's predictions (no fitting)")
     p.add_argument("--flops-convention", choices=("palm", "causal", "hardware"), default=None,

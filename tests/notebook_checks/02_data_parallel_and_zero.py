@@ -26,7 +26,8 @@ def check(text: str, nb) -> None:
     # the library's own code is on the page, before the launch (DDP hook, ZeRO-1/2 step, ZeRO-3 gather/free)
     for key in ("def _on_grad(self, p: Tensor) -> None:", "all_reduce_sum(bucket.buffer, self.group, async_op=True)",
                 "all_gather_flat(full, src, self.group)", "def _before_block_hook(self, k: int):",
-                "RegatherBeforeBackward.apply(output, self, k)", "parallel_lab/distributed/zero/fsdp.py, lines"):
+                "output.register_hook(lambda grad: self._before_block_backward(k))",
+                "parallel_lab/distributed/zero/fsdp.py, lines"):
         assert key in text, key
     assert text.index("def _on_grad") < text.index("10 variants trained on 2 ranks")
     # the bucket question shows what it needs: every gradient in backward order and the cap

@@ -28,22 +28,28 @@ from parallel_lab.distributed.model.model import repeat_kv
 from parallel_lab.sharding import kv_replication
 
 
+def _by_destination(q: Tensor, k: Tensor, v: Tensor, n: int) -> Tensor:
+    """The all-to-all's send buffer to head-sharded: destination ``j`` gets query heads ``j hq ..`` and
+    key/value heads ``j hk ..`` of this rank's tokens; ``(b, h, s, d) -> (n, b, hq + 2 hk, s, d)``."""
+    b, h, s, d = q.shape
+    hq, hk = h // n, k.shape[1] // n
+    send = torch.empty(n, b, hq + 2 * hk, s, d, dtype=q.dtype, device=q.device)
+    send[:, :, :hq] = q.reshape(b, n, hq, s, d).transpose(0, 1)            # (b, h, s, d) -> (n, b, hq, s, d)
+    send[:, :, hq:hq + hk] = k.reshape(b, n, hk, s, d).transpose(0, 1)
+    send[:, :, hq + hk:] = v.reshape(b, n, hk, s, d).transpose(0, 1)
+    return send
+
+
 class UlyssesAttention(torch.autograd.Function):
     """DeepSpeed-Ulysses: all-to-all to head-sharded, attention over the whole sequence, all-to-all back."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, grp: CPGroup, seq: SeqView,
-                causal: bool) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, grp: CPGroup, seq: SeqView, causal: bool) -> Tensor:
         b, h, s, d = q.shape
-        n, g0 = grp.size, k.shape[1]
-        f = kv_replication(h, g0, n)
-        k, v = repeat_kv(k, f), repeat_kv(v, f)
-        hq, hk = h // n, g0 * f // n
-        # to head-sharded: destination j gets query heads j*hq.., key/value heads j*hk.. of my tokens
-        send = torch.empty(n, b, hq + 2 * hk, s, d, dtype=q.dtype, device=q.device)
-        send[:, :, :hq] = q.reshape(b, n, hq, s, d).transpose(0, 1)
-        send[:, :, hq:hq + hk] = k.reshape(b, n, hk, s, d).transpose(0, 1)
-        send[:, :, hq + hk:] = v.reshape(b, n, hk, s, d).transpose(0, 1)
+        n = grp.size
+        f = kv_replication(h, k.shape[1], n)                       # kv heads repeated until n divides them
+        hq, hk = h // n, k.shape[1] * f // n
+        send = _by_destination(q, repeat_kv(k, f), repeat_kv(v, f), n)      # (n, b, hq + 2 hk, s, d)
         recv = torch.empty_like(send)
         probe.sample("cp", [send, recv])
         grp.wait([comm.all_to_all(recv, send, grp.group)], "forward")

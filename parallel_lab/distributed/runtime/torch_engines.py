@@ -45,21 +45,16 @@ PLANS = {
     "PP": Plan(pp=2, micro_batch=1, grad_accum=4, schedule="1f1b", **_COMMON),
 }
 
-#: dispatcher op -> (kind, the argument that is the message, times the group size?)
-_OPS = {
-    "c10d.allreduce_": ("all_reduce", 0, False),
-    "c10d._allgather_base_": ("all_gather", 0, False),
-    "c10d._reduce_scatter_base_": ("reduce_scatter", 1, False),
-    "c10d.alltoall_base_": ("all_to_all", 1, False),
-    "c10d.broadcast_": ("broadcast", 0, False),
-    "c10d.send": ("send", 0, False),
-    "c10d.recv_": ("recv", 0, False),
-    "_c10d_functional.all_reduce": ("all_reduce", 0, False),
-    "_c10d_functional.all_reduce_": ("all_reduce", 0, False),
-    "_c10d_functional.all_gather_into_tensor": ("all_gather", 0, True),
-    "_c10d_functional.reduce_scatter_tensor": ("reduce_scatter", 0, False),
-    "_c10d_functional.all_to_all_single": ("all_to_all", 0, False),
-}
+#: what torch.distributed's calls dispatch to: op -> (kind, the argument that is the message)
+_C10D = {"c10d.allreduce_": ("all_reduce", 0), "c10d._allgather_base_": ("all_gather", 0),
+         "c10d._reduce_scatter_base_": ("reduce_scatter", 1), "c10d.alltoall_base_": ("all_to_all", 1),
+         "c10d.broadcast_": ("broadcast", 0), "c10d.send": ("send", 0), "c10d.recv_": ("recv", 0)}
+#: what DTensor's functional collectives dispatch to: op -> kind. The message is argument 0, but an
+#: all-gather's message is its output: the input times the group size (argument 1).
+_FUNCTIONAL = {"_c10d_functional.all_reduce": "all_reduce", "_c10d_functional.all_reduce_": "all_reduce",
+               "_c10d_functional.all_gather_into_tensor": "all_gather",
+               "_c10d_functional.reduce_scatter_tensor": "reduce_scatter",
+               "_c10d_functional.all_to_all_single": "all_to_all"}
 _SILENT = {"c10d.barrier", "_c10d_functional.wait_tensor", "_c10d_functional._wrap_tensor_autograd"}
 
 
@@ -83,10 +78,12 @@ class CollectiveLog(TorchDispatchMode):
             return NotImplemented       # DTensor first: its dispatch starts collectives (CommDebugMode's way)
         if func.namespace in ("c10d", "_c10d_functional"):
             name = f"{func.namespace}.{func._opname}"
-            if name in _OPS:
-                kind, i, times_group = _OPS[name]
-                size = _nbytes(args[i]) * (args[1] if times_group else 1)
-                self.calls.append((kind, size))
+            if name in _C10D:
+                kind, i = _C10D[name]
+                self.calls.append((kind, _nbytes(args[i])))
+            elif name in _FUNCTIONAL:
+                kind = _FUNCTIONAL[name]
+                self.calls.append((kind, _nbytes(args[0]) * (args[1] if kind == "all_gather" else 1)))
             elif name not in _SILENT:
                 self.calls.append((f"other:{name}", _nbytes(args[:1])))
         return func(*args, **(kwargs or {}))

@@ -71,7 +71,7 @@ class _LinearOnGatheredInput(torch.autograd.Function):
     """``Y = X W^T + b`` with ``X`` all-gathered along the sequence, saving only this rank's shard of ``X``.
 
     Forward: ``Y`` from the gathered ``X``. Backward: ``dX = dY W`` (its reduce-scatter happens once, in
-    the region's :class:`GatherFromSequenceParallel`), ``dW = dY^T X`` and ``db = sum dY`` with ``X``
+    the region's ``gather_from_sequence_parallel``), ``dW = dY^T X`` and ``db = sum dY`` with ``X``
     all-gathered again from the saved shard (Korthikanti et al. 2022, Sec. 4.2.2)."""
 
     @staticmethod

@@ -105,33 +105,22 @@ class ReduceFromTP(torch.autograd.Function):
         return grad, None, None
 
 
-class GatherFromSequenceParallel(torch.autograd.Function):
-    """SP's entry into a region. Forward: all-gather of the sequence shards, ``(b, s/t, h) -> (b, s, h)``.
-    Backward: reduce-scatter of the gradient (sum the ranks' partial ``dL/dX``, keep this rank's tokens)."""
+class SequenceParallelEdge(torch.autograd.Function):
+    """SP's two edges of a region, each the other's conjugate. Entry: all-gather of the sequence shards
+    forward, ``(b, s/t, h) -> (b, s, h)``, reduce-scatter of the gradient backward (sum the ranks' partial
+    ``dL/dX``, keep this rank's tokens). Exit: reduce-scatter of the partial outputs forward,
+    ``(b, s, h) -> (b, s/t, h)``, all-gather of the shards' gradients backward."""
 
     @staticmethod
-    def forward(ctx: Any, shard: Tensor, tp: TPGroup, label: str) -> Tensor:
-        ctx.tp, ctx.label = tp, label
-        return tp.gather_sequence(shard, label)
+    def forward(ctx: Any, x: Tensor, tp: TPGroup, label: str, entry: bool) -> Tensor:
+        ctx.tp, ctx.label, ctx.entry = tp, label, entry
+        return tp.gather_sequence(x, label) if entry else tp.reduce_scatter_sequence(x, label)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return ctx.tp.reduce_scatter_sequence(grad, ctx.label), None, None
-
-
-class ReduceScatterToSequenceParallel(torch.autograd.Function):
-    """SP's exit from a region. Forward: reduce-scatter of the partial outputs along the sequence,
-    ``(b, s, h) -> (b, s/t, h)``. Backward: all-gather of the shards' gradients (every rank's partial output
-    needs the gradient of the whole sequence)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, tp: TPGroup, label: str) -> Tensor:
-        ctx.tp, ctx.label = tp, label
-        return tp.reduce_scatter_sequence(x, label)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return ctx.tp.gather_sequence(grad, ctx.label), None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        tp, label = ctx.tp, ctx.label
+        return (tp.reduce_scatter_sequence(grad, label) if ctx.entry else tp.gather_sequence(grad, label),
+                None, None, None)
 
 
 def copy_to_tp(x: Tensor, tp: TPGroup, label: str = "tp") -> Tensor:
@@ -143,9 +132,9 @@ def reduce_from_tp(x: Tensor, tp: TPGroup, label: str = "tp") -> Tensor:
 
 
 def gather_from_sequence_parallel(x: Tensor, tp: TPGroup, label: str = "tp") -> Tensor:
-    return GatherFromSequenceParallel.apply(x, tp, label)
+    return SequenceParallelEdge.apply(x, tp, label, True)
 
 
 def reduce_scatter_to_sequence_parallel(x: Tensor, tp: TPGroup, label: str = "tp") -> Tensor:
-    return ReduceScatterToSequenceParallel.apply(x, tp, label)
+    return SequenceParallelEdge.apply(x, tp, label, False)
 

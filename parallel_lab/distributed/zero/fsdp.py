@@ -5,7 +5,7 @@ bytes of fp32 AdamW state, plus the units gathered now (``ledger_buffers.zero3_g
 unit and two blocks). :class:`Zero3` keeps only each unit's owned shard (``S_u`` elements); the model's
 parameters are views into a gathered flat buffer (FSDP1's ``use_orig_params=False``). Per micro-batch a
 block unit is all-gathered before its forward (the next one prefetched), freed after it, all-gathered
-again before its backward (:class:`RegatherBeforeBackward`), and its flat gradient reduce-scattered into
+again before its backward (a hook on the block's output gradient), and its flat gradient reduce-scattered into
 the gradient shard; the root unit is gathered once and kept until its gradient is complete. Under a
 pipeline the stage's units are gathered once per step and reduce-scattered once
 (``reshard_after_forward=False``). Units: ``units.py``; the collectives (``comm._zero_collectives``):
@@ -37,7 +37,7 @@ from parallel_lab.distributed.zero.units import (
     gather_shards,
     shard_optimizer,
 )
-from parallel_lab.distributed.zero.zero_communications import all_gather_flat, reduce_scatter_sum
+from parallel_lab.distributed.zero.zero_communications import all_gather_flat, reduce_scatter_sum, wait_posted
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.specs import Plan
 
@@ -67,21 +67,6 @@ class _Zero:
 
     def _gather_shards(self) -> dict[str, Tensor]:
         return gather_shards(self.units, self.shards, self.group, self.device)
-
-
-class RegatherBeforeBackward(torch.autograd.Function):
-    """Identity on a block's output; its backward runs just before the block's own backward and
-    all-gathers the block's parameters again (and prefetches the previous block's)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, zero: Zero3, i: int) -> Tensor:
-        ctx.zero, ctx.i = zero, i
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        ctx.zero._before_block_backward(ctx.i)
-        return grad, None, None
 
 
 class Zero3(NoSync, _Zero):
@@ -250,16 +235,15 @@ class Zero3(NoSync, _Zero):
         return hook
 
     def _after_block_hook(self, k: int):
-        def hook(module: nn.Module, args: Any, output: Tensor) -> Tensor | None:
+        def hook(module: nn.Module, args: Any, output: Tensor) -> None:
             if self.keep:
-                return None
+                return
             i = self.blocks[k]
             self._free(i)
             if k == 0:
                 self._complete_last_backward()
             if torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad:
-                return RegatherBeforeBackward.apply(output, self, k)
-            return None
+                output.register_hook(lambda grad: self._before_block_backward(k))   # FSDP2's pre-backward hook
         return hook
 
     def _before_block_backward(self, k: int) -> None:
@@ -313,16 +297,13 @@ class Zero3(NoSync, _Zero):
         self._reduced[i] = True
 
     def _complete(self) -> None:
-        if self._pending is None:
+        """Wait for the reduce-scatter in flight; its output is (or adds to) the unit's gradient shard."""
+        done, self._pending = wait_posted(self._pending), None
+        if done is None:
             return
-        i, _, out, work = self._pending
-        self._pending = None
-        work.wait()
-        shard = self.shards[i]
-        if shard.grad is None:
-            shard.grad = out
-        else:
-            shard.grad.add_(out)
+        i, _, out = done
+        grad = self.shards[i].grad
+        self.shards[i].grad = out if grad is None else grad.add_(out)
 
     def finish(self) -> None:
         if self.keep:                                  # every unit's gradient summed over the micro-batches

@@ -40,7 +40,7 @@ from parallel_lab.distributed.zero.units import (
     group_units,
     shard_optimizer,
 )
-from parallel_lab.distributed.zero.zero_communications import all_gather_flat, reduce_scatter_sum
+from parallel_lab.distributed.zero.zero_communications import all_gather_flat, reduce_scatter_sum, wait_posted
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.specs import Plan, check_zero_variants
 
@@ -174,11 +174,10 @@ class Zero12(NoSync, torch.optim.Optimizer):
         self._pending = (i, flat, out, work)
 
     def _complete(self) -> None:
-        if self._pending is None:
+        done, self._pending = wait_posted(self._pending), None
+        if done is None:
             return
-        i, flat, out, work = self._pending
-        self._pending = None
-        work.wait()
+        i, flat, out = done
         u = self.units[i]
         with torch.no_grad():
             if self.stage == 2:

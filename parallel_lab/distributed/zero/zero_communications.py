@@ -33,3 +33,12 @@ def all_gather_flat(output: Tensor, input: Tensor, group: Any = None, async_op: 
 def all_reduce_op(t: Tensor, op: Any, group: Any = None) -> None:
     """Reduce ``t`` over ``group`` with ``op`` in place (a gradient norm: SUM of powers, or MAX)."""
     dist.all_reduce(t, op=op, group=group)
+
+
+def wait_posted(posted: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+    """Wait for an asynchronous call posted as ``(*what_it_fills, work)`` (the reduce-scatter a unit's
+    backward overlaps); return ``what_it_fills``, or None if nothing was in flight."""
+    if posted is None:
+        return None
+    posted[-1].wait()
+    return posted[:-1]
