@@ -12,7 +12,7 @@ from ..plan_flags import Output, subcommand
 
 def add(sub: Any) -> None:
     p = subcommand(sub, "launch", handle,
-                   "a plan file as the job a cluster runs: torchrun per node, sbatch script, torchtitan flags")
+                   "turn a plan file into the job a cluster runs: torchrun per node, sbatch script, torchtitan flags")
     p.add_argument("plan_file", metavar="PLAN.yaml", help="a plan file (see parallel-lab plan --save)")
     p.add_argument("--torchrun", action="store_true", help="print the torchrun command of every node (default)")
     p.add_argument("--slurm", action="store_true", help="print (or --out: write) an sbatch script")

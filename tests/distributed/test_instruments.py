@@ -150,18 +150,20 @@ def test_timeline_spans_and_comm():
     assert [s.kind for s in spans] == ["compute", "comm"] and spans[1].name == "pp:send"
 
 
-def _detached_and_attached(grid):
+DETACHED_PLAN = Plan(pp=2, micro_batch=2, grad_accum=2, seq=32, schedule="1f1b", optimizer="adam-fp32", dtype="fp32")
+
+
+def _detached_and_attached(grid, plan: Plan):
     """Two runtimes of one plan from the same weights: one with the comm tracer attached, one with nothing
     (``parallelize(..., None, meter=False)``, what the benchmarks time); two steps of each."""
     from parallel_lab.distributed.model.data import synthetic_batch
     from parallel_lab.distributed.model.model import build_model
     from parallel_lab.distributed.runtime.train import parallelize
 
-    spec, plan = ModelSpec.preset("tiny-llama"), Plan(pp=2, micro_batch=2, grad_accum=2, seq=32, schedule="1f1b",
-                                                       optimizer="adam-fp32", dtype="fp32")
+    spec = ModelSpec.preset("tiny-llama")
     out = {}
     for name, tracer in (("attached", CommTracer(grid.rank, grid.groups_by_dim())), ("detached", None)):
-        rt = parallelize(build_model(spec, 0), grid, plan, tracer, meter=False)
+        rt = parallelize(build_model(spec, 0, device=grid.device), grid, plan, tracer, meter=False)
         losses = [rt.train_step(rt.micro_batches(synthetic_batch(spec, plan, s))) for s in range(2)]
         out[name] = (losses, {k: v.clone() for k, v in rt.dp.local_parameters().items()},
                      len(tracer.events) if tracer is not None else 0)
@@ -171,8 +173,7 @@ def _detached_and_attached(grid):
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_a_step_with_no_measurement_attached_trains_the_same_numbers():
-    plan = Plan(pp=2, micro_batch=2, grad_accum=2, seq=32)
-    for r in launch(_detached_and_attached, plan, timeout_s=90):
+    for r in launch(_detached_and_attached, DETACHED_PLAN, DETACHED_PLAN, timeout_s=90):
         (la, pa, events), (ld, pd, _) = r["attached"], r["detached"]
         assert events > 0                                    # the attached tracer saw the step's messages
         assert la == ld

@@ -109,7 +109,8 @@ class SequenceParallelEdge(torch.autograd.Function):
     """SP's two edges of a region, each the other's conjugate. Entry: all-gather of the sequence shards
     forward, ``(b, s/t, h) -> (b, s, h)``, reduce-scatter of the gradient backward (sum the ranks' partial
     ``dL/dX``, keep this rank's tokens). Exit: reduce-scatter of the partial outputs forward,
-    ``(b, s, h) -> (b, s/t, h)``, all-gather of the shards' gradients backward."""
+    ``(b, s, h) -> (b, s/t, h)``, all-gather of the shards' gradients backward. (Megatron writes the two
+    edges as two Functions; one class shows that each is the other read backwards.)"""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, tp: TPGroup, label: str, entry: bool) -> Tensor:
@@ -132,9 +133,9 @@ def reduce_from_tp(x: Tensor, tp: TPGroup, label: str = "tp") -> Tensor:
 
 
 def gather_from_sequence_parallel(x: Tensor, tp: TPGroup, label: str = "tp") -> Tensor:
-    return SequenceParallelEdge.apply(x, tp, label, True)
+    return SequenceParallelEdge.apply(x, tp, label, True)         # entry
 
 
 def reduce_scatter_to_sequence_parallel(x: Tensor, tp: TPGroup, label: str = "tp") -> Tensor:
-    return SequenceParallelEdge.apply(x, tp, label, False)
+    return SequenceParallelEdge.apply(x, tp, label, False)        # exit
 

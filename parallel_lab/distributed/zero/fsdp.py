@@ -243,7 +243,8 @@ class Zero3(NoSync, _Zero):
             if k == 0:
                 self._complete_last_backward()
             if torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad:
-                output.register_hook(lambda grad: self._before_block_backward(k))   # FSDP2's pre-backward hook
+                # FSDP2's pre-backward hook; it returns None, so the gradient passes unchanged
+                output.register_hook(lambda grad: self._before_block_backward(k))
         return hook
 
     def _before_block_backward(self, k: int) -> None:

@@ -174,6 +174,7 @@ class Zero12(NoSync, torch.optim.Optimizer):
         self._pending = (i, flat, out, work)
 
     def _complete(self) -> None:
+        """Wait for the call in flight; ZeRO-2 keeps (or adds to) the gradient shard, ZeRO-1 the owned elements."""
         done, self._pending = wait_posted(self._pending), None
         if done is None:
             return

@@ -36,8 +36,8 @@ def all_reduce_op(t: Tensor, op: Any, group: Any = None) -> None:
 
 
 def wait_posted(posted: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
-    """Wait for an asynchronous call posted as ``(*what_it_fills, work)`` (the reduce-scatter a unit's
-    backward overlaps); return ``what_it_fills``, or None if nothing was in flight."""
+    """Wait for an asynchronous call posted as ``(..., work)`` (the reduce-scatter a unit's backward
+    overlaps); return what was posted before the Work, or None if nothing was in flight."""
     if posted is None:
         return None
     posted[-1].wait()

@@ -172,7 +172,7 @@ def _update_hbm(chart: Chart, hbm: float, margin: float, label_x: float | None, 
                                                               if math.isfinite(times) else ""))
 
 
-def _rescale(ax: Axes, chart: Chart, ledgers: Sequence[Any], hbm: float, hbm_room: float, ylabel: str
+def _restack_and_rescale(ax: Axes, chart: Chart, ledgers: Sequence[Any], hbm: float, hbm_room: float, ylabel: str
              ) -> tuple[list[float], list[float], float]:
     """Restack the bars and rescale y (sticky: it grows, never jitters): 12% above the tallest need, and
     ``hbm_room`` times HBM when its line is on the scale. Returns the needs, the stack totals and the top."""
@@ -213,7 +213,7 @@ def draw_memory(ax: Axes, ledgers: Any, labels: Sequence[str] | None = None, *, 
                       frameon=False)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
-    needs, totals, top = _rescale(ax, chart, ledgers, hbm, 1.1, "memory per GPU")
+    needs, totals, top = _restack_and_rescale(ax, chart, ledgers, hbm, 1.1, "memory per GPU")
     right = n - 0.4 + (0.45 * n + 0.7 if hbm else 0)
     ax.set_xlim(-0.6, right)
     if hbm:
@@ -246,7 +246,7 @@ def draw_memory_sweep(ax: Axes, values: Sequence[Any], ledgers: Sequence[Any], k
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
         ax.set_xlim(-0.5, n - 0.5)
-    needs, totals, top = _rescale(ax, chart, ledgers, hbm, 1.12, "per GPU")
+    needs, totals, top = _restack_and_rescale(ax, chart, ledgers, hbm, 1.12, "per GPU")
     if hbm:
         _update_hbm(chart, hbm, margin, None, max(needs))
     at = list(values).index(highlight) if highlight in list(values) else None
