@@ -1,7 +1,8 @@
-"""The answer key: every lesson, run with the right answers, says right; and each check, given a wrong answer, says
-"not yet".
+"""The lessons run: each as committed (its figures checked by ``tests/notebook_checks/<stem>.py``, every check
+saying "no answer yet"), every check right with the key and "not yet" with a wrong answer.
 
-``tests/notebook_checks/<stem>.py`` of each lesson ``notebooks/0*.ipynb`` holds three literal dicts:
+``tests/notebook_checks/<stem>.py`` of each lesson ``notebooks/0*.ipynb`` holds ``check(text, nb)`` and three
+literal dicts:
 
 - ``ANSWERS = {"my_x": value}``: a right answer to every question, worked out from the lesson's text (an
   estimate question: a value within its stated tolerance). Every ``my_* = ...`` answer line must have one.
@@ -9,18 +10,21 @@
   the value of a neighbouring question).
 - ``HINTS = {"my_x": "text"}``: where the feedback diagnoses that mistake, a piece of the diagnosis it must print.
 
-The keyed run executes the lesson once, cell by cell, with each answer line replaced by ``my_x = <key>``. After
-each check cell it asserts the cell said right, then, in the same kernel, sets each answer the cell checks to its
-WRONG value and re-runs the cell's checking statements (from the first ``check(...)`` call to the last statement
-that uses its result), asserts "not yet" (and the hint), restores the key and re-runs them once more. Re-running
-only those statements never repeats a cell's training run, and checking right after the cell means a later
-section cannot have overwritten what the check compares with.
+The run executes the lesson once, cell by cell, as committed. After each check cell, in the same kernel, it
+sets the answers the cell checks to their keys and re-runs the cell's checking statements (from the first
+``check(...)`` call to the last statement that uses its result; the whole cell where it reads an answer before
+that), asserts right; sets each answer to its WRONG value, asserts "not yet" (and the hint), and at the end puts
+the placeholders back and re-runs the statements once more, so that the rest of the lesson runs as committed.
+Re-running only those statements never repeats a cell's training run, and checking right after the cell means a
+later section cannot have overwritten what the check compares with. The lesson's ``check(text, nb)`` then reads
+the outputs of the run as committed (``tests/test_notebooks.py`` runs the notebooks that are not lessons).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 import resource
 import time
@@ -29,6 +33,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+from tests.test_notebooks import text_of
 
 REPO = Path(__file__).resolve().parents[1]
 LESSONS = sorted((REPO / "notebooks").glob("0*.ipynb"))
@@ -192,6 +198,13 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def reads_answers_before_its_check(source: str, tail: str) -> bool:
+    """Whether a check cell reads a ``my_*`` answer outside its checking statements (then its keyed re-run is the
+    whole cell, so that what the cell does with a real answer runs too)."""
+    rest = ANSWER_LINE.sub("", source.replace(tail, ""))
+    return any(isinstance(n, ast.Name) and n.id.startswith("my_") for n in ast.walk(_parse(rest)))
+
+
 @pytest.mark.notebook
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
@@ -202,9 +215,6 @@ def test_lesson_answer_key(path):
     problems = key_problems(nb, answers, wrong)
     assert not problems, f"{path.name}: " + "; ".join(problems)
     hints = hints or {}
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.source = fill_answers(cell.source, answers)
     client = NotebookClient(nb, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     failures, verdicts, checked = [], [], []
@@ -223,31 +233,42 @@ def test_lesson_answer_key(path):
             tail = check_tail(cell.source)
             if tail is None:
                 continue
-            shown = _text(cell.outputs)
             where = f"{path.name} cell {i}"
             calls = check_calls(tail)
+            names = checked_variables(tail)
+            keyed = "\n".join(f"{v} = {answers[v]!r}" for v in names)
+            rerun(f"_placeholders = ({', '.join(names)},)", i)       # as committed; put back at the end
+            body = fill_answers(cell.source, answers) if reads_answers_before_its_check(cell.source, tail) else tail
+            shown = rerun(f"{keyed}\n{body}", i)
             if NOT_YET in shown or NO_ANSWER in shown or len(RIGHT.findall(shown)) < calls:
-                keyed = ", ".join(f"{v} = {answers[v]!r}" for v in checked_variables(tail))
-                failures.append(f"{where}: with the key {keyed} it printed, for {calls} check(s):\n{shown}")
-                continue
-            for var in checked_variables(tail):
-                checked.append(var)
-                said = rerun(f"{var} = {wrong[var]!r}\n{tail}", i)
-                again = rerun(f"{var} = {answers[var]!r}\n{tail}", i)
-                verdicts.append(f"{where} {var} = {wrong[var]!r}: "
-                                + " | ".join(line.strip() for line in said.splitlines() if NOT_YET in line or
-                                             line.startswith("hint")))
-                if NOT_YET not in said or len(RIGHT.findall(said)) >= len(RIGHT.findall(again)):
-                    failures.append(f"{where}: {var} = {wrong[var]!r} (WRONG) was not told 'not yet'; it printed:\n"
-                                    f"{said}")
-                elif var in hints and hints[var] not in said:
-                    failures.append(f"{where}: {var} = {wrong[var]!r} (WRONG): no hint {hints[var]!r} in:\n{said}")
-                if NOT_YET in again or len(RIGHT.findall(again)) < calls:
-                    failures.append(f"{where}: {var} back to {answers[var]!r} (the key) re-ran as:\n{again}")
+                failures.append(f"{where}: with the key {keyed.replace(chr(10), ', ')} it printed, for {calls} "
+                                f"check(s):\n{shown}")
+            else:
+                for var in names:
+                    checked.append(var)
+                    said = rerun(f"{var} = {wrong[var]!r}\n{tail}", i)
+                    again = rerun(f"{var} = {answers[var]!r}\n{tail}", i)
+                    verdicts.append(f"{where} {var} = {wrong[var]!r}: "
+                                    + " | ".join(line.strip() for line in said.splitlines() if NOT_YET in line or
+                                                 line.startswith("hint")))
+                    if NOT_YET not in said or len(RIGHT.findall(said)) >= len(RIGHT.findall(again)):
+                        failures.append(f"{where}: {var} = {wrong[var]!r} (WRONG) was not told 'not yet'; it "
+                                        f"printed:\n{said}")
+                    elif var in hints and hints[var] not in said:
+                        failures.append(f"{where}: {var} = {wrong[var]!r} (WRONG): no hint {hints[var]!r} in:\n{said}")
+                    if NOT_YET in again or len(RIGHT.findall(again)) < calls:
+                        failures.append(f"{where}: {var} back to {answers[var]!r} (the key) re-ran as:\n{again}")
+            rerun(f"{', '.join(names)}, = _placeholders\n{tail}", i)
+            nb.cells[i] = cell                     # execute_cell stores each re-run as cell i: the committed one back
     seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     print(f"{path.name}: {len(checked)} questions keyed, {seconds:.1f} s wall, {cpu:.1f} s CPU")
     print("\n".join(verdicts))
     unchecked = [v for v in answer_variables(nb) if v not in checked]
     assert not failures, "\n\n".join(failures)
     assert not unchecked, f"{path.name}: no check cell ran for {unchecked}"
-    assert cpu < LESSON_BUDGET_S, f"{path.name}: the keyed run used {cpu:.1f} s of CPU, over {LESSON_BUDGET_S} s"
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
+    mod.check(text_of(nb), nb)                     # the lesson's figures, from its run as committed
+    assert cpu < LESSON_BUDGET_S, f"{path.name}: the run used {cpu:.1f} s of CPU, over {LESSON_BUDGET_S} s"
+    if os.getloadavg()[0] < 1.5:                   # wall time only when nothing else runs (CPU time always)
+        assert seconds < LESSON_BUDGET_S, f"{path.name} took {seconds:.1f} s, over its {LESSON_BUDGET_S} s budget"

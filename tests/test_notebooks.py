@@ -1,4 +1,5 @@
-"""Every notebook in notebooks/ is committed without outputs and executes from top to bottom."""
+"""Every notebook in notebooks/ is committed without outputs and executes from top to bottom (the lessons:
+``tests/test_lesson_answers.py``, which also runs their answer keys)."""
 
 from __future__ import annotations
 
@@ -89,9 +90,14 @@ def test_every_lesson_has_checks():
     assert not missing, f"lessons without tests/notebook_checks/<stem>.py: {missing}"
 
 
+#: the lessons with an answer key (``0*``) run in tests/test_lesson_answers.py, as committed with their checks and
+#: then keyed; here the rest (the companion lesson 10, the app)
+OTHERS = [p for p in NOTEBOOKS if not p.name.startswith("0")]
+
+
 @pytest.mark.notebook
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", OTHERS, ids=lambda p: p.name)
 def test_notebook_executes(path):
     t0, cpu0 = time.perf_counter(), _children_cpu()
     nb = execute(path)                       # raises CellExecutionError on the first failing cell
