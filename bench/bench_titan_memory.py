@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import sys
 
+from parallel_lab.distributed.instruments.titan_measure import TITAN_CATEGORIES
 from parallel_lab.specs import ModelSpec, Plan
 
 LAYERS = int(os.environ.get("BENCH_LAYERS", "4"))
-TABLE_CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "logits_and_loss", "comm_buffers",
-                    "temporaries")
+TABLE_CATEGORIES = tuple(k for k in TITAN_CATEGORIES if k != "buffers")     # the job holds no module buffers
 
 
 def table_8b() -> None:

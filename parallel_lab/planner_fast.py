@@ -29,21 +29,28 @@ from .steptime import (
     StageTimes,
     dp_times,
     roofline_parts,
-    roofline_stage,
     stage_of_parts,
 )
 
 
 def stage_compute(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, seq: int, tp: int, cp: int, mb: int,
                   m: int, pp: int, v: int, stage: int, recompute: str, tok: float, rate: float,
-                  sp: bool = False) -> tuple[float, float]:
+                  sp: bool = False, memo: dict | None = None) -> tuple[float, float]:
     """(compute, attention) seconds of a stage: the roofline of ``cluster.profile`` when it has one (with
     the memory-bound work at the cluster's ``hbm_bandwidth``), else the stage's hardware FLOPs at
-    ``mfu_achievable`` of peak (``steptime`` module docstring)."""
+    ``mfu_achievable`` of peak (``steptime`` module docstring). ``memo``: one micro-batch's roofline parts,
+    kept per (tp, cp, mb, recompute, sp, last) and shared by every m, pp, v and stage (the planner's search)."""
     if cluster.profile is None:
         return fl.stage(pp, v, stage, recompute) * tok / rate, fl.attention(pp, v, stage) * tok / rate
-    return roofline_stage(model, cluster.profile, cluster.peak_flops, seq, tp, cp, mb, m, fl.n_layers(pp, v, stage),
-                          v, stage == pp - 1, recompute, fl.attention_kernel, fl.mlp, sp, cluster.hbm_bandwidth)
+    last = stage == pp - 1
+    key = ("roofline", tp, cp, mb, recompute, sp, last)
+    parts = memo.get(key) if memo is not None else None
+    if parts is None:
+        parts = roofline_parts(model, cluster.profile, cluster.peak_flops, seq, tp, cp, mb, last, recompute,
+                               fl.attention_kernel, fl.mlp, sp, cluster.hbm_bandwidth)
+        if memo is not None:
+            memo[key] = parts
+    return stage_of_parts(parts, cluster.profile, m, fl.n_layers(pp, v, stage), v)
 
 
 def stage_optimizer(model: ModelSpec, cluster: ClusterSpec, fl: StageFlops, optimizer: str, tp: int, pp: int, v: int,
@@ -282,17 +289,9 @@ class FastPath:
         # (the same for every micro-batch size of a family); with one, through both sizes
         sizes = (mb, m, sp) if self.cluster.profile is not None else ()
         flops = memo.get(key := ("compute", t, c, pp, v, stage, recompute, tok, sizes))
-        if flops is None and sizes:     # one micro-batch's parts, shared by every m, pp, v and stage
-            prof, last = self.cluster.profile, stage == pp - 1
-            parts = memo.get(pkey := ("roofline", t, c, mb, recompute, sp, last))
-            if parts is None:
-                parts = memo[pkey] = roofline_parts(self.model, prof, self.cluster.peak_flops, self.seq, t, c, mb,
-                                                    last, recompute, self.fl.attention_kernel, self.fl.mlp, sp,
-                                                    self.cluster.hbm_bandwidth)
-            flops = memo[key] = stage_of_parts(parts, prof, m, self.fl.n_layers(pp, v, stage), v)
-        elif flops is None:
+        if flops is None:
             flops = memo[key] = stage_compute(self.model, self.cluster, self.fl, self.seq, t, c, mb, m, pp, v, stage,
-                                              recompute, tok, self.rate, sp)
+                                              recompute, tok, self.rate, sp, memo)
         return StageTimes(*flops, out, NO_DP, self.tp_overlap[sp])
 
     def times(self, plan: Plan, stage: int) -> StageTimes:

@@ -27,6 +27,7 @@ Flavour = Literal["gpt", "llama"]
 Recompute = Literal["none", "selective", "full", "op-sac"]
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full", "op-sac")
 ROPE_SCALINGS: tuple[str, ...] = ("none", "llama3")
+ROPE_THETA = 10000.0                                #: the rotary base of Su et al. (RoFormer)
 
 GB = 10**9
 GiB = 2**30
@@ -82,7 +83,7 @@ class ModelSpec:
     capacity_factor: float = 1.25
     aux_loss_coef: float = 0.01
     first_dense: int = 0
-    rope_theta: float = 10000.0
+    rope_theta: float = ROPE_THETA
     rope_scaling: str = "none"
 
     def __post_init__(self) -> None:

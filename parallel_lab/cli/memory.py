@@ -87,8 +87,7 @@ def handle(args: argparse.Namespace) -> Output:
     data["reserve"] = res.to_json() if res is not None else None
     if titan is not None:
         data["measured_torchtitan"] = titan.to_json()
-        text += f"\n\n{titan.title()}\n" + table(titan.table_rows(fmt_bytes_gib), titan.TABLE_HEADER) + "".join(
-            f"\nnote: {n}" for n in titan.notes)
+        text += _measured_text(titan)
     elif args.measure:
         from ..distributed.instruments.measure import measure
 
@@ -97,9 +96,14 @@ def handle(args: argparse.Namespace) -> Output:
 
         for m in measure(model, plan, led.stage, progress=say):
             data.setdefault("measured", []).append(m.to_json())
-            text += f"\n\n{m.title()}\n" + table(m.table_rows(fmt_bytes_gib), m.TABLE_HEADER) + "".join(
-                f"\nnote: {n}" for n in m.notes)
+            text += _measured_text(m)
     return Output(data, text)
+
+
+def _measured_text(m: Any) -> str:
+    """A measurement (the lab's or torchtitan's job) as printed below the ledger: title, table, notes."""
+    return f"\n\n{m.title()}\n" + table(m.table_rows(fmt_bytes_gib), m.TABLE_HEADER) + "".join(
+        f"\nnote: {n}" for n in m.notes)
 
 
 def _measure_titan(args: argparse.Namespace, model: Any, plan: Any) -> Any:

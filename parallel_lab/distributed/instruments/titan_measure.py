@@ -138,7 +138,7 @@ def _on_cpu() -> Iterator[None]:
 
 def _tracker_class() -> Any:
     """FSDPMemTracker that passes flex attention's higher-order op through and keeps, cheaply, each category's
-    own peak and the snapshot at the total's peak (the stock one walks every module's peak on every op)."""
+    own peak (the stock one walks every module's peak on every op)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     class Tracker(FSDPMemTracker):
@@ -148,23 +148,37 @@ def _tracker_class() -> Any:
         def _update_peak_stats(self, peak_state: Any) -> None:
             if self.skip_opt and self._in_opt:
                 return
-            snap = self.current()
-            peaks = self.__dict__.setdefault("peaks", {})
-            for k, v in snap.items():
+            peaks = self.__dict__.setdefault("raw_peaks", {})     # torch's category keys, named at the end
+            for k, v in _summed(self._curr_mem_snap).items():
                 if v > peaks.get(k, -1):
                     peaks[k] = v
-            if snap["Total"] > self.__dict__.get("at_peak", {}).get("Total", -1):
-                self.at_peak = snap
 
         def current(self) -> dict[str, int]:
-            out: dict[str, int] = {}
-            for dev_snap in self._curr_mem_snap.values():
-                for k, v in dev_snap.items():
-                    name = str(getattr(k, "value", k))
-                    out[name] = out.get(name, 0) + int(v)
-            return out
+            return _named(_summed(self._curr_mem_snap))
+
+        @property
+        def peaks(self) -> dict[str, int]:
+            return _named(self.__dict__.get("raw_peaks", {}))
 
     return Tracker
+
+
+def _summed(per_device: dict[Any, dict[Any, int]]) -> dict[Any, int]:
+    """The tracker's snapshot summed over devices, by torch's category keys."""
+    out: dict[Any, int] = {}
+    for dev_snap in per_device.values():
+        for k, v in dev_snap.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def _named(snap: dict[Any, int]) -> dict[str, int]:
+    """Category keys as their names ("Sharded Param", "Activation", "Total", ...)."""
+    out: dict[str, int] = {}
+    for k, v in snap.items():
+        name = str(getattr(k, "value", k))
+        out[name] = out.get(name, 0) + int(v)
+    return out
 
 
 def measure_titan(model: ModelSpec, plan: Plan, *, layers: int | None = None,

@@ -39,10 +39,9 @@ from parallel_lab.distributed.model.kernels import (
 from parallel_lab.distributed.model.moe import MoE
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.sharding import is_frozen
-from parallel_lab.specs import RECOMPUTE, ModelSpec, Plan
+from parallel_lab.specs import RECOMPUTE, ROPE_THETA, ModelSpec, Plan
 
 NORM_EPS = 1e-5
-ROPE_BASE = 10000.0
 INIT_STD = 0.02
 RESIDUAL_PROJECTIONS = ("attn.wo", "mlp.proj", "mlp.down")
 
@@ -92,7 +91,7 @@ class AttnContext:
             self.cache[key] = bias
         return bias
 
-    def rope(self, head_dim: int, dtype: torch.dtype, theta: float = ROPE_BASE,
+    def rope(self, head_dim: int, dtype: torch.dtype, theta: float = ROPE_THETA,
              scaling: str = "none") -> tuple[Tensor, Tensor]:
         """Rotary tables ``cos, sin`` of shape ``(s, 1, head_dim)`` for these positions (built once);
         ``theta``, ``scaling``: ``ModelSpec.rope_theta`` and ``rope_scaling`` (:func:`rope_frequencies`)."""
@@ -105,7 +104,7 @@ class AttnContext:
         return self.cache[key]
 
 
-def rope_frequencies(head_dim: int, theta: float = ROPE_BASE, scaling: str = "none",
+def rope_frequencies(head_dim: int, theta: float = ROPE_THETA, scaling: str = "none",
                      device: torch.device | str | None = None) -> Tensor:
     """The ``head_dim / 2`` rotation frequencies ``theta^(-2i/d)`` (float64); ``scaling="llama3"``: Llama 3.1's
     (factor 8, wavelengths of 1..4 x 8192 / 4 blended, longer ones divided by 8: Meta's reference code)."""

@@ -172,8 +172,8 @@ def _update_hbm(chart: Chart, hbm: float, margin: float, label_x: float | None, 
                                                               if math.isfinite(times) else ""))
 
 
-def _restack_and_rescale(ax: Axes, chart: Chart, ledgers: Sequence[Any], hbm: float, hbm_room: float, ylabel: str
-             ) -> tuple[list[float], list[float], float]:
+def _restack_and_rescale(ax: Axes, chart: Chart, ledgers: Sequence[Any], hbm: float, hbm_room: float,
+                         ylabel: str) -> tuple[list[float], list[float], float]:
     """Restack the bars and rescale y (sticky: it grows, never jitters): 12% above the tallest need, and
     ``hbm_room`` times HBM when its line is on the scale. Returns the needs, the stack totals and the top."""
     needs = [need_bytes(led) for led in ledgers]

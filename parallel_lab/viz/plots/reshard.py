@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from matplotlib.figure import Figure
 
 from ...quantities import fmt_bytes
+from ...reshard import payback_steps
 from ..palette import CURVE_COLORS, GHOST, INK, MARK_COLORS, MUTED
 from .base import new_figure
 
@@ -64,10 +65,11 @@ def payback_figure(steps: Sequence[float], saved_per_step: Mapping[str, float], 
     fig.subplots_adjust(left=0.1, right=0.97, bottom=0.14, top=0.88)
     for i, (name, s) in enumerate(saved_per_step.items()):
         color = CURVE_COLORS[i % len(CURVE_COLORS)]
+        pays = payback_steps(switch_s, s, 0.0)         # a step that saves s seconds
         ax.plot(list(steps), [n * s for n in steps], color=color, lw=1.8, gid=f"saved:{name}",
-                label=f"{name}: pays after {switch_s / s:,.0f} steps" if s > 0 else f"{name}: never pays")
-        if s > 0 and math.isfinite(switch_s / s):
-            ax.plot([switch_s / s], [switch_s], "o", color=MARK_COLORS["peak"], ms=6, gid=f"payback:{name}")
+                label=f"{name}: pays after {pays:,.0f} steps" if math.isfinite(pays) else f"{name}: never pays")
+        if math.isfinite(pays):
+            ax.plot([pays], [switch_s], "o", color=MARK_COLORS["peak"], ms=6, gid=f"payback:{name}")
     ax.axhline(switch_s, color=INK, lw=1, ls="--")
     ax.text(steps[0], switch_s, f" switch: {switch_s:,.0f} s", va="bottom", fontsize=8, color=INK)
     if phase_steps:
