@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 36, 4
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 0x40000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -43,22 +43,28 @@ MAX_OUTPUT = 1 << 20       #: bytes a submission may print (stdout and stderr to
 _PROGRAMS = ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.system")
 
 
-def become_subreaper() -> bool:
-    """Make this process adopt its orphaned descendants (Linux); False where the call is unavailable."""
+def _prctl(option: int, value: int) -> bool:
+    """Linux's ``prctl(option, value)``; False where the call is unavailable or refused."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+        return int(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt its orphaned descendants (Linux); False where the call is unavailable."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def undumpable() -> bool:
     """Make this process's memory and files unreadable through ``/proc`` to processes without
     ``CAP_SYS_PTRACE`` (``prctl(PR_SET_DUMPABLE, 0)``; its forks too); False where unavailable."""
-    try:
-        return int(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
+    return _prctl(PR_SET_DUMPABLE, 0)
+
+
+def die_with_parent() -> bool:
+    """Have the kernel kill this process (SIGKILL) when its parent exits (``PR_SET_PDEATHSIG``)."""
+    return _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _table() -> dict[int, tuple[int, int, bool]]:

@@ -60,18 +60,24 @@ def _load_source(text: str, name: str) -> Any:
     return mod
 
 
-def _setup(work: Path, limits: Any, scale: float, files: list[tuple[Path, str]], sources: dict[str, str],
-           session: dict[str, dict], isolate: bool) -> dict[str, Any]:
-    """A new session, lower limits, ``work`` as the directory; the test modules (public first), then namespaces."""
+def confine(work: Path, memory_mb: int, cpu_s: int, scale: float) -> None:
+    """A submission's process: a new session, lower limits (address space, CPU seconds, no core file), the
+    tests' time scale, ``work`` as the directory and the temporary directory (the grader removes it all)."""
     os.setsid()
-    mem = limits.memory_mb * 2**20
+    mem = memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     harness.TIME_SCALE = scale
     warnings.filterwarnings("ignore", category=FutureWarning)    # torch 2.13's renamed collectives
     os.chdir(work)
-    tempfile.tempdir = str(work)          # the ranks' scratch too: the grader removes it all afterwards
+    tempfile.tempdir = str(work)
+
+
+def _setup(work: Path, limits: Any, scale: float, files: list[tuple[Path, str]], sources: dict[str, str],
+           session: dict[str, dict], isolate: bool) -> dict[str, Any]:
+    """:func:`confine`, then the test modules (public first), then namespaces."""
+    confine(work, limits.memory_mb, limits.cpu_s, scale)
     mods: dict[str, Any] = {}
     for path, vis in files:               # before the submission runs; public first (hidden may import it)
         src = sources.get(str(path))

@@ -22,7 +22,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from parallel_lab.grading import contain, tape
+from parallel_lab.grading import contain, judge, tape
 
 #: modules a test file is loaded as in the driver and the judge whose functions travel by value
 HIDDEN_MODULES = ("hidden_tests",)
@@ -113,7 +113,7 @@ class Driver(tape.Replayer):
 
 def drive(send_fd: int, reply_fd: int, tests: list[Any], mods: dict[str, Any]) -> None:
     """The driver: every test in order against the executor; it decides nothing (the judge replays the tape)."""
-    send = _writer(send_fd)
+    send = judge.writer(send_fd)
     drv = Driver(send, _read_frames(reply_fd))
     tape.ACTIVE = drv
     try:
@@ -132,16 +132,9 @@ def drive(send_fd: int, reply_fd: int, tests: list[Any], mods: dict[str, Any]) -
     os._exit(0)
 
 
-def _writer(fd: int) -> Callable[[bytes], None]:
-    def write(data: bytes) -> None:
-        while data:
-            data = data[os.write(fd, data):]
-    return write
-
-
 def execute(tape_fd: int, request_fd: int, reply_fd: int, work: str) -> None:
     """The executor, in the submission's process: import it, then do what the driver asks, frame by frame."""
-    to_grader, to_driver = _writer(tape_fd), _writer(reply_fd)
+    to_grader, to_driver = judge.writer(tape_fd), judge.writer(reply_fd)
 
     def both(data: bytes) -> None:
         to_grader(data)

@@ -75,18 +75,15 @@ class Zygote:
 
 def main(fd: int) -> None:
     """The zygote's loop: fork an executor per request, report each one's exit; end when the grader does."""
-    import ctypes
-    import signal
-
     import torch
 
     import parallel_lab.distributed.runtime.run  # noqa: F401 - with the model, train and launch modules
     from parallel_lab.distributed.runtime.launch import prime_lazy_imports
-    from parallel_lab.grading import remote  # noqa: F401 - warm for the executors
+    from parallel_lab.grading import contain, remote  # noqa: F401 - remote: warm for the executors
 
     torch.set_num_threads(1)
     prime_lazy_imports()
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)          # PR_SET_PDEATHSIG: die with the grader
+    contain.die_with_parent()                                    # the grader gone: so is the zygote
     sock = socket.socket(fileno=fd)
     while True:
         while True:
@@ -117,26 +114,15 @@ def main(fd: int) -> None:
 
 def _executor(spec: dict[str, Any], fds: list[int]) -> None:
     """The submission's process: session, limits, public tests, namespaces, then :func:`remote.execute`."""
-    import resource
-    import tempfile
-    import warnings
     from pathlib import Path
 
-    from parallel_lab.grading import contain, harness, judge, remote
+    from parallel_lab.grading import contain, judge, remote
 
     tape_w, out_w, request_r, reply_w = fds
     os.dup2(out_w, 1)
     os.dup2(out_w, 2)
     os.close(out_w)
-    os.setsid()
-    mem = spec["memory_mb"] * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu_s"], spec["cpu_s"] + 5))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    harness.TIME_SCALE = spec["scale"]
-    warnings.filterwarnings("ignore", category=FutureWarning)    # torch 2.13's renamed collectives
-    os.chdir(spec["work"])
-    tempfile.tempdir = spec["work"]       # the ranks' scratch too: the grader removes it all afterwards
+    judge.confine(Path(spec["work"]), spec["memory_mb"], spec["cpu_s"], spec["scale"])
     if spec.get("public"):
         judge.load(Path(spec["public"]), "public_tests")
     if spec.get("isolate"):                # the bundle out of sight, loopback only (where Linux allows)
