@@ -16,11 +16,15 @@ recomputation and parallelism, are in docs/activations.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from parallel_lab import sharding
 from parallel_lab.errors import ParallelLabError
 from parallel_lab.specs import ModelSpec, Plan
+
+T = TypeVar("T")
 
 MASK_BYTES = 1     # torch.native_dropout keeps a bool mask
 ID_BYTES = 8       # int64 token / position ids
@@ -151,8 +155,13 @@ def op_sac_kept_matmuls(model: ModelSpec, plan: Plan, t: LocalDims) -> list[tupl
     and of those the 1st, 3rd, 5th, ... are kept (llama: wq, wv, gate, down); a linear with bias is an
     ``aten.addmm``, which the policy does not keep (so an eager gpt block keeps only its input, like
     ``full``; the fused gpt MLP's bias-free second matmul is its one kept output)."""
-    mms = [(name, width) for name, width, bias in block_matmuls(model, plan, t) if not bias]
-    return mms[0::2]
+    return op_sac_keeps([(name, width) for name, width, bias in block_matmuls(model, plan, t) if not bias])
+
+
+def op_sac_keeps(mms: Sequence[T]) -> list[T]:
+    """torchtitan's op-level policy on a block's ``aten.mm`` calls in forward order: every second one is
+    saved, starting with the first (the others are recomputed)."""
+    return list(mms[0::2])
 
 
 def op_sac_kept_width(model: ModelSpec, plan: Plan) -> int:

@@ -27,7 +27,6 @@ TITAN_MATMULS = ("wqkv", "wo", "w1", "w3", "w2")
 #: dispatches to on CUDA: the input and the fp32 rstd; not measured here, no GPU)
 NORM_KINDS = ("composite", "fused")
 FP32 = 4
-INT64 = 8
 #: ComplexRoPE's cache rows, gathered per block by position: complex64, ``head_dim / 2`` values per token
 COMPLEX64 = 8
 
@@ -74,7 +73,7 @@ def titan_op_sac_terms(model: ModelSpec, plan: Plan) -> dict[str, float]:
     d, sb, h = plan.dtype_bytes, plan.seq / plan.cp * plan.micro_batch, model.hidden
     widths = dict(zip(TITAN_MATMULS, (view.q_width + 2 * view.kv_width, h, model.ffn / plan.tp,
                                       model.ffn / plan.tp, h), strict=True))
-    kept = TITAN_MATMULS[0::2]
+    kept = activations.op_sac_keeps(TITAN_MATMULS)
     sp = plan.tp if plan.sp else 1
     return {"layer_input": sb * h * d / sp,
             "kept_matmul_outputs": sb * sum(widths[k] for k in kept) * d,
@@ -113,7 +112,7 @@ def titan_loss_terms(model: ModelSpec, plan: Plan, *, chunks: int) -> dict[str, 
     return {"grad_accumulator": s * b * h * FP32,
             "last_chunk_logits": s * b * view.vocab * d / chunks if chunks > 1 else 0.0,
             "hidden_chunk_copies": s * b * h * d if b > 1 and chunks > 1 else 0.0,
-            "label_chunk_copies": s * b * INT64 if b > 1 and chunks > 1 else 0.0,
+            "label_chunk_copies": s * b * activations.ID_BYTES if b > 1 and chunks > 1 else 0.0,
             "head_grad_fp32": float(view.vocab * h * FP32) if plan.zero == 3 and chunks > 1 else 0.0}
 
 
